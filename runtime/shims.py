@@ -1,0 +1,101 @@
+"""The entry points that instrumented code calls (see docs/contract.md).
+
+This is the hot path: with no debugger collecting, each entry point only forwards, exactly as the original
+expression would have run. Every parameter is positional-only so that no keyword of the user's call collides.
+"""
+from __future__ import annotations
+
+import operator as _op
+
+_collector = None  # set by the debugger while it collects; None means forward only
+
+
+def call(api_name, fn, /, *args, **kwargs):
+    """A call whose callee resolved statically to the catalogued API ``api_name``."""
+    if _collector is None:
+        return fn(*args, **kwargs)
+    return _collector.call(api_name, fn, args, kwargs)
+
+
+def dyn(fn, /, *args, **kwargs):
+    """A call whose callee is known only at run time."""
+    if _collector is None:
+        return fn(*args, **kwargs)
+    return _collector.dyn(fn, args, kwargs)
+
+
+def _binary(name, python_op):
+    def shim(a, b, /):
+        if _collector is None:
+            return python_op(a, b)
+        return _collector.operator(name, python_op, a, b)
+
+    shim.__name__ = shim.__qualname__ = name
+    shim.__doc__ = f"Exactly ``operator.{name}(a, b)``, recorded while collecting."
+    return shim
+
+
+def _unary(name, python_op):
+    def shim(a, /):
+        if _collector is None:
+            return python_op(a)
+        return _collector.operator(name, python_op, a)
+
+    shim.__name__ = shim.__qualname__ = name
+    shim.__doc__ = f"Exactly ``operator.{name}(a)``, recorded while collecting."
+    return shim
+
+
+BINARY = ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow", "lshift", "rshift",
+          "and_", "or_", "xor", "lt", "le", "gt", "ge", "eq", "ne")
+INPLACE = ("iadd", "isub", "imul", "imatmul", "itruediv", "ifloordiv", "imod", "ipow", "ilshift",
+           "irshift", "iand", "ior", "ixor")
+UNARY = ("neg", "pos", "invert")
+
+for _name in BINARY + INPLACE:
+    globals()[_name] = _binary(_name, getattr(_op, _name))
+for _name in UNARY:
+    globals()[_name] = _unary(_name, getattr(_op, _name))
+del _name
+
+
+class _Ref:
+    """The target of an augmented assignment, loaded once: ``container``, ``key``, current ``value``."""
+
+    __slots__ = ("container", "key", "value", "is_item")
+
+    def __init__(self, container, key, value, is_item):
+        self.container = container
+        self.key = key
+        self.value = value
+        self.is_item = is_item
+
+
+class _ItemLoader:
+    __slots__ = ("container",)
+
+    def __init__(self, container):
+        self.container = container
+
+    def __getitem__(self, key):
+        container = self.container
+        return _Ref(container, key, container[key], True)
+
+
+def attr(obj, name, /):
+    """Load ``obj.name`` for ``obj.name op= value``."""
+    return _Ref(obj, name, getattr(obj, name), False)
+
+
+def item(obj, /):
+    """``item(obj)[k]`` loads ``obj[k]`` for ``obj[k] op= value``; the subscript keeps its own syntax."""
+    return _ItemLoader(obj)
+
+
+def aug(ref, op_name, value, /):
+    """Finish ``target op= value``: the in-place operation, then the store, as Python does."""
+    result = globals()[op_name](ref.value, value)
+    if ref.is_item:
+        ref.container[ref.key] = result
+    else:
+        setattr(ref.container, ref.key, result)
