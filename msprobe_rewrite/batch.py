@@ -1,0 +1,275 @@
+"""Applying the compiler to a list of files: cache look-ups, a process pool for the misses, and writing
+results (in place, into an --out tree, or nowhere for --check/--diff).
+
+Everything that touches the file system or the cache happens in this (the parent) process, in one place;
+workers only turn bytes into bytes. So a worker that dies cannot leave a half-written file, and the cache
+has one writer per run.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import stat
+import sys
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from . import atomic
+from .cache import FAIL, NEW, SAME, ResultCache, source_digest
+from .files import EXCLUDED, LINK, OTHER, PYTHON, Entry, is_python
+
+REWRITE = "rewrite"
+RESTORE = "restore"
+
+IN_PLACE = "in-place"
+OUT = "out"
+NOWHERE = "nowhere"
+
+CHANGED = "changed"
+UNCHANGED = "unchanged"
+SKIPPED = "skipped"
+FAILED = "failed"
+
+# A worker result that must not be cached: the compiler itself broke, which a fixed version may not.
+_CRASH = "crash"
+
+SKIP_FILE_MARKER = b"msprobe: skip-file"
+
+
+@dataclass
+class Options:
+    mode: str = REWRITE
+    write: str = IN_PLACE
+    out_dir: Optional[str] = None
+    jobs: int = 1
+    keep_results: bool = False  # keep source and result bytes of changed files, for --diff
+    catalogue: object = None    # msprobe_runtime.catalogue.Catalogue; None for restore
+    cache: Optional[ResultCache] = None
+
+
+@dataclass
+class Outcome:
+    path: str
+    status: str
+    reason: str = ""
+    source: Optional[bytes] = None
+    result: Optional[bytes] = None
+
+
+# --- the worker side -------------------------------------------------------------------------------
+
+_worker_catalogue = None
+
+
+def _init_worker(catalogue) -> None:
+    global _worker_catalogue
+    _worker_catalogue = catalogue
+
+
+def _transform(task: Tuple[int, str, bytes, str]) -> Tuple[int, str, bytes]:
+    index, mode, source, path = task
+    # Looked up on the module at call time, not imported by name, so the api module stays the one
+    # place that defines what a rewrite is.
+    from . import api
+
+    try:
+        if mode == REWRITE:
+            result = api.rewrite_source(source, _worker_catalogue, path=path)
+        else:
+            result = api.restore_source(source, path=path)
+    except api.RewriteError as error:
+        return index, FAIL, str(error).encode("utf-8", "replace")
+    except Exception as error:  # a compiler bug must cost one file, not the run
+        return index, _CRASH, f"internal error: {type(error).__name__}: {error}".encode("utf-8", "replace")
+    if result == source:
+        return index, SAME, b""
+    return index, NEW, result
+
+
+def _pool_context():
+    # fork starts workers in milliseconds and lets them inherit the imported compiler; elsewhere the
+    # platform default (spawn) is the only safe choice.
+    if sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context()
+
+
+def _run_transforms(tasks: List[Tuple[int, str, bytes, str]], jobs: int, catalogue):
+    """Yield worker results as they complete (in any order)."""
+    if not tasks:
+        return
+    from . import api  # noqa: F401  (imported before forking, so workers inherit it)
+
+    workers = min(jobs, len(tasks))
+    if workers > 1:
+        try:
+            pool = _pool_context().Pool(workers, initializer=_init_worker, initargs=(catalogue,))
+        except OSError:  # no /dev/shm, process limits: one process still does the job
+            pool = None
+        if pool is not None:
+            with pool:
+                # Largest files first, so one big file does not start last and keep the run waiting.
+                ordered = sorted(tasks, key=lambda task: len(task[2]), reverse=True)
+                yield from pool.imap_unordered(_transform, ordered, chunksize=1)
+                pool.close()
+                pool.join()
+            return
+    _init_worker(catalogue)
+    for task in tasks:
+        yield _transform(task)
+
+
+# --- the parent side -------------------------------------------------------------------------------
+
+@dataclass
+class _Pending:
+    entry: Entry
+    source: bytes
+    stat: os.stat_result
+    key: Optional[str]
+
+
+def _out_path(options: Options, entry: Entry) -> str:
+    return os.path.join(options.out_dir, *entry.rel.split("/"))
+
+
+def _same_content(path: str, data: bytes) -> bool:
+    try:
+        if os.path.getsize(path) != len(data):
+            return False
+        with open(path, "rb") as handle:
+            return handle.read() == data
+    except OSError:
+        return False
+
+
+def _write_out_bytes(dst: str, data: bytes, mode: int) -> None:
+    # Re-running --out into the same folder leaves untouched files alone, so their mtimes (and whatever
+    # build or sync tool watches them) stay quiet.
+    if _same_content(dst, data):
+        return
+    os.makedirs(os.path.dirname(dst) or ".", exist_ok=True)
+    atomic.write_atomic(dst, data, mode=mode)
+
+
+def _copy_out(src: str, dst: str) -> None:
+    try:
+        s, d = os.stat(src), os.stat(dst)
+        if (s.st_size, s.st_mtime_ns) == (d.st_size, d.st_mtime_ns):
+            return
+    except OSError:
+        pass
+    os.makedirs(os.path.dirname(dst) or ".", exist_ok=True)
+    atomic.copy_atomic(src, dst)
+
+
+def _link_out(src: str, dst: str) -> None:
+    target = os.readlink(src)
+    if os.path.islink(dst) and os.readlink(dst) == target:
+        return
+    os.makedirs(os.path.dirname(dst) or ".", exist_ok=True)
+    if os.path.lexists(dst):
+        os.unlink(dst)
+    os.symlink(target, dst)
+
+
+def _finish(options: Options, pending: _Pending, kind: str, payload: bytes) -> Outcome:
+    """Turn one file's result into an outcome, writing what the options ask for."""
+    entry, source = pending.entry, pending.source
+    if kind in (FAIL, _CRASH):
+        outcome = Outcome(entry.path, FAILED, payload.decode("utf-8", "replace"))
+        if options.write == OUT:
+            # The copy of the tree stays complete: a file we cannot rewrite is copied as it is.
+            try:
+                _copy_out(entry.path, _out_path(options, entry))
+            except OSError as error:
+                outcome.reason += f"; and it could not be copied: {error}"
+        return outcome
+    if kind == SAME:
+        status = UNCHANGED
+        if options.mode == REWRITE and SKIP_FILE_MARKER in source:
+            status = SKIPPED
+        outcome = Outcome(entry.path, status)
+        if options.write == OUT:
+            try:
+                _copy_out(entry.path, _out_path(options, entry))
+            except OSError as error:
+                return Outcome(entry.path, FAILED, f"cannot copy to {_out_path(options, entry)}: {error}")
+        return outcome
+    result = payload
+    outcome = Outcome(entry.path, CHANGED)
+    if options.keep_results:
+        outcome.source, outcome.result = source, result
+    try:
+        if options.write == IN_PLACE:
+            # Through a named symlink, the file it points at is rewritten and the link kept.
+            atomic.write_atomic(os.path.realpath(entry.path), result, unchanged_since=pending.stat)
+        elif options.write == OUT:
+            _write_out_bytes(_out_path(options, entry), result, stat.S_IMODE(pending.stat.st_mode))
+    except OSError as error:
+        return Outcome(entry.path, FAILED, f"cannot write: {error}")
+    return outcome
+
+
+def run(entries: Sequence[Entry], options: Options,
+        on_progress: Optional[Callable[[int, int, str], None]] = None) -> List[Outcome]:
+    """Process ``entries``; return one outcome per Python file (or skipped file), in ``entries`` order."""
+    outcomes: List[Optional[Outcome]] = []
+    pending: Dict[int, _Pending] = {}
+    tasks: List[Tuple[int, str, bytes, str]] = []
+    cache = options.cache
+    done = 0
+    total = sum(1 for entry in entries if entry.kind == PYTHON)
+
+    def progressed(label: str) -> None:
+        nonlocal done
+        done += 1
+        if on_progress is not None:
+            on_progress(done, total, label)
+
+    for entry in entries:
+        if entry.kind in (OTHER, EXCLUDED, LINK):
+            if options.write == OUT:
+                dst = _out_path(options, entry)
+                try:
+                    (_link_out if entry.kind == LINK else _copy_out)(entry.path, dst)
+                except OSError as error:
+                    outcomes.append(Outcome(entry.path, FAILED, f"cannot copy to {dst}: {error}"))
+                    continue
+            if entry.kind == EXCLUDED or (entry.kind == LINK and is_python(entry.path)):
+                outcomes.append(Outcome(entry.path, SKIPPED,
+                                        "excluded" if entry.kind == EXCLUDED else "symbolic link, not followed"))
+            continue
+        index = len(outcomes)
+        outcomes.append(None)
+        try:
+            with open(entry.path, "rb") as handle:
+                source = handle.read()
+                file_stat = os.fstat(handle.fileno())
+        except OSError as error:
+            outcomes[index] = Outcome(entry.path, FAILED, f"cannot read: {error.strerror or error}")
+            progressed(entry.path)
+            continue
+        key = cache.key(source_digest(source), options.mode) if cache is not None else None
+        item = _Pending(entry, source, file_stat, key)
+        hit = cache.get(key) if cache is not None else None
+        if hit is not None:
+            outcomes[index] = _finish(options, item, *hit)
+            progressed(entry.path)
+            continue
+        pending[index] = item
+        tasks.append((index, options.mode, source, entry.path))
+
+    for index, kind, payload in _run_transforms(tasks, options.jobs, options.catalogue):
+        item = pending.pop(index)
+        if cache is not None and kind != _CRASH:
+            cache.put(item.key, kind, payload)
+            if kind == NEW:
+                # After an in-place run the tree holds the results. Rewriting is idempotent (and a
+                # restored file has nothing left to restore), so recording "result -> unchanged" makes
+                # the next run over that tree all cache hits.
+                cache.put(cache.key(source_digest(payload), options.mode), SAME)
+        outcomes[index] = _finish(options, item, kind, payload)
+        progressed(item.entry.path)
+
+    return [outcome for outcome in outcomes if outcome is not None]

@@ -1,0 +1,237 @@
+"""The ``msprobe-rewrite`` command line (also ``python -m msprobe_rewrite``): argument parsing, the
+report, and exit codes. Walking files lives in ``files``, doing the work in ``batch``.
+
+``msprobe-rewrite PATH...`` is the rewrite command. Later commands (``run``, ``check``, ``compare``) are
+subcommands registered in ``SUBCOMMANDS``: when the first argument is one of their names it is
+dispatched there, so adding one never changes what ``msprobe-rewrite PATH`` means for any other PATH.
+A folder whose name is a subcommand is still reachable as ``./run`` or ``msprobe-rewrite rewrite run``.
+
+Exit status: 0 nothing changed (or would change), 1 something changed (or would), 2 an error: bad
+arguments, a missing PATH, a bad catalogue, or a file that could not be processed (every other file is
+still processed).
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import sys
+from typing import Callable, Dict, List, Optional, Sequence
+
+from . import __version__, batch
+from .cache import ResultCache, compiler_fingerprint, default_directory
+from .files import PathNotFound, discover
+from .progress import Progress
+
+PROG = "msprobe-rewrite"
+
+EXIT_CLEAN = 0
+EXIT_CHANGED = 1
+EXIT_ERROR = 2
+
+
+def _default_jobs() -> int:
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Instrument PyTorch call sites in Python source trees for precision debugging.",
+        epilog="Exit status: 0 clean, 1 files changed (or would change), 2 error. "
+               "A folder named like a subcommand can be given as ./NAME.",
+    )
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="files and folders to process")
+    what = parser.add_argument_group("what to do (default: rewrite in place)")
+    what.add_argument("--out", metavar="DIR",
+                      help="write an instrumented copy of the tree (non-Python files copied too) to DIR "
+                           "instead of rewriting in place; takes exactly one PATH, whose contents "
+                           "become DIR's contents")
+    what.add_argument("--check", action="store_true",
+                      help="write nothing; list the files that would change and exit 1 if any")
+    what.add_argument("--diff", action="store_true",
+                      help="write nothing; print a unified diff and exit 1 if it is not empty")
+    what.add_argument("--restore", action="store_true",
+                      help="return instrumented files to their exact original bytes")
+    how = parser.add_argument_group("how")
+    how.add_argument("--catalogue", metavar="FILE", action="append", default=[],
+                     help="a catalogue YAML (msprobe's support_wrap_ops.yaml sections, or 'custom:') "
+                          "whose entries add to or replace the shipped ones; repeatable")
+    how.add_argument("--exclude", metavar="GLOB", action="append", default=[],
+                     help="skip files and folders whose path (relative to PATH) or name matches GLOB; "
+                          "repeatable")
+    how.add_argument("-j", "--jobs", type=_positive_int, default=None, metavar="N",
+                     help="worker processes (default: all available cores)")
+    how.add_argument("--no-cache", action="store_true",
+                     help="neither read nor write the result cache "
+                          "(default location: $MSPROBE_REWRITE_CACHE_DIR, else $XDG_CACHE_HOME/msprobe-rewrite)")
+    out = parser.add_argument_group("output")
+    out.add_argument("-q", "--quiet", action="store_true", help="print only errors (and --check/--diff output)")
+    out.add_argument("-v", "--verbose", action="store_true", help="name every file that changed or was skipped")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    return parser
+
+
+def _error(message: str) -> None:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+
+
+def _diff(path: str, before: bytes, after: bytes) -> bytes:
+    def lines(data: bytes) -> List[bytes]:
+        result = data.splitlines(keepends=True)
+        if result and not result[-1].endswith((b"\n", b"\r")):
+            result[-1] += b"\n\\ No newline at end of file\n"
+        return result
+
+    name = os.fsencode(path.replace(os.sep, "/"))
+    return b"".join(difflib.diff_bytes(difflib.unified_diff, lines(before), lines(after),
+                                       fromfile=b"a/" + name, tofile=b"b/" + name))
+
+
+def _validate_out(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    if args.check or args.diff:
+        parser.error("--out writes a copy; it cannot be combined with --check or --diff")
+    if len(args.paths) != 1:
+        parser.error("--out takes exactly one PATH (a folder, whose contents are copied into DIR, or a file)")
+
+
+def _out_problem(source: str, out_dir: str) -> Optional[str]:
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        return f"--out {out_dir} exists and is not a folder"
+    if os.path.isdir(source):
+        src, dst = os.path.realpath(source), os.path.realpath(out_dir)
+        if dst == src or dst.startswith(src.rstrip(os.sep) + os.sep):
+            return f"--out {out_dir} is inside {source}; a second run would instrument the copy"
+    return None
+
+
+def _rewrite_main(argv: Sequence[str]) -> int:
+    parser = build_parser()
+    args = parser.parse_args(list(argv))
+    if args.out is not None:
+        _validate_out(args, parser)
+
+    try:
+        entries = discover(args.paths, args.exclude)
+    except PathNotFound as missing:
+        _error(f"{missing}: no such file or folder")
+        return EXIT_ERROR
+    if args.out is not None:
+        problem = _out_problem(args.paths[0], args.out)
+        if problem:
+            _error(problem)
+            return EXIT_ERROR
+
+    mode = batch.RESTORE if args.restore else batch.REWRITE
+    catalogue = None
+    if mode == batch.REWRITE or args.catalogue:  # restore needs none, but a bad one is still an error
+        from msprobe_runtime.catalogue import CatalogueError, load_catalogue
+        try:
+            catalogue = load_catalogue(args.catalogue)
+        except CatalogueError as error:
+            _error(f"bad catalogue: {error}")
+            return EXIT_ERROR
+
+    cache = None
+    if not args.no_cache:
+        digest = catalogue.digest if mode == batch.REWRITE else ""
+        cache = ResultCache(default_directory(), f"{compiler_fingerprint()}\0{digest}")
+
+    dry = args.check or args.diff
+    options = batch.Options(
+        mode=mode,
+        write=batch.NOWHERE if dry else (batch.OUT if args.out is not None else batch.IN_PLACE),
+        out_dir=args.out,
+        jobs=args.jobs or _default_jobs(),
+        keep_results=args.diff,
+        catalogue=catalogue if mode == batch.REWRITE else None,
+        cache=cache,
+    )
+    if args.out is not None:
+        os.makedirs(args.out, exist_ok=True)
+
+    progress = Progress(sum(1 for entry in entries if entry.kind == "python"), enabled=None if not args.quiet else False)
+    try:
+        outcomes = batch.run(entries, options, on_progress=lambda done, total, label: progress.update(done, label))
+    finally:
+        progress.clear()
+    return _report(args, mode, outcomes, cache)
+
+
+def _report(args: argparse.Namespace, mode: str, outcomes: List[batch.Outcome], cache: Optional[ResultCache]) -> int:
+    changed = [o for o in outcomes if o.status == batch.CHANGED]
+    failed = [o for o in outcomes if o.status == batch.FAILED]
+    counts = {status: sum(1 for o in outcomes if o.status == status)
+              for status in (batch.CHANGED, batch.UNCHANGED, batch.SKIPPED, batch.FAILED)}
+
+    if args.diff:
+        out = sys.stdout.buffer if hasattr(sys.stdout, "buffer") else None
+        for outcome in changed:
+            text = _diff(outcome.path, outcome.source, outcome.result)
+            if out is not None:
+                out.write(text)
+            else:  # a replaced sys.stdout (tests, notebooks) takes text
+                sys.stdout.write(text.decode("utf-8", "replace"))
+        if out is not None:
+            out.flush()
+    if args.check:
+        for outcome in changed:
+            print(outcome.path)
+    if args.verbose and not args.quiet:
+        verb = "restored" if mode == batch.RESTORE else "rewrote"
+        for outcome in outcomes:
+            if outcome.status == batch.CHANGED and not (args.check or args.diff):
+                print(f"{verb} {outcome.path}", file=sys.stderr)
+            elif outcome.status == batch.SKIPPED:
+                print(f"skipped {outcome.path}" + (f" ({outcome.reason})" if outcome.reason else ""),
+                      file=sys.stderr)
+    for outcome in failed:
+        _error(f"{outcome.path}: {outcome.reason}")
+    if cache is not None and cache.problem and not args.quiet:
+        print(f"{PROG}: warning: {cache.problem}", file=sys.stderr)
+    if not args.quiet:
+        changed_word = "would change" if (args.check or args.diff) else "changed"
+        print(f"{PROG}: {counts[batch.CHANGED]} {changed_word}, {counts[batch.UNCHANGED]} unchanged, "
+              f"{counts[batch.SKIPPED]} skipped, {counts[batch.FAILED]} failed", file=sys.stderr)
+
+    if failed:
+        return EXIT_ERROR
+    return EXIT_CHANGED if changed else EXIT_CLEAN
+
+
+# name -> handler taking the arguments after the name. Later issues add `run`, `check`, `compare`.
+SUBCOMMANDS: Dict[str, Callable[[Sequence[str]], int]] = {
+    "rewrite": _rewrite_main,
+}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] in SUBCOMMANDS:
+            return SUBCOMMANDS[argv[0]](argv[1:])
+        return _rewrite_main(argv)
+    except SystemExit as exit_:  # argparse reports usage errors by raising; main() returns codes
+        return exit_.code if isinstance(exit_.code, int) else EXIT_ERROR
+    except KeyboardInterrupt:
+        print(f"\n{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `msprobe-rewrite --diff . | head`
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return EXIT_ERROR
