@@ -1,12 +1,20 @@
-"""The compiler as functions on bytes: ``rewrite_source``, ``restore_source``, ``is_instrumented``.
-
-Work in progress: the transformer lands in ``transformer.py``; until then these raise.
-"""
+"""The compiler as functions on bytes: ``rewrite_source``, ``restore_source``, ``is_instrumented``."""
 from __future__ import annotations
 
-from typing import Optional
+import ast
+import os
+import re
+from typing import Iterable, Optional
 
-from msprobe_runtime.catalogue import Catalogue
+import libcst as cst
+
+from msprobe_runtime.catalogue import Catalogue, load_catalogue
+
+from . import runtime_import
+from .resolver import Resolver
+from .restore import Restorer
+from .scopes import collect_scopes
+from .transformer import CallSiteTransformer, ScopeMismatch
 
 
 class RewriteError(Exception):
@@ -14,6 +22,16 @@ class RewriteError(Exception):
 
 
 RUNTIME_IMPORT = "import msprobe_runtime as __msprobe__"
+SKIP_FILE_MARKER = re.compile(rb"^[ \t]*#[ \t]*msprobe:[ \t]*skip-file\b", re.MULTILINE)
+
+_default_catalogue: Optional[Catalogue] = None
+
+
+def default_catalogue() -> Catalogue:
+    global _default_catalogue
+    if _default_catalogue is None:
+        _default_catalogue = load_catalogue()
+    return _default_catalogue
 
 
 def is_instrumented(source: bytes) -> bool:
@@ -21,11 +39,66 @@ def is_instrumented(source: bytes) -> bool:
     return RUNTIME_IMPORT.encode() in source
 
 
-def rewrite_source(source: bytes, catalogue: Optional[Catalogue] = None, path: str = "<string>") -> bytes:
-    """Instrument one module's source; an instrumented source is re-instrumented from its original."""
-    raise NotImplementedError("not yet: the transformer is being written")
+def package_of(path: str) -> Optional[str]:
+    """The dotted package a file belongs to, from the ``__init__.py`` files above it (for relative imports)."""
+    if path.startswith("<"):
+        return None
+    directory = os.path.dirname(os.path.abspath(path))
+    parts = []
+    while os.path.isfile(os.path.join(directory, "__init__.py")):
+        parts.append(os.path.basename(directory))
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            break
+        directory = parent
+    return ".".join(reversed(parts)) or None
+
+
+def _parse(source: bytes, path: str) -> cst.Module:
+    try:
+        return cst.parse_module(source)
+    except cst.ParserSyntaxError as error:
+        raise RewriteError(f"{path}: cannot parse: {str(error).splitlines()[0]} "
+                           f"(line {error.raw_line}, column {error.raw_column})") from None
+    except (UnicodeDecodeError, LookupError) as error:
+        raise RewriteError(f"{path}: cannot decode: {error}") from None
+    except Exception as error:  # libcst raises a few other types for odd input (null bytes, bad tokens)
+        raise RewriteError(f"{path}: cannot parse: {type(error).__name__}: {error}") from None
+
+
+def rewrite_source(source: bytes, catalogue: Optional[Catalogue] = None, path: str = "<string>",
+                   skip_decorators: Iterable[str] = (), package: Optional[str] = None) -> bytes:
+    """Instrument one module's source; an instrumented source is re-instrumented from its original.
+
+    ``package`` resolves relative imports; by default it is found from ``path``'s ``__init__.py`` files.
+    A file that needs no instrumentation is returned as it is.
+    """
+    if SKIP_FILE_MARKER.search(source):
+        return restore_source(source, path) if is_instrumented(source) else source
+    original = restore_source(source, path) if is_instrumented(source) else source
+    module = _parse(original, path)
+    try:
+        tree = ast.parse(original, filename=path)
+    except (SyntaxError, ValueError) as error:
+        raise RewriteError(f"{path}: not valid Python for this interpreter: {error}") from None
+    scopes = collect_scopes(tree, package if package is not None else package_of(path))
+    transformer = CallSiteTransformer(scopes, Resolver(catalogue or default_catalogue()), skip_decorators)
+    try:
+        rewritten = module.visit(transformer)
+    except ScopeMismatch as error:
+        raise RewriteError(f"{path}: internal error, please report: {error}") from None
+    if not transformer.changes:
+        return original
+    try:
+        rewritten = runtime_import.place(rewritten)
+    except runtime_import.PlacementError as error:
+        raise RewriteError(f"{path}: {error}") from None
+    return rewritten.bytes
 
 
 def restore_source(source: bytes, path: str = "<string>") -> bytes:
     """Give back the exact original bytes of an instrumented module (unchanged if not instrumented)."""
-    raise NotImplementedError("not yet: the transformer is being written")
+    if not is_instrumented(source):
+        return source
+    module = _parse(source, path)
+    return runtime_import.remove(module.visit(Restorer())).bytes

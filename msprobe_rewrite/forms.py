@@ -1,0 +1,105 @@
+"""The syntax of instrumentation (docs/contract.md): operator tables, the runtime name, and the whitespace
+encoding that lets every rewritten form be turned back into its original text byte for byte.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import libcst as cst
+
+RUNTIME_MODULE = "msprobe_runtime"
+RUNTIME_NAME = "__msprobe__"
+
+BINARY = {
+    cst.Add: "add", cst.Subtract: "sub", cst.Multiply: "mul", cst.MatrixMultiply: "matmul",
+    cst.Divide: "truediv", cst.FloorDivide: "floordiv", cst.Modulo: "mod", cst.Power: "pow",
+    cst.LeftShift: "lshift", cst.RightShift: "rshift", cst.BitAnd: "and_", cst.BitOr: "or_",
+    cst.BitXor: "xor",
+}
+COMPARISON = {
+    cst.LessThan: "lt", cst.LessThanEqual: "le", cst.GreaterThan: "gt", cst.GreaterThanEqual: "ge",
+    cst.Equal: "eq", cst.NotEqual: "ne",
+}
+AUGMENTED = {
+    cst.AddAssign: "iadd", cst.SubtractAssign: "isub", cst.MultiplyAssign: "imul",
+    cst.MatrixMultiplyAssign: "imatmul", cst.DivideAssign: "itruediv", cst.FloorDivideAssign: "ifloordiv",
+    cst.ModuloAssign: "imod", cst.PowerAssign: "ipow", cst.LeftShiftAssign: "ilshift",
+    cst.RightShiftAssign: "irshift", cst.BitAndAssign: "iand", cst.BitOrAssign: "ior",
+    cst.BitXorAssign: "ixor",
+}
+UNARY = {cst.Minus: "neg", cst.Plus: "pos", cst.BitInvert: "invert"}
+
+BINARY_BY_NAME = {name: node for node, name in BINARY.items()}
+COMPARISON_BY_NAME = {name: node for node, name in COMPARISON.items()}
+AUGMENTED_BY_NAME = {name: node for node, name in AUGMENTED.items()}
+UNARY_BY_NAME = {name: node for node, name in UNARY.items()}
+
+SPACE = cst.SimpleWhitespace(" ")
+EMPTY = cst.SimpleWhitespace("")
+COMMA = cst.Comma(whitespace_before=EMPTY, whitespace_after=SPACE)
+
+
+def runtime_attr(name: str) -> cst.Attribute:
+    return cst.Attribute(value=cst.Name(RUNTIME_NAME), attr=cst.Name(name))
+
+
+def runtime_entry(node: cst.BaseExpression) -> Optional[str]:
+    """``name`` when ``node`` is a call of ``__msprobe__.name``, else None."""
+    if isinstance(node, cst.Call):
+        func = node.func
+        if (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)
+                and func.value.value == RUNTIME_NAME and not func.lpar and not func.value.lpar):
+            return func.attr.value
+    return None
+
+
+def _text(whitespace) -> Optional[str]:
+    return whitespace.value if isinstance(whitespace, cst.SimpleWhitespace) else None
+
+
+def is_empty(whitespace) -> bool:
+    return _text(whitespace) == ""
+
+
+def comma_for_operator(before, after) -> Optional[cst.Comma]:
+    """Encode an operator's surrounding whitespace in the comma that replaces it; None where it cannot.
+
+    The map is the identity except that the usual ``a + b`` becomes the usual ``f(a, b)``; ``a+ b``, whose
+    image that would be, is the one spelling left uninstrumented.
+    """
+    b, a = _text(before), _text(after)
+    if b == " " and a == " ":
+        return COMMA
+    if b == "" and a == " ":
+        return None
+    return cst.Comma(whitespace_before=before, whitespace_after=after)
+
+
+def operator_whitespace(comma: cst.Comma) -> Tuple[cst.BaseParenthesizableWhitespace,
+                                                   cst.BaseParenthesizableWhitespace]:
+    """The inverse of ``comma_for_operator``."""
+    before, after = comma.whitespace_before, comma.whitespace_after
+    if _text(before) == "" and _text(after) == " ":
+        return SPACE, SPACE
+    return before, after
+
+
+def is_literal(node: cst.BaseExpression) -> bool:
+    """A literal that no tensor operation can involve: numbers, strings, None, True, False, ``...``."""
+    if isinstance(node, (cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString, cst.ConcatenatedString,
+                         cst.FormattedString, cst.Ellipsis)):
+        return True
+    return isinstance(node, cst.Name) and node.value in ("None", "True", "False")
+
+
+def is_text_literal(node: cst.BaseExpression) -> bool:
+    return isinstance(node, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString)) or (
+        isinstance(node, cst.Name) and node.value in ("None", "True", "False"))
+
+
+def safe_as_argument(node: cst.BaseExpression) -> bool:
+    """Whether ``node`` keeps its meaning when moved, as it is, into a call's argument list."""
+    if node.lpar:
+        return True
+    return not isinstance(node, (cst.Tuple, cst.Yield, cst.StarredElement, cst.NamedExpr))
+

@@ -1,0 +1,74 @@
+"""Static resolution of a call's callee: a catalogued API, something that is certainly no API, or unknown.
+
+Only dotted names are resolved (``relu``, ``F.gelu``, ``torch.nn.functional.gelu``); the root name goes
+through the scope's binding table, so aliases and ``from`` imports resolve however they were spelled, and a
+local that shadows an import is not mistaken for it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import libcst as cst
+
+from msprobe_runtime.catalogue import Catalogue
+
+from .scopes import DEFINITION, IMPORT, STDLIB_VALUE, Scope, is_stdlib
+
+API, UNKNOWN, NOT_API = "api", "unknown", "not-api"
+
+
+@dataclass(frozen=True)
+class Resolution:
+    kind: str  # API, UNKNOWN or NOT_API
+    api_name: Optional[str] = None  # the dump name of an API
+    qualname: Optional[str] = None  # the qualified name the callee resolved to, where it did
+
+
+def dotted_name(node: cst.BaseExpression) -> Optional[str]:
+    """``a.b.c`` for a Name/Attribute chain, else None."""
+    parts = []
+    while isinstance(node, cst.Attribute):
+        parts.append(node.attr.value)
+        node = node.value
+    if isinstance(node, cst.Name):
+        parts.append(node.value)
+        return ".".join(reversed(parts))
+    return None
+
+
+def qualify(dotted: str, scope: Scope) -> Optional[str]:
+    """The qualified name ``dotted`` refers to through imports, or None."""
+    root, dot, rest = dotted.partition(".")
+    binding, _builtin = scope.lookup(root)
+    if binding is None or binding.kind != IMPORT:
+        return None
+    return binding.qualname + dot + rest
+
+
+class Resolver:
+    def __init__(self, catalogue: Catalogue):
+        self.catalogue = catalogue
+
+    def resolve(self, callee: cst.BaseExpression, scope: Scope) -> Resolution:
+        dotted = dotted_name(callee)
+        if dotted is None:
+            return Resolution(UNKNOWN)
+        root, _, _ = dotted.partition(".")
+        binding, builtin = scope.lookup(root)
+        if binding is None:
+            return Resolution(NOT_API if builtin else UNKNOWN)
+        kind = binding.kind
+        if kind == IMPORT:
+            qualname = qualify(dotted, scope)
+            api_name = self.catalogue.dump_name(qualname)
+            if api_name is not None:
+                return Resolution(API, api_name, qualname)
+            # The standard library re-exports no torch API; anything else may (a package re-exporting
+            # F.gelu, a module object), so the runtime decides by identity.
+            return Resolution(NOT_API if is_stdlib(qualname) else UNKNOWN, qualname=qualname)
+        if kind == DEFINITION and root == dotted:
+            return Resolution(NOT_API)
+        if kind == STDLIB_VALUE:
+            return Resolution(NOT_API)
+        return Resolution(UNKNOWN)

@@ -1,0 +1,209 @@
+"""Placing ``import msprobe_runtime as __msprobe__`` on an existing line, and taking it off again.
+
+No line may move (tracebacks, ``stack.json`` and ``inspect.getsource`` users must see the user's lines), so the
+import joins a line that is already there, before any instrumented code can run, in this order of preference:
+
+1. the first statement after the docstring and ``from __future__`` imports, when it is a simple statement:
+   ``import msprobe_runtime as __msprobe__; import torch``;
+2. a blank or comment line just before that statement (never lines 1-2, which may hold a shebang or an
+   encoding cookie): ``import msprobe_runtime as __msprobe__  # comment``;
+3. the end of the docstring or last ``__future__`` line: ``"Doc."; import msprobe_runtime as __msprobe__``;
+4. the first simple statement further on, past ``def`` statements (defining a function runs no instrumented
+   code: decorators and defaults are never rewritten) and into ``try`` bodies (whose first statement always
+   runs).
+
+Each placement has a distinct shape, so ``remove`` knows which one it undoes.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import libcst as cst
+
+from .forms import EMPTY, RUNTIME_MODULE, RUNTIME_NAME, SPACE
+
+
+class PlacementError(Exception):
+    """No existing line can carry the runtime import."""
+
+
+def _import_statement(semicolon=cst.MaybeSentinel.DEFAULT) -> cst.Import:
+    return cst.Import(
+        names=[cst.ImportAlias(name=cst.Name(RUNTIME_MODULE), asname=cst.AsName(name=cst.Name(RUNTIME_NAME)))],
+        semicolon=semicolon,
+    )
+
+
+def is_runtime_import(node: cst.CSTNode) -> bool:
+    return (
+        isinstance(node, cst.Import)
+        and len(node.names) == 1
+        and isinstance(node.names[0].name, cst.Name)
+        and node.names[0].name.value == RUNTIME_MODULE
+        and node.names[0].asname is not None
+        and isinstance(node.names[0].asname.name, cst.Name)
+        and node.names[0].asname.name.value == RUNTIME_NAME
+    )
+
+
+def _is_docstring(line: cst.BaseStatement) -> bool:
+    return (
+        isinstance(line, cst.SimpleStatementLine)
+        and isinstance(line.body[0], cst.Expr)
+        and isinstance(line.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )
+
+
+def _is_future(line: cst.BaseStatement) -> bool:
+    return isinstance(line, cst.SimpleStatementLine) and all(
+        isinstance(s, cst.ImportFrom) and isinstance(s.module, cst.Name) and s.module.value == "__future__"
+        for s in line.body
+    )
+
+
+def _prefixed(line: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
+    semicolon = cst.Semicolon(whitespace_before=EMPTY, whitespace_after=SPACE)
+    return line.with_changes(body=[_import_statement(semicolon), *line.body])
+
+
+def _line_statement(empty: cst.EmptyLine) -> cst.SimpleStatementLine:
+    whitespace = empty.whitespace
+    if empty.comment is not None:
+        whitespace = cst.SimpleWhitespace("  " + whitespace.value)
+    return cst.SimpleStatementLine(
+        body=[_import_statement()],
+        trailing_whitespace=cst.TrailingWhitespace(whitespace=whitespace, comment=empty.comment,
+                                                   newline=empty.newline),
+    )
+
+
+def _empty_line(line: cst.SimpleStatementLine) -> cst.EmptyLine:
+    trailing = line.trailing_whitespace
+    whitespace = trailing.whitespace
+    if trailing.comment is not None:
+        whitespace = cst.SimpleWhitespace(whitespace.value[2:])
+    return cst.EmptyLine(indent=True, whitespace=whitespace, comment=trailing.comment, newline=trailing.newline)
+
+
+def _pick_line(lines: Sequence[cst.EmptyLine], first_line_number: int) -> Optional[int]:
+    """Index of the line to carry the import: the last blank line, else the first comment line."""
+    eligible = [i for i in range(len(lines)) if first_line_number + i > 2]
+    blanks = [i for i in eligible if lines[i].comment is None]
+    if blanks:
+        return blanks[-1]
+    return eligible[0] if eligible else None
+
+
+def _place_in_suite(statements: List[cst.BaseStatement], start: int) -> bool:
+    """Option 4: prefix the first simple statement from ``start`` on, past defs and into try bodies."""
+    for index in range(start, len(statements)):
+        statement = statements[index]
+        if isinstance(statement, cst.SimpleStatementLine):
+            statements[index] = _prefixed(statement)
+            return True
+        if isinstance(statement, cst.FunctionDef):
+            continue
+        if isinstance(statement, cst.Try):
+            body = statement.body
+            if isinstance(body, cst.SimpleStatementSuite):
+                semicolon = cst.Semicolon(whitespace_before=EMPTY, whitespace_after=SPACE)
+                statements[index] = statement.with_changes(
+                    body=body.with_changes(body=[_import_statement(semicolon), *body.body]))
+                return True
+            inner = list(body.body)
+            if _place_in_suite(inner, 0):
+                statements[index] = statement.with_changes(body=body.with_changes(body=inner))
+                return True
+        return False
+    return False
+
+
+def place(module: cst.Module) -> cst.Module:
+    body = list(module.body)
+    start = 0
+    if body and _is_docstring(body[0]):
+        start = 1
+    while start < len(body) and _is_future(body[start]):
+        start += 1
+    if start == len(body):
+        raise PlacementError("the module has no statement after its docstring and __future__ imports")
+    first = body[start]
+
+    if isinstance(first, cst.SimpleStatementLine):  # 1
+        body[start] = _prefixed(first)
+        return module.with_changes(body=body)
+
+    header = list(module.header) if start == 0 else []
+    candidates = header + list(first.leading_lines)
+    chosen = _pick_line(candidates, 1 if start == 0 else 3)
+    if chosen is not None:  # 2
+        statement = _line_statement(candidates[chosen])
+        if chosen < len(header):
+            new_header, statement_lines, rest = header[:chosen], [], header[chosen + 1:] + list(first.leading_lines)
+        else:
+            cut = chosen - len(header)
+            new_header, statement_lines = header, list(first.leading_lines[:cut])
+            rest = list(first.leading_lines[cut + 1:])
+        body[start:start + 1] = [statement.with_changes(leading_lines=statement_lines),
+                                 first.with_changes(leading_lines=rest)]
+        return module.with_changes(header=new_header if start == 0 else module.header, body=body)
+
+    if start > 0:  # 3
+        last = body[start - 1]
+        if last.body[-1].semicolon is cst.MaybeSentinel.DEFAULT:
+            statements = list(last.body)
+            statements[-1] = statements[-1].with_changes(
+                semicolon=cst.Semicolon(whitespace_before=EMPTY, whitespace_after=SPACE))
+            body[start - 1] = last.with_changes(body=[*statements, _import_statement()])
+            return module.with_changes(body=body)
+
+    if _place_in_suite(body, start):  # 4
+        return module.with_changes(body=body)
+    raise PlacementError(
+        "no existing line before the first module-level code can carry the runtime import "
+        f"(the module starts with a {type(first).__name__} statement)"
+    )
+
+
+def _remove_in_suite(statements: List[cst.BaseStatement]) -> bool:
+    for index, statement in enumerate(statements):
+        if isinstance(statement, cst.SimpleStatementLine):
+            small = statement.body
+            if is_runtime_import(small[0]) and len(small) > 1:  # 1 and 4
+                statements[index] = statement.with_changes(body=small[1:])
+                return True
+            if is_runtime_import(small[0]):  # 2
+                empty = _empty_line(statement)
+                lines = [*statement.leading_lines, empty]
+                if index + 1 < len(statements):
+                    following = statements[index + 1]
+                    statements[index + 1] = following.with_changes(
+                        leading_lines=[*lines, *following.leading_lines])
+                    del statements[index]
+                    return True
+                raise PlacementError("the runtime import is the module's last statement")
+            if len(small) > 1 and is_runtime_import(small[-1]):  # 3
+                before = list(small[:-1])
+                before[-1] = before[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
+                statements[index] = statement.with_changes(body=before)
+                return True
+        elif isinstance(statement, cst.Try):
+            body = statement.body
+            if isinstance(body, cst.SimpleStatementSuite):
+                if is_runtime_import(body.body[0]) and len(body.body) > 1:
+                    statements[index] = statement.with_changes(body=body.with_changes(body=body.body[1:]))
+                    return True
+            else:
+                inner = list(body.body)
+                if _remove_in_suite(inner):
+                    statements[index] = statement.with_changes(body=body.with_changes(body=inner))
+                    return True
+    return False
+
+
+def remove(module: cst.Module) -> cst.Module:
+    """Take the runtime import off its line, restoring that line exactly; unchanged if there is none."""
+    body = list(module.body)
+    if _remove_in_suite(body):
+        return module.with_changes(body=body)
+    return module

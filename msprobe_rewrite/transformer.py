@@ -1,0 +1,244 @@
+"""The rewrite of call sites and Tensor operators into the forms of docs/contract.md.
+
+Only expressions change; every binding, import, decorator, default and annotation stays as written. Scopes
+come from ``scopes.collect_scopes`` (built from ``ast``) and are entered here in the same pre-order.
+"""
+from __future__ import annotations
+
+import re
+from typing import Iterable, List, Optional
+
+import libcst as cst
+
+from .forms import (AUGMENTED, BINARY, COMMA, COMPARISON, UNARY, comma_for_operator, is_empty, is_literal,
+                    is_text_literal, runtime_attr, safe_as_argument)
+from .resolver import API, NOT_API, Resolver, dotted_name, qualify
+from .scopes import CLASS, COMPREHENSION, FUNCTION, LAMBDA, ModuleScopes, Scope
+
+# Decorators whose functions are compiled, traced or scripted: their bodies must stay plain torch.
+KERNEL_DECORATORS = frozenset({
+    "torch.jit.script", "torch.jit.script_method", "torch.jit.ignore", "torch.jit.unused",
+    "torch.jit.trace", "torch.compile", "torch.compiler.disable", "torch._dynamo.disable",
+    "torch.fx.wrap", "triton.jit", "triton.autotune", "triton.heuristics",
+    "tilelang.jit", "tilelang.language.prim_func", "megatron.core.jit.jit_fuser",
+})
+# Re-exports (Megatron-LM reaches triton.jit through its own modules) are caught by the last name.
+KERNEL_DECORATOR_NAMES = frozenset({"jit", "jit_fuser", "script", "script_method", "prim_func",
+                                    "autotune", "heuristics", "compile"})
+SKIP_MARKER = re.compile(r"#\s*msprobe:\s*skip\b(?!-)")
+
+
+class ScopeMismatch(Exception):
+    """The ast scopes and the libcst scopes did not pair up: a bug, reported rather than guessed around."""
+
+
+def _has_skip_marker(node) -> bool:
+    for line in node.leading_lines:
+        if line.comment is not None and SKIP_MARKER.search(line.comment.value):
+            return True
+    header = getattr(node.body, "header", None)
+    return bool(header is not None and header.comment is not None and SKIP_MARKER.search(header.comment.value))
+
+
+class CallSiteTransformer(cst.CSTTransformer):
+    def __init__(self, scopes: ModuleScopes, resolver: Resolver, skip_decorators: Iterable[str] = ()):
+        super().__init__()
+        self.resolver = resolver
+        self.pending = iter(scopes.in_order)
+        self.stack: List[Scope] = [scopes.module]
+        self.frozen = 0  # > 0 inside decorators, defaults, annotations, class bases and skipped bodies
+        self.skipped: List[bool] = []
+        self.fstring_quotes: List[str] = []
+        self.skip_decorators = frozenset(skip_decorators)
+        self.changes = 0
+
+    # -- scopes -------------------------------------------------------------------------------------
+    def _enter(self, kind: str, name: Optional[str]) -> None:
+        scope = next(self.pending, None)
+        if scope is None or scope.kind != kind or (name is not None and scope.name != name):
+            raise ScopeMismatch(f"expected {kind} {name!r}, paired with {scope and (scope.kind, scope.name)}")
+        self.stack.append(scope)
+
+    def _leave(self) -> None:
+        self.stack.pop()
+
+    @property
+    def scope(self) -> Scope:
+        return self.stack[-1]
+
+    def _is_kernel(self, node) -> bool:
+        for decorator in node.decorators:
+            expression = decorator.decorator
+            if isinstance(expression, cst.Call):
+                expression = expression.func
+            dotted = dotted_name(expression)
+            if dotted is None:
+                continue
+            qualname = qualify(dotted, self.scope) or dotted
+            last = qualname.rsplit(".", 1)[-1]
+            if (qualname in KERNEL_DECORATORS or last in KERNEL_DECORATOR_NAMES
+                    or qualname in self.skip_decorators or dotted in self.skip_decorators
+                    or last in self.skip_decorators):
+                return True
+        return False
+
+    def _enter_definition(self, node, kind: str) -> None:
+        skip = _has_skip_marker(node) or self._is_kernel(node)
+        self.skipped.append(skip)
+        if skip:
+            self.frozen += 1
+        self._enter(kind, node.name.value)
+
+    def _leave_definition(self) -> None:
+        if self.skipped.pop():
+            self.frozen -= 1
+        self._leave()
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._enter_definition(node, FUNCTION)
+
+    def leave_FunctionDef(self, original, updated):
+        self._leave_definition()
+        return updated
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self._enter_definition(node, CLASS)
+
+    def leave_ClassDef(self, original, updated):
+        self._leave_definition()
+        return updated
+
+    def visit_Lambda(self, node: cst.Lambda) -> None:
+        self._enter(LAMBDA, None)
+
+    def leave_Lambda(self, original, updated):
+        self._leave()
+        return updated
+
+    def _visit_comprehension(self, node) -> None:
+        self._enter(COMPREHENSION, type(node).__name__)
+
+    def _leave_comprehension(self, original, updated):
+        self._leave()
+        return updated
+
+    visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = _visit_comprehension
+    leave_ListComp = leave_SetComp = leave_DictComp = leave_GeneratorExp = _leave_comprehension
+
+    # -- zones that are never rewritten -------------------------------------------------------------
+    def _freeze(self, node) -> None:
+        self.frozen += 1
+
+    def _thaw(self, node) -> None:
+        self.frozen -= 1
+
+    visit_Decorator = visit_Annotation = visit_Param_default = _freeze
+    visit_ClassDef_bases = visit_ClassDef_keywords = _freeze
+    leave_Param_default = leave_ClassDef_bases = leave_ClassDef_keywords = _thaw
+
+    def leave_Decorator(self, original, updated):
+        self.frozen -= 1
+        return updated
+
+    def leave_Annotation(self, original, updated):
+        self.frozen -= 1
+        return updated
+
+    def visit_FormattedString(self, node: cst.FormattedString) -> None:
+        self.fstring_quotes.append(node.quote[0])
+
+    def leave_FormattedString(self, original, updated):
+        self.fstring_quotes.pop()
+        return updated
+
+    # -- rewrites -----------------------------------------------------------------------------------
+    def _runtime_call(self, entry: str, args, template):
+        self.changes += 1
+        return cst.Call(func=runtime_attr(entry), args=args, lpar=template.lpar, rpar=template.rpar)
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        if self.frozen:
+            return updated
+        resolution = self.resolver.resolve(original.func, self.scope)
+        if resolution.kind == NOT_API:
+            return updated
+        callee = cst.Arg(value=updated.func, comma=COMMA if updated.args else cst.MaybeSentinel.DEFAULT)
+        args = [callee, *updated.args]
+        entry = "dyn"
+        if resolution.kind == API:
+            quote = next((q for q in ('"', "'") if q not in self.fstring_quotes), None)
+            if quote is not None:  # inside f-strings using both quotes, identity dispatch names it instead
+                entry = "call"
+                args.insert(0, cst.Arg(value=cst.SimpleString(f"{quote}{resolution.api_name}{quote}"),
+                                       comma=COMMA))
+        self.changes += 1
+        return updated.with_changes(func=runtime_attr(entry), args=args)
+
+    def leave_BinaryOperation(self, original, updated):
+        if self.frozen or (is_literal(original.left) and is_literal(original.right)):
+            return updated
+        if isinstance(original.left, cst.SimpleString) and isinstance(original.operator, cst.Modulo):
+            return updated  # "%s" % args: string formatting
+        operator = updated.operator
+        comma = comma_for_operator(operator.whitespace_before, operator.whitespace_after)
+        if comma is None:
+            return updated
+        args = [cst.Arg(value=updated.left, comma=comma), cst.Arg(value=updated.right)]
+        return self._runtime_call(BINARY[type(operator)], args, updated)
+
+    def leave_UnaryOperation(self, original, updated):
+        entry = UNARY.get(type(updated.operator))
+        if (self.frozen or entry is None or is_literal(original.expression)
+                or not is_empty(updated.operator.whitespace_after)):
+            return updated
+        return self._runtime_call(entry, [cst.Arg(value=updated.expression)], updated)
+
+    def leave_Comparison(self, original, updated):
+        if self.frozen or len(updated.comparisons) != 1:
+            return updated
+        target = updated.comparisons[0]
+        entry = COMPARISON.get(type(target.operator))
+        if (entry is None or is_text_literal(original.left) or is_text_literal(original.comparisons[0].comparator)
+                or (is_literal(original.left) and is_literal(original.comparisons[0].comparator))):
+            return updated
+        comma = comma_for_operator(target.operator.whitespace_before, target.operator.whitespace_after)
+        if comma is None:
+            return updated
+        args = [cst.Arg(value=updated.left, comma=comma), cst.Arg(value=target.comparator)]
+        return self._runtime_call(entry, args, updated)
+
+    def leave_AugAssign(self, original, updated):
+        if self.frozen or not safe_as_argument(updated.value):
+            return updated
+        operator = updated.operator
+        entry = AUGMENTED[type(operator)]
+        target = updated.target
+        if isinstance(target, cst.Name):
+            self.changes += 1
+            call = cst.Call(func=runtime_attr(entry),
+                            args=[cst.Arg(value=cst.Name(target.value), comma=COMMA), cst.Arg(value=updated.value)])
+            return cst.Assign(
+                targets=[cst.AssignTarget(target=target, whitespace_before_equal=operator.whitespace_before,
+                                          whitespace_after_equal=operator.whitespace_after)],
+                value=call, semicolon=updated.semicolon)
+        comma = comma_for_operator(operator.whitespace_before, operator.whitespace_after)
+        if comma is None:
+            return updated
+        if isinstance(target, cst.Attribute) and not target.lpar:
+            dot = target.dot
+            if not (is_empty(dot.whitespace_before) and is_empty(dot.whitespace_after)):
+                return updated
+            reference = cst.Call(func=runtime_attr("attr"), args=[
+                cst.Arg(value=target.value, comma=COMMA),
+                cst.Arg(value=cst.SimpleString(f'"{target.attr.value}"'))])
+        elif isinstance(target, cst.Subscript) and not target.lpar:
+            loader = cst.Call(func=runtime_attr("item"), args=[cst.Arg(value=target.value)])
+            reference = target.with_changes(value=loader)
+        else:
+            return updated
+        self.changes += 1
+        call = cst.Call(func=runtime_attr("aug"), args=[
+            cst.Arg(value=reference, comma=COMMA),
+            cst.Arg(value=cst.SimpleString(f'"{entry}"'), comma=comma),
+            cst.Arg(value=updated.value)])
+        return cst.Expr(value=call, semicolon=updated.semicolon)
