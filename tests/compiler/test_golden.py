@@ -1,0 +1,764 @@
+"""Golden tests of the transformer: each case is the source before and the exact source after.
+
+Every case also checks the invariants: the output compiles, rewriting it again changes nothing, and
+restoring it gives back the input byte for byte.
+"""
+from textwrap import dedent
+
+import pytest
+
+from msprobe_rewrite.api import RewriteError, restore_source, rewrite_source
+from msprobe_runtime.catalogue import load_catalogue
+
+PREAMBLE = "import msprobe_runtime as __msprobe__; "
+
+
+def check(before: str, after: str, **options) -> None:
+    before, after = dedent(before), dedent(after)
+    rewritten = rewrite_source(before.encode(), **options).decode()
+    assert rewritten == after
+    compile(rewritten, "<golden>", "exec")
+    assert rewrite_source(rewritten.encode(), **options).decode() == rewritten
+    assert restore_source(rewritten.encode()).decode() == before
+
+
+# -- statically resolved APIs, however they were bound --------------------------------------------------
+
+def test_module_attribute_call():
+    check(
+        """\
+        import torch
+        y = torch.relu(x)
+        """,
+        """\
+        import msprobe_runtime as __msprobe__; import torch
+        y = __msprobe__.call("Torch.relu", torch.relu, x)
+        """,
+    )
+
+
+def test_aliases_and_from_imports():
+    check(
+        """\
+        import torch.nn.functional as F
+        from torch import relu as r
+        from torch.nn import functional
+        import torch.distributed as dist
+        import torch_npu
+
+        def f(x):
+            a = F.gelu(x)
+            b = r(a)
+            c = functional.silu(b)
+            dist.all_reduce(c)
+            return torch_npu.npu_rms_norm(c, w)
+        """,
+        """\
+        import msprobe_runtime as __msprobe__; import torch.nn.functional as F
+        from torch import relu as r
+        from torch.nn import functional
+        import torch.distributed as dist
+        import torch_npu
+
+        def f(x):
+            a = __msprobe__.call("Functional.gelu", F.gelu, x)
+            b = __msprobe__.call("Torch.relu", r, a)
+            c = __msprobe__.call("Functional.silu", functional.silu, b)
+            __msprobe__.call("Distributed.all_reduce", dist.all_reduce, c)
+            return __msprobe__.call("NPU.npu_rms_norm", torch_npu.npu_rms_norm, c, w)
+        """,
+    )
+
+
+def test_tensor_class_method_and_dotted_import():
+    check(
+        """\
+        import torch.nn.functional
+        import torch
+        z = torch.Tensor.add(x, y)
+        w = torch.nn.functional.gelu(z, approximate="tanh")
+        """,
+        """\
+        import msprobe_runtime as __msprobe__; import torch.nn.functional
+        import torch
+        z = __msprobe__.call("Tensor.add", torch.Tensor.add, x, y)
+        w = __msprobe__.call("Functional.gelu", torch.nn.functional.gelu, z, approximate="tanh")
+        """,
+    )
+
+
+def test_custom_catalogue_entry_by_qualified_name():
+    check(
+        """\
+        from megatron.core.fusions.fused_bias_gelu import bias_gelu_impl
+        out = bias_gelu_impl(x, bias)
+        """,
+        """\
+        import msprobe_runtime as __msprobe__; from megatron.core.fusions.fused_bias_gelu import bias_gelu_impl
+        out = __msprobe__.call("Megatron.bias_gelu_impl", bias_gelu_impl, x, bias)
+        """,
+    )
+
+
+def test_user_catalogue_adds_entries(tmp_path):
+    extra = tmp_path / "extra.yaml"
+    extra.write_text("custom:\n  mylib.ops.fused_thing: Mine.fused_thing\n")
+    check(
+        """\
+        from mylib.ops import fused_thing
+        y = fused_thing(x)
+        """,
+        """\
+        import msprobe_runtime as __msprobe__; from mylib.ops import fused_thing
+        y = __msprobe__.call("Mine.fused_thing", fused_thing, x)
+        """,
+        catalogue=load_catalogue([extra]),
+    )
+
+
+def test_relative_import_resolves_through_the_package():
+    check(
+        """\
+        from .fused_bias_gelu import bias_gelu_impl
+        from . import fused_bias_gelu as fbg
+        y = bias_gelu_impl(x, b) + fbg.bias_gelu_impl(x, b)
+        """,
+        """\
+        import msprobe_runtime as __msprobe__; from .fused_bias_gelu import bias_gelu_impl
+        from . import fused_bias_gelu as fbg
+        y = __msprobe__.add(__msprobe__.call("Megatron.bias_gelu_impl", bias_gelu_impl, x, b), __msprobe__.call("Megatron.bias_gelu_impl", fbg.bias_gelu_impl, x, b))
+        """,
+        package="megatron.core.fusions",
+    )
+
+
+def test_star_import_makes_every_free_name_unknown():
+    check(
+        """\
+        from torch import *
+        y = relu(x)
+        n = len(y)
+        """,
+        """\
+        import msprobe_runtime as __msprobe__; from torch import *
+        y = __msprobe__.dyn(relu, x)
+        n = __msprobe__.dyn(len, y)
+        """,
+    )
+
+
+# -- unknown callees go through identity dispatch; known non-APIs are left alone ------------------------
+
+def test_unknown_callees_are_dispatched_at_run_time():
+    check(
+        """\
+        import torch
+        class MLP(torch.nn.Module):
+            def forward(self, x):
+                h = self.linear_fc1(x)
+                h = self.activation_func(h)
+                return h.transpose(0, 1)
+        """,
+        """\
+        import msprobe_runtime as __msprobe__; import torch
+        class MLP(torch.nn.Module):
+            def forward(self, x):
+                h = __msprobe__.dyn(self.linear_fc1, x)
+                h = __msprobe__.dyn(self.activation_func, h)
+                return __msprobe__.dyn(h.transpose, 0, 1)
+        """,
+    )
+
+
+def test_builtins_stdlib_and_local_definitions_are_left_alone():
+    check(
+        """\
+        import os
+        import logging
+        logger = logging.getLogger(__name__)
+
+        def helper(x):
+            return x
+
+        class Box:
+            pass
+
+        def f(x):
+            print(len(x), os.path.join("a", "b"))
+            logger.info("step")
+            return helper(Box())
+        """,
+        """\
+        import os
+        import logging
+        logger = logging.getLogger(__name__)
+
+        def helper(x):
+            return x
+
+        class Box:
+            pass
+
+        def f(x):
+            print(len(x), os.path.join("a", "b"))
+            logger.info("step")
+            return helper(Box())
+        """,
+    )
+
+
+def test_shadowing_local_is_not_torchs():
+    check(
+        """\
+        from torch import relu
+
+        def f(x, relu=None):
+            return relu(x)
+
+        def g(x):
+            relu = make()
+            return relu(x)
+
+        def h(x):
+            return relu(x)
+        """,
+        """\
+        import msprobe_runtime as __msprobe__; from torch import relu
+
+        def f(x, relu=None):
+            return __msprobe__.dyn(relu, x)
+
+        def g(x):
+            relu = __msprobe__.dyn(make)
+            return __msprobe__.dyn(relu, x)
+
+        def h(x):
+            return __msprobe__.call("Torch.relu", relu, x)
+        """,
+    )
+
+
+def test_global_and_nonlocal():
+    check(
+        """\
+        from torch import relu
+
+        def outer():
+            relu = lambda x: x
+            def inner(x):
+                nonlocal relu
+                return relu(x)
+            return inner
+
+        def uses_global(x):
+            global relu
+            return relu(x)
+        """,
+        """\
+        import msprobe_runtime as __msprobe__; from torch import relu
+
+        def outer():
+            relu = lambda x: x
+            def inner(x):
+                nonlocal relu
+                return __msprobe__.dyn(relu, x)
+            return inner
+
+        def uses_global(x):
+            global relu
+            return __msprobe__.call("Torch.relu", relu, x)
+        """,
+    )
+
+
+def test_class_scope_is_not_visible_from_methods():
+    check(
+        """\
+        import torch
+
+        class A:
+            torch = None
+            y = torch.relu(x)
+
+            def m(self, x):
+                return torch.relu(x)
+        """,
+        """\
+        import msprobe_runtime as __msprobe__; import torch
+
+        class A:
+            torch = None
+            y = __msprobe__.dyn(torch.relu, x)
+
+            def m(self, x):
+                return __msprobe__.call("Torch.relu", torch.relu, x)
+        """,
+    )
+
+
+def test_nested_functions_classes_lambdas_and_comprehensions():
+    check(
+        """\
+        import torch
+
+        def outer(xs):
+            class Inner:
+                def go(self, x):
+                    return torch.relu(x)
+            act = lambda t: torch.sigmoid(t)
+            ys = [torch.tanh(x) for x in xs if torch.any(x)]
+            table = {k: torch.abs(v) for k, v in pairs}
+            total = sum(torch.sum(x) for x in xs)
+            return Inner, act, ys, table, total
+        """,
+        """\
+        import msprobe_runtime as __msprobe__; import torch
+
+        def outer(xs):
+            class Inner:
+                def go(self, x):
+                    return __msprobe__.call("Torch.relu", torch.relu, x)
+            act = lambda t: __msprobe__.call("Torch.sigmoid", torch.sigmoid, t)
+            ys = [__msprobe__.call("Torch.tanh", torch.tanh, x) for x in xs if __msprobe__.call("Torch.any", torch.any, x)]
+            table = {k: __msprobe__.call("Torch.abs", torch.abs, v) for k, v in pairs}
+            total = sum(__msprobe__.call("Torch.sum", torch.sum, x) for x in xs)
+            return Inner, act, ys, table, total
+        """,
+    )
+
+
+def test_decorators_defaults_and_annotations_are_untouched():
+    check(
+        """\
+        import torch
+
+        @register(torch.relu(zero))
+        def f(x: torch.Tensor = torch.zeros(1), *, scale=2 * k) -> torch.Size:
+            y: torch.Tensor = torch.relu(x)
+            return y
+
+        class Net(make_base(torch.nn.Module), metaclass=pick(torch)):
+            pass
+        """,
+        """\
+        import msprobe_runtime as __msprobe__; import torch
+
+        @register(torch.relu(zero))
+        def f(x: torch.Tensor = torch.zeros(1), *, scale=2 * k) -> torch.Size:
+            y: torch.Tensor = __msprobe__.call("Torch.relu", torch.relu, x)
+            return y
+
+        class Net(make_base(torch.nn.Module), metaclass=pick(torch)):
+            pass
+        """,
+    )
+
+
+def test_async_await_and_async_comprehensions():
+    check(
+        """\
+        import torch
+
+        async def f(stream, x):
+            y = await fetch(x)
+            async with guard():
+                async for item in stream:
+                    y = torch.add(y, item)
+            return [torch.relu(t) async for t in stream]
+        """,
+        """\
+        import msprobe_runtime as __msprobe__; import torch
+
+        async def f(stream, x):
+            y = await __msprobe__.dyn(fetch, x)
+            async with __msprobe__.dyn(guard):
+                async for item in stream:
+                    y = __msprobe__.call("Torch.add", torch.add, y, item)
+            return [__msprobe__.call("Torch.relu", torch.relu, t) async for t in stream]
+        """,
+    )
+
+
+def test_walrus_and_match():
+    check(
+        """\
+        import torch
+
+        def f(x, cmd):
+            if (n := torch.numel(x)) > 4:
+                pass
+            match cmd:
+                case Point(x=0) if torch.is_tensor(x):
+                    return n
+                case [first, *rest]:
+                    return first
+        """,
+        """\
+        import msprobe_runtime as __msprobe__; import torch
+
+        def f(x, cmd):
+            if __msprobe__.gt((n := __msprobe__.dyn(torch.numel, x)), 4):
+                pass
+            match cmd:
+                case Point(x=0) if __msprobe__.dyn(torch.is_tensor, x):
+                    return n
+                case [first, *rest]:
+                    return first
+        """,
+    )
+
+
+def test_fstrings_pick_a_quote_that_does_not_close_them():
+    check(
+        """\
+        import torch
+        a = f"{torch.relu(x)}"
+        b = f'{torch.relu(x)!r:>10}'
+        c = f"{f'{torch.relu(x)}'}"
+        """,
+        """\
+        import msprobe_runtime as __msprobe__; import torch
+        a = f"{__msprobe__.call('Torch.relu', torch.relu, x)}"
+        b = f'{__msprobe__.call("Torch.relu", torch.relu, x)!r:>10}'
+        c = f"{f'{__msprobe__.dyn(torch.relu, x)}'}"
+        """,
+    )
+
+
+# -- operators ------------------------------------------------------------------------------------------
+
+def test_binary_and_unary_operators_keep_their_spelling_in_the_commas():
+    check(
+        """\
+        import torch
+        def f(a, b):
+            c = a + b
+            d = a*b
+            e = (a @ b) ** 2
+            g = -a + ~b
+            h = a +b
+            i = (a
+                 - b)
+            return 1 + 2, "x" + "y", "%s" % a, -1, a+ b, - a, not a
+        """,
+        """\
+        import msprobe_runtime as __msprobe__; import torch
+        def f(a, b):
+            c = __msprobe__.add(a, b)
+            d = __msprobe__.mul(a,b)
+            e = __msprobe__.pow((__msprobe__.matmul(a, b)), 2)
+            g = __msprobe__.add(__msprobe__.neg(a), __msprobe__.invert(b))
+            h = __msprobe__.add(a ,b)
+            i = (__msprobe__.sub(a
+                 , b))
+            return 1 + 2, "x" + "y", "%s" % a, -1, a+ b, - a, not a
+        """,
+    )
+
+
+def test_comparisons_single_chained_and_identity():
+    check(
+        """\
+        import torch
+        def f(a, b, c):
+            x = a == b
+            y = a < b < c
+            z = a is b, a in b, a != None, name == "main"
+            return x if a >= 0 else y
+        """,
+        """\
+        import msprobe_runtime as __msprobe__; import torch
+        def f(a, b, c):
+            x = __msprobe__.eq(a, b)
+            y = a < b < c
+            z = a is b, a in b, a != None, name == "main"
+            return x if __msprobe__.ge(a, 0) else y
+        """,
+    )
+
+
+def test_augmented_assignments_evaluate_target_once():
+    check(
+        """\
+        import torch
+        def f(obj, k, v, t):
+            t += v
+            t @= v
+            obj.total -= v
+            obj[k] *= v
+            obj[k][1:2, ...] //= v
+            obj.a.b |= v; t **= 2
+            t += 1, 2
+        """,
+        """\
+        import msprobe_runtime as __msprobe__; import torch
+        def f(obj, k, v, t):
+            t = __msprobe__.iadd(t, v)
+            t = __msprobe__.imatmul(t, v)
+            __msprobe__.aug(__msprobe__.attr(obj, "total"), "isub", v)
+            __msprobe__.aug(__msprobe__.item(obj)[k], "imul", v)
+            __msprobe__.aug(__msprobe__.item(obj[k])[1:2, ...], "ifloordiv", v)
+            __msprobe__.aug(__msprobe__.attr(obj.a, "b"), "ior", v); t = __msprobe__.ipow(t, 2)
+            t += 1, 2
+        """,
+    )
+
+
+# -- what is never touched ------------------------------------------------------------------------------
+
+def test_kernel_and_compiled_bodies_stay_plain_however_imported():
+    check(
+        """\
+        import torch
+        import triton
+        import tilelang.language as T
+        from megatron.core.jit import jit_fuser
+        from megatron.core.utils import jit as reexported_jit
+
+        @torch.jit.script
+        def a(x):
+            return torch.relu(x) + 1
+
+        @torch.compile(mode="max-autotune")
+        def b(x):
+            return torch.relu(x)
+
+        @triton.jit
+        def c(x_ptr):
+            return x_ptr + 1
+
+        @jit_fuser
+        def d(x):
+            return torch.relu(x)
+
+        @T.prim_func
+        def e(A):
+            return A + 1
+
+        @reexported_jit
+        def g(x):
+            return x * 2
+
+        def plain(x):
+            return torch.relu(x)
+        """,
+        """\
+        import msprobe_runtime as __msprobe__; import torch
+        import triton
+        import tilelang.language as T
+        from megatron.core.jit import jit_fuser
+        from megatron.core.utils import jit as reexported_jit
+
+        @torch.jit.script
+        def a(x):
+            return torch.relu(x) + 1
+
+        @torch.compile(mode="max-autotune")
+        def b(x):
+            return torch.relu(x)
+
+        @triton.jit
+        def c(x_ptr):
+            return x_ptr + 1
+
+        @jit_fuser
+        def d(x):
+            return torch.relu(x)
+
+        @T.prim_func
+        def e(A):
+            return A + 1
+
+        @reexported_jit
+        def g(x):
+            return x * 2
+
+        def plain(x):
+            return __msprobe__.call("Torch.relu", torch.relu, x)
+        """,
+    )
+
+
+def test_configured_decorators_are_skipped_too():
+    check(
+        """\
+        import torch
+        from mylib import my_kernel
+
+        @my_kernel
+        def k(x):
+            return torch.relu(x)
+        """,
+        """\
+        import torch
+        from mylib import my_kernel
+
+        @my_kernel
+        def k(x):
+            return torch.relu(x)
+        """,
+        skip_decorators=["mylib.my_kernel"],
+    )
+
+
+def test_zero_argument_super_stays_zero_argument():
+    check(
+        """\
+        from base import Base
+        class A(Base):
+            def __init__(self):
+                super().__init__()
+                super(A, self).reset()
+        """,
+        """\
+        import msprobe_runtime as __msprobe__; from base import Base
+        class A(Base):
+            def __init__(self):
+                __msprobe__.dyn(super().__init__)
+                __msprobe__.dyn(super(A, self).reset)
+        """,
+    )
+
+
+def test_opt_out_markers():
+    check(
+        """\
+        import torch
+
+        # msprobe: skip
+        def a(x):
+            return torch.relu(x)
+
+        def b(x):  # msprobe: skip
+            return torch.relu(x)
+
+        def c(x):
+            return torch.relu(x)
+        """,
+        """\
+        import msprobe_runtime as __msprobe__; import torch
+
+        # msprobe: skip
+        def a(x):
+            return torch.relu(x)
+
+        def b(x):  # msprobe: skip
+            return torch.relu(x)
+
+        def c(x):
+            return __msprobe__.call("Torch.relu", torch.relu, x)
+        """,
+    )
+    source = "# msprobe: skip-file\nimport torch\ny = torch.relu(x)\n"
+    assert rewrite_source(source.encode()).decode() == source
+
+
+def test_patched_callee_is_still_evaluated_at_call_time():
+    """`dist.all_reduce = spy` later still reaches the spy: the callee expression stays in the call."""
+    source = dedent(
+        """\
+        import torch.distributed as dist
+        def reduce(t):
+            return dist.all_reduce(t)
+        """
+    )
+    namespace = {}
+    exec(compile(rewrite_source(source.encode()), "<patched>", "exec"), namespace)
+    import torch.distributed as dist
+    original = dist.all_reduce
+    seen = []
+    try:
+        dist.all_reduce = lambda t: seen.append(t) or "spy"
+        assert namespace["reduce"](7) == "spy"
+    finally:
+        dist.all_reduce = original
+    assert seen == [7]
+
+
+# -- where the runtime import goes ----------------------------------------------------------------------
+
+def test_import_follows_docstring_and_future_imports():
+    check(
+        '''\
+        """Module docstring."""
+        from __future__ import annotations
+        import torch
+        y = torch.relu(x)
+        ''',
+        '''\
+        """Module docstring."""
+        from __future__ import annotations
+        import msprobe_runtime as __msprobe__; import torch
+        y = __msprobe__.call("Torch.relu", torch.relu, x)
+        ''',
+    )
+
+
+def test_import_uses_a_blank_line_before_a_compound_statement():
+    check(
+        """\
+        #!/usr/bin/env python
+        # -*- coding: utf-8 -*-
+
+        if cond():
+            y = torch_fn(x)
+        """,
+        """\
+        #!/usr/bin/env python
+        # -*- coding: utf-8 -*-
+        import msprobe_runtime as __msprobe__
+        if __msprobe__.dyn(cond):
+            y = __msprobe__.dyn(torch_fn, x)
+        """,
+    )
+
+
+def test_import_joins_the_docstring_line_when_nothing_else_is_free():
+    check(
+        '''\
+        """Doc."""
+        class A:
+            y = f(x)
+        ''',
+        '''\
+        """Doc."""; import msprobe_runtime as __msprobe__
+        class A:
+            y = __msprobe__.dyn(f, x)
+        ''',
+    )
+
+
+def test_import_goes_past_defs_and_into_try_bodies():
+    check(
+        """\
+        def helper(x):
+            return f(x)
+        try:
+            import torch
+        except ImportError:
+            torch = None
+        """,
+        """\
+        def helper(x):
+            return __msprobe__.dyn(f, x)
+        try:
+            import msprobe_runtime as __msprobe__; import torch
+        except ImportError:
+            torch = None
+        """,
+    )
+
+
+def test_no_line_for_the_import_is_a_clear_error():
+    with pytest.raises(RewriteError, match="no existing line"):
+        rewrite_source(b"class A:\n    y = f(x)\n")
+
+
+def test_untouched_file_is_returned_as_is():
+    source = b"import os\nprint(os.getcwd())\n"
+    assert rewrite_source(source) == source
+
+
+def test_unparsable_source_is_a_rewrite_error():
+    with pytest.raises(RewriteError, match="cannot parse|not valid Python"):
+        rewrite_source(b"def f(:\n")
