@@ -1,0 +1,47 @@
+"""Kernel and compiled functions of real code (megatron-core from PyPI) keep their bodies byte for byte."""
+import ast
+import collections
+import importlib.util
+from pathlib import Path
+
+from msprobe_rewrite.api import rewrite_source
+
+KERNEL_DECORATORS = ("triton.jit", "triton.autotune", "triton.heuristics", "jit_fuser", "torch.compile",
+                     "torch.compiler.disable", "torch.jit.script")
+
+
+def megatron_core_root() -> Path:
+    spec = importlib.util.find_spec("megatron.core")
+    assert spec is not None, "megatron-core is part of the test set-up (pip install -e '.[test]')"
+    return Path(spec.origin).parent
+
+
+def kernel_functions(tree):
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for decorator in node.decorator_list:
+                target = decorator.func if isinstance(decorator, ast.Call) else decorator
+                text = ast.unparse(target)
+                if text in KERNEL_DECORATORS:
+                    yield text, node
+
+
+def test_megatron_core_kernel_bodies_are_untouched():
+    counts = collections.Counter()
+    for path in sorted(megatron_core_root().rglob("*.py")):
+        source = path.read_bytes()
+        if not any(name.encode() in source for name in ("triton.", "jit_fuser", "torch.compile")):
+            continue
+        tree = ast.parse(source)
+        found = list(kernel_functions(tree))
+        if not found:
+            continue
+        before = source.decode().splitlines()
+        after = rewrite_source(source, path=str(path)).decode().splitlines()
+        for decorator, node in found:
+            first = min(d.lineno for d in node.decorator_list)
+            lines = slice(first - 1, node.end_lineno)
+            assert after[lines] == before[lines], f"{path}:{node.lineno} {node.name} (@{decorator}) changed"
+            counts[decorator] += 1
+    # The test proves something only if real kernels of each main kind were seen.
+    assert counts["triton.jit"] >= 30 and counts["jit_fuser"] >= 30 and counts["torch.compiler.disable"] >= 5, counts
