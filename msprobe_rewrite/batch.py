@@ -11,6 +11,7 @@ import multiprocessing
 import os
 import stat
 import sys
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -45,6 +46,7 @@ class Options:
     keep_results: bool = False  # keep source and result bytes of changed files, for --diff
     catalogue: object = None    # msprobe_runtime.catalogue.Catalogue; None for restore
     cache: Optional[ResultCache] = None
+    verify: bool = True         # refuse a rewritten file that does not compile
 
 
 @dataclass
@@ -59,11 +61,13 @@ class Outcome:
 # --- the worker side -------------------------------------------------------------------------------
 
 _worker_catalogue = None
+_verify = True
 
 
-def _init_worker(catalogue) -> None:
-    global _worker_catalogue
+def _init_worker(catalogue, verify: bool = True) -> None:
+    global _worker_catalogue, _verify
     _worker_catalogue = catalogue
+    _verify = verify
 
 
 def _transform(task: Tuple[int, str, bytes, str]) -> Tuple[int, str, bytes]:
@@ -78,12 +82,45 @@ def _transform(task: Tuple[int, str, bytes, str]) -> Tuple[int, str, bytes]:
         else:
             result = api.restore_source(source, path=path)
     except api.RewriteError as error:
-        return index, FAIL, str(error).encode("utf-8", "replace")
+        reason = str(error)
+        # The CLI puts the path in front of every reason; do not say it twice.
+        if reason.startswith(f"{path}: "):
+            reason = reason[len(path) + 2:]
+        return index, FAIL, reason.encode("utf-8", "replace")
     except Exception as error:  # a compiler bug must cost one file, not the run
         return index, _CRASH, f"internal error: {type(error).__name__}: {error}".encode("utf-8", "replace")
     if result == source:
         return index, SAME, b""
+    if mode == REWRITE and _verify:
+        problem = _does_not_compile(result, source, path)
+        if problem:
+            return index, _CRASH, problem.encode("utf-8", "replace")
     return index, NEW, result
+
+
+def _compile_quietly(data: bytes, path: str) -> None:
+    # The user's own invalid escape sequences would otherwise print a SyntaxWarning per file.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compile(data, path, "exec", dont_inherit=True)
+
+
+def _does_not_compile(result: bytes, source: bytes, path: str) -> Optional[str]:
+    """Why ``result`` fails to compile when ``source`` did, or None.
+
+    A compiler bug that emits invalid code would otherwise be written over the user's file, and an
+    invalid file cannot even be restored. Costs about a tenth of the rewrite; ``--no-verify`` skips it.
+    """
+    try:
+        _compile_quietly(result, path)
+        return None
+    except (SyntaxError, ValueError) as error:
+        try:
+            _compile_quietly(source, path)
+        except (SyntaxError, ValueError):
+            return None  # not compilable to begin with (newer syntax than this Python): not ours to judge
+        where = f" (line {error.lineno})" if getattr(error, "lineno", None) else ""
+        return f"internal error: the rewritten file does not compile{where}: {getattr(error, 'msg', error)}; left as it is"
 
 
 def _pool_context():
@@ -94,7 +131,7 @@ def _pool_context():
     return multiprocessing.get_context()
 
 
-def _run_transforms(tasks: List[Tuple[int, str, bytes, str]], jobs: int, catalogue):
+def _run_transforms(tasks: List[Tuple[int, str, bytes, str]], jobs: int, catalogue, verify: bool):
     """Yield worker results as they complete (in any order)."""
     if not tasks:
         return
@@ -103,7 +140,7 @@ def _run_transforms(tasks: List[Tuple[int, str, bytes, str]], jobs: int, catalog
     workers = min(jobs, len(tasks))
     if workers > 1:
         try:
-            pool = _pool_context().Pool(workers, initializer=_init_worker, initargs=(catalogue,))
+            pool = _pool_context().Pool(workers, initializer=_init_worker, initargs=(catalogue, verify))
         except OSError:  # no /dev/shm, process limits: one process still does the job
             pool = None
         if pool is not None:
@@ -114,7 +151,7 @@ def _run_transforms(tasks: List[Tuple[int, str, bytes, str]], jobs: int, catalog
                 pool.close()
                 pool.join()
             return
-    _init_worker(catalogue)
+    _init_worker(catalogue, verify)
     for task in tasks:
         yield _transform(task)
 
@@ -218,6 +255,8 @@ def run(entries: Sequence[Entry], options: Options,
     pending: Dict[int, _Pending] = {}
     tasks: List[Tuple[int, str, bytes, str]] = []
     cache = options.cache
+    # An unverified result must never be served to a run that asked for verification.
+    key_mode = options.mode if options.verify or options.mode != REWRITE else options.mode + "+unverified"
     done = 0
     total = sum(1 for entry in entries if entry.kind == PYTHON)
 
@@ -250,7 +289,7 @@ def run(entries: Sequence[Entry], options: Options,
             outcomes[index] = Outcome(entry.path, FAILED, f"cannot read: {error.strerror or error}")
             progressed(entry.path)
             continue
-        key = cache.key(source_digest(source), options.mode) if cache is not None else None
+        key = cache.key(source_digest(source), key_mode) if cache is not None else None
         item = _Pending(entry, source, file_stat, key)
         hit = cache.get(key) if cache is not None else None
         if hit is not None:
@@ -260,7 +299,7 @@ def run(entries: Sequence[Entry], options: Options,
         pending[index] = item
         tasks.append((index, options.mode, source, entry.path))
 
-    for index, kind, payload in _run_transforms(tasks, options.jobs, options.catalogue):
+    for index, kind, payload in _run_transforms(tasks, options.jobs, options.catalogue, options.verify):
         item = pending.pop(index)
         if cache is not None and kind != _CRASH:
             cache.put(item.key, kind, payload)
@@ -268,7 +307,7 @@ def run(entries: Sequence[Entry], options: Options,
                 # After an in-place run the tree holds the results. Rewriting is idempotent (and a
                 # restored file has nothing left to restore), so recording "result -> unchanged" makes
                 # the next run over that tree all cache hits.
-                cache.put(cache.key(source_digest(payload), options.mode), SAME)
+                cache.put(cache.key(source_digest(payload), key_mode), SAME)
         outcomes[index] = _finish(options, item, kind, payload)
         progressed(item.entry.path)
 

@@ -78,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument("--no-cache", action="store_true",
                      help="neither read nor write the result cache "
                           "(default location: $MSPROBE_REWRITE_CACHE_DIR, else $XDG_CACHE_HOME/msprobe-rewrite)")
+    how.add_argument("--no-verify", action="store_true",
+                     help="do not check that each rewritten file compiles before writing it (about 10%% faster)")
     out = parser.add_argument_group("output")
     out.add_argument("-q", "--quiet", action="store_true", help="print only errors (and --check/--diff output)")
     out.add_argument("-v", "--verbose", action="store_true", help="name every file that changed or was skipped")
@@ -159,6 +161,7 @@ def _rewrite_main(argv: Sequence[str]) -> int:
         keep_results=args.diff,
         catalogue=catalogue if mode == batch.REWRITE else None,
         cache=cache,
+        verify=not args.no_verify,
     )
     if args.out is not None:
         os.makedirs(args.out, exist_ok=True)

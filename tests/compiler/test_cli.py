@@ -217,6 +217,37 @@ def test_compiler_crash_costs_one_file_and_is_not_cached(fake, tree, capsys, mon
     assert (tree / "a.py").read_bytes().startswith(FakeCompiler.PREFIX)
 
 
+def test_output_that_does_not_compile_is_refused(fake, tree, capsys, monkeypatch):
+    def broken(source, catalogue=None, path="<string>"):
+        return source.replace(b"torch.relu(x)", b"f(x for x in y, 1)")
+
+    monkeypatch.setattr(api, "rewrite_source", broken)
+    code, _, err = run([tree, "--jobs", "1"], capsys)
+    assert code == 2
+    assert "a.py: internal error: the rewritten file does not compile (line 5)" in err
+    assert (tree / "a.py").read_bytes() == TORCH_SOURCE
+    # --no-verify trusts the compiler, and what it caches is never served to a verifying run.
+    assert run([tree, "--jobs", "1", "--no-verify"]) == 1
+    assert b"f(x for x in y, 1)" in (tree / "a.py").read_bytes()
+    (tree / "a.py").write_bytes(TORCH_SOURCE)
+    assert run([tree, "--jobs", "1"], capsys)[0] == 2
+
+
+def test_source_that_never_compiled_is_not_blamed_on_the_compiler(fake, tmp_path):
+    # libcst parses some things this Python's compiler rejects (here: `return` outside a function).
+    tree = make_tree(tmp_path / "src", {"odd.py": b"import torch\nreturn torch.relu(1)\n"})
+    assert run([tree, "--jobs", "1"]) == 1
+
+
+def test_reason_does_not_repeat_the_path(fake, tree, capsys, monkeypatch):
+    def failing(source, catalogue=None, path="<string>"):
+        raise api.RewriteError(f"{path}: cannot parse: Syntax Error @ 1:1.")
+
+    monkeypatch.setattr(api, "rewrite_source", failing)
+    _, _, err = run([tree / "a.py"], capsys)
+    assert f"error: {tree / 'a.py'}: cannot parse: Syntax Error @ 1:1.\n" in err
+
+
 def test_nonexistent_path_is_exit_2_and_touches_nothing(fake, tree, capsys):
     before = snapshot(tree)
     code, _, err = run([tree, tree / "missing.py"], capsys)
