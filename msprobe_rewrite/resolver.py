@@ -17,6 +17,11 @@ from .scopes import DEFINITION, IMPORT, STDLIB_VALUE, Scope, is_stdlib
 
 API, UNKNOWN, NOT_API = "api", "unknown", "not-api"
 
+# Builtins that read their caller's frame: called through a shim they would read the shim's frame instead
+# (zero-argument super() would fail outright), so they are never routed, even where a star import could
+# in principle have rebound them.
+FRAME_READING_BUILTINS = frozenset({"super", "locals", "vars", "globals", "dir", "eval", "exec", "breakpoint"})
+
 
 @dataclass(frozen=True)
 class Resolution:
@@ -57,7 +62,7 @@ class Resolver:
         root, _, _ = dotted.partition(".")
         binding, builtin = scope.lookup(root)
         if binding is None:
-            return Resolution(NOT_API if builtin else UNKNOWN)
+            return Resolution(NOT_API if builtin or dotted in FRAME_READING_BUILTINS else UNKNOWN)
         kind = binding.kind
         if kind == IMPORT:
             qualname = qualify(dotted, scope)

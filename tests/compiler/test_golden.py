@@ -138,11 +138,17 @@ def test_star_import_makes_every_free_name_unknown():
         from torch import *
         y = relu(x)
         n = len(y)
+        class A(B):
+            def f(self):
+                return super().f(locals())
         """,
         """\
         import msprobe_runtime as __msprobe__; from torch import *
         y = __msprobe__.dyn(relu, x)
         n = __msprobe__.dyn(len, y)
+        class A(B):
+            def f(self):
+                return __msprobe__.dyn(super().f, locals())
         """,
     )
 
