@@ -94,7 +94,9 @@ def _transform(task: Tuple[int, str, bytes, str]) -> Tuple[int, str, bytes]:
     if mode == REWRITE and _verify:
         problem = _does_not_compile(result, source, path)
         if problem:
-            return index, _CRASH, problem.encode("utf-8", "replace")
+            # Cached like a parse error: it is a function of the source and of the compiler's code,
+            # which is part of the cache key, so a fixed compiler misses and retries.
+            return index, FAIL, problem.encode("utf-8", "replace")
     return index, NEW, result
 
 
