@@ -8,5 +8,7 @@ from .shims import (  # noqa: F401  (the instrumented code's contract, docs/cont
     imul, invert, ior, ipow, irshift, isub, item, itruediv, ixor, le, lshift, lt, matmul, mod, mul, ne,
     neg, or_, pos, pow, rshift, sub, truediv, xor,
 )
+from .debugger import PrecisionDebugger  # noqa: F401  (imports no torch: torch loads at start())
+from .seeding import seed_all  # noqa: F401
 
 __version__ = "0.1.0"

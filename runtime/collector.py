@@ -1,0 +1,407 @@
+"""The collector: what the shims delegate to while a debugger collects.
+
+It names each call (``Functional.gelu.0``), describes inputs and outputs as records whose statistics are being
+computed on the device, runs the user's call exactly once with the user's own arguments, and attaches
+observe-only backward hooks. Any error of its own is logged once and that record is skipped; the user's call
+is never repeated and never sees the error.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import types
+
+import torch
+
+from . import backward as bw
+from .records import TensorRecord, describe_builtin
+from .statistics import KIND_EMPTY, StatBuffer, has_counts, tensor_kind
+
+logger = logging.getLogger("msprobe_runtime")
+
+_RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__))
+_MODULE_PY = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "nn", "modules", "module.py")
+_MAX_FRAMES = 64
+_RECENT = 32       # tensors remembered for reuse of their statistics slot (output of one call, input of next)
+_REUSE_MIN = 4096  # smaller tensors are cheaper to recompute than to look up
+
+# shim name -> (dunder when the left operand is a tensor, dunder when only the right one is)
+OPERATORS = {
+    "add": ("__add__", "__radd__"), "sub": ("__sub__", "__rsub__"), "mul": ("__mul__", "__rmul__"),
+    "matmul": ("__matmul__", "__rmatmul__"), "truediv": ("__truediv__", "__rtruediv__"),
+    "floordiv": ("__floordiv__", "__rfloordiv__"), "mod": ("__mod__", "__rmod__"),
+    "pow": ("__pow__", "__rpow__"), "lshift": ("__lshift__", "__rlshift__"),
+    "rshift": ("__rshift__", "__rrshift__"), "and_": ("__and__", "__rand__"), "or_": ("__or__", "__ror__"),
+    "xor": ("__xor__", "__rxor__"),
+    "lt": ("__lt__", "__gt__"), "le": ("__le__", "__ge__"), "gt": ("__gt__", "__lt__"),
+    "ge": ("__ge__", "__le__"), "eq": ("__eq__", "__eq__"), "ne": ("__ne__", "__ne__"),
+    "iadd": ("__iadd__", "__radd__"), "isub": ("__isub__", "__rsub__"), "imul": ("__imul__", "__rmul__"),
+    "imatmul": ("__imatmul__", "__rmatmul__"), "itruediv": ("__itruediv__", "__rtruediv__"),
+    "ifloordiv": ("__ifloordiv__", "__rfloordiv__"), "imod": ("__imod__", "__rmod__"),
+    "ipow": ("__ipow__", "__rpow__"), "ilshift": ("__ilshift__", "__rlshift__"),
+    "irshift": ("__irshift__", "__rrshift__"), "iand": ("__iand__", "__rand__"),
+    "ior": ("__ior__", "__ror__"), "ixor": ("__ixor__", "__rxor__"),
+    "neg": ("__neg__", None), "pos": ("__pos__", None), "invert": ("__invert__", None),
+}
+_PLAIN_SCALARS = (bool, int, float, complex)
+
+
+class Collector:
+    """State of one collecting step: counters, entries, stacks, construct, the statistics buffer."""
+
+    def __init__(self, config, identity, tensor_methods, named_modules, stats=None):
+        self.config = config
+        self.level_api = config.level in ("L1", "mix")
+        self.level_module = config.level in ("L0", "mix")
+        self.construct_apis = config.level == "mix"
+        self.identity = identity              # id(callable) -> dump name, for dyn and the mode
+        self.tensor_methods = tensor_methods  # method name -> "Tensor.name"
+        self.tensor_task = config.task == "tensor"
+        self.stats = stats or StatBuffer(config.nan_inf_count)
+        modes = set(config.data_mode)
+        everything = "all" in modes or not modes
+        self.want_forward = everything or "forward" in modes or not ({"forward", "backward"} & modes)
+        self.want_backward = everything or "backward" in modes or not ({"forward", "backward"} & modes)
+        self.want_input = everything or "input" in modes or not ({"input", "output"} & modes)
+        self.want_output = everything or "output" in modes or not ({"input", "output"} & modes)
+        self.list_filter = tuple(config.list)
+        self.scope = tuple(config.scope)
+        self._in_scope = not self.scope
+        self.modules = {}  # id(module) -> (module, "Module.net1.ln1.Linear.")
+        for path, module in named_modules:
+            self.modules[id(module)] = (module, f"Module.{path}.{type(module).__name__}.")
+        self.named_modules = named_modules
+        self.collecting = False
+        self.token = object()  # replaced at every reset, so stale backward hooks stay silent
+        self.in_api = 0
+        self.ctx = [True]
+        self.mode_depth = 0
+        self.module_frames = []
+        self.module_stack = []
+        self._lock = threading.Lock()
+        self._logged = set()
+        self.error_count = 0
+        self.reset()
+
+    # ----------------------------------------------------------------- step state
+
+    def reset(self):
+        """Start a new step: counters, entries, stacks and construct begin empty."""
+        self.token = object()
+        self.api_counts = {}
+        self.module_counts = {}
+        self.param_counts = {}
+        self.data = {}
+        self.stacks = {}
+        self.construct = {}
+        self.tensors = []
+        self._recent = {}
+        self.backward_parents = {}  # backward entry -> parent module's forward entry
+
+    def snapshot(self):
+        """Copies of the step's tables for the writer (entries are still filled by later backward hooks)."""
+        with self._lock:
+            data = {name: _copy(entry) for name, entry in self.data.items()}
+            tensors, self.tensors = self.tensors, []
+        return data, dict(self.stacks), dict(self.construct), tensors
+
+    def log_error(self, where, error):
+        self.error_count += 1
+        key = (where, type(error).__name__, str(error)[:200])
+        if key not in self._logged:
+            self._logged.add(key)
+            logger.warning("msprobe_runtime: %s failed (%s: %s); that record is skipped",
+                           where, type(error).__name__, error)
+
+    # ----------------------------------------------------------------- entry points (from the shims)
+
+    def call(self, api_name, fn, args, kwargs):
+        if self.in_api or not self.level_api:
+            return fn(*args, **kwargs)
+        record_args = args
+        if api_name.startswith("Tensor."):
+            owner = getattr(fn, "__self__", None)
+            if isinstance(owner, torch.Tensor):
+                record_args = (owner,) + args
+        return self.api(api_name, fn, args, kwargs, record_args, sys._getframe(2))
+
+    def dyn(self, fn, args, kwargs):
+        if self.in_api or not self.level_api:
+            return fn(*args, **kwargs)
+        name = self.identity.get(id(fn))
+        if name is not None:
+            return self.api(name, fn, args, kwargs, args, sys._getframe(2))
+        owner = getattr(fn, "__self__", None)
+        if owner is not None and isinstance(owner, torch.Tensor):
+            name = self.tensor_methods.get(getattr(fn, "__name__", None))
+            if name is not None:
+                return self.api(name, fn, args, kwargs, (owner,) + args, sys._getframe(2))
+        return fn(*args, **kwargs)
+
+    def operator(self, name, python_op, *operands):
+        if self.in_api or not self.level_api:
+            return python_op(*operands)
+        dunders = OPERATORS.get(name)
+        first = operands[0]
+        if isinstance(first, torch.Tensor):
+            dunder, record_args = dunders[0], operands
+        elif (len(operands) == 2 and isinstance(operands[1], torch.Tensor)
+              and isinstance(first, _PLAIN_SCALARS)):
+            # Python reaches the tensor's reflected method: msprobe records that one, self first
+            dunder, record_args = dunders[1], (operands[1], first)
+        else:
+            return python_op(*operands)
+        api_name = self.tensor_methods.get(dunder)
+        if api_name is None:
+            return python_op(*operands)
+        return self.api(api_name, python_op, operands, {}, record_args, sys._getframe(2))
+
+    # ----------------------------------------------------------------- APIs
+
+    def _begin(self, api_name):
+        index = self.api_counts.get(api_name, 0)
+        self.api_counts[api_name] = index + 1
+        name = f"{api_name}.{index}"
+        if not self._selected(name):
+            return None
+        return name
+
+    def _selected(self, name):
+        if self.scope:
+            if name.startswith(self.scope[0]):
+                self._in_scope = True
+            selected = self._in_scope
+            if len(self.scope) > 1 and name.startswith(self.scope[-1]):
+                self._in_scope = False
+            if not selected:
+                return False
+        if self.list_filter and not any(part in name for part in self.list_filter):
+            return False
+        return True
+
+    def api(self, api_name, fn, args, kwargs, record_args, frame):
+        """Record one API call around ``fn(*args, **kwargs)``, which runs exactly once.
+
+        ``in_api`` stays raised throughout: calls nested inside the API, and our own statistics ops, are not
+        recorded as the user's calls.
+        """
+        self.in_api += 1
+        try:
+            name = entry = None
+            try:
+                name = self._begin(api_name)
+                if name is not None and self.want_forward:
+                    entry = {}
+                    if self.want_input:
+                        prefix = f"{name}.forward.input"
+                        entry["input_args"] = self.describe_seq(record_args, prefix)
+                        entry["input_kwargs"] = self.describe_map(kwargs, prefix)
+            except Exception as error:
+                self.log_error(f"recording {api_name}", error)
+                name = None
+            result = fn(*args, **kwargs)
+            if name is not None:
+                try:
+                    self._finish_api(name, entry, result, frame)
+                except Exception as error:
+                    self.log_error(f"recording {api_name}", error)
+            return result
+        finally:
+            self.in_api -= 1
+
+    def _finish_api(self, name, entry, result, frame):
+        forward = f"{name}.forward"
+        if entry is not None:
+            if self.want_output:
+                entry["output"] = self.describe_output(result, f"{forward}.output")
+            with self._lock:
+                self.data[forward] = entry
+            self.stacks[forward] = self._frames(frame)
+            if self.construct_apis:
+                self.construct[forward] = self.module_stack[-1] if self.module_stack else None
+        if self.want_backward and torch.is_grad_enabled():
+            outputs = bw.flat_tensors(result, [])
+            if any(t is not None and t.requires_grad for t in outputs):
+                parent = self.module_stack[-1] if (self.construct_apis and self.module_stack) else None
+                self.backward_parents[f"{name}.backward"] = parent
+                bw.hook_api_backward(self, f"{name}.backward", outputs)
+
+    def backward_entry(self, name, input_width, output_width):
+        """The backward entry ``name``, created (in backward order) the first time a hook reaches it."""
+        entry = self.data.get(name)
+        if entry is None:
+            entry = {}
+            if self.want_input:
+                entry["input"] = [None] * input_width
+            if self.want_output:
+                entry["output"] = [None] * output_width
+            with self._lock:
+                self.data[name] = entry
+            parents = self.backward_parents
+            if name in parents:
+                parent = parents[name]
+                if parent is not None or self.construct_apis or self.level_module:
+                    self.construct[name] = parent.replace(".forward.", ".backward.") if parent else None
+        return entry
+
+    # ----------------------------------------------------------------- modules (from module_tracking)
+
+    def module_forward_begin(self, module, args):
+        known = self.modules.get(id(module))
+        if known is None or known[0] is not module:
+            return None
+        prefix = known[1]
+        index = self.module_counts.get(prefix, 0)
+        self.module_counts[prefix] = index + 1
+        name = f"{prefix}forward.{index}"
+        parent = self.module_stack[-1] if self.module_stack else None
+        self.module_stack.append(name)
+        if not self._selected(name) or not self.want_forward:
+            return (name, None, parent, args)
+        entry = {}
+        if self.want_input:
+            entry["input_args"] = self.describe_seq(args, f"{name}.input")
+            entry["input_kwargs"] = {}
+        with self._lock:
+            self.data[name] = entry
+        self.construct[name] = parent
+        self.stacks[name] = self._frames(None)
+        return (name, entry, parent, args)
+
+    def module_forward_abort(self, record):
+        if self.module_stack and self.module_stack[-1] == record[0]:
+            self.module_stack.pop()
+
+    def module_forward_end(self, record, module, kwargs, result):
+        name, entry, parent, args = record
+        if self.module_stack and self.module_stack[-1] == name:
+            self.module_stack.pop()
+        if entry is not None:
+            if self.want_input and kwargs:
+                entry["input_kwargs"] = self.describe_map(kwargs, f"{name}.input")
+            if self.want_output:
+                entry["output"] = self.describe_output(result, f"{name}.output")
+            params = {}
+            for param_name, param in module.named_parameters(recurse=False):
+                params[param_name] = self.describe(param, f"{name}.parameters.{param_name}")
+            if params:
+                entry["parameters"] = params
+        if self.want_backward and torch.is_grad_enabled():
+            outputs = bw.flat_tensors(result, [])
+            if any(t is not None and t.requires_grad for t in outputs):
+                inputs = bw.flat_tensors(args, []) + bw.flat_tensors(kwargs, []) if kwargs else \
+                    bw.flat_tensors(args, [])
+                backward_name = name.replace(".forward.", ".backward.")
+                self.backward_parents[backward_name] = parent
+                bw.hook_module_backward(self, backward_name, inputs, outputs)
+
+    def record_param_grad(self, prefix, param_name, param):
+        """One post-accumulate-grad hook call: ``{prefix}parameters_grad.{n}[param_name]``."""
+        key = (prefix, param_name)
+        index = self.param_counts.get(key, 0)
+        self.param_counts[key] = index + 1
+        name = f"{prefix}parameters_grad.{index}"
+        if not self._selected(name):
+            return
+        entry = self.data.get(name)
+        if entry is None:
+            entry = {}
+            with self._lock:
+                self.data[name] = entry
+        entry[param_name] = self.describe(param.grad, f"{name}.{param_name}")
+
+    # ----------------------------------------------------------------- describing values
+
+    def describe_output(self, value, prefix):
+        """msprobe's output field: always a list (a tuple's items, or the single value)."""
+        if isinstance(value, (tuple, list)):
+            return [self.describe(v, f"{prefix}.{i}", 1) for i, v in enumerate(value)]
+        return [self.describe(value, f"{prefix}.0", 1)]
+
+    def describe_seq(self, values, prefix):
+        return [self.describe(v, f"{prefix}.{i}", 1) for i, v in enumerate(values)]
+
+    def describe_map(self, values, prefix):
+        return {str(k): self.describe(v, f"{prefix}.{k}", 1) for k, v in values.items()}
+
+    def describe(self, value, file_stem, depth=0):
+        if isinstance(value, torch.Tensor):
+            return self._tensor(value, file_stem)
+        if value is None:
+            return None
+        if depth < 16:
+            if isinstance(value, (tuple, list)):
+                return [self.describe(v, f"{file_stem}.{i}" if file_stem else None, depth + 1)
+                        for i, v in enumerate(value)]
+            if isinstance(value, dict):
+                return {str(k): self.describe(v, f"{file_stem}.{k}" if file_stem else None, depth + 1)
+                        for k, v in value.items()}
+        if isinstance(value, torch.Size):
+            return {"type": "torch.Size", "value": list(value)}
+        if isinstance(value, torch.dtype):
+            return {"type": "torch.dtype", "value": str(value)}
+        if isinstance(value, torch.device):
+            return {"type": "torch.device", "value": str(value)}
+        if isinstance(value, torch.memory_format):
+            return {"type": "torch.memory_format", "format": str(value)}
+        return describe_builtin(value)
+
+    def _tensor(self, t, file_stem):
+        kind = tensor_kind(t)
+        slot = None
+        if kind != KIND_EMPTY:
+            slot = self._slot(t, kind)
+        data_name = None
+        if self.tensor_task and file_stem is not None and kind != KIND_EMPTY:
+            data_name = f"{file_stem}.pt"
+            self.tensors.append((data_name, t.detach().clone()))
+        return TensorRecord("torch.Tensor", _dtype_name(t.dtype), list(t.shape), t.requires_grad, kind, slot,
+                            has_counts(kind, t.dtype, self.stats.nan_inf_count), data_name)
+
+    def _slot(self, t, kind):
+        if t.numel() < _REUSE_MIN or t.is_inference():
+            return self.stats.add(t, kind)
+        key = id(t)
+        recent = self._recent
+        known = recent.get(key)
+        version = t._version
+        if known is not None and known[0] is t and known[1] == version:
+            return known[2]
+        slot = self.stats.add(t, kind)
+        recent[key] = (t, version, slot)
+        if len(recent) > _RECENT:
+            del recent[next(iter(recent))]
+        return slot
+
+    def _frames(self, frame):
+        """The call stack as (file, line, function) tuples, innermost first, without the runtime's frames."""
+        if frame is None:
+            frame = sys._getframe(1)
+        frames = []
+        while frame is not None and len(frames) < _MAX_FRAMES:
+            code = frame.f_code
+            filename = code.co_filename
+            if not filename.startswith(_RUNTIME_DIR) and filename != _MODULE_PY:
+                frames.append((filename, frame.f_lineno, code.co_name))
+            frame = frame.f_back
+        return tuple(frames)
+
+
+_DTYPE_NAMES = {}
+
+
+def _dtype_name(dtype):
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype)
+    return name
+
+
+def _copy(obj):
+    if isinstance(obj, list):
+        return [_copy(o) for o in obj]
+    if isinstance(obj, dict):
+        return {k: _copy(v) for k, v in obj.items()}
+    return obj

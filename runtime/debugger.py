@@ -1,0 +1,186 @@
+"""PrecisionDebugger: msprobe's API (constructor, start, stop, step) over the collector.
+
+Construction only reads the configuration: no device is touched, nothing is patched, torch is not imported.
+``start()`` builds the identity table, installs the global forward module hooks and parameter-gradient hooks,
+and points the shims at the collector; ``stop()`` undoes all of it and flushes; ``step()`` flushes and begins
+the next step.
+"""
+from __future__ import annotations
+
+import atexit
+import glob
+import logging
+import os
+import sys
+
+from . import shims
+from .config import load_config
+from .writer import StepJob, Writer
+
+logger = logging.getLogger("msprobe_runtime")
+
+
+class DumpPathError(FileExistsError):
+    """The dump path already holds a dump from another run; nothing was overwritten."""
+
+
+class PrecisionDebugger:
+    """Collect msprobe-compatible dumps from instrumented code (see docs/contract.md)."""
+
+    def __init__(self, config_path=None, task=None, dump_path=None, level=None, step=None):
+        self.config = load_config(config_path, task, dump_path, level, step)
+        self.current_step = 0
+        self._collector = None
+        self._tracker = None
+        self._param_handles = []
+        self._session_mode = None
+        self._writer = Writer()
+        self._checked = False
+        self._model = None
+        self._dirty = False
+        atexit.register(self._writer.wait)
+
+    # ------------------------------------------------------------------ public API
+
+    def start(self, model=None):
+        """Begin (or resume) collecting in the current step."""
+        config = self.config
+        if self._collector is not None and self._collector.collecting:
+            return
+        if not config.wants_step(self.current_step):
+            return
+        rank = _rank()
+        if not config.wants_rank(rank):
+            return
+        if config.level in ("L0", "mix") and model is None and self._model is None:
+            raise ValueError(f"msprobe_runtime: level {config.level} records modules; pass the model to start()")
+        if not self._checked:
+            self._refuse_existing_dump(rank)
+            self._checked = True
+        if model is not None and model is not self._model:
+            self._model = model
+            self._collector = None
+        if self._collector is None:
+            self._collector = self._build_collector()
+        collector = self._collector
+        from .module_tracking import ModuleTracker, ObserveMode, is_instrumented
+
+        collector.ctx[:] = [True]
+        caller = sys._getframe(1)
+        runtime_dir = os.path.dirname(os.path.abspath(__file__))
+        while caller is not None and caller.f_code.co_filename.startswith(runtime_dir):
+            caller = caller.f_back  # start() reached through a shim (dyn) of instrumented code
+        if collector.level_api and caller is not None and not is_instrumented(_FrameGlobals(caller)):
+            # the caller is not rewritten: observe its torch calls with the mode, as msprobe would record them
+            collector.ctx[:] = [False]
+            self._session_mode = ObserveMode(collector)
+            self._session_mode.__enter__()
+            collector.mode_depth += 1
+        if collector.level_module or collector.level_api:
+            self._tracker = ModuleTracker(collector)
+            self._tracker.install()
+        if collector.level_module and collector.want_backward:
+            from .backward import hook_parameters
+
+            self._param_handles = hook_parameters(collector)
+        collector.collecting = True
+        self._dirty = True
+        shims._collector = collector
+
+    def stop(self):
+        """Stop collecting and write this step's files (in the background)."""
+        collector = self._collector
+        if collector is None or not collector.collecting:
+            return
+        shims._collector = None
+        collector.collecting = False
+        if self._tracker is not None:
+            self._tracker.remove()
+            self._tracker = None
+        for handle in self._param_handles:
+            handle.remove()
+        self._param_handles = []
+        if self._session_mode is not None:
+            collector.mode_depth -= 1
+            self._session_mode.__exit__(None, None, None)
+            self._session_mode = None
+        self._flush()
+
+    def step(self):
+        """Flush this step, then count the next one (call indices restart)."""
+        collector = self._collector
+        if collector is not None:
+            if collector.collecting:
+                self._flush()
+            elif self._dirty:
+                self._flush()
+            self._writer.forget(self._step_dir(self.current_step))
+            collector.reset()
+        self._dirty = False
+        self.current_step += 1
+        if collector is not None and collector.collecting and not self.config.wants_step(self.current_step):
+            self.stop()
+
+    def wait(self):
+        """Block until every flushed step is on disk (the training loop never needs this)."""
+        self._writer.wait()
+
+    # ------------------------------------------------------------------ internals
+
+    def _build_collector(self):
+        from .collector import Collector
+        from .identity import build_identity
+
+        identity, tensor_methods = build_identity()
+        named = []
+        if self._model is not None:
+            for path, module in self._model.named_modules():
+                if module is self._model:
+                    continue  # msprobe names children only; the root is the model itself
+                named.append((path, module))
+        return Collector(self.config, identity, tensor_methods, named)
+
+    def _step_dir(self, step):
+        rank = _rank()
+        leaf = f"rank{rank}" if rank is not None else f"proc{os.getpid()}"
+        return os.path.join(self.config.dump_path, f"step{step}", leaf)
+
+    def _flush(self):
+        collector = self._collector
+        data, stacks, construct, tensors = collector.snapshot()
+        stats = collector.stats.take()
+        header = {"task": self.config.task, "level": self.config.level, "framework": "pytorch",
+                  "dump_data_dir": None}
+        self._writer.submit(StepJob(self._step_dir(self.current_step), header, data, stacks, construct, stats,
+                                    tensors))
+        self._dirty = False
+
+    def _refuse_existing_dump(self, rank):
+        root = self.config.dump_path
+        leaf = f"rank{rank}" if rank is not None else "*"
+        existing = sorted(glob.glob(os.path.join(glob.escape(root), "step*", leaf, "dump.json")))
+        if existing:
+            raise DumpPathError(
+                f"msprobe_runtime: {root!r} already holds a dump ({os.path.relpath(existing[0], root)}); "
+                f"nothing was overwritten. Choose a new dump_path or remove the old dump.")
+
+
+class _FrameGlobals:
+    """Adapter so ``is_instrumented`` can look at a frame's globals."""
+
+    def __init__(self, frame):
+        self.__globals__ = frame.f_globals
+
+
+def _rank():
+    """The process-group rank, or None without one (then the directory is ``proc{pid}``)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    dist = getattr(torch, "distributed", None)
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return dist.get_rank()
+    except Exception:
+        return None
+    return None

@@ -1,0 +1,111 @@
+"""Module calls and torch's own code, observed forward-only while collecting.
+
+A global *forward* pre-hook and forward hook (never a backward hook) see every module call, including those
+that torch's containers make (``nn.Sequential``, loops over ``ModuleList``). Module names come from the model
+given to ``start()``. When a module's ``forward`` is not instrumented (torch's ``nn.Linear``, ``nn.Sequential``),
+a ``TorchFunctionMode`` is pushed for the duration of that call, so API calls inside torch's source
+(``Functional.linear`` inside ``nn.Linear``) are recorded as msprobe records them. The mode only observes:
+it calls the original function once, with the original arguments.
+"""
+from __future__ import annotations
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+
+def is_instrumented(function):
+    """Whether ``function`` lives in a rewritten module (its globals carry the runtime import)."""
+    return "__msprobe__" in getattr(function, "__globals__", ())
+
+
+class ObserveMode(TorchFunctionMode):
+    """Records catalogued torch calls made by uninstrumented code; everything else passes through."""
+
+    def __init__(self, collector):
+        super().__init__()
+        self.collector = collector
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if kwargs is None:
+            kwargs = {}
+        collector = self.collector
+        if not collector.in_api and not collector.ctx[-1]:
+            name = collector.identity.get(id(func))
+            if name is not None:
+                return collector.api(name, func, args, kwargs, args, None)
+        return func(*args, **kwargs)
+
+
+class ModuleTracker:
+    """Installs the global forward hooks; keeps the instrumented/uninstrumented context stack."""
+
+    def __init__(self, collector):
+        self.collector = collector
+        self._handles = []
+        self._instrumented = {}  # type -> bool
+
+    def install(self):
+        from torch.nn.modules import module as nn_module
+
+        self._handles.append(nn_module.register_module_forward_pre_hook(self._pre))
+        self._handles.append(nn_module.register_module_forward_hook(self._post, with_kwargs=True,
+                                                                    always_call=True))
+
+    def remove(self):
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _type_instrumented(self, cls):
+        known = self._instrumented.get(cls)
+        if known is None:
+            known = self._instrumented[cls] = is_instrumented(getattr(cls, "forward", None))
+        return known
+
+    def _pre(self, module, args):
+        collector = self.collector
+        frame = [None, None, False]  # pushed mode, forward record, whether a context was pushed
+        try:
+            instrumented = self._type_instrumented(type(module))
+            collector.ctx.append(instrumented)
+            frame[2] = True
+            if not instrumented and collector.level_api and collector.mode_depth == 0 and not collector.in_api:
+                mode = ObserveMode(collector)
+                mode.__enter__()
+                frame[0] = mode
+                collector.mode_depth += 1
+            if collector.level_module and not collector.in_api:
+                collector.in_api += 1
+                try:
+                    frame[1] = collector.module_forward_begin(module, args)
+                finally:
+                    collector.in_api -= 1
+        except Exception as error:
+            collector.log_error("module forward pre-hook", error)
+        collector.module_frames.append(frame)
+        return None
+
+    def _post(self, module, args, *rest):
+        collector = self.collector
+        try:
+            mode, record, pushed = collector.module_frames.pop()
+        except IndexError:
+            return None
+        try:
+            if pushed:
+                collector.ctx.pop()
+            if mode is not None:
+                collector.mode_depth -= 1
+                mode.__exit__(None, None, None)
+            if record is not None:
+                collector.in_api += 1
+                try:
+                    if len(rest) == 2:
+                        collector.module_forward_end(record, module, rest[0], rest[1])
+                    else:
+                        collector.module_forward_abort(record)
+                finally:
+                    collector.in_api -= 1
+        except Exception as error:
+            collector.log_error("module forward hook", error)
+        return None

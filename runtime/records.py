@@ -1,0 +1,84 @@
+"""Turn call arguments and results into dump records (msprobe's record shapes), with statistics as slots.
+
+Describing a value never reads a tensor's data: a tensor becomes a ``TensorRecord`` holding its metadata and
+the slot where its statistics are being computed on the device. The writer thread resolves slots into numbers.
+"""
+from __future__ import annotations
+
+MAX_DEPTH = 32
+
+
+class TensorRecord:
+    """A tensor seen at record time; ``to_json`` runs on the writer thread once the statistics landed."""
+
+    __slots__ = ("dtype", "shape", "requires_grad", "kind", "slot", "counts", "data_name", "type")
+
+    def __init__(self, type_name, dtype, shape, requires_grad, kind, slot, counts, data_name=None):
+        self.type = type_name
+        self.dtype = dtype
+        self.shape = shape
+        self.requires_grad = requires_grad
+        self.kind = kind
+        self.slot = slot
+        self.counts = counts
+        self.data_name = data_name
+
+    def to_json(self, values):
+        """``values(slot)`` gives the 6 statistics of a slot (host floats)."""
+        from .statistics import KIND_BOOL, KIND_EMPTY, KIND_FLOAT, KIND_NO_MEAN, KIND_SCALAR
+
+        out = {"type": self.type, "dtype": self.dtype, "shape": self.shape}
+        kind = self.kind
+        row = values(self.slot) if kind != KIND_EMPTY else None
+        if row is None:
+            out.update(Max=None, Min=None, Mean=None, Norm=None)
+        elif kind == KIND_BOOL:
+            out.update(Max=bool(row[0]), Min=bool(row[1]), Mean=None, Norm=None)
+        elif kind == KIND_FLOAT or kind == KIND_SCALAR:
+            out.update(Max=_num(row[0], self.dtype), Min=_num(row[1], self.dtype),
+                       Mean=_num(row[2], self.dtype), Norm=_num(row[3], self.dtype))
+        elif kind == KIND_NO_MEAN:
+            out.update(Max=_num(row[0], self.dtype), Min=_num(row[1], self.dtype), Mean=None, Norm=None)
+        out["requires_grad"] = self.requires_grad
+        if self.counts and row is not None:
+            out["NaN_count"] = int(row[4])
+            out["Inf_count"] = int(row[5])
+        if self.data_name is not None:
+            out["data_name"] = self.data_name
+        return out
+
+
+_INT_DTYPES = frozenset({"torch.int8", "torch.int16", "torch.int32", "torch.int64", "torch.uint8",
+                         "torch.uint16", "torch.uint32", "torch.uint64"})
+
+
+def _num(value, dtype):
+    if dtype in _INT_DTYPES and value == value and abs(value) != float("inf"):
+        return int(value)
+    return value
+
+
+def resolve(obj, values):
+    """Replace every TensorRecord inside ``obj`` (lists and dicts) by its JSON form."""
+    if isinstance(obj, TensorRecord):
+        return obj.to_json(values)
+    if isinstance(obj, list):
+        return [resolve(o, values) for o in obj]
+    if isinstance(obj, dict):
+        return {k: resolve(v, values) for k, v in obj.items()}
+    return obj
+
+
+def describe_builtin(value):
+    """Records of non-tensor values, as msprobe writes them; None for anything unsupported."""
+    if isinstance(value, slice):
+        parts = []
+        for part in (value.start, value.stop, value.step):
+            # an int-like tensor inside a slice would need a host sync to read; it is recorded as null
+            parts.append(part if part is None or type(part) is int else None)
+        return {"type": "slice", "value": parts}
+    if value is Ellipsis:
+        return {"type": "ellipsis", "value": "..."}
+    if isinstance(value, (bool, int, float, str)):
+        return {"type": type(value).__name__, "value": value}
+    return None

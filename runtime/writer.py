@@ -1,0 +1,131 @@
+"""The writer thread: turns a flushed step into dump.json, stack.json and construct.json, atomically.
+
+The training thread only enqueues; this thread waits for the device-to-host copy, resolves statistics slots
+into numbers, formats call stacks and writes each file through a temporary file and ``os.replace``, so a reader
+never sees a half-written file and a crash loses at most the step not yet flushed.
+"""
+from __future__ import annotations
+
+import json
+import linecache
+import logging
+import os
+import queue
+import threading
+
+from .records import resolve
+from .statistics import STAT_WIDTH, host_rows, wait_event
+
+logger = logging.getLogger("msprobe_runtime")
+
+
+def atomic_write_json(path, obj):
+    """Write ``obj`` as JSON to ``path`` through a temporary file in the same directory."""
+    directory = os.path.dirname(path)
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(obj, handle, indent=1, ensure_ascii=False)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def format_stack(frames):
+    """msprobe's stack lines: ``File {path}, line {n}, in {func}, \\n {source}``, innermost first."""
+    lines = []
+    for filename, lineno, funcname in frames:
+        source = linecache.getline(filename, lineno).strip()
+        lines.append(f"File {filename}, line {lineno}, in {funcname}, \n {source}")
+    return lines
+
+
+class StepJob:
+    """Everything the writer needs for one flush of one step, snapshotted on the training thread."""
+
+    __slots__ = ("directory", "header", "data", "stacks", "construct", "stats", "tensors")
+
+    def __init__(self, directory, header, data, stacks, construct, stats, tensors):
+        self.directory = directory
+        self.header = header
+        self.data = data
+        self.stacks = stacks
+        self.construct = construct
+        self.stats = stats          # {device: (first index, host tensor, event)}
+        self.tensors = tensors      # [(file name, device tensor clone)] for task=tensor
+
+
+class Writer:
+    """One background thread per debugger; jobs are written in order."""
+
+    def __init__(self):
+        self._queue = queue.Queue()
+        self._thread = None
+        self._values = {}  # per step directory: {device: {index: row}}
+        self._lock = threading.Lock()
+        self.errors = []
+
+    def submit(self, job):
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="msprobe-runtime-writer", daemon=True)
+            self._thread.start()
+        self._queue.put(job)
+
+    def wait(self):
+        """Block until every submitted job is on disk (tests and interpreter exit call this)."""
+        if self._thread is not None:
+            self._queue.join()
+
+    def forget(self, directory):
+        """Drop the statistics kept for a finished step."""
+        self._queue.put(("forget", directory))
+
+    def _run(self):
+        while True:
+            job = self._queue.get()
+            try:
+                if isinstance(job, tuple):
+                    self._values.pop(job[1], None)
+                else:
+                    self._write(job)
+            except Exception as error:  # never let the writer die: report once per step
+                self.errors.append(error)
+                logger.warning("msprobe_runtime: writing %s failed: %s", getattr(job, "directory", job), error)
+            finally:
+                self._queue.task_done()
+
+    def _write(self, job):
+        values = self._values.setdefault(job.directory, {})
+        for device, (first, host, event) in job.stats.items():
+            wait_event(event)
+            flat = host_rows(host)
+            rows = values.setdefault(device, {})
+            for i in range(len(flat) // STAT_WIDTH):
+                rows[first + i] = flat[i * STAT_WIDTH:(i + 1) * STAT_WIDTH]
+
+        def lookup(slot):
+            device, index = slot
+            return values.get(device, {}).get(index)
+
+        os.makedirs(job.directory, exist_ok=True)
+        if job.tensors:
+            import torch
+
+            tensor_dir = os.path.join(job.directory, "dump_tensor_data")
+            os.makedirs(tensor_dir, exist_ok=True)
+            for name, tensor in job.tensors:
+                path = os.path.join(tensor_dir, name)
+                tmp = path + ".tmp"
+                torch.save(tensor.to("cpu"), tmp)
+                os.replace(tmp, path)
+        dump = dict(job.header)
+        if job.tensors or job.header.get("task") == "tensor":
+            dump["dump_data_dir"] = os.path.join(job.directory, "dump_tensor_data")
+        dump["data"] = {name: resolve(entry, lookup) for name, entry in job.data.items()}
+        atomic_write_json(os.path.join(job.directory, "dump.json"), dump)
+        # stack.json groups forward entries that share one call stack, as msprobe does
+        groups = {}
+        for name, frames in job.stacks.items():
+            groups.setdefault(frames, []).append(name)
+        stack = {str(i): [names, format_stack(frames)] for i, (frames, names) in enumerate(groups.items())}
+        atomic_write_json(os.path.join(job.directory, "stack.json"), stack)
+        atomic_write_json(os.path.join(job.directory, "construct.json"), job.construct)
