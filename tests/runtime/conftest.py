@@ -1,0 +1,50 @@
+"""Shared helpers for the runtime tests: rewrite a plain fixture into a temporary directory and run it."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def rewrite_file(src, dst_dir, name=None):
+    """Instrument ``src`` with the compiler (the plain source under fixtures/ is the truth)."""
+    from msprobe_rewrite.api import rewrite_source
+
+    with open(src, "rb") as handle:
+        out = rewrite_source(handle.read(), path=src)
+    dst = os.path.join(str(dst_dir), name or os.path.basename(src))
+    with open(dst, "wb") as handle:
+        handle.write(out)
+    return dst
+
+
+def run_json(script, *args, cwd=None, env=None):
+    """Run ``script`` in a fresh interpreter and parse the JSON object it prints last."""
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = ROOT + os.pathsep + full_env.get("PYTHONPATH", "")
+    full_env.update(env or {})
+    done = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, cwd=cwd,
+                          env=full_env, timeout=600)
+    assert done.returncode == 0, f"{script} failed:\n{done.stdout}\n{done.stderr}"
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+@pytest.fixture
+def instrument(tmp_path):
+    def _instrument(relative_path, name=None):
+        return rewrite_file(os.path.join(ROOT, relative_path), tmp_path, name)
+
+    return _instrument
+
+
+@pytest.fixture(scope="session")
+def run_script():
+    return run_json
+
+
+@pytest.fixture(scope="session")
+def root():
+    return ROOT
