@@ -44,7 +44,9 @@ class Options:
     out_dir: Optional[str] = None
     jobs: int = 1
     keep_results: bool = False  # keep source and result bytes of changed files, for --diff
-    catalogue: object = None    # msprobe_runtime.catalogue.Catalogue; None for restore
+    # A Catalogue, or a function that loads one (called only if some file misses the cache); None
+    # for restore.
+    catalogue: object = None
     cache: Optional[ResultCache] = None
     verify: bool = True         # refuse a rewritten file that does not compile
 
@@ -252,8 +254,14 @@ def _finish(options: Options, pending: _Pending, kind: str, payload: bytes) -> O
 
 def run(entries: Sequence[Entry], options: Options,
         on_progress: Optional[Callable[[int, int, str], None]] = None) -> List[Outcome]:
-    """Process ``entries``; return one outcome per Python file (or skipped file), in ``entries`` order."""
+    """Process ``entries``; return one outcome per Python file (or skipped file), in ``entries`` order.
+
+    Nothing is written until every file has been read and looked up and the catalogue (needed only for
+    cache misses) has loaded, so a bad catalogue leaves every file as it was.
+    """
     outcomes: List[Optional[Outcome]] = []
+    others: List[Tuple[int, Entry]] = []
+    hits: List[Tuple[int, _Pending, Tuple[str, bytes]]] = []
     pending: Dict[int, _Pending] = {}
     tasks: List[Tuple[int, str, bytes, str]] = []
     cache = options.cache
@@ -269,20 +277,11 @@ def run(entries: Sequence[Entry], options: Options,
             on_progress(done, total, label)
 
     for entry in entries:
-        if entry.kind in (OTHER, EXCLUDED, LINK):
-            if options.write == OUT:
-                dst = _out_path(options, entry)
-                try:
-                    (_link_out if entry.kind == LINK else _copy_out)(entry.path, dst)
-                except OSError as error:
-                    outcomes.append(Outcome(entry.path, FAILED, f"cannot copy to {dst}: {error}"))
-                    continue
-            if entry.kind == EXCLUDED or (entry.kind == LINK and is_python(entry.path)):
-                outcomes.append(Outcome(entry.path, SKIPPED,
-                                        "excluded" if entry.kind == EXCLUDED else "symbolic link, not followed"))
-            continue
         index = len(outcomes)
         outcomes.append(None)
+        if entry.kind in (OTHER, EXCLUDED, LINK):
+            others.append((index, entry))
+            continue
         try:
             with open(entry.path, "rb") as handle:
                 source = handle.read()
@@ -295,13 +294,33 @@ def run(entries: Sequence[Entry], options: Options,
         item = _Pending(entry, source, file_stat, key)
         hit = cache.get(key) if cache is not None else None
         if hit is not None:
-            outcomes[index] = _finish(options, item, *hit)
-            progressed(entry.path)
-            continue
-        pending[index] = item
-        tasks.append((index, options.mode, source, entry.path))
+            hits.append((index, item, hit))
+        else:
+            pending[index] = item
+            tasks.append((index, options.mode, source, entry.path))
 
-    for index, kind, payload in _run_transforms(tasks, options.jobs, options.catalogue, options.verify):
+    catalogue = options.catalogue
+    if callable(catalogue):
+        # Loading the catalogue (YAML) costs more than a whole run of cache hits; only misses need it.
+        catalogue = catalogue() if tasks or total == 0 else None
+
+    for index, entry in others:
+        if options.write == OUT:
+            dst = _out_path(options, entry)
+            try:
+                (_link_out if entry.kind == LINK else _copy_out)(entry.path, dst)
+            except OSError as error:
+                outcomes[index] = Outcome(entry.path, FAILED, f"cannot copy to {dst}: {error}")
+                continue
+        if entry.kind == EXCLUDED or (entry.kind == LINK and is_python(entry.path)):
+            outcomes[index] = Outcome(entry.path, SKIPPED,
+                                      "excluded" if entry.kind == EXCLUDED else "symbolic link, not followed")
+
+    for index, item, hit in hits:
+        outcomes[index] = _finish(options, item, *hit)
+        progressed(item.entry.path)
+
+    for index, kind, payload in _run_transforms(tasks, options.jobs, catalogue, options.verify):
         item = pending.pop(index)
         if cache is not None and kind != _CRASH:
             cache.put(item.key, kind, payload)

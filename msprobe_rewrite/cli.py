@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import hashlib
 import os
 import sys
 from typing import Callable, Dict, List, Optional, Sequence
@@ -103,6 +104,26 @@ def _diff(path: str, before: bytes, after: bytes) -> bytes:
                                        fromfile=b"a/" + name, tofile=b"b/" + name))
 
 
+def _catalogue_files_digest(extra_files: Sequence[str]) -> Optional[str]:
+    """A digest of the catalogue files' bytes, for the cache key, without parsing them.
+
+    Parsing the YAML costs more than a whole run of cache hits, so it waits for the first miss. A key
+    from the exact bytes is safe: results are only ever stored after those bytes loaded successfully.
+    None when a file cannot be read (the loader then reports it).
+    """
+    from msprobe_runtime.catalogue import DEFAULT_FILES
+
+    digest = hashlib.sha256()
+    for path in [*DEFAULT_FILES, *extra_files]:
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read()
+        except OSError:
+            return None
+        digest.update(b"%d\0" % len(data) + data)
+    return digest.hexdigest()
+
+
 def _validate_out(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     if args.check or args.diff:
         parser.error("--out writes a copy; it cannot be combined with --check or --diff")
@@ -138,18 +159,26 @@ def _rewrite_main(argv: Sequence[str]) -> int:
             return EXIT_ERROR
 
     mode = batch.RESTORE if args.restore else batch.REWRITE
-    catalogue = None
-    if mode == batch.REWRITE or args.catalogue:  # restore needs none, but a bad one is still an error
-        from msprobe_runtime.catalogue import CatalogueError, load_catalogue
-        try:
-            catalogue = load_catalogue(args.catalogue)
-        except CatalogueError as error:
-            _error(f"bad catalogue: {error}")
-            return EXIT_ERROR
+    from msprobe_runtime.catalogue import CatalogueError, load_catalogue
+    loaded = []
+
+    def catalogue():
+        if not loaded:
+            loaded.append(load_catalogue(args.catalogue))
+        return loaded[0]
+
+    digest = _catalogue_files_digest(args.catalogue) if mode == batch.REWRITE else ""
+    try:
+        if digest is None or (mode == batch.RESTORE and args.catalogue):
+            # An unreadable file: fail now with the loader's message. Restore needs no catalogue, but a
+            # bad one named on the command line is still an error.
+            catalogue()
+    except CatalogueError as error:
+        _error(f"bad catalogue: {error}")
+        return EXIT_ERROR
 
     cache = None
     if not args.no_cache:
-        digest = catalogue.digest if mode == batch.REWRITE else ""
         cache = ResultCache(default_directory(), f"{compiler_fingerprint()}\0{digest}")
 
     dry = args.check or args.diff
@@ -159,7 +188,7 @@ def _rewrite_main(argv: Sequence[str]) -> int:
         out_dir=args.out,
         jobs=args.jobs or _default_jobs(),
         keep_results=args.diff,
-        catalogue=catalogue if mode == batch.REWRITE else None,
+        catalogue=catalogue if mode == batch.REWRITE else None,  # loaded only on a cache miss
         cache=cache,
         verify=not args.no_verify,
     )
@@ -169,6 +198,10 @@ def _rewrite_main(argv: Sequence[str]) -> int:
     progress = Progress(sum(1 for entry in entries if entry.kind == "python"), enabled=None if not args.quiet else False)
     try:
         outcomes = batch.run(entries, options, on_progress=lambda done, total, label: progress.update(done, label))
+    except CatalogueError as error:  # raised before any file is written
+        progress.clear()
+        _error(f"bad catalogue: {error}")
+        return EXIT_ERROR
     finally:
         progress.clear()
     return _report(args, mode, outcomes, cache)
@@ -216,8 +249,24 @@ def _report(args: argparse.Namespace, mode: str, outcomes: List[batch.Outcome], 
 
 
 # name -> handler taking the arguments after the name. Later issues add `run`, `check`, `compare`.
+def _run_main(argv: Sequence[str]) -> int:
+    from .run_command import main as run_main
+
+    return run_main(argv)
+
+
+def _hook_path_main(argv: Sequence[str]) -> int:
+    """Print the folder to put on PYTHONPATH so that $MSPROBE_REWRITE_PACKAGES installs the import hook."""
+    from . import startup
+
+    print(os.path.dirname(os.path.abspath(startup.__file__)))
+    return EXIT_CLEAN
+
+
 SUBCOMMANDS: Dict[str, Callable[[Sequence[str]], int]] = {
     "rewrite": _rewrite_main,
+    "run": _run_main,
+    "hook-path": _hook_path_main,
 }
 
 

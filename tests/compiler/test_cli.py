@@ -268,6 +268,28 @@ def test_bad_catalogue_is_exit_2_with_a_message(fake, tree, tmp_path, capsys):
     assert fake.rewrites == []
 
 
+def test_bad_catalogue_touches_nothing_even_with_cache_hits(fake, tree, tmp_path, capsys):
+    run([tree / "a.py"])  # a.py is now instrumented and its result cached
+    before = snapshot(tree)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("functional: not-a-list\n")
+    code, _, err = run([tree, "--catalogue", bad], capsys)
+    assert code == 2 and "bad catalogue" in err
+    assert snapshot(tree) == before
+
+
+def test_warm_run_does_not_parse_the_catalogue(fake, tree, monkeypatch):
+    import msprobe_runtime.catalogue as catalogue_module
+
+    loads = []
+    real_load = catalogue_module.load_catalogue
+    monkeypatch.setattr(catalogue_module, "load_catalogue", lambda *a, **k: loads.append(1) or real_load(*a, **k))
+    run([tree, "--jobs", "1"])
+    assert loads == [1]
+    run([tree, "--jobs", "1"])
+    assert loads == [1]
+
+
 def test_catalogue_entries_reach_the_compiler(fake, tree, tmp_path):
     extra = tmp_path / "extra.yaml"
     extra.write_text("custom:\n  mypkg.ops.fused_thing: Custom.fused_thing\n")
