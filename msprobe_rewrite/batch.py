@@ -124,7 +124,8 @@ def _does_not_compile(result: bytes, source: bytes, path: str) -> Optional[str]:
         except (SyntaxError, ValueError):
             return None  # not compilable to begin with (newer syntax than this Python): not ours to judge
         where = f" (line {error.lineno})" if getattr(error, "lineno", None) else ""
-        return f"internal error: the rewritten file does not compile{where}: {getattr(error, 'msg', error)}; left as it is"
+        message = getattr(error, "msg", error)
+        return f"internal error: the rewritten file does not compile{where}: {message}; left as it is"
 
 
 def _pool_context():

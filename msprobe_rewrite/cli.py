@@ -21,7 +21,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from . import __version__, batch
 from .cache import ResultCache, compiler_fingerprint, default_directory
-from .files import PathNotFound, discover
+from .files import PYTHON, PathNotFound, discover
 from .progress import Progress
 
 PROG = "msprobe-rewrite"
@@ -195,7 +195,7 @@ def _rewrite_main(argv: Sequence[str]) -> int:
     if args.out is not None:
         os.makedirs(args.out, exist_ok=True)
 
-    progress = Progress(sum(1 for entry in entries if entry.kind == "python"), enabled=None if not args.quiet else False)
+    progress = Progress(sum(1 for entry in entries if entry.kind == PYTHON), enabled=False if args.quiet else None)
     try:
         outcomes = batch.run(entries, options, on_progress=lambda done, total, label: progress.update(done, label))
     except CatalogueError as error:  # raised before any file is written

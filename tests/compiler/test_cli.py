@@ -2,8 +2,9 @@
 
 Two kinds of test. Those that use the ``fake`` fixture check the CLI's own mechanics (walking, atomic
 writes, exit codes, cache bookkeeping) with a trivial reversible stand-in for the compiler, so a compiler
-bug cannot hide a CLI bug or the reverse. Those named ``test_real_*`` (and the entry-point tests) run the real compiler end to end: every
-claim about instrumented output, restoring bytes, and the installed entry points is made there.
+bug cannot hide a CLI bug or the reverse. Those named ``test_real_*`` (and the entry-point tests) run
+the real compiler end to end: every claim about instrumented output, restoring bytes, and the installed
+entry points is made there.
 """
 from __future__ import annotations
 
@@ -554,7 +555,8 @@ ROUND_TRIP_SOURCES = {
     "no_final_newline.py": b"import torch\ny = torch.relu(torch.ones(2))",
     "cookie.py": b"# -*- coding: latin-1 -*-\nimport torch\ns = '\xe9'\ny = torch.ones(1) - 1\n",
     "tabs_trailing.py": b"import torch\nif True:\n\ty = torch.zeros(3)   \n\tz = y @ y \t\n",
-    "docstring_future.py": b'"""Doc."""\nfrom __future__ import annotations\nimport torch\nx = torch.tanh(torch.ones(1))\n',
+    "docstring_future.py":
+        b'"""Doc."""\nfrom __future__ import annotations\nimport torch\nx = torch.tanh(torch.ones(1))\n',
 }
 
 
