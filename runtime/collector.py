@@ -331,6 +331,8 @@ class Collector:
             return self._tensor(value, file_stem)
         if value is None:
             return None
+        if isinstance(value, torch.Size):  # a tuple, but msprobe gives it a typed record
+            return {"type": "torch.Size", "value": list(value)}
         if depth < 16:
             if isinstance(value, (tuple, list)):
                 return [self.describe(v, f"{file_stem}.{i}" if file_stem else None, depth + 1)
@@ -338,8 +340,6 @@ class Collector:
             if isinstance(value, dict):
                 return {str(k): self.describe(v, f"{file_stem}.{k}" if file_stem else None, depth + 1)
                         for k, v in value.items()}
-        if isinstance(value, torch.Size):
-            return {"type": "torch.Size", "value": list(value)}
         if isinstance(value, torch.dtype):
             return {"type": "torch.dtype", "value": str(value)}
         if isinstance(value, torch.device):

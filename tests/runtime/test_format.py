@@ -1,0 +1,403 @@
+"""The dump's layout and record format: msprobe's names, fields, null rules, stack.json and construct.json."""
+import glob
+import importlib.util
+import json
+import logging
+import os
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import msprobe_runtime as rt
+from msprobe_runtime import PrecisionDebugger
+from msprobe_runtime.debugger import DumpPathError
+
+MODEL_SOURCE = textwrap.dedent('''
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+
+    class Inner(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return F.gelu(self.fc(x))
+
+
+    class Outer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Inner()
+            self.seq = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+
+        def forward(self, x):
+            y = self.inner(x)
+            return self.seq(y) + y
+
+
+    def loss_of(model, x):
+        out = model(x)
+        return out.sum()
+''')
+
+
+@pytest.fixture
+def model_module(tmp_path):
+    from msprobe_rewrite.api import rewrite_source
+
+    path = tmp_path / "small_model.py"
+    path.write_bytes(rewrite_source(MODEL_SOURCE.encode()))
+    spec = importlib.util.spec_from_file_location("small_model_rt", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def debuggers():
+    made = []
+
+    def make(**kwargs):
+        debugger = PrecisionDebugger(**kwargs)
+        made.append(debugger)
+        return debugger
+
+    yield make
+    for debugger in made:
+        debugger.stop()
+
+
+def read_step(dump_path, step=0):
+    [directory] = glob.glob(os.path.join(glob.escape(str(dump_path)), f"step{step}", "*"))
+    out = {}
+    for name in ("dump.json", "stack.json", "construct.json"):
+        with open(os.path.join(directory, name)) as handle:
+            out[name] = json.load(handle)
+    out["dir"] = directory
+    return out
+
+
+def train_once(debuggers, module, dump_path, level, **kwargs):
+    torch.manual_seed(0)
+    model = module.Outer()
+    x = torch.randn(2, 4)
+    debugger = debuggers(dump_path=str(dump_path), level=level, **kwargs)
+    debugger.start(model)
+    loss = module.loss_of(model, x)
+    loss.backward()
+    debugger.stop()
+    debugger.wait()
+    return read_step(dump_path)
+
+
+def test_layout_and_header(debuggers, model_module, tmp_path):
+    result = train_once(debuggers, model_module, tmp_path / "d", "mix")
+    assert os.path.basename(result["dir"]) == f"proc{os.getpid()}"
+    dump = result["dump.json"]
+    assert dump["task"] == "statistics" and dump["level"] == "mix" and dump["framework"] == "pytorch"
+    assert dump["dump_data_dir"] is None
+    names = list(dump["data"])
+    for expected in ["Module.inner.Inner.forward.0", "Module.inner.fc.Linear.forward.0",
+                     "Functional.linear.0.forward", "Functional.gelu.0.forward",
+                     "Module.seq.Sequential.forward.0", "Module.seq.0.Linear.forward.0",
+                     "Module.seq.1.ReLU.forward.0", "Functional.relu.0.forward", "Tensor.__add__.0.forward",
+                     "Module.inner.fc.Linear.backward.0", "Functional.gelu.0.backward",
+                     "Module.inner.fc.Linear.parameters_grad.0", "Module.seq.0.Linear.parameters_grad.0"]:
+        assert expected in names, expected
+    assert not any(n.startswith("Module.Outer") for n in names)  # msprobe names children, not the root
+
+
+def test_record_fields(debuggers, model_module, tmp_path):
+    data = train_once(debuggers, model_module, tmp_path / "d", "mix")["dump.json"]["data"]
+    linear = data["Module.inner.fc.Linear.forward.0"]
+    assert list(linear) == ["input_args", "input_kwargs", "output", "parameters"]
+    record = linear["input_args"][0]
+    assert list(record)[:8] == ["type", "dtype", "shape", "Max", "Min", "Mean", "Norm", "requires_grad"]
+    assert record["type"] == "torch.Tensor" and record["dtype"] == "torch.float32" and record["shape"] == [2, 4]
+    assert record["NaN_count"] == 0 and record["Inf_count"] == 0
+    assert set(linear["parameters"]) == {"weight", "bias"}
+    backward = data["Functional.gelu.0.backward"]
+    assert set(backward) == {"input", "output"} and len(backward["input"]) == 1
+    grads = data["Module.inner.fc.Linear.parameters_grad.0"]
+    assert set(grads) == {"weight", "bias"} and grads["weight"]["shape"] == [4, 4]
+    api = data["Functional.linear.0.forward"]
+    assert [r["shape"] for r in api["input_args"]] == [[2, 4], [4, 4], [4]]
+
+
+def test_statistics_values_and_null_rules(debuggers, tmp_path):
+    values = torch.tensor([[1.0, -2.0], [3.0, float("nan")]])
+    infs = torch.tensor([1.0, float("inf"), -float("inf")])
+    inputs = {
+        "bool": torch.tensor([True, False]),
+        "int": torch.tensor([3, -1, 7]),
+        "f64": torch.tensor([1.0, 2.0], dtype=torch.float64),
+        "empty": torch.empty(0, 3),
+        "zero_d": torch.tensor(-2.5),
+        "plain": torch.tensor([[1.0, -2.0], [3.0, 4.0]]),
+    }
+    debugger = debuggers(dump_path=str(tmp_path / "d"), level="L1")
+    debugger.start()
+    for key, tensor in inputs.items():
+        rt.call("Torch.clone", torch.clone, tensor)
+    rt.call("Torch.clone", torch.clone, values)
+    rt.call("Torch.clone", torch.clone, infs)
+    debugger.stop()
+    debugger.wait()
+    data = read_step(tmp_path / "d")["dump.json"]["data"]
+    rec = [data[f"Torch.clone.{i}.forward"]["input_args"][0] for i in range(8)]
+    boolean, integer, f64, empty, zero_d, plain, nan, inf = rec
+    assert (boolean["Max"], boolean["Min"], boolean["Mean"], boolean["Norm"]) == (True, False, None, None)
+    assert (integer["Max"], integer["Min"], integer["Mean"], integer["Norm"]) == (7, -1, None, None)
+    assert (f64["Max"], f64["Min"], f64["Mean"], f64["Norm"]) == (2.0, 1.0, None, None)
+    assert (empty["Max"], empty["Min"], empty["Mean"], empty["Norm"]) == (None, None, None, None)
+    assert empty["shape"] == [0, 3]
+    assert (zero_d["Max"], zero_d["Min"], zero_d["Mean"], zero_d["Norm"]) == (-2.5, -2.5, -2.5, -2.5)
+    assert zero_d["shape"] == []
+    assert plain["Max"] == 4.0 and plain["Min"] == -2.0 and plain["Mean"] == 1.5
+    assert plain["Norm"] == pytest.approx(30 ** 0.5)
+    assert nan["NaN_count"] == 1 and nan["Inf_count"] == 0
+    assert inf["NaN_count"] == 0 and inf["Inf_count"] == 2
+    assert "NaN_count" not in integer and "NaN_count" not in boolean
+
+
+def test_non_tensor_records(debuggers, tmp_path):
+    x = torch.arange(12.0).reshape(3, 4)
+    debugger = debuggers(dump_path=str(tmp_path / "d"), level="L1")
+    debugger.start()
+    rt.call("Tensor.__getitem__", torch.Tensor.__getitem__, x, (slice(0, 2, None), Ellipsis))
+    rt.call("Torch.sum", torch.sum, x, 1, keepdim=True, dtype=torch.float64)
+    rt.call("Tensor.view", x.view, torch.Size([4, 3]))
+    rt.call("Torch.ones", torch.ones, (2,), device=torch.device("cpu"), dtype=None)
+    debugger.stop()
+    debugger.wait()
+    data = read_step(tmp_path / "d")["dump.json"]["data"]
+    getitem = data["Tensor.__getitem__.0.forward"]["input_args"]
+    assert getitem[1] == [{"type": "slice", "value": [0, 2, None]}, {"type": "ellipsis", "value": "..."}]
+    summed = data["Torch.sum.0.forward"]
+    assert summed["input_args"][1] == {"type": "int", "value": 1}
+    assert summed["input_kwargs"]["keepdim"] == {"type": "bool", "value": True}
+    assert summed["input_kwargs"]["dtype"] == {"type": "torch.dtype", "value": "torch.float64"}
+    view = data["Tensor.view.0.forward"]["input_args"]
+    assert view[0]["shape"] == [3, 4]  # the bound method's tensor comes first, as msprobe records self
+    assert view[1] == {"type": "torch.Size", "value": [4, 3]}
+    ones = data["Torch.ones.0.forward"]
+    assert ones["input_args"][0] == [{"type": "int", "value": 2}]
+    assert ones["input_kwargs"]["device"] == {"type": "torch.device", "value": "cpu"}
+    assert ones["input_kwargs"]["dtype"] is None
+
+
+def test_operators_and_dyn_identity(debuggers, tmp_path):
+    x = torch.ones(3)
+    act = F.gelu
+    calls = []
+
+    def not_an_api(value):
+        calls.append(value)
+        return value
+
+    debugger = debuggers(dump_path=str(tmp_path / "d"), level="L1")
+    debugger.start()
+    rt.add(x, 1)
+    rt.add(2, x)
+    y = rt.iadd(x.clone(), x)
+    rt.eq(x, y)
+    rt.lt(1, x)
+    rt.sub(x, 1)
+    rt.add(1, 2)
+    rt.dyn(act, x)
+    rt.dyn(x.abs)
+    rt.dyn(not_an_api, x)
+    debugger.stop()
+    debugger.wait()
+    names = list(read_step(tmp_path / "d")["dump.json"]["data"])
+    for expected in ["Tensor.__add__.0.forward", "Tensor.__radd__.0.forward", "Tensor.__iadd__.0.forward",
+                     "Tensor.__eq__.0.forward", "Tensor.__gt__.0.forward", "Tensor.__sub__.0.forward",
+                     "Functional.gelu.0.forward", "Tensor.abs.0.forward"]:
+        assert expected in names, (expected, names)
+    assert len(calls) == 1
+    radd = read_step(tmp_path / "d")["dump.json"]["data"]["Tensor.__radd__.0.forward"]["input_args"]
+    assert radd[0]["type"] == "torch.Tensor" and radd[1] == {"type": "int", "value": 2}
+
+
+def test_call_indices_restart_each_step(debuggers, tmp_path):
+    x = torch.ones(2)
+    debugger = debuggers(dump_path=str(tmp_path / "d"), level="L1")
+    for _ in range(2):
+        debugger.start()
+        rt.call("Torch.relu", torch.relu, x)
+        rt.call("Torch.relu", torch.relu, x)
+        debugger.stop()
+        debugger.step()
+    debugger.wait()
+    for step in range(2):
+        names = list(read_step(tmp_path / "d", step)["dump.json"]["data"])
+        assert names == ["Torch.relu.0.forward", "Torch.relu.1.forward"]
+
+
+def test_stack_json(debuggers, tmp_path):
+    x = torch.ones(2)
+    debugger = debuggers(dump_path=str(tmp_path / "d"), level="L1")
+    debugger.start()
+    rt.call("Torch.relu", torch.relu, x); line = sys._getframe().f_lineno  # noqa: E702
+    debugger.stop()
+    debugger.wait()
+    stack = read_step(tmp_path / "d")["stack.json"]
+    [(key, (names, lines))] = [(k, v) for k, v in stack.items() if "Torch.relu.0.forward" in v[0]]
+    assert key.isdigit()
+    assert lines[0].startswith(f"File {__file__}, line {line}, in test_stack_json, \n ")
+    assert "torch.relu" in lines[0]
+    assert all(".backward" not in name for entry in stack.values() for name in entry[0])
+
+
+def test_construct_json(debuggers, model_module, tmp_path):
+    construct = train_once(debuggers, model_module, tmp_path / "d", "mix")["construct.json"]
+    assert construct["Module.inner.Inner.forward.0"] is None
+    assert construct["Module.inner.fc.Linear.forward.0"] == "Module.inner.Inner.forward.0"
+    assert construct["Functional.linear.0.forward"] == "Module.inner.fc.Linear.forward.0"
+    assert construct["Module.seq.0.Linear.forward.0"] == "Module.seq.Sequential.forward.0"
+    assert construct["Module.inner.fc.Linear.backward.0"] == "Module.inner.Inner.backward.0"
+    assert not any("parameters_grad" in name for name in construct)
+    l1 = train_once(debuggers, model_module, tmp_path / "l1", "L1")["construct.json"]
+    assert l1 == {}
+
+
+def test_tensor_task_saves_tensors(debuggers, model_module, tmp_path):
+    result = train_once(debuggers, model_module, tmp_path / "d", "L1", task="tensor")
+    dump = result["dump.json"]
+    assert dump["task"] == "tensor"
+    record = dump["data"]["Functional.gelu.0.forward"]["input_args"][0]
+    assert record["data_name"] == "Functional.gelu.0.forward.input.0.pt"
+    saved = torch.load(os.path.join(result["dir"], "dump_tensor_data", record["data_name"]))
+    assert list(saved.shape) == record["shape"] and saved.max().item() == pytest.approx(record["Max"])
+
+
+def test_error_inside_collection_is_logged_once_and_skipped(debuggers, tmp_path, caplog, monkeypatch):
+    from msprobe_runtime import statistics
+
+    def broken(self, t, kind):
+        raise RuntimeError("statistics exploded")
+
+    monkeypatch.setattr(statistics.StatBuffer, "add", broken)
+    calls = []
+
+    def api(x):
+        calls.append(x)
+        return x * 2
+
+    x = torch.ones(2)
+    debugger = debuggers(dump_path=str(tmp_path / "d"), level="L1")
+    with caplog.at_level(logging.WARNING, logger="msprobe_runtime"):
+        debugger.start()
+        results = [rt.call("Torch.relu", api, x) for _ in range(3)]
+        debugger.stop()
+        debugger.wait()
+    assert len(calls) == 3 and all(torch.equal(r, x * 2) for r in results)
+    messages = [r.getMessage() for r in caplog.records if "statistics exploded" in r.getMessage()]
+    assert len(messages) == 1
+    data = read_step(tmp_path / "d")["dump.json"]["data"]
+    assert not any(name.startswith("Torch.relu") and name.endswith("forward") for name in data)
+
+
+def test_user_exception_propagates_once(debuggers, tmp_path):
+    calls = []
+
+    def failing(x):
+        calls.append(x)
+        raise ValueError("user error")
+
+    debugger = debuggers(dump_path=str(tmp_path / "d"), level="L1")
+    debugger.start()
+    with pytest.raises(ValueError, match="user error"):
+        rt.call("Torch.relu", failing, torch.ones(1))
+    debugger.stop()
+    assert len(calls) == 1
+
+
+def test_existing_dump_is_refused_not_overwritten(debuggers, tmp_path):
+    x = torch.ones(2)
+    first = debuggers(dump_path=str(tmp_path / "d"), level="L1")
+    first.start()
+    rt.call("Torch.relu", torch.relu, x)
+    first.stop()
+    first.wait()
+    path = read_step(tmp_path / "d")["dir"]
+    before = open(os.path.join(path, "dump.json")).read()
+    second = debuggers(dump_path=str(tmp_path / "d"), level="L1")
+    with pytest.raises(DumpPathError, match="already holds a dump"):
+        second.start()
+    assert rt.shims._collector is None
+    assert open(os.path.join(path, "dump.json")).read() == before
+
+
+@pytest.mark.parametrize("parts", [("with space", "a+b"), ("x y+z", "++")])
+def test_any_path_works(debuggers, tmp_path, parts):
+    dump = tmp_path.joinpath(*parts)
+    debugger = debuggers(dump_path=str(dump), level="L1")
+    debugger.start()
+    rt.call("Torch.relu", torch.relu, torch.ones(2))
+    debugger.stop()
+    debugger.wait()
+    assert "Torch.relu.0.forward" in read_step(dump)["dump.json"]["data"]
+
+
+def test_config_json(tmp_path):
+    from msprobe_runtime.config import ConfigError, load_config
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"task": "statistics", "dump_path": str(tmp_path / "out"), "rank": [0, "2-3"],
+                                "step": ["1-3", 5], "level": "mix", "async_dump": True,
+                                "statistics": {"scope": [], "list": ["relu"], "data_mode": ["forward"],
+                                               "summary_mode": "statistics"}}))
+    config = load_config(str(path))
+    assert config.rank == [0, 2, 3] and config.step == [1, 2, 3, 5] and config.level == "mix"
+    assert config.list == ["relu"] and config.data_mode == ["forward"]
+    assert load_config(str(path), level="L1", step=[0]).level == "L1"
+    with pytest.raises(ConfigError, match="level"):
+        load_config(str(path), level="L7")
+    with pytest.raises(ConfigError, match="dump_path"):
+        load_config(task="statistics")
+
+
+def test_step_list_and_data_mode_filters(tmp_path, debuggers):
+    x = torch.ones(2, requires_grad=True)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"dump_path": str(tmp_path / "d"), "step": [1], "level": "L1",
+                                  "statistics": {"list": ["relu"], "data_mode": ["forward"]}}))
+    debugger = debuggers(config_path=str(config))
+    for _ in range(2):
+        debugger.start()
+        y = rt.call("Torch.relu", torch.relu, x)
+        rt.call("Torch.tanh", torch.tanh, y).sum().backward()
+        debugger.stop()
+        debugger.step()
+    debugger.wait()
+    assert not os.path.exists(tmp_path / "d" / "step0")
+    assert list(read_step(tmp_path / "d", 1)["dump.json"]["data"]) == ["Torch.relu.0.forward"]
+
+
+def test_seed_all_repeats_random_numbers():
+    import random
+
+    rt.seed_all(7)
+    first = (random.random(), torch.rand(3))
+    rt.seed_all(7, mode=True)
+    try:
+        second = (random.random(), torch.rand(3))
+        assert os.environ["PYTHONHASHSEED"] == "7" and os.environ["HCCL_DETERMINISTIC"] == "true"
+        assert torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert first[0] == second[0] and torch.equal(first[1], second[1])
+
+
+def test_shims_forward_only_when_not_collecting():
+    assert rt.shims._collector is None
+    x = torch.ones(2)
+    assert torch.equal(rt.call("Torch.relu", torch.relu, x), x)
+    assert rt.add(1, 2) == 3 and rt.dyn(len, [1, 2]) == 2
