@@ -1,6 +1,13 @@
 """msprobe_rewrite: the compiler that instruments PyTorch call sites for precision debugging.
 
-``rewrite_source`` and ``restore_source`` are the whole compiler as functions on bytes; the CLI
-(``msprobe-rewrite``) applies them to trees.
+``api.rewrite_source`` and ``api.restore_source`` are the whole compiler as functions on bytes; the CLI
+(``msprobe-rewrite``) applies them to trees, and ``install_import_hook`` applies them as modules are imported.
 """
 __version__ = "0.1.0"
+
+
+def install_import_hook(packages=(), **options):
+    """Instrument ``packages`` as they are imported; see ``msprobe_rewrite.import_hook``."""
+    from .import_hook import install_import_hook as install
+
+    return install(packages, **options)

@@ -67,11 +67,13 @@ def _parse(source: bytes, path: str) -> cst.Module:
 
 
 def rewrite_source(source: bytes, catalogue: Optional[Catalogue] = None, path: str = "<string>",
-                   skip_decorators: Iterable[str] = (), package: Optional[str] = None) -> bytes:
+                   skip_decorators: Iterable[str] = (), package: Optional[str] = None,
+                   add_import: bool = True) -> bytes:
     """Instrument one module's source; an instrumented source is re-instrumented from its original.
 
     ``package`` resolves relative imports; by default it is found from ``path``'s ``__init__.py`` files.
-    A file that needs no instrumentation is returned as it is.
+    ``add_import=False`` leaves out the runtime import, for a loader that binds ``__msprobe__`` in the
+    module's globals itself. A file that needs no instrumentation is returned as it is.
     """
     if SKIP_FILE_MARKER.search(source):
         return restore_source(source, path) if is_instrumented(source) else source
@@ -89,6 +91,8 @@ def rewrite_source(source: bytes, catalogue: Optional[Catalogue] = None, path: s
         raise RewriteError(f"{path}: internal error, please report: {error}") from None
     if not transformer.changes:
         return original
+    if not add_import:
+        return rewritten.bytes
     try:
         rewritten = runtime_import.place(rewritten)
     except runtime_import.PlacementError as error:

@@ -1,0 +1,194 @@
+"""The import hook: the same rewrite as the CLI, applied as modules are imported.
+
+A meta-path finder placed first on ``sys.meta_path`` decides by module name (cheap, before any file system
+look-up) whether a module is wanted, asks the other finders for its spec (so regular installs, editable
+installs with their own meta-path finders and ``sys.path`` hooks all work as before), and swaps the loader
+of a plain ``.py`` source for ``InstrumentingLoader``. Everything else (namespace packages, zip imports,
+extension modules, frozen modules) keeps its own loader. The loader subclasses ``SourceFileLoader`` as
+typeguard's does, so ``get_source`` (tracebacks, ``inspect.getsource``), ``get_data``
+(``pkgutil.get_data``), resource readers and ``importlib.reload`` behave as for any source module: the
+file on disk is never changed and every line keeps its number.
+"""
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import threading
+import warnings
+from typing import Iterable, List, Optional, Sequence
+
+from . import bytecode_cache
+from .scopes import STDLIB_MODULES
+
+ENV_PACKAGES = "MSPROBE_REWRITE_PACKAGES"
+
+# Never instrumented, whatever is asked: the interpreter's own library, torch and its kin, and the tools.
+NEVER = frozenset({"torch", "torch_npu", "torchgen", "functorch", "triton", "libcst", "yaml", "numpy",
+                   "msprobe_rewrite", "msprobe_runtime", "msprobe", "_pytest", "pytest", "pluggy"})
+
+
+def _never(name: str) -> bool:
+    root = name.partition(".")[0]
+    return root in NEVER or root in STDLIB_MODULES
+
+
+class RewriteOptions:
+    """What the rewrite depends on besides the source: catalogue files and skipped decorators."""
+
+    def __init__(self, catalogue_files: Sequence[str] = (), skip_decorators: Sequence[str] = ()):
+        self.catalogue_files = [os.fspath(f) for f in catalogue_files]
+        self.skip_decorators = list(skip_decorators)
+        self._catalogue = None
+        self._fingerprint = None
+        self._lock = threading.Lock()
+
+    def prepare(self):
+        """Load the catalogue and the fingerprint once, on the first instrumented import."""
+        with self._lock:
+            if self._catalogue is None:
+                from msprobe_runtime.catalogue import load_catalogue
+
+                from .cache import compiler_fingerprint
+
+                self._catalogue = load_catalogue(self.catalogue_files)
+                self._fingerprint = "\0".join([compiler_fingerprint(), self._catalogue.digest,
+                                               *sorted(self.skip_decorators)])
+        return self._catalogue, self._fingerprint
+
+
+class InstrumentingLoader(importlib.machinery.SourceFileLoader):
+    def __init__(self, fullname: str, path: str, options: RewriteOptions, is_package: bool):
+        super().__init__(fullname, path)
+        self.options = options
+        self._package = fullname if is_package else fullname.rpartition(".")[0]
+
+    def get_code(self, fullname):
+        source_path = self.get_filename(fullname)
+        source = self.get_data(source_path)
+        catalogue, fingerprint = self.options.prepare()
+        key = bytecode_cache.cache_key(source, fingerprint)
+        cached_at = bytecode_cache.cache_path(source_path)
+        code = bytecode_cache.read(cached_at, key)
+        if code is not None:
+            return code
+        from .api import RewriteError, rewrite_source
+
+        try:
+            rewritten = rewrite_source(source, catalogue, path=source_path, package=self._package,
+                                       skip_decorators=self.options.skip_decorators, add_import=False)
+        except Exception as error:  # a compiler bug must not stop the user's program either
+            reason = error if isinstance(error, RewriteError) else f"{type(error).__name__}: {error}"
+            warnings.warn(f"msprobe-rewrite: {fullname} is imported uninstrumented: {reason}",
+                          RuntimeWarning, stacklevel=2)
+            return self.source_to_code(source, source_path)  # not cached: the warning comes every run
+        code = self.source_to_code(rewritten, source_path)
+        bytecode_cache.write(cached_at, key, code)
+        return code
+
+    def exec_module(self, module):
+        # The rewrite left the runtime import out (no line to find for it); bind it here instead.
+        import msprobe_runtime
+
+        module.__dict__.setdefault("__msprobe__", msprobe_runtime)
+        super().exec_module(module)
+
+
+class InstrumentingFinder(importlib.abc.MetaPathFinder):
+    def __init__(self, packages: Iterable[str], paths: Iterable[str], options: RewriteOptions):
+        self.packages = tuple(p.strip() for p in packages if p.strip())
+        self.paths = tuple(os.path.join(os.path.realpath(p), "") for p in paths)
+        self.options = options
+        self._local = threading.local()
+
+    def wants_name(self, fullname: str) -> bool:
+        return any(fullname == p or fullname.startswith(p + ".") for p in self.packages)
+
+    def find_spec(self, fullname, path=None, target=None):
+        if _never(fullname):
+            return None
+        by_name = self.wants_name(fullname)
+        if not by_name and not self.paths:
+            return None
+        if getattr(self._local, "busy", False):
+            return None
+        self._local.busy = True
+        try:
+            spec = self._find_elsewhere(fullname, path, target)
+        finally:
+            self._local.busy = False
+        if spec is None or spec.origin is None or type(spec.loader) is not importlib.machinery.SourceFileLoader:
+            return spec
+        if not by_name and not os.path.realpath(spec.origin).startswith(self.paths):
+            return spec
+        spec.loader = InstrumentingLoader(fullname, spec.origin, self.options,
+                                          is_package=spec.submodule_search_locations is not None)
+        return spec
+
+    def _find_elsewhere(self, fullname, path, target):
+        for finder in sys.meta_path:
+            if finder is self or isinstance(finder, InstrumentingFinder):
+                continue
+            find_spec = getattr(finder, "find_spec", None)
+            if find_spec is None:
+                continue
+            spec = find_spec(fullname, path, target)
+            if spec is not None:
+                return spec
+        return None
+
+    def invalidate_caches(self):
+        pass
+
+
+class ImportHook:
+    """An installed hook; ``uninstall()`` removes it, and it works as a context manager."""
+
+    def __init__(self, finder: InstrumentingFinder):
+        self.finder = finder
+
+    def uninstall(self) -> None:
+        try:
+            sys.meta_path.remove(self.finder)
+        except ValueError:
+            pass
+
+    def __enter__(self) -> "ImportHook":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.uninstall()
+
+
+def install_import_hook(packages: Iterable[str] = (), *, paths: Iterable[str] = (),
+                        catalogue_files: Sequence[str] = (), skip_decorators: Sequence[str] = ()) -> ImportHook:
+    """Instrument the modules of ``packages`` (by name prefix: ``megatron`` covers ``megatron.core.x``) and
+    the source files under ``paths`` as they are imported from now on.
+
+    A requested package that is already imported can no longer be instrumented; a warning names it.
+    """
+    packages = [packages] if isinstance(packages, str) else list(packages)
+    refused = [p for p in packages if _never(p)]
+    if refused:
+        warnings.warn(f"msprobe-rewrite: never instrumented: {', '.join(refused)}", RuntimeWarning, stacklevel=2)
+    options = RewriteOptions(catalogue_files, skip_decorators)
+    options.prepare()  # a bad catalogue is reported here, not as an ImportError of some user module
+    finder = InstrumentingFinder([p for p in packages if not _never(p)], paths, options)
+    already = sorted(name for name in list(sys.modules) if finder.wants_name(name))
+    if already:
+        warnings.warn("msprobe-rewrite: already imported before the import hook, so not instrumented: "
+                      + ", ".join(already), RuntimeWarning, stacklevel=2)
+    sys.meta_path.insert(0, finder)
+    return ImportHook(finder)
+
+
+def packages_from_environment(environ=os.environ) -> List[str]:
+    return [p for p in environ.get(ENV_PACKAGES, "").replace(",", " ").split() if p]
+
+
+def install_from_environment(environ=os.environ) -> Optional[ImportHook]:
+    """Install the hook for the packages named in ``$MSPROBE_REWRITE_PACKAGES``, if any."""
+    packages = packages_from_environment(environ)
+    catalogue = [f for f in environ.get("MSPROBE_REWRITE_CATALOGUE", "").split(os.pathsep) if f]
+    return install_import_hook(packages, catalogue_files=catalogue) if packages else None
