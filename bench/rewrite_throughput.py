@@ -18,6 +18,7 @@ import importlib.util
 import io
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -45,15 +46,27 @@ def copy_files(root: str, rels, dest: str) -> str:
     return dest
 
 
+def cpu_seconds() -> float:
+    """CPU time of this process and its reaped children (the CLI's pool workers are joined, so reaped)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def timed(function):
+    """(wall seconds, CPU seconds, result) of calling function()."""
+    wall, cpu = time.perf_counter(), cpu_seconds()
+    result = function()
+    return time.perf_counter() - wall, cpu_seconds() - cpu, result
+
+
 def timed_cli(args):
-    """Run the CLI in this process; return (seconds, exit status, its summary line)."""
+    """Run the CLI in this process; return (wall, cpu, note with exit status and summary line)."""
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
-        start = time.perf_counter()
-        code = cli.main([str(a) for a in args])
-        seconds = time.perf_counter() - start
+        wall, cpu, code = timed(lambda: cli.main([str(a) for a in args]))
     lines = [line for line in err.getvalue().splitlines() if line.startswith("msprobe-rewrite: ") and "," in line]
-    return seconds, code, lines[-1][len("msprobe-rewrite: "):] if lines else err.getvalue().strip()
+    summary = lines[-1][len("msprobe-rewrite: "):] if lines else err.getvalue().strip()
+    return wall, cpu, f"exit {code}: {summary}"
 
 
 def main(argv=None) -> int:
@@ -76,12 +89,12 @@ def main(argv=None) -> int:
     print(f"{len(rels)} files, {sum(map(len, sources)) / 1e6:.1f} MB, from {root}; "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
 
-    start = time.perf_counter()
-    for source in sources:
-        libcst.parse_module(source).code
-    bare = time.perf_counter() - start
+    def bare_parse_codegen():
+        for source in sources:
+            libcst.parse_module(source).code
 
-    rows = [("bare libcst parse+codegen, 1 process", bare, None)]
+    bare, bare_cpu, _ = timed(bare_parse_codegen)
+    rows = [("bare libcst parse+codegen, 1 process", bare, bare_cpu, None)]
     with tempfile.TemporaryDirectory(prefix="msprobe-bench-") as scratch:
         os.environ["MSPROBE_REWRITE_CACHE_DIR"] = os.path.join(scratch, "cache")
 
@@ -93,32 +106,34 @@ def main(argv=None) -> int:
             ("cold rewrite, --jobs 1 --no-verify", ["--no-cache", "--jobs", "1", "--no-verify"]),
             (f"cold rewrite, {jobs_label}", ["--no-cache", *jobs_args]),
         ):
-            seconds, code, summary = timed_cli([fresh(label.replace(" ", "_")), *extra])
-            rows.append((label, seconds, f"exit {code}: {summary}"))
+            rows.append((label, *timed_cli([fresh(label.replace(" ", "_")), *extra])))
 
         tree = fresh("cached")
-        first, code, summary = timed_cli([tree, *jobs_args])
-        rows.append((f"first run with cache, {jobs_label}", first, f"exit {code}: {summary}"))
-        warm, code, summary = timed_cli([tree, *jobs_args])
-        rows.append(("second run (cache), in process", warm, f"exit {code}: {summary}"))
-        start = time.perf_counter()
-        result = subprocess.run([sys.executable, "-m", "msprobe_rewrite", tree, *jobs_args],
-                                capture_output=True, text=True)
-        warm_process = time.perf_counter() - start
-        rows.append(("second run (cache), new process", warm_process,
+        rows.append((f"first run with cache, {jobs_label}", *timed_cli([tree, *jobs_args])))
+        rows.append(("second run (cache), in process", *timed_cli([tree, *jobs_args])))
+        command = [sys.executable, "-m", "msprobe_rewrite", tree, *jobs_args]
+        wall, cpu, result = timed(lambda: subprocess.run(command, capture_output=True, text=True))
+        rows.append(("second run (cache), new process", wall, cpu,
                      f"exit {result.returncode}: {result.stderr.strip().splitlines()[-1][17:]}"))
 
-    width = max(len(label) for label, _, _ in rows)
-    for label, seconds, note in rows:
-        print(f"{label:<{width}}  {seconds:8.3f} s  {seconds / bare:6.2f}x bare" + (f"   [{note}]" if note else ""))
+    width = max(len(row[0]) for row in rows)
+    print(f"{'':<{width}}  {'wall':>9}  {'/bare':>6}  {'CPU':>9}  {'/bare':>6}")
+    for label, wall, cpu, note in rows:
+        print(f"{label:<{width}}  {wall:8.3f}s  {wall / bare:5.2f}x  {cpu:8.3f}s  {cpu / bare_cpu:5.2f}x"
+              + (f"   [{note}]" if note else ""))
+    first, warm, warm_process = rows[4][1], rows[5][1], rows[6][1]
     cold_default = rows[3][1]
-    print(f"second run / first run: {warm / first:.1%} in process, {warm_process / first:.1%} with start-up "
-          f"(target <= 5%); cold {jobs_label} / bare: {cold_default / bare:.2f}x (target <= 2x)")
+    print(f"second run / first run (wall): {warm / first:.1%} in process, {warm_process / first:.1%} with start-up "
+          f"(target <= 5%); cold {jobs_label} / bare (wall): {cold_default / bare:.2f}x (target <= 2x); "
+          f"cold --jobs 1 / bare (CPU): {rows[1][2] / bare_cpu:.2f}x")
+    print("CPU time is the figure to trust on a busy machine; wall time is what a user waits.")
 
     figures = {
         "files": len(rels), "bytes": sum(map(len, sources)), "root": root,
-        "seconds": {label: seconds for label, seconds, _ in rows},
-        "ratio_to_bare": {label: seconds / bare for label, seconds, _ in rows},
+        "wall_seconds": {row[0]: row[1] for row in rows},
+        "cpu_seconds": {row[0]: row[2] for row in rows},
+        "wall_ratio_to_bare": {row[0]: row[1] / bare for row in rows},
+        "cpu_ratio_to_bare": {row[0]: row[2] / bare_cpu for row in rows},
         "warm_over_first": warm / first, "warm_process_over_first": warm_process / first,
     }
     if args.json:
