@@ -92,6 +92,18 @@ def _error(message: str) -> None:
     print(f"{PROG}: error: {message}", file=sys.stderr)
 
 
+def _print_path(path: str) -> None:
+    # A file name that is not valid in the locale's encoding (os.walk hands it over with surrogate
+    # escapes) is printed as its raw bytes rather than crashing a strict stdout.
+    buffer = getattr(sys.stdout, "buffer", None)
+    if buffer is None:
+        print(path)
+        return
+    sys.stdout.flush()
+    buffer.write(os.fsencode(path) + b"\n")
+    buffer.flush()
+
+
 def _diff(path: str, before: bytes, after: bytes) -> bytes:
     def lines(data: bytes) -> List[bytes]:
         result = data.splitlines(keepends=True)
@@ -225,7 +237,7 @@ def _report(args: argparse.Namespace, mode: str, outcomes: List[batch.Outcome], 
             out.flush()
     if args.check:
         for outcome in changed:
-            print(outcome.path)
+            _print_path(outcome.path)
     if args.verbose and not args.quiet:
         verb = "restored" if mode == batch.RESTORE else "rewrote"
         for outcome in outcomes:

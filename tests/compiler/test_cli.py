@@ -320,6 +320,16 @@ def test_check_lists_files_and_writes_nothing(fake, tree, capsys):
     assert snapshot(tree) == before
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="arbitrary bytes in file names")
+def test_check_lists_undecodable_file_names(fake, tmp_path, capfdbinary):
+    tree = tmp_path / "src"
+    tree.mkdir()
+    name = os.fsdecode(b"caf\xe9.py")
+    (tree / name).write_bytes(TORCH_SOURCE)
+    assert cli.main([str(tree), "--check", "--jobs", "1"]) == 1
+    assert capfdbinary.readouterr().out == os.fsencode(str(tree)) + b"/caf\xe9.py\n"
+
+
 def test_check_on_clean_tree_is_exit_0(fake, tree, capsys):
     run([tree])
     code, out, _ = run([tree, "--check"], capsys)
