@@ -53,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Instrument PyTorch call sites in Python source trees for precision debugging.",
         epilog="Exit status: 0 clean, 1 files changed (or would change), 2 error. "
-               "A folder named like a subcommand can be given as ./NAME.",
+               f"Other commands: {', '.join(f'{PROG} {name}' for name in SUBCOMMANDS if name != 'rewrite')} "
+               "(each with --help). A folder named like a command can be given as ./NAME.",
     )
     parser.add_argument("paths", nargs="+", metavar="PATH", help="files and folders to process")
     what = parser.add_argument_group("what to do (default: rewrite in place)")
@@ -260,7 +261,6 @@ def _report(args: argparse.Namespace, mode: str, outcomes: List[batch.Outcome], 
     return EXIT_CHANGED if changed else EXIT_CLEAN
 
 
-# name -> handler taking the arguments after the name. Later issues add `run`, `check`, `compare`.
 def _run_main(argv: Sequence[str]) -> int:
     from .run_command import main as run_main
 
@@ -275,6 +275,7 @@ def _hook_path_main(argv: Sequence[str]) -> int:
     return EXIT_CLEAN
 
 
+# name -> handler taking the arguments after the name. Later issues add `check`, `compare`.
 SUBCOMMANDS: Dict[str, Callable[[Sequence[str]], int]] = {
     "rewrite": _rewrite_main,
     "run": _run_main,
