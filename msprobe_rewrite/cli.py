@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Instrument PyTorch call sites in Python source trees for precision debugging.",
         epilog="Exit status: 0 clean, 1 files changed (or would change), 2 error. "
-               f"Other commands: {', '.join(f'{PROG} {name}' for name in SUBCOMMANDS if name != 'rewrite')} "
+               f"Other commands: {', '.join(f'{PROG} {name}' for name in SUBCOMMANDS if name != 'rewrite')}"
                ". A folder named like a command can be given as ./NAME.",
     )
     parser.add_argument("paths", nargs="+", metavar="PATH", help="files and folders to process")
