@@ -56,7 +56,11 @@ class Resolver:
         self.catalogue = catalogue
 
     def resolve(self, callee: cst.BaseExpression, scope: Scope) -> Resolution:
-        dotted = dotted_name(callee)
+        return self.resolve_dotted(dotted_name(callee), scope)
+
+    def resolve_dotted(self, dotted: Optional[str], scope: Scope) -> Resolution:
+        """The same decision for a callee already spelled as ``a.b.c`` (None: not a dotted name), so an
+        ``ast`` walker (the lint) resolves exactly as the transformer does."""
         if dotted is None:
             return Resolution(UNKNOWN)
         root, _, _ = dotted.partition(".")

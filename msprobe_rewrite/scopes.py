@@ -57,6 +57,9 @@ class Scope:
     globals_declared: Set[str] = field(default_factory=set)
     nonlocals_declared: Set[str] = field(default_factory=set)
     star_imports: List[str] = field(default_factory=list)
+    # The ast node that opens the scope (None for the module), so an ``ast`` walker such as the lint can
+    # find a node's scope directly instead of re-deriving the pre-order pairing the transformer uses.
+    node: Optional[ast.AST] = field(default=None, repr=False, compare=False)
 
     def bind(self, name: str, kind: str, qualname: Optional[str] = None) -> None:
         binding = self.bindings.setdefault(name, Binding())
@@ -125,7 +128,7 @@ class _Collector(ast.NodeVisitor):
 
     # -- scopes -------------------------------------------------------------------------------------
     def _enter(self, node: ast.AST, kind: str, name: str, start: ast.AST) -> Scope:
-        scope = Scope(kind, name, self.current)
+        scope = Scope(kind, name, self.current, node=node)
         self.entries.append(((start.lineno, start.col_offset, self.depth), scope))
         return scope
 
