@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 import threading
-import types
+import weakref
 
 import torch
 
@@ -350,30 +350,35 @@ class Collector:
 
     def _tensor(self, t, file_stem):
         kind = tensor_kind(t)
-        slot = None
+        slot = counts = None
         if kind != KIND_EMPTY:
-            slot = self._slot(t, kind)
+            slot, counts = self._slots(t, kind)
         data_name = None
         if self.tensor_task and file_stem is not None and kind != KIND_EMPTY:
             data_name = f"{file_stem}.pt"
             self.tensors.append((data_name, t.detach().clone()))
         return TensorRecord("torch.Tensor", _dtype_name(t.dtype), list(t.shape), t.requires_grad, kind, slot,
-                            has_counts(kind, t.dtype, self.stats.nan_inf_count), data_name)
+                            counts, data_name)
 
-    def _slot(self, t, kind):
+    def _slots(self, t, kind):
+        """Statistics slots of ``t``, shared with an earlier record of the same unchanged tensor.
+
+        A call's output is usually the next call's input; remembering it by weak reference and version
+        counter avoids a second pass over the data without keeping any tensor alive.
+        """
         if t.numel() < _REUSE_MIN or t.is_inference():
             return self.stats.add(t, kind)
         key = id(t)
         recent = self._recent
         known = recent.get(key)
         version = t._version
-        if known is not None and known[0] is t and known[1] == version:
+        if known is not None and known[0]() is t and known[1] == version:
             return known[2]
-        slot = self.stats.add(t, kind)
-        recent[key] = (t, version, slot)
+        slots = self.stats.add(t, kind)
+        recent[key] = (weakref.ref(t), version, slots)
         if len(recent) > _RECENT:
             del recent[next(iter(recent))]
-        return slot
+        return slots
 
     def _frames(self, frame):
         """The call stack as (file, line, function) tuples, innermost first, without the runtime's frames."""

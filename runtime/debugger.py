@@ -114,7 +114,6 @@ class PrecisionDebugger:
                 self._flush()
             elif self._dirty:
                 self._flush()
-            self._writer.forget(self._step_dir(self.current_step))
             collector.reset()
         self._dirty = False
         self.current_step += 1
@@ -148,10 +147,10 @@ class PrecisionDebugger:
     def _flush(self):
         collector = self._collector
         data, stacks, construct, tensors = collector.snapshot()
-        stats = collector.stats.take()
+        collector.stats.take()
         header = {"task": self.config.task, "level": self.config.level, "framework": "pytorch",
                   "dump_data_dir": None}
-        self._writer.submit(StepJob(self._step_dir(self.current_step), header, data, stacks, construct, stats,
+        self._writer.submit(StepJob(self._step_dir(self.current_step), header, data, stacks, construct, None,
                                     tensors))
         self._dirty = False
 

@@ -19,30 +19,32 @@ class TensorRecord:
         self.shape = shape
         self.requires_grad = requires_grad
         self.kind = kind
-        self.slot = slot
-        self.counts = counts
+        self.slot = slot        # statistics.Slot, or None for an empty tensor
+        self.counts = counts    # statistics.Slot of the NaN and Inf counts, or None
         self.data_name = data_name
 
-    def to_json(self, values):
-        """``values(slot)`` gives the 6 statistics of a slot (host floats)."""
-        from .statistics import KIND_BOOL, KIND_EMPTY, KIND_FLOAT, KIND_NO_MEAN, KIND_SCALAR
+    def to_json(self):
+        from .statistics import KIND_BOOL, KIND_FLOAT, KIND_NO_MEAN, KIND_SCALAR
 
         out = {"type": self.type, "dtype": self.dtype, "shape": self.shape}
         kind = self.kind
-        row = values(self.slot) if kind != KIND_EMPTY else None
+        row = self.slot.values() if self.slot is not None else None
         if row is None:
             out.update(Max=None, Min=None, Mean=None, Norm=None)
         elif kind == KIND_BOOL:
             out.update(Max=bool(row[0]), Min=bool(row[1]), Mean=None, Norm=None)
-        elif kind == KIND_FLOAT or kind == KIND_SCALAR:
-            out.update(Max=_num(row[0], self.dtype), Min=_num(row[1], self.dtype),
-                       Mean=_num(row[2], self.dtype), Norm=_num(row[3], self.dtype))
+        elif kind == KIND_FLOAT:
+            out.update(Max=row[0], Min=row[1], Mean=row[2], Norm=row[3])
+        elif kind == KIND_SCALAR:
+            value = _num(row[0], self.dtype)
+            out.update(Max=value, Min=value, Mean=value, Norm=value)
         elif kind == KIND_NO_MEAN:
             out.update(Max=_num(row[0], self.dtype), Min=_num(row[1], self.dtype), Mean=None, Norm=None)
         out["requires_grad"] = self.requires_grad
-        if self.counts and row is not None:
-            out["NaN_count"] = int(row[4])
-            out["Inf_count"] = int(row[5])
+        counts = self.counts.values() if self.counts is not None else None
+        if counts is not None:
+            out["NaN_count"] = int(counts[0])
+            out["Inf_count"] = int(counts[1])
         if self.data_name is not None:
             out["data_name"] = self.data_name
         return out
@@ -58,14 +60,14 @@ def _num(value, dtype):
     return value
 
 
-def resolve(obj, values):
+def resolve(obj):
     """Replace every TensorRecord inside ``obj`` (lists and dicts) by its JSON form."""
     if isinstance(obj, TensorRecord):
-        return obj.to_json(values)
+        return obj.to_json()
     if isinstance(obj, list):
-        return [resolve(o, values) for o in obj]
+        return [resolve(o) for o in obj]
     if isinstance(obj, dict):
-        return {k: resolve(v, values) for k, v in obj.items()}
+        return {k: resolve(v) for k, v in obj.items()}
     return obj
 
 

@@ -1,28 +1,27 @@
-"""Per-tensor statistics computed where the tensor lives, into a device buffer, with no host sync.
+"""Per-tensor statistics computed where the tensor lives, with no host sync.
 
-Each recorded tensor gets a slot: one row of STAT_WIDTH numbers (Max, Min, Mean, Norm, NaN count, Inf count)
-written by device kernels into a preallocated buffer on the tensor's device. Nothing is read back until
-``take()``, which hands the filled rows to the caller as one non-blocking copy to the host plus an event to
-wait on (waited on by the writer thread, never by the training thread).
+``add`` launches the reductions for one tensor on its device (Max, Min, Mean, Norm as one small stacked
+tensor; NaN and Inf counts as another) and returns a ``Slot``. Nothing is read back on the training thread:
+``take`` concatenates every pending slot of a device into one device buffer (a cast and a concatenation per
+dtype, then one more concatenation) and starts one non-blocking copy to the host; the writer thread waits on
+the copy's event and reads the numbers. A slot learns its batch and offset at ``take`` time.
 """
 from __future__ import annotations
 
 import threading
 
-STAT_WIDTH = 6  # Max, Min, Mean, Norm, NaN count, Inf count
-
 # Kinds decide msprobe's null rules at write time.
-KIND_FLOAT = 0     # all four statistics and the counts
+KIND_FLOAT = 0     # Max, Min, Mean, Norm
 KIND_NO_MEAN = 1   # float64 and integer tensors: Max and Min only (msprobe leaves Mean and Norm null)
 KIND_BOOL = 2      # Max = any, Min = all
 KIND_SCALAR = 3    # 0-d: all four equal to the value
 KIND_EMPTY = 4     # no slot at all: every statistic null
 
-_CHUNK = 4096
+_WIDTH = {KIND_FLOAT: 4, KIND_NO_MEAN: 2, KIND_BOOL: 2, KIND_SCALAR: 1}
 
 
 def has_counts(kind, dtype, enabled):
-    """Whether a slot of this kind carries NaN/Inf counts (floating tensors only, when enabled)."""
+    """Whether a tensor of this kind carries NaN/Inf counts (floating tensors only, when enabled)."""
     return enabled and kind != KIND_EMPTY and kind != KIND_BOOL and dtype.is_floating_point
 
 
@@ -37,102 +36,135 @@ def tensor_kind(t):
         return KIND_BOOL
     if t.dim() == 0:
         return KIND_SCALAR
-    if dtype.is_floating_point and dtype is not torch.float64:
-        return KIND_FLOAT
     if dtype.is_complex:
         return KIND_EMPTY
+    if dtype.is_floating_point and dtype is not torch.float64:
+        return KIND_FLOAT
     return KIND_NO_MEAN
 
 
+class Batch:
+    """One flush of one device: the host copy, its event, and (once read on the writer thread) the numbers."""
+
+    __slots__ = ("host", "event", "_flat", "_lock")
+
+    def __init__(self, host, event):
+        self.host = host
+        self.event = event
+        self._flat = None
+        self._lock = threading.Lock()
+
+    def values(self):
+        with self._lock:
+            if self._flat is None:
+                wait_event(self.event)
+                self._flat = host_rows(self.host)
+                self.host = None
+            return self._flat
+
+
+class Slot:
+    """Where the numbers of one tensor's statistics will be: pending on the device, then in a Batch."""
+
+    __slots__ = ("pending", "batch", "offset", "width")
+
+    def __init__(self, pending, width):
+        self.pending = pending
+        self.batch = None
+        self.offset = 0
+        self.width = width
+
+    def values(self):
+        """The numbers (writer thread only); None if the slot was never flushed."""
+        batch = self.batch
+        if batch is None:
+            return None
+        flat = batch.values()
+        return flat[self.offset:self.offset + self.width]
+
+
 class StatBuffer:
-    """Device-side rows of statistics, one buffer per device, grown in chunks and never read on this thread."""
+    """Pending slots of the current step, handed over as one device buffer per device at each flush."""
 
     def __init__(self, nan_inf_count=True):
         self.nan_inf_count = nan_inf_count
         self._lock = threading.Lock()
-        # device -> [list of chunk tensors, rows used in the last chunk, rows taken already]
-        self._per_device = {}
-        self._count = 0  # global slot counter, so a slot is (device_key, index)
-
-    def _row(self, device):
-        """A fresh row on ``device``: (device key, global index within that device, row view)."""
-        import torch
-
-        with self._lock:
-            state = self._per_device.get(device)
-            if state is None:
-                state = self._per_device[device] = [[], _CHUNK, 0, 0]
-            chunks = state[0]
-            if state[1] == _CHUNK:
-                # Buffer full: allocate another chunk on the device instead of flushing mid-step.
-                dtype = torch.float32 if device.type == "mps" else torch.float64
-                chunks.append(torch.empty((_CHUNK, STAT_WIDTH), dtype=dtype, device=device))
-                state[1] = 0
-            row = chunks[-1][state[1]]
-            state[1] += 1
-            index = state[3]
-            state[3] += 1
-        return index, row
+        self._pending = []
 
     def add(self, t, kind):
-        """Schedule the statistics of ``t`` (detached); returns the slot key ``(device, index)``."""
+        """Launch the statistics of ``t``; returns ``(slot, count_slot or None)``."""
         import torch
 
         t = t.detach()
-        device = t.device
-        index, row = self._row(device)
-        counts = self.nan_inf_count and t.dtype.is_floating_point
+        repeat = 1
+        if not t.is_contiguous():
+            t, repeat = _dense_view(t)
         if kind == KIND_FLOAT:
-            row[0:4].copy_(torch.stack((t.amax(), t.amin(), t.mean(), torch.linalg.vector_norm(t))))
+            norm = torch.linalg.vector_norm(t)
+            if repeat != 1:
+                norm = norm * (repeat ** 0.5)
+            values = torch.stack((t.amax(), t.amin(), t.mean(), norm))
         elif kind == KIND_NO_MEAN:
-            row[0:2].copy_(torch.stack((t.amax(), t.amin())))
+            values = torch.stack((t.amax(), t.amin()))
         elif kind == KIND_BOOL:
-            row[0:2].copy_(torch.stack((t.any(), t.all())))
-        elif kind == KIND_SCALAR:
-            row[0:4].copy_(t.expand(4))
-        if counts:
-            row[4:6].copy_(torch.stack((torch.isnan(t).sum(), torch.isinf(t).sum())))
-        return device, index
+            values = torch.stack((t.any(), t.all()))
+        else:  # KIND_SCALAR
+            values = t.reshape(1).clone()  # a copy: the user may change the tensor in place before the flush
+        slot = Slot(values, _WIDTH[kind])
+        counts = None
+        if self.nan_inf_count and kind != KIND_BOOL and t.dtype.is_floating_point:
+            counts = torch.stack((torch.isnan(t).sum(), torch.isinf(t).sum()))
+            counts = Slot(counts * repeat if repeat != 1 else counts, 2)
+        with self._lock:
+            self._pending.append(slot)
+            if counts is not None:
+                self._pending.append(counts)
+        return slot, counts
 
     def take(self):
-        """Hand over every row filled since the last take: ``{device: (first index, host tensor, event)}``.
-
-        One device-side concatenation and one non-blocking copy per device; the caller waits on the event
-        off the training thread before reading the host tensor.
-        """
+        """Start the transfer of every pending slot: one buffer and one non-blocking copy per device."""
         import torch
 
-        out = {}
         with self._lock:
-            items = list(self._per_device.items())
-            for device, state in items:
-                chunks, used_last, taken, total = state
-                if total == taken:
-                    continue
-                # rows [taken, total) live in the chunks; chunk k holds rows [k*_CHUNK, (k+1)*_CHUNK)
-                first_chunk = taken // _CHUNK
-                parts = []
-                for k in range(first_chunk, len(chunks)):
-                    lo = taken - k * _CHUNK if k == first_chunk else 0
-                    hi = used_last if k == len(chunks) - 1 else _CHUNK
-                    parts.append(chunks[k][lo:hi])
-                state[2] = total
-                # drop chunks that are completely taken so their memory goes back
-                # (indices keep counting from the same base, so keep placeholders)
-                for k in range(first_chunk, len(chunks) - 1):
-                    chunks[k] = None
-                out[device] = (taken, parts)
-        result = {}
-        for device, (first, parts) in out.items():
-            joined = parts[0] if len(parts) == 1 else torch.cat(parts)
+            pending, self._pending = self._pending, []
+        by_device = {}
+        for slot in pending:
+            by_device.setdefault(slot.pending.device, {}).setdefault(slot.pending.dtype, []).append(slot)
+        for device, by_dtype in by_device.items():
+            target = torch.float32 if device.type == "mps" else torch.float64
+            parts, slots, offset = [], [], 0
+            for dtype, group in by_dtype.items():
+                joined = torch.cat([slot.pending for slot in group])
+                parts.append(joined if dtype == target else joined.to(target))
+                for slot in group:
+                    slot.offset = offset
+                    offset += slot.width
+                slots.extend(group)
+            flat = parts[0] if len(parts) == 1 else torch.cat(parts)
             if device.type == "cpu":
-                host = joined.clone()
-                event = None
+                host, event = flat, None
             else:
-                host = joined.to("cpu", non_blocking=True)
+                host = flat.to("cpu", non_blocking=True)
                 event = _record_event(device)
-            result[device] = (first, host, event)
-        return result
+            batch = Batch(host, event)
+            for slot in slots:
+                slot.batch = batch
+                slot.pending = None
+
+
+def _dense_view(t):
+    """The same multiset of values in a cheaper layout: a transposed matrix (Linear's weight gradient) is
+    reduced in memory order, and a broadcast (stride-0) dimension once, with ``repeat`` copies of each value.
+    Every statistic here is independent of element order."""
+    repeat = 1
+    if any(stride == 0 for stride in t.stride()):
+        for dim, (size, stride) in enumerate(zip(t.shape, t.stride())):
+            if stride == 0 and size > 1:
+                t = t.narrow(dim, 0, 1)
+                repeat *= size
+    if t.dim() == 2 and not t.is_contiguous() and t.t().is_contiguous():
+        t = t.t()
+    return t, repeat
 
 
 def _record_event(device):
@@ -143,12 +175,12 @@ def _record_event(device):
         event = torch.Event(device=device)
         event.record()
         return event
-    except Exception:  # older torch or a backend without generic events: the writer synchronises instead
+    except Exception:  # a backend without generic events: the writer synchronises the device instead
         return device
 
 
 def wait_event(event):
-    """Block (on the writer thread) until a copy recorded by ``take`` has landed on the host."""
+    """Block (on the writer thread) until a copy started by ``take`` has landed on the host."""
     if event is None:
         return
     import torch
@@ -162,12 +194,14 @@ def wait_event(event):
 
 
 def host_rows(host):
-    """The host tensor as a flat list of floats without Tensor.tolist/.numpy/.item (pure storage bytes)."""
+    """A host tensor as a list of floats, read from its memory directly (no Tensor.tolist/.numpy/.item)."""
+    import ctypes
     import struct
 
+    host = host.contiguous()
     n = host.numel()
     if n == 0:
         return []
-    raw = bytes(host.contiguous().untyped_storage())
-    fmt = "d" if host.element_size() == 8 else "f"
-    return list(struct.unpack(f"<{n}{fmt}", raw[: n * host.element_size()]))
+    size = host.element_size()
+    raw = ctypes.string_at(host.data_ptr(), n * size)
+    return list(struct.unpack(f"<{n}{'d' if size == 8 else 'f'}", raw))

@@ -11,12 +11,13 @@ import linecache
 import logging
 import os
 import queue
+import sys
 import threading
 
 from .records import resolve
-from .statistics import STAT_WIDTH, host_rows, wait_event
 
 logger = logging.getLogger("msprobe_runtime")
+_WRITER_SWITCH_INTERVAL = 0.0002
 
 
 def atomic_write_json(path, obj):
@@ -24,9 +25,8 @@ def atomic_write_json(path, obj):
     directory = os.path.dirname(path)
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{threading.get_ident()}.tmp")
     with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(obj, handle, indent=1, ensure_ascii=False)
-        handle.flush()
-        os.fsync(handle.fileno())
+        # no indent: only then does json use its C encoder, and this thread shares the GIL with training
+        handle.write(json.dumps(obj, ensure_ascii=False))
     os.replace(tmp, path)
 
 
@@ -50,7 +50,7 @@ class StepJob:
         self.data = data
         self.stacks = stacks
         self.construct = construct
-        self.stats = stats          # {device: (first index, host tensor, event)}
+        self.stats = stats          # unused: slots carry their own batches (kept for the job's shape)
         self.tensors = tensors      # [(file name, device tensor clone)] for task=tensor
 
 
@@ -60,7 +60,6 @@ class Writer:
     def __init__(self):
         self._queue = queue.Queue()
         self._thread = None
-        self._values = {}  # per step directory: {device: {index: row}}
         self._lock = threading.Lock()
         self.errors = []
 
@@ -75,37 +74,23 @@ class Writer:
         if self._thread is not None:
             self._queue.join()
 
-    def forget(self, directory):
-        """Drop the statistics kept for a finished step."""
-        self._queue.put(("forget", directory))
-
     def _run(self):
         while True:
             job = self._queue.get()
+            # While this thread holds the GIL the training thread waits for the switch interval (5 ms by
+            # default) after each GIL-releasing torch op; a short interval while writing keeps that wait short.
+            interval = sys.getswitchinterval()
+            sys.setswitchinterval(min(interval, _WRITER_SWITCH_INTERVAL))
             try:
-                if isinstance(job, tuple):
-                    self._values.pop(job[1], None)
-                else:
-                    self._write(job)
+                self._write(job)
             except Exception as error:  # never let the writer die: report once per step
                 self.errors.append(error)
                 logger.warning("msprobe_runtime: writing %s failed: %s", getattr(job, "directory", job), error)
             finally:
+                sys.setswitchinterval(interval)
                 self._queue.task_done()
 
     def _write(self, job):
-        values = self._values.setdefault(job.directory, {})
-        for device, (first, host, event) in job.stats.items():
-            wait_event(event)
-            flat = host_rows(host)
-            rows = values.setdefault(device, {})
-            for i in range(len(flat) // STAT_WIDTH):
-                rows[first + i] = flat[i * STAT_WIDTH:(i + 1) * STAT_WIDTH]
-
-        def lookup(slot):
-            device, index = slot
-            return values.get(device, {}).get(index)
-
         os.makedirs(job.directory, exist_ok=True)
         if job.tensors:
             import torch
@@ -120,7 +105,7 @@ class Writer:
         dump = dict(job.header)
         if job.tensors or job.header.get("task") == "tensor":
             dump["dump_data_dir"] = os.path.join(job.directory, "dump_tensor_data")
-        dump["data"] = {name: resolve(entry, lookup) for name, entry in job.data.items()}
+        dump["data"] = {name: resolve(entry) for name, entry in job.data.items()}
         atomic_write_json(os.path.join(job.directory, "dump.json"), dump)
         # stack.json groups forward entries that share one call stack, as msprobe does
         groups = {}

@@ -120,7 +120,7 @@ def test_record_fields(debuggers, model_module, tmp_path):
     record = linear["input_args"][0]
     assert list(record)[:8] == ["type", "dtype", "shape", "Max", "Min", "Mean", "Norm", "requires_grad"]
     assert record["type"] == "torch.Tensor" and record["dtype"] == "torch.float32" and record["shape"] == [2, 4]
-    assert record["NaN_count"] == 0 and record["Inf_count"] == 0
+    assert "NaN_count" not in record  # exact counts are opt-in (statistics.nan_inf_count)
     assert set(linear["parameters"]) == {"weight", "bias"}
     backward = data["Functional.gelu.0.backward"]
     assert set(backward) == {"input", "output"} and len(backward["input"]) == 1
@@ -141,7 +141,10 @@ def test_statistics_values_and_null_rules(debuggers, tmp_path):
         "zero_d": torch.tensor(-2.5),
         "plain": torch.tensor([[1.0, -2.0], [3.0, 4.0]]),
     }
-    debugger = debuggers(dump_path=str(tmp_path / "d"), level="L1")
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"dump_path": str(tmp_path / "d"), "level": "L1",
+                                  "statistics": {"nan_inf_count": True}}))
+    debugger = debuggers(config_path=str(config))
     debugger.start()
     for key, tensor in inputs.items():
         rt.call("Torch.clone", torch.clone, tensor)
@@ -164,6 +167,25 @@ def test_statistics_values_and_null_rules(debuggers, tmp_path):
     assert nan["NaN_count"] == 1 and nan["Inf_count"] == 0
     assert inf["NaN_count"] == 0 and inf["Inf_count"] == 2
     assert "NaN_count" not in integer and "NaN_count" not in boolean
+    assert f64["NaN_count"] == 0 and zero_d["Inf_count"] == 0
+
+
+def test_statistics_of_strided_tensors(debuggers, tmp_path):
+    base = torch.arange(12.0).reshape(3, 4) - 5
+    views = [base.t(), base[:, :1].expand(3, 5), base.reshape(3, 2, 2).permute(2, 0, 1)]
+    debugger = debuggers(dump_path=str(tmp_path / "d"), level="L1")
+    debugger.start()
+    for view in views:
+        rt.call("Torch.clone", torch.clone, view)
+    debugger.stop()
+    debugger.wait()
+    data = read_step(tmp_path / "d")["dump.json"]["data"]
+    for i, view in enumerate(views):
+        record = data[f"Torch.clone.{i}.forward"]["input_args"][0]
+        dense = view.contiguous()
+        assert record["Max"] == dense.max().item() and record["Min"] == dense.min().item()
+        assert record["Mean"] == pytest.approx(dense.mean().item(), abs=1e-6)
+        assert record["Norm"] == pytest.approx(dense.norm().item(), rel=1e-6)
 
 
 def test_non_tensor_records(debuggers, tmp_path):
