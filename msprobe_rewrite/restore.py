@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from .forms import (AUGMENTED_BY_NAME, BINARY_BY_NAME, COMPARISON_BY_NAME, EMPTY, UNARY_BY_NAME,
+from .forms import (AUGMENTED_BY_NAME, BINARY_BY_NAME, COMPARISON_BY_NAME, EMPTY, UNARY_BY_NAME, is_empty,
                     operator_whitespace, runtime_entry)
 
 
@@ -20,9 +20,15 @@ class Restorer(cst.CSTTransformer):
         args = updated.args
         if entry in ("call", "dyn"):
             callee = 1 if entry == "call" else 0  # call("Api.name", fn, ...) / dyn(fn, ...)
+            whitespace = updated.whitespace_before_args
+            # A line break after the original `(` follows the callee, which stays on its own line.
+            moved = (args[callee].comma.whitespace_after if len(args) > callee + 1
+                     else args[callee].whitespace_after_arg)
+            if isinstance(moved, cst.ParenthesizedWhitespace) and is_empty(whitespace):
+                whitespace = moved
             return cst.Call(func=args[callee].value, args=args[callee + 1:],
                             whitespace_after_func=updated.whitespace_after_func,
-                            whitespace_before_args=updated.whitespace_before_args,
+                            whitespace_before_args=whitespace,
                             lpar=updated.lpar, rpar=updated.rpar)
         if entry in BINARY_BY_NAME or entry in COMPARISON_BY_NAME:
             before, after = operator_whitespace(args[0].comma)

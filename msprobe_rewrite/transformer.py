@@ -10,7 +10,7 @@ from typing import Iterable, List, Optional
 
 import libcst as cst
 
-from .forms import (AUGMENTED, BINARY, COMMA, COMPARISON, UNARY, comma_for_operator, is_empty, is_literal,
+from .forms import (AUGMENTED, BINARY, COMMA, COMPARISON, EMPTY, UNARY, comma_for_operator, is_empty, is_literal,
                     is_text_literal, runtime_attr, safe_as_argument)
 from .resolver import API, NOT_API, Resolver, dotted_name, qualify
 from .scopes import CLASS, COMPREHENSION, FUNCTION, LAMBDA, ModuleScopes, Scope
@@ -133,8 +133,8 @@ class CallSiteTransformer(cst.CSTTransformer):
         self.frozen -= 1
 
     visit_Decorator = visit_Annotation = visit_Param_default = _freeze
-    visit_ClassDef_bases = visit_ClassDef_keywords = _freeze
-    leave_Param_default = leave_ClassDef_bases = leave_ClassDef_keywords = _thaw
+    visit_ClassDef_bases = visit_ClassDef_keywords = visit_MatchCase_pattern = _freeze
+    leave_Param_default = leave_ClassDef_bases = leave_ClassDef_keywords = leave_MatchCase_pattern = _thaw
 
     def leave_Decorator(self, original, updated):
         self.frozen -= 1
@@ -157,12 +157,22 @@ class CallSiteTransformer(cst.CSTTransformer):
         return cst.Call(func=runtime_attr(entry), args=args, lpar=template.lpar, rpar=template.rpar)
 
     def leave_Call(self, original: cst.Call, updated: cst.Call):
-        if self.frozen:
-            return updated
+        if self.frozen or any(isinstance(arg.value, cst.GeneratorExp) and not arg.value.lpar
+                              for arg in updated.args):
+            return updated  # f(x for x in y): a bare generator must stay the only argument
         resolution = self.resolver.resolve(original.func, self.scope)
         if resolution.kind == NOT_API:
             return updated
-        callee = cst.Arg(value=updated.func, comma=COMMA if updated.args else cst.MaybeSentinel.DEFAULT)
+        # The callee stays on its own line: `f(\n    x)` becomes `dyn(f,\n    x)`, not `dyn(\n    f, x)`.
+        whitespace = updated.whitespace_before_args
+        newline = isinstance(whitespace, cst.ParenthesizedWhitespace)
+        if not updated.args:
+            callee = cst.Arg(value=updated.func, whitespace_after_arg=whitespace if newline else EMPTY)
+        else:
+            callee = cst.Arg(value=updated.func, comma=COMMA.with_changes(whitespace_after=whitespace)
+                             if newline else COMMA)
+        if newline:
+            updated = updated.with_changes(whitespace_before_args=EMPTY)
         args = [callee, *updated.args]
         entry = "dyn"
         if resolution.kind == API:
