@@ -275,11 +275,25 @@ def _hook_path_main(argv: Sequence[str]) -> int:
     return EXIT_CLEAN
 
 
-# name -> handler taking the arguments after the name. Later issues add `check`, `compare`.
+def _check_main(argv: Sequence[str]) -> int:
+    from .lint.runner import main as check_main
+
+    return check_main(argv)
+
+
+def _guard_main(argv: Sequence[str]) -> int:
+    from .guard import main as guard_main
+
+    return guard_main(argv)
+
+
+# name -> handler taking the arguments after the name. Later issues add `compare`.
 SUBCOMMANDS: Dict[str, Callable[[Sequence[str]], int]] = {
     "rewrite": _rewrite_main,
     "run": _run_main,
     "hook-path": _hook_path_main,
+    "check": _check_main,
+    "guard": _guard_main,
 }
 
 
