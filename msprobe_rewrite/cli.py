@@ -287,13 +287,20 @@ def _guard_main(argv: Sequence[str]) -> int:
     return guard_main(argv)
 
 
-# name -> handler taking the arguments after the name. Later issues add `compare`.
+def _compare_main(argv: Sequence[str]) -> int:
+    from .compare.cli import main as compare_main
+
+    return compare_main(argv)
+
+
+# name -> handler taking the arguments after the name.
 SUBCOMMANDS: Dict[str, Callable[[Sequence[str]], int]] = {
     "rewrite": _rewrite_main,
     "run": _run_main,
     "hook-path": _hook_path_main,
     "check": _check_main,
     "guard": _guard_main,
+    "compare": _compare_main,
 }
 
 

@@ -1,0 +1,68 @@
+"""``msprobe-rewrite compare RUN_A RUN_B``: align two runs' dumps and name the first divergence.
+
+Modules: ``loading`` finds and streams dumps, ``names`` splits entry names, ``records`` flattens an entry's
+tensors, ``align`` pairs entries by sequence alignment, ``metrics`` decides what diverges, ``elementwise``
+adds task=tensor metrics (the only user of torch), ``engine`` runs the two passes over one pair of dumps,
+``summary``/``report_csv``/``report_html`` write the results, ``cli`` is the command line.
+
+Neither libcst nor (for statistics dumps) torch is imported: the comparison runs anywhere Python does.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, Optional
+
+from .engine import compare_pair
+from .errors import CompareError
+from .loading import pair_runs
+from .metrics import Thresholds
+from .progress import Progress
+from .summary import run_summary
+
+SUMMARY_FILE = "compare_summary.json"
+HTML_FILE = "compare_report.html"
+
+
+def compare_runs(run_a: str, run_b: str, out_dir: Optional[str] = None,
+                 thresholds: Optional[Dict[str, float]] = None, top: int = 10,
+                 progress: Optional[Progress] = None) -> Dict[str, Any]:
+    """Compare every paired dump of two runs; write the reports into ``out_dir`` (when given) and return
+    the JSON summary (its ``first_divergence`` is None when the runs agree)."""
+    limits = Thresholds(thresholds)
+    progress = progress or Progress(enabled=False)
+    pairs = pair_runs(run_a, run_b)
+    if out_dir is not None:
+        try:
+            os.makedirs(out_dir, exist_ok=True)
+        except OSError as error:
+            raise CompareError(f"{out_dir}: cannot create ({error.strerror})") from None
+    results = []
+    for dump_a, dump_b in pairs:
+        sink = None
+        if out_dir is not None:
+            from .report_csv import CsvSink
+
+            tag = (dump_a.label or "dump").replace("/", "_")
+            # the header is known only after the level/task check inside compare_pair; peek at it here
+            from .loading import read_header
+
+            task = read_header(dump_a).get("task")
+            sink = CsvSink(os.path.join(out_dir, f"compare_result_{tag}.csv"), task == "tensor")
+        try:
+            results.append(compare_pair(dump_a, dump_b, limits, progress, sink))
+        finally:
+            if sink is not None:
+                sink.close()
+    summary = run_summary(run_a, run_b, results, {"default": limits.default, **limits.table}, top)
+    if out_dir is not None:
+        from .report_html import render
+
+        with open(os.path.join(out_dir, SUMMARY_FILE), "w", encoding="utf-8") as handle:
+            json.dump(summary, handle, indent=1)
+        with open(os.path.join(out_dir, HTML_FILE), "w", encoding="utf-8") as handle:
+            handle.write(render(summary, results, limits.of("torch.float32")))
+    return summary
+
+
+__all__ = ["compare_runs", "CompareError"]

@@ -1,0 +1,72 @@
+"""Element-wise metrics of task=tensor dumps, as msprobe's compare reports them.
+
+Cosine, EucDist, MaxAbsErr, MaxRelativeErr, and the One/Five Thousandth Err Ratio (the share of elements
+whose relative error is below 0.001 / 0.005; a zero in the bench gets machine epsilon added on both sides,
+as msprobe does). torch is imported here only, on the first tensor pair: statistics dumps never need it.
+Tensors are loaded one pair at a time and dropped after.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Dict, Optional
+
+COLUMNS = ("Cosine", "EucDist", "MaxAbsErr", "MaxRelativeErr", "One Thousandth Err Ratio",
+           "Five Thousandths Err Ratio")
+
+
+def _load(path: str):
+    import torch
+
+    try:
+        value = torch.load(path, map_location="cpu", weights_only=True)
+    except TypeError:  # torch before 1.13 has no weights_only
+        value = torch.load(path, map_location="cpu")
+    if not isinstance(value, torch.Tensor):
+        raise ValueError("not a tensor")
+    return value
+
+
+def tensor_metrics(dir_a: str, name_a: Optional[str], dir_b: str, name_b: Optional[str]) -> Dict[str, object]:
+    """The metrics of one pair of saved tensors; ``Err_message`` says why a metric is missing."""
+    if not name_a or not name_b:
+        return {"Err_message": "no tensor data"}
+    try:
+        a = _load(os.path.join(dir_a, name_a))
+        b = _load(os.path.join(dir_b, name_b))
+    except ModuleNotFoundError:
+        return {"Err_message": "torch is not installed: element-wise metrics need it"}
+    except Exception as error:  # a missing or unreadable file is reported on its row, not fatal
+        return {"Err_message": f"cannot load tensor data ({type(error).__name__}: {error})"}
+    import torch
+
+    if a.shape != b.shape:
+        return {"Err_message": "Shape of NPU and bench tensor do not match."}
+    if a.numel() == 0:
+        return {"Err_message": "This is an empty tensor, can not calculate."}
+    a = a.detach().reshape(-1).to(torch.float64)
+    b = b.detach().reshape(-1).to(torch.float64)
+    out: Dict[str, object] = {}
+    diff = (a - b).abs()
+    norm_a, norm_b = float(a.norm()), float(b.norm())
+    eps = float(torch.finfo(torch.float64).eps)
+    if norm_a <= eps and norm_b <= eps:
+        out["Cosine"] = 1.0
+    elif norm_a <= eps or norm_b <= eps:
+        out["Cosine"] = math.nan
+    else:
+        out["Cosine"] = float(torch.dot(a, b)) / (norm_a * norm_b)
+    out["EucDist"] = float(diff.norm())
+    out["MaxAbsErr"] = float(diff.max())
+    zero = b == 0
+    eps32 = float(torch.finfo(torch.float32).eps)
+    rel = ((a + zero * eps32) - (b + zero * eps32)).abs() / (b + zero * eps32).abs()
+    out["MaxRelativeErr"] = float(rel.max())
+    if a.numel() > 1:
+        out["One Thousandth Err Ratio"] = float((rel < 0.001).double().mean())
+        out["Five Thousandths Err Ratio"] = float((rel < 0.005).double().mean())
+    scale = max(float(a.abs().max()), float(b.abs().max()))
+    out["_scaled_max_abs"] = out["MaxAbsErr"] / scale if scale > 0 else (0.0 if out["MaxAbsErr"] == 0 else math.inf)
+    if math.isnan(out["_scaled_max_abs"]):
+        out["_scaled_max_abs"] = 0.0 if torch.equal(a.isnan(), b.isnan()) else math.inf
+    return out

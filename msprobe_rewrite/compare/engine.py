@@ -1,0 +1,273 @@
+"""Compare one pair of dumps (one step and rank of each run) in two streaming passes.
+
+Pass 1 reads each dump's entry names (with call sites from stack.json and nesting from construct.json) and
+aligns them. Pass 2 reads both dumps again side by side in the aligned order (alignment is monotone on both
+sides, so each file is read front to back once), compares each matched entry's tensors, writes CSV rows as
+it goes, and keeps per entry only a few numbers: whether inputs and outputs diverge, the worst error, and
+the error of each statistic for the plot. Neither dump, nor any tensor, is ever held whole.
+"""
+from __future__ import annotations
+
+import math
+import os
+from array import array
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from .align import align
+from .errors import CompareError
+from .loading import RankDump, iter_entries, read_call_sites, read_construct, read_header
+from .metrics import Thresholds, TensorDiff, apply_elementwise, compare_tensors
+from .names import forward_name, split_name
+from .progress import Progress
+from .records import INPUT, OUTPUT, STATS, pair_tensors, tensors_of
+
+CHAIN_LIMIT = 20
+UNMATCHED_LIMIT = 1000
+
+# flag bits per entry
+IN_DIFF, OUT_DIFF, NONFINITE_IN, NONFINITE_OUT = 1, 2, 4, 8
+
+
+class Side:
+    """What pass 1 keeps of one dump: names, call sites, alignment keys, execution-order positions."""
+
+    def __init__(self, dump: RankDump):
+        self.dump = dump
+        self.names: List[str] = []
+        self.sites: List[Optional[str]] = []
+        self.keys: List[Tuple[str, str, Optional[str]]] = []
+        self.ends: List[int] = []
+        self.flags = bytearray()  # NONFINITE_* bits per entry, filled in pass 2
+
+
+def _short_site(site: Optional[str]) -> Optional[str]:
+    # two checkouts (or two machines) put the same file under different roots; the file name and line agree
+    if site is None:
+        return None
+    path, _, line = site.rpartition(":")
+    return f"{os.path.basename(path)}:{line}"
+
+
+def index_side(dump: RankDump, progress: Progress) -> Side:
+    side = Side(dump)
+    sites = read_call_sites(dump)
+    construct = read_construct(dump)
+    position: Dict[str, int] = {}
+    parents: List[Optional[str]] = []
+    for count, (name, _entry) in enumerate(iter_entries(dump)):
+        site = sites.get(name)
+        if site is None:
+            forward = forward_name(name)
+            site = sites.get(forward) if forward else None
+        base, direction, _index = split_name(name)
+        side.names.append(name)
+        side.sites.append(site)
+        side.keys.append((base, direction, _short_site(site)))
+        position[name] = count
+        parents.append(construct.get(name))
+        progress.update(f"reading {dump.label or dump.path}", count + 1)
+    del sites, construct
+    # execution order by completion: a module's entry (often written when the module starts) ends after
+    # its last nested entry, so an API inside a module comes before the module that contains it
+    ends = list(range(len(side.names)))
+    for index in range(len(ends) - 1, -1, -1):
+        parent = parents[index]
+        target = position.get(parent) if parent is not None else None
+        if target is not None and ends[index] > ends[target]:
+            ends[target] = ends[index]
+    side.ends = ends
+    side.flags = bytearray(len(side.names))
+    return side
+
+
+def _coarse(key):
+    return key[0], key[1]
+
+
+class PairResult:
+    """Everything reported about one pair of dumps."""
+
+    def __init__(self, a: Side, b: Side, task: str, level: str):
+        self.a, self.b = a, b
+        self.task, self.level = task, level
+        self.merged: List[Tuple[Optional[int], Optional[int]]] = []
+        self.flags = bytearray()
+        self.worst = array("d")
+        self.stat_errors = [array("d") for _ in STATS]  # per merged position, max over outputs; NaN: none
+        self.details: Dict[int, Dict[str, Any]] = {}
+        self.first_divergence: Optional[Dict[str, Any]] = None
+        self.nan_onset: Dict[str, Optional[Dict[str, Any]]] = {"a": None, "b": None}
+        self.tensors_compared = 0
+        self.tensors_diverged = 0
+
+    @property
+    def label(self) -> str:
+        return self.a.dump.label or "dump"
+
+    def matched(self) -> int:
+        return sum(1 for i, j in self.merged if i is not None and j is not None)
+
+    def only(self, side: str) -> List[str]:
+        if side == "a":
+            return [self.a.names[i] for i, j in self.merged if j is None]
+        return [self.b.names[j] for i, j in self.merged if i is None]
+
+
+def _check_compatible(a: RankDump, b: RankDump) -> Tuple[str, str]:
+    ha, hb = read_header(a), read_header(b)
+    for field in ("level", "task"):
+        if ha.get(field) != hb.get(field):
+            raise CompareError(f"the dumps have different {field}s: {a.path} is {field}={ha.get(field)!r}, "
+                               f"{b.path} is {field}={hb.get(field)!r}; dump both runs with the same {field}")
+    return str(ha.get("task")), str(ha.get("level"))
+
+
+def _entry_flags(diffs: List[TensorDiff]) -> Tuple[int, int]:
+    """(flags of A, flags of B): which of the entry's inputs/outputs diverge or hold NaN/Inf."""
+    flags = 0
+    nonfinite_a = nonfinite_b = 0
+    for diff in diffs:
+        tensor = diff.a or diff.b
+        role_in = tensor.role == INPUT
+        if diff.exceeds:
+            flags |= IN_DIFF if role_in else OUT_DIFF
+        if diff.nonfinite_a:
+            nonfinite_a |= NONFINITE_IN if role_in else NONFINITE_OUT
+        if diff.nonfinite_b:
+            nonfinite_b |= NONFINITE_IN if role_in else NONFINITE_OUT
+    return flags | nonfinite_a, nonfinite_b
+
+
+def _nonfinite_flags(entry: Any) -> int:
+    flags = 0
+    for tensor in tensors_of(entry):
+        if tensor.nonfinite():
+            flags |= NONFINITE_IN if tensor.role == INPUT else NONFINITE_OUT
+    return flags
+
+
+def compare_pair(dump_a: RankDump, dump_b: RankDump, thresholds: Thresholds, progress: Progress,
+                 csv_sink=None) -> PairResult:
+    task, level = _check_compatible(dump_a, dump_b)
+    side_a = index_side(dump_a, progress)
+    side_b = index_side(dump_b, progress)
+    result = PairResult(side_a, side_b, task, level)
+    result.merged = align(side_a.keys, side_b.keys, _coarse)
+    tensor_task = task == "tensor"
+    iter_a: Iterator = iter(iter_entries(dump_a))
+    iter_b: Iterator = iter(iter_entries(dump_b))
+    nan = math.nan
+    total = len(result.merged)
+    for position, (i, j) in enumerate(result.merged):
+        entry_a = next(iter_a)[1] if i is not None else None
+        entry_b = next(iter_b)[1] if j is not None else None
+        progress.update(f"comparing {result.label}", position + 1, total)
+        if i is None or j is None:
+            if i is not None:
+                side_a.flags[i] = _nonfinite_flags(entry_a)
+            if j is not None:
+                side_b.flags[j] = _nonfinite_flags(entry_b)
+            result.flags.append(0)
+            result.worst.append(0.0)
+            for errors in result.stat_errors:
+                errors.append(nan)
+            if csv_sink is not None:
+                csv_sink.unmatched(side_a.names[i] if i is not None else None,
+                                   side_b.names[j] if j is not None else None,
+                                   tensors_of(entry_a if i is not None else entry_b),
+                                   side_a.sites[i] if i is not None else None)
+            continue
+        diffs = []
+        for ta, tb in pair_tensors(tensors_of(entry_a), tensors_of(entry_b)):
+            diff = compare_tensors(ta, tb, thresholds)
+            if tensor_task and ta is not None and tb is not None:
+                from .elementwise import tensor_metrics  # torch only for task=tensor dumps
+
+                apply_elementwise(diff, tensor_metrics(dump_a.tensor_dir, ta.data_name,
+                                                       dump_b.tensor_dir, tb.data_name), thresholds)
+            diffs.append(diff)
+            if ta is not None and tb is not None:
+                result.tensors_compared += 1
+                result.tensors_diverged += diff.exceeds
+        flags_a, flags_b = _entry_flags(diffs)
+        side_a.flags[i] = flags_a & (NONFINITE_IN | NONFINITE_OUT)
+        side_b.flags[j] = flags_b
+        result.flags.append(flags_a)
+        outputs = [d for d in diffs if (d.a or d.b).role == OUTPUT and d.a is not None and d.b is not None]
+        worst = max(outputs, key=lambda d: d.worst, default=None)
+        result.worst.append(worst.worst if worst is not None else 0.0)
+        for index, errors in enumerate(result.stat_errors):
+            values = [d.err[index] for d in outputs if d.err[index] is not None]
+            errors.append(max(values) if values else nan)
+        if flags_a & (IN_DIFF | OUT_DIFF):
+            exceeding = [d for d in diffs if d.exceeds]
+            pick = worst if (worst is not None and worst.exceeds) else max(exceeding, key=lambda d: d.worst)
+            result.details[position] = _detail(pick)
+        if csv_sink is not None:
+            csv_sink.matched(side_a.names[i], side_b.names[j], diffs, side_a.sites[i])
+    for leftover in (iter_a, iter_b):
+        for _ in leftover:
+            pass
+    progress.clear()
+    _find_divergence(result)
+    return result
+
+
+def _detail(diff: TensorDiff) -> Dict[str, Any]:
+    tensor = diff.a or diff.b
+    index = STATS.index(diff.worst_stat) if diff.worst_stat in STATS else None
+    return {
+        "tensor": tensor.suffix,
+        "role": tensor.role,
+        "statistic": diff.worst_stat,
+        "error": diff.worst,
+        "a": diff.a.stats[index] if index is not None and diff.a else None,
+        "b": diff.b.stats[index] if index is not None and diff.b else None,
+        "nonfinite_a": diff.nonfinite_a,
+        "nonfinite_b": diff.nonfinite_b,
+        "message": diff.message.strip(),
+    }
+
+
+def _describe(result: PairResult, position: int) -> Dict[str, Any]:
+    i, j = result.merged[position]
+    out: Dict[str, Any] = {"entry": result.a.names[i], "bench_entry": result.b.names[j],
+                           "call_site": result.a.sites[i], "bench_call_site": result.b.sites[j],
+                           "position": position}
+    detail = result.details.get(position)
+    if detail is not None:
+        out.update(detail)
+    return out
+
+
+def _find_divergence(result: PairResult) -> None:
+    """The first entry, in completion order, whose outputs diverge while its inputs agree.
+
+    When no entry fits (the difference entered through something the dump does not show, such as weights
+    changed between steps), the first entry with any divergence is named instead, with kind "inputs".
+    """
+    ends = result.a.ends
+    order = sorted((p for p, (i, j) in enumerate(result.merged) if i is not None and j is not None),
+                   key=lambda p: (ends[result.merged[p][0]], -result.merged[p][0]))
+    diverging = [p for p in order if result.flags[p] & (IN_DIFF | OUT_DIFF)]
+    first = next((p for p in diverging if result.flags[p] & OUT_DIFF and not result.flags[p] & IN_DIFF), None)
+    kind = "outputs"
+    if first is None and diverging:
+        first, kind = diverging[0], "inputs"
+    if first is not None:
+        found = _describe(result, first)
+        found["kind"] = kind
+        after = diverging[diverging.index(first) + 1:]
+        found["chain"] = [result.a.names[result.merged[p][0]] for p in after[:CHAIN_LIMIT]]
+        found["chain_length"] = len(after)
+        nonfinite = bool(result.flags[first] & NONFINITE_OUT) or bool(result.b.flags[result.merged[first][1]]
+                                                                    & NONFINITE_OUT)
+        found["nan_onset"] = nonfinite
+        result.first_divergence = found
+    for key, side in (("a", result.a), ("b", result.b)):
+        ordered = sorted((t for t in range(len(side.names)) if side.flags[t]), key=lambda t: (side.ends[t], -t))
+        # where NaN/Inf first comes out of an entry that did not receive any; else wherever it is first seen
+        onset = next((t for t in ordered if side.flags[t] & NONFINITE_OUT and not side.flags[t] & NONFINITE_IN),
+                     ordered[0] if ordered else None)
+        if onset is not None:
+            result.nan_onset[key] = {"entry": side.names[onset], "call_site": side.sites[onset]}

@@ -1,0 +1,131 @@
+"""A self-contained HTML report: the summary, and per pair of dumps an inline SVG plot of each statistic's
+error along execution order (log scale), the threshold and the first divergence marked. No script, no
+external stylesheet: the file opens anywhere, offline, and can be attached to an issue.
+"""
+from __future__ import annotations
+
+import html
+import json
+import math
+from typing import Any, Dict, List, Optional, Sequence
+
+from .engine import PairResult
+from .records import STATS
+
+WIDTH, HEIGHT, LEFT, RIGHT, TOP, BOTTOM = 960, 320, 60, 20, 20, 40
+MAX_POINTS = 1500  # longer runs are drawn as the maximum of each bucket of positions
+COLOURS = {"Max": "#d62728", "Min": "#1f77b4", "Mean": "#2ca02c", "Norm": "#9467bd"}
+FLOOR = 1e-12
+
+
+def _buckets(values: Sequence[float], count: int) -> List[Optional[float]]:
+    n = len(values)
+    if n <= count:
+        return [None if math.isnan(v) else v for v in values]
+    out: List[Optional[float]] = []
+    for b in range(count):
+        chunk = [v for v in values[b * n // count:(b + 1) * n // count] if not math.isnan(v)]
+        out.append(max(chunk) if chunk else None)
+    return out
+
+
+def _y(value: float, low: float, high: float) -> float:
+    value = min(max(value, low), high)
+    span = math.log10(high) - math.log10(low)
+    return TOP + (HEIGHT - TOP - BOTTOM) * (1 - (math.log10(value) - math.log10(low)) / span)
+
+
+def plot(result: PairResult, threshold: float) -> str:
+    n = len(result.merged)
+    if n == 0:
+        return "<p>No entries.</p>"
+    count = min(n, MAX_POINTS)
+    series = {name: _buckets(result.stat_errors[k], count) for k, name in enumerate(STATS)}
+    finite = [v for s in series.values() for v in s if v is not None and 0 < v < math.inf]
+    low = FLOOR
+    high = max([1.0, threshold * 10] + finite)
+    high = 10 ** math.ceil(math.log10(high))
+    plot_w = WIDTH - LEFT - RIGHT
+
+    def x_of(index: int) -> float:
+        return LEFT + plot_w * (index + 0.5) / count
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
+             f'viewBox="0 0 {WIDTH} {HEIGHT}" role="img" font-family="sans-serif" font-size="11">',
+             f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{HEIGHT - TOP - BOTTOM}" fill="#fafafa" '
+             'stroke="#ccc"/>']
+    exponent = int(math.log10(low))
+    while 10 ** exponent <= high:
+        y = _y(10 ** exponent, low, high)
+        if exponent % 2 == 0:
+            parts.append(f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>'
+                         f'<text x="{LEFT - 4}" y="{y + 4:.1f}" text-anchor="end">1e{exponent}</text>')
+        exponent += 1
+    if threshold > 0:
+        y = _y(threshold, low, high)
+        parts.append(f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" y2="{y:.1f}" stroke="#888" '
+                     f'stroke-dasharray="4 3"/><text x="{WIDTH - RIGHT - 4}" y="{y - 4:.1f}" text-anchor="end" '
+                     f'fill="#666">threshold {threshold:g}</text>')
+    first = result.first_divergence
+    if first is not None:
+        x = x_of(first["position"] * count // n)
+        parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" y2="{HEIGHT - BOTTOM}" stroke="#000" '
+                     f'stroke-width="1.5"/><text x="{x + 4:.1f}" y="{TOP + 12}">first divergence: '
+                     f'{html.escape(first["entry"])}</text>')
+    for name, values in series.items():
+        points = []
+        for index, value in enumerate(values):
+            if value is None:
+                continue
+            shown = high if value == math.inf else max(value, low)
+            points.append(f"{x_of(index):.1f},{_y(shown, low, high):.1f}")
+        if points:
+            parts.append(f'<polyline fill="none" stroke="{COLOURS[name]}" stroke-width="1" '
+                         f'points="{" ".join(points)}"/>')
+    for k, name in enumerate(STATS):
+        parts.append(f'<rect x="{LEFT + 10 + 80 * k}" y="{HEIGHT - 16}" width="10" height="10" '
+                     f'fill="{COLOURS[name]}"/><text x="{LEFT + 24 + 80 * k}" y="{HEIGHT - 7}">{name}</text>')
+    parts.append(f'<text x="{WIDTH - RIGHT}" y="{HEIGHT - 7}" text-anchor="end">execution order '
+                 f'({n} entries{", bucket maxima" if n > count else ""}); errors below {low:g} drawn at '
+                 f'{low:g}</text></svg>')
+    return "".join(parts)
+
+
+def render(summary: Dict[str, Any], results: List[PairResult], threshold: float) -> str:
+    first = summary["first_divergence"]
+    body = ["<h1>msprobe-rewrite compare</h1>",
+            f"<p>A: <code>{html.escape(str(summary['run_a']))}</code><br>"
+            f"B: <code>{html.escape(str(summary['run_b']))}</code></p>"]
+    if first is None:
+        body.append("<p class=ok><b>First divergence: none.</b></p>")
+    else:
+        body.append(f"<p class=bad><b>First divergence:</b> <code>{html.escape(first['entry'])}</code> in "
+                    f"{html.escape(str(first['pair']))} ({html.escape(first['kind'])} diverge)"
+                    + (f" at <code>{html.escape(str(first.get('call_site')))}</code>" if first.get("call_site")
+                       else "") + "</p>")
+    for result, pair in zip(results, summary["pairs"]):
+        body.append(f"<h2>{html.escape(pair['pair'])}</h2>")
+        body.append(f"<p>{pair['matched']} entries matched, {pair['unmatched_a_count']} only in A, "
+                    f"{pair['unmatched_b_count']} only in B; {pair['diverged_entries']} entries diverge.</p>")
+        body.append("<p>Decision error of each output statistic, |A - B| / max(|A|, |B|, rms), per entry:</p>")
+        body.append(plot(result, threshold))
+        if pair["top_divergences"]:
+            body.append("<table><tr><th>entry</th><th>tensor</th><th>statistic</th><th>A</th><th>B</th>"
+                        "<th>error</th><th>call site</th></tr>")
+            for item in pair["top_divergences"]:
+                body.append("<tr>" + "".join(f"<td>{html.escape(str(item.get(k)))}</td>" for k in
+                                             ("entry", "tensor", "statistic", "a", "b", "error", "call_site"))
+                            + "</tr>")
+            body.append("</table>")
+        for side in ("a", "b"):
+            names = pair[f"unmatched_{side}"]
+            if names:
+                body.append(f"<details><summary>{pair[f'unmatched_{side}_count']} entries only in "
+                            f"{side.upper()}</summary><pre>{html.escape(chr(10).join(names))}</pre></details>")
+    body.append("<details><summary>JSON summary</summary><pre>"
+                + html.escape(json.dumps(summary, indent=1)) + "</pre></details>")
+    style = ("body{font-family:sans-serif;margin:2em;max-width:1000px}table{border-collapse:collapse;"
+             "font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}.bad{color:#a00}.ok{color:#070}"
+             "pre{font-size:11px;overflow:auto}")
+    return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>msprobe-rewrite compare</title>"
+            f"<style>{style}</style></head><body>{''.join(body)}</body></html>")
