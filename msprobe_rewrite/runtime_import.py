@@ -9,14 +9,19 @@ import joins a line that is already there, before any instrumented code can run,
    encoding cookie): ``import msprobe_runtime as __msprobe__  # comment``;
 3. the end of the docstring or last ``__future__`` line: ``"Doc."; import msprobe_runtime as __msprobe__``;
 4. the first simple statement further on, past ``def`` statements (defining a function runs no instrumented
-   code: decorators and defaults are never rewritten) and into ``try`` bodies (whose first statement always
-   runs).
+   code: decorators and defaults are never rewritten), classes made only of those, and into ``try`` bodies
+   (whose first statement always runs); a definition whose decorators, defaults, annotations or bases name
+   one passed over might run its instrumented body, so the search stops there;
+5. a blank or comment line between such definitions, before the first other statement.
+
+On a line that starts with ``__future__`` imports followed by other statements, the import goes right after
+them: ``from __future__ import annotations; import msprobe_runtime as __msprobe__; import os``.
 
 Each placement has a distinct shape, so ``remove`` knows which one it undoes.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Set
 
 import libcst as cst
 
@@ -94,14 +99,68 @@ def _pick_line(lines: Sequence[cst.EmptyLine], first_line_number: int) -> Option
     return eligible[0] if eligible else None
 
 
-def _place_in_suite(statements: List[cst.BaseStatement], start: int) -> bool:
-    """Option 4: prefix the first simple statement from ``start`` on, past defs and into try bodies."""
+class _Names(cst.CSTVisitor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: Set[str] = set()
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.names.add(node.value)
+
+
+def _names(nodes) -> Set[str]:
+    visitor = _Names()
+    for node in nodes:
+        if node is not None:
+            node.visit(visitor)
+    return visitor.names
+
+
+def _is_inert_line(line: cst.BaseStatement) -> bool:
+    """``pass``, ``...`` or a docstring: a class body line that runs nothing."""
+    return isinstance(line, cst.SimpleStatementLine) and all(
+        isinstance(s, cst.Pass) or (isinstance(s, cst.Expr) and isinstance(
+            s.value, (cst.SimpleString, cst.ConcatenatedString, cst.Ellipsis))) for s in line.body)
+
+
+def _inert(statement: cst.BaseStatement, defined: Set[str]) -> bool:
+    """Whether running ``statement`` runs no instrumented code; adds the name it defines to ``defined``.
+
+    Defining a function runs only its decorators, defaults and annotations, which are never rewritten; they
+    may still call a function defined before (``@my_decorator``), whose body is instrumented, so a definition
+    that names one of ``defined`` is not inert. A class is inert when its body holds only such definitions.
+    """
+    if isinstance(statement, cst.FunctionDef):
+        outside = [*statement.decorators, statement.params, statement.returns]
+    elif isinstance(statement, cst.ClassDef):
+        outside = [*statement.decorators, *statement.bases, *statement.keywords]
+    else:
+        return False
+    if _names(outside) & defined:
+        return False
+    if isinstance(statement, cst.ClassDef):
+        body = statement.body.body
+        if isinstance(statement.body, cst.SimpleStatementSuite):
+            if not all(isinstance(s, cst.Pass) or isinstance(s, cst.Expr) and isinstance(s.value, cst.Ellipsis)
+                       for s in body):
+                return False
+        else:
+            local = set(defined)
+            if not all(_is_inert_line(line) or _inert(line, local) for line in body):
+                return False
+    defined.add(statement.name.value)
+    return True
+
+
+def _place_in_suite(statements: List[cst.BaseStatement], start: int, defined: Set[str]) -> bool:
+    """Option 4: prefix the first simple statement from ``start`` on, past inert definitions and into try
+    bodies."""
     for index in range(start, len(statements)):
         statement = statements[index]
         if isinstance(statement, cst.SimpleStatementLine):
             statements[index] = _prefixed(statement)
             return True
-        if isinstance(statement, cst.FunctionDef):
+        if _inert(statement, defined):
             continue
         if isinstance(statement, cst.Try):
             body = statement.body
@@ -111,11 +170,38 @@ def _place_in_suite(statements: List[cst.BaseStatement], start: int) -> bool:
                     body=body.with_changes(body=[_import_statement(semicolon), *body.body]))
                 return True
             inner = list(body.body)
-            if _place_in_suite(inner, 0):
+            if _place_in_suite(inner, 0, defined):
                 statements[index] = statement.with_changes(body=body.with_changes(body=inner))
                 return True
         return False
     return False
+
+
+def _place_between_definitions(statements: List[cst.BaseStatement], start: int) -> bool:
+    """Option 5: a blank (else comment) line before a statement that only inert definitions precede."""
+    defined: Set[str] = set()
+    for index in range(start + 1, len(statements)):
+        if not _inert(statements[index - 1], defined):
+            return False
+        statement = statements[index]
+        lines = list(statement.leading_lines)
+        chosen = _pick_line(lines, 3)  # past a definition, so never on lines 1-2
+        if chosen is not None:
+            carrier = _line_statement(lines[chosen]).with_changes(leading_lines=lines[:chosen])
+            statements[index:index + 1] = [carrier, statement.with_changes(leading_lines=lines[chosen + 1:])]
+            return True
+    return False
+
+
+def _future_prefix(line: cst.BaseStatement) -> int:
+    """How many ``from __future__`` imports open a simple statement line."""
+    count = 0
+    if isinstance(line, cst.SimpleStatementLine):
+        for statement in line.body:
+            if not _is_future(cst.SimpleStatementLine(body=[statement])):
+                break
+            count += 1
+    return count
 
 
 def place(module: cst.Module) -> cst.Module:
@@ -128,6 +214,14 @@ def place(module: cst.Module) -> cst.Module:
     if start == len(body):
         raise PlacementError("the module has no statement after its docstring and __future__ imports")
     first = body[start]
+
+    futures = _future_prefix(first)
+    if futures:  # 1, after the __future__ imports that open the line
+        small = list(first.body)
+        semicolon = cst.Semicolon(whitespace_before=EMPTY, whitespace_after=SPACE)
+        small.insert(futures, _import_statement(semicolon))
+        body[start] = first.with_changes(body=small)
+        return module.with_changes(body=body)
 
     if isinstance(first, cst.SimpleStatementLine):  # 1
         body[start] = _prefixed(first)
@@ -157,7 +251,9 @@ def place(module: cst.Module) -> cst.Module:
             body[start - 1] = last.with_changes(body=[*statements, _import_statement()])
             return module.with_changes(body=body)
 
-    if _place_in_suite(body, start):  # 4
+    if _place_in_suite(body, start, set()):  # 4
+        return module.with_changes(body=body)
+    if _place_between_definitions(body, start):  # 5
         return module.with_changes(body=body)
     raise PlacementError(
         "no existing line before the first module-level code can carry the runtime import "
@@ -182,6 +278,10 @@ def _remove_in_suite(statements: List[cst.BaseStatement]) -> bool:
                     del statements[index]
                     return True
                 raise PlacementError("the runtime import is the module's last statement")
+            middle = next((i for i in range(1, len(small) - 1) if is_runtime_import(small[i])), None)
+            if middle is not None and _future_prefix(statement) == middle:  # 1, after __future__ imports
+                statements[index] = statement.with_changes(body=[*small[:middle], *small[middle + 1:]])
+                return True
             if len(small) > 1 and is_runtime_import(small[-1]):  # 3
                 before = list(small[:-1])
                 before[-1] = before[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
