@@ -114,15 +114,15 @@ class _Visitor(ast.NodeVisitor):
             if value is not None:
                 kind_apis = self._container_apis(value, scope)
                 if kind_apis is not None:
-                    kind, apis = kind_apis
                     for target in targets:
                         if isinstance(target, ast.Name):
-                            container = _Container(target.id, statement.lineno, kind, tuple(apis))
-                            binding = scope.bindings.get(target.id)
-                            if binding is not None:
-                                self.containers[id(binding)] = container
-                            if class_name is not None:
-                                self.class_containers[target.id] = (class_name, container)
+                            self._add_container(target.id, statement.lineno, *kind_apis, scope, class_name)
+                # A registry filled at import time: REGISTRY["gelu"] = F.gelu
+                for target in targets:
+                    if (isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name)
+                            and self.resolver.resolve_dotted(_dotted(value), scope).kind == API):
+                        self._add_container(target.value.id, statement.lineno, "dict", [_dotted(value)], scope,
+                                            class_name)
                 continue
             for field in ("body", "orelse", "finalbody"):  # if/try/with/for bodies run at import time
                 nested = getattr(statement, field, None)
@@ -130,6 +130,20 @@ class _Visitor(ast.NodeVisitor):
                     self.collect_containers(nested, scope, class_name)
             for handler in getattr(statement, "handlers", None) or ():
                 self.collect_containers(handler.body, scope, class_name)
+
+    def _add_container(self, name: str, line: int, kind: str, apis: List[str], scope: Scope,
+                       class_name: Optional[str]) -> None:
+        binding = scope.bindings.get(name)
+        key = id(binding) if binding is not None else None
+        known = self.containers.get(key) if key is not None else None
+        if known is not None:  # a second filling of the same table: keep its first line, add the APIs
+            container = _Container(name, known.line, known.kind, known.apis + tuple(apis))
+        else:
+            container = _Container(name, line, kind, tuple(apis))
+        if key is not None:
+            self.containers[key] = container
+        if class_name is not None:
+            self.class_containers[name] = (class_name, container)
 
     def _container_apis(self, value: ast.expr, scope: Scope) -> Optional[Tuple[str, List[str]]]:
         if isinstance(value, ast.Dict):

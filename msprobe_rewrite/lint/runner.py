@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a catalogue YAML added on top of the shipped one, as for the rewrite; repeatable")
     parser.add_argument("--skip-decorator", metavar="NAME", action="append", default=[],
                         help="a decorator whose bodies the rewrite leaves alone (as configured for it); repeatable")
+    parser.add_argument("--exit-zero", action="store_true", help="exit 0 even with findings (errors still exit 2)")
     parser.add_argument("--list-rules", action="store_true", help="list the rules and exit")
     parser.add_argument("-q", "--quiet", action="store_true", help="no summary line on stderr")
     return parser
@@ -111,4 +112,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f"file{'s' * (len(entries) != 1)}" + (f", {errors} not checked" if errors else ""), file=sys.stderr)
     if errors:
         return EXIT_ERROR
-    return EXIT_FINDINGS if findings else EXIT_CLEAN
+    return EXIT_FINDINGS if findings and not args.exit_zero else EXIT_CLEAN

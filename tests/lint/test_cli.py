@@ -63,6 +63,7 @@ def test_exit_codes(tmp_path, capsys):
                   "no static name, only the run-time identity check sees it\n"
     assert "1 finding in 1 of 2 files" in err
     assert run(["check", "--ignore", "MSP001", hidden], capsys)[0] == 0
+    assert run(["check", "--exit-zero", hidden], capsys)[0] == 0
     assert run(["check", str(tmp_path / "missing.py")], capsys)[0] == 2
     assert run(["check", "--select", "NOPE", clean], capsys)[0] == 2
     assert run(["check", "--bogus-flag", clean], capsys)[0] == 2
