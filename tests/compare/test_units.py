@@ -1,0 +1,107 @@
+"""Units of the comparison: streaming JSON, alignment, entry names, run discovery and rank pairing."""
+import io
+import json
+import random
+
+import pytest
+
+from msprobe_rewrite.compare import CompareError, compare_runs, jsonstream
+from msprobe_rewrite.compare.align import align, lcs
+from msprobe_rewrite.compare.loading import pair_runs
+from msprobe_rewrite.compare.names import forward_name, split_name
+
+
+def _lcs_length(a, b):
+    table = [[0] * (len(b) + 1) for _ in range(len(a) + 1)]
+    for i, x in enumerate(a):
+        for j, y in enumerate(b):
+            table[i + 1][j + 1] = table[i][j] + 1 if x == y else max(table[i][j + 1], table[i + 1][j])
+    return table[-1][-1]
+
+
+def test_alignment_is_a_longest_common_subsequence():
+    rng = random.Random(0)
+    for _ in range(300):
+        a = [rng.choice("abc") for _ in range(rng.randint(0, 25))]
+        b = [rng.choice("abc") for _ in range(rng.randint(0, 25))]
+        matches = lcs(a, b)
+        assert all(a[i] == b[j] for i, j in matches)
+        assert all(p[0] < q[0] and p[1] < q[1] for p, q in zip(matches, matches[1:]))
+        assert len(matches) == _lcs_length(a, b)
+        merged = align(a, b, lambda key: key)
+        assert [i for i, _ in merged if i is not None] == list(range(len(a)))
+        assert [j for _, j in merged if j is not None] == list(range(len(b)))
+
+
+def test_alignment_falls_back_to_coarse_keys_in_gaps():
+    # the same calls at moved lines: fine keys differ everywhere, API and direction still pair them
+    a = [("Torch.relu", "forward", "x.py:10"), ("Torch.add", "forward", "x.py:11")]
+    b = [("Torch.relu", "forward", "x.py:12"), ("Torch.add", "forward", "x.py:13")]
+    assert align(a, b, lambda key: key[:2]) == [(0, 0), (1, 1)]
+
+
+def test_alignment_of_long_runs_with_one_extra_entry_each_side():
+    a = [("op", i % 7) for i in range(20000)]
+    b = list(a)
+    b.insert(100, ("extra", 0))
+    del b[15000]
+    merged = align(a, b, lambda key: key[0])
+    assert sum(1 for i, j in merged if i is not None and j is not None) == 19999
+    assert (None, 100) in merged and (14999, None) in merged
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7, 64])
+def test_streaming_reader_across_chunk_boundaries(monkeypatch, chunk):
+    monkeypatch.setattr(jsonstream, "_CHUNK", chunk)
+    document = {"task": "statistics", "level": "L1", "n": 12345, "data": {
+        "A.x.0.forward": {"input_args": [{"Max": 1.5e-7, "v": [1, 2, 3]}], "s": "a\"}{,"},
+        "B.y.0.forward": {"output": [None, True, -0.0]}, "C": {}}, "after": 67890}
+    header = {}
+    items = list(jsonstream.iter_members(io.StringIO(json.dumps(document, indent=1)), "data",
+                                         header.__setitem__))
+    assert dict(items) == document["data"]
+    assert header == {"task": "statistics", "level": "L1", "n": 12345, "after": 67890}
+    with pytest.raises(jsonstream.JsonStreamError):
+        list(jsonstream.iter_members(io.StringIO('{"data": {"a": 1,'), "data"))
+
+
+def test_entry_names():
+    assert split_name("Functional.gelu.3.forward") == ("Functional.gelu", "forward", 3)
+    assert split_name("Tensor.__add__.0.backward") == ("Tensor.__add__", "backward", 0)
+    assert split_name("Module.net1.ln1.Linear.forward.2") == ("Module.net1.ln1.Linear", "forward", 2)
+    assert split_name("Module.net1.Linear.parameters_grad.0") == ("Module.net1.Linear", "parameters_grad", 0)
+    assert split_name("odd") == ("odd", "", None)
+    assert forward_name("Functional.gelu.3.backward") == "Functional.gelu.3.forward"
+    assert forward_name("Module.a.Linear.backward.1") == "Module.a.Linear.forward.1"
+    assert forward_name("Module.a.Linear.parameters_grad.0") == "Module.a.Linear.forward.0"
+
+
+def _write_dump(directory, scale=1.0, level="L1"):
+    directory.mkdir(parents=True)
+    record = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [4], "Max": 2.0 * scale,
+              "Min": -1.0 * scale, "Mean": 0.5 * scale, "Norm": 3.0 * scale, "requires_grad": False}
+    data = {"Torch.relu.0.forward": {"input_args": [dict(record, Max=2.0, Min=-1.0, Mean=0.5, Norm=3.0)],
+                                     "input_kwargs": {}, "output": [record]}}
+    (directory / "dump.json").write_text(json.dumps({"task": "statistics", "level": level, "data": data}))
+
+
+def test_ranks_are_paired_by_number(tmp_path):
+    for rank, scale in ((0, 1.0), (1, 1.0), (2, 1.0)):
+        _write_dump(tmp_path / "a" / "step0" / f"rank{rank}")
+    for rank, scale in ((1, 1.5), (0, 1.0)):
+        _write_dump(tmp_path / "b" / "step0" / f"rank{rank}", scale)
+    pairs = pair_runs(str(tmp_path / "a"), str(tmp_path / "b"))
+    assert [(a.rank, b.rank) for a, b in pairs] == [(0, 0), (1, 1)]
+    summary = compare_runs(str(tmp_path / "a"), str(tmp_path / "b"))
+    assert summary["first_divergence"]["pair"] == "step0/rank1"
+    assert summary["first_divergence"]["entry"] == "Torch.relu.0.forward"
+    # a step directory and a rank directory are runs too
+    assert len(pair_runs(str(tmp_path / "a" / "step0"), str(tmp_path / "b" / "step0"))) == 2
+    assert len(pair_runs(str(tmp_path / "a" / "step0" / "rank0"), str(tmp_path / "b" / "step0" / "rank1"))) == 1
+
+
+def test_different_levels_raise(tmp_path):
+    _write_dump(tmp_path / "a", level="L1")
+    _write_dump(tmp_path / "b", level="mix")
+    with pytest.raises(CompareError, match="different levels"):
+        compare_runs(str(tmp_path / "a"), str(tmp_path / "b"))
