@@ -69,31 +69,146 @@ def _api_post_hook(collector, token, name, width, positions):
     return hook
 
 
-def hook_module_backward(collector, name, inputs, outputs):
-    """Tensor hooks on a module's outputs (backward ``input``) and inputs (backward ``output``)."""
+def hook_module_backward(collector, name, inputs, outputs, params=()):
+    """Backward of one module call, observed without any new node.
+
+    ``input`` (gradients w.r.t. the module's outputs): a tensor hook on each output. ``output`` (gradients
+    w.r.t. the module's inputs): the module's own share, as msprobe reports it, even when an input also feeds
+    other modules. It is read from post-hooks on the nodes *inside* the module that consume the input (found by
+    walking the module's part of the graph, which the forward just built), summed over those edges. An input
+    with no such edge (a module that returns its input) falls back to a tensor hook on the input.
+    The entry joins dump.json when its last part arrives (the gradients of its inputs and the accumulation of
+    its parameters' gradients), which is where msprobe writes it.
+    """
     token = collector.token
-    n_in, n_out = len(inputs), len(outputs)
-    registered = False
-    for position, t in enumerate(outputs):
-        if t is not None and t.requires_grad:
-            t.register_hook(_tensor_hook(collector, token, name, n_out, n_in, "input", position))
-            registered = True
-    if not registered:
+    out_positions = [p for p, t in enumerate(outputs) if t is not None and t.requires_grad]
+    if not out_positions:
         return
-    for position, t in enumerate(inputs):
-        if t is not None and t.requires_grad:
-            t.register_hook(_tensor_hook(collector, token, name, n_out, n_in, "output", position))
+    in_positions = []
+    consumers = {}
+    if collector.want_output:
+        targets = {}
+        for position, t in enumerate(inputs):
+            if t is not None and t.requires_grad:
+                node = t.grad_fn
+                key = (id(node), t.output_nr) if node is not None else ("leaf", id(t))
+                targets.setdefault(key, []).append(position)
+                in_positions.append(position)
+        if targets:
+            consumers = _consumer_edges(inputs, outputs, targets) or {}
+    if not in_positions:
+        params = ()  # msprobe writes a module whose inputs need no gradient as soon as its outputs' arrive
+    state = {"parts": len(out_positions) + len(in_positions) + len(params), "partial": {}, "left": {}}
+    for param in params:
+        collector.param_waiters.setdefault(id(param), []).append((name, state))
+    # msprobe lists only the tensors that take part in backward: outputs and inputs that require grad
+    n_out, n_in = len(out_positions), len(in_positions)
+    out_slot = {position: i for i, position in enumerate(out_positions)}
+    in_slot = {position: i for i, position in enumerate(in_positions)}
+    for position in out_positions:
+        outputs[position].register_hook(
+            _tensor_hook(collector, token, name, n_out, n_in, "input", out_slot[position], state))
+    found = set()
+    for _, edges in consumers.values():
+        for _, position in edges:
+            found.add(position)
+            slot = in_slot[position]
+            state["left"][slot] = state["left"].get(slot, 0) + 1
+    for position in in_positions:
+        if position not in found:
+            inputs[position].register_hook(
+                _tensor_hook(collector, token, name, n_out, n_in, "output", in_slot[position], state))
+    for node, edges in consumers.values():
+        edges = [(index, in_slot[position]) for index, position in edges]
+        node.register_hook(_consumer_hook(collector, token, name, n_out, n_in, edges, state))
 
 
-def _tensor_hook(collector, token, name, n_out, n_in, field, position):
+def _part_done(collector, name, state):
+    state["parts"] -= 1
+    if state["parts"] == 0:
+        collector.commit_backward(name)
+
+
+_MAX_WALK = 20000
+
+
+def _consumer_edges(inputs, outputs, targets):
+    """``{id(node): (node, [(edge index, input position)])}`` for the module's nodes that consume an input.
+
+    Walks from the outputs' nodes through ``next_functions``, expanding only nodes created after the inputs
+    (by autograd sequence number), so the walk covers the module's part of the graph and stops at its inputs.
+    """
+    threshold = -1
+    for t in inputs:
+        if t is not None and t.grad_fn is not None:
+            threshold = max(threshold, t.grad_fn._sequence_nr())
+    stack, seen, found = [], set(), {}
+    for t in outputs:
+        if t is not None and t.grad_fn is not None and id(t.grad_fn) not in seen:
+            seen.add(id(t.grad_fn))
+            stack.append(t.grad_fn)
+    walked = 0
+    while stack:
+        node = stack.pop()
+        if node._sequence_nr() <= threshold:
+            continue
+        walked += 1
+        if walked > _MAX_WALK:
+            return None
+        for index, (child, output_nr) in enumerate(node.next_functions):
+            if child is None:
+                continue
+            variable = getattr(child, "variable", None) if not child.next_functions else None
+            key = ("leaf", id(variable)) if variable is not None else (id(child), output_nr)
+            positions = targets.get(key)
+            if positions is not None:
+                entry = found.setdefault(id(node), (node, []))
+                for position in positions:
+                    entry[1].append((index, position))
+                continue
+            if id(child) not in seen:
+                seen.add(id(child))
+                stack.append(child)
+    return found
+
+
+def _consumer_hook(collector, token, name, n_out, n_in, edges, state):
+    def hook(grad_inputs, grad_outputs):
+        if collector.token is not token or not collector.collecting:
+            return None
+        collector.in_api += 1
+        try:
+            partial, left = state["partial"], state["left"]
+            for index, position in edges:
+                grad = grad_inputs[index] if index < len(grad_inputs) else None
+                if grad is not None:
+                    known = partial.get(position)
+                    partial[position] = grad if known is None else known + grad
+                left[position] -= 1
+                if left[position] == 0:
+                    entry = collector.backward_entry(name, n_out, n_in, deferred=True)
+                    if entry is not None and "output" in entry:
+                        entry["output"][position] = collector.describe(partial.pop(position, None), None)
+                    _part_done(collector, name, state)
+        except Exception as error:
+            collector.log_error("module backward hook", error)
+        finally:
+            collector.in_api -= 1
+        return None
+
+    return hook
+
+
+def _tensor_hook(collector, token, name, n_out, n_in, field, position, state):
     def hook(grad):
         if collector.token is not token or not collector.collecting:
             return None
         collector.in_api += 1
         try:
-            entry = collector.backward_entry(name, n_out, n_in)
+            entry = collector.backward_entry(name, n_out, n_in, deferred=True)
             if entry is not None and field in entry:
                 entry[field][position] = collector.describe(grad, None)
+            _part_done(collector, name, state)
         except Exception as error:
             collector.log_error("module backward hook", error)
         finally:

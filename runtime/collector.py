@@ -99,11 +99,15 @@ class Collector:
         self.tensors = []
         self._recent = {}
         self.backward_parents = {}  # backward entry -> parent module's forward entry
+        self.pending_backward = {}  # module backward entries still waiting for some of their gradients
+        self.param_waiters = {}  # id(parameter) -> [(module backward entry, its state)] waiting for its grad
 
     def snapshot(self):
         """Copies of the step's tables for the writer (entries are still filled by later backward hooks)."""
         with self._lock:
             data = {name: _copy(entry) for name, entry in self.data.items()}
+            for name, entry in self.pending_backward.items():  # incomplete ones still show what arrived
+                data[name] = _copy(entry)
             tensors, self.tensors = self.tensors, []
         return data, dict(self.stacks), dict(self.construct), tensors
 
@@ -181,7 +185,7 @@ class Collector:
             return False
         return True
 
-    def api(self, api_name, fn, args, kwargs, record_args, frame):
+    def api(self, api_name, fn, args, kwargs, record_args, frame, record_kwargs=None):
         """Record one API call around ``fn(*args, **kwargs)``, which runs exactly once.
 
         ``in_api`` stays raised throughout: calls nested inside the API, and our own statistics ops, are not
@@ -197,7 +201,8 @@ class Collector:
                     if self.want_input:
                         prefix = f"{name}.forward.input"
                         entry["input_args"] = self.describe_seq(record_args, prefix)
-                        entry["input_kwargs"] = self.describe_map(kwargs, prefix)
+                        entry["input_kwargs"] = self.describe_map(
+                            kwargs if record_kwargs is None else record_kwargs, prefix)
             except Exception as error:
                 self.log_error(f"recording {api_name}", error)
                 name = None
@@ -228,9 +233,12 @@ class Collector:
                 self.backward_parents[f"{name}.backward"] = parent
                 bw.hook_api_backward(self, f"{name}.backward", outputs)
 
-    def backward_entry(self, name, input_width, output_width):
-        """The backward entry ``name``, created (in backward order) the first time a hook reaches it."""
+    def backward_entry(self, name, input_width, output_width, deferred=False):
+        """The backward entry ``name``, created the first time a hook reaches it. A deferred entry (a module's)
+        joins dump.json at ``commit_backward``, when its last part arrived."""
         entry = self.data.get(name)
+        if entry is None:
+            entry = self.pending_backward.get(name)
         if entry is None:
             entry = {}
             if self.want_input:
@@ -238,13 +246,22 @@ class Collector:
             if self.want_output:
                 entry["output"] = [None] * output_width
             with self._lock:
-                self.data[name] = entry
+                if deferred:
+                    self.pending_backward[name] = entry
+                else:
+                    self.data[name] = entry
             parents = self.backward_parents
             if name in parents:
                 parent = parents[name]
                 if parent is not None or self.construct_apis or self.level_module:
                     self.construct[name] = parent.replace(".forward.", ".backward.") if parent else None
         return entry
+
+    def commit_backward(self, name):
+        with self._lock:
+            entry = self.pending_backward.pop(name, None)
+            if entry is not None:
+                self.data[name] = entry
 
     # ----------------------------------------------------------------- modules (from module_tracking)
 
@@ -264,8 +281,7 @@ class Collector:
         if self.want_input:
             entry["input_args"] = self.describe_seq(args, f"{name}.input")
             entry["input_kwargs"] = {}
-        with self._lock:
-            self.data[name] = entry
+        # the entry joins dump.json when the forward ends, after the calls inside it, as in msprobe's order
         self.construct[name] = parent
         self.stacks[name] = self._frames(None)
         return (name, entry, parent, args)
@@ -288,6 +304,8 @@ class Collector:
                 params[param_name] = self.describe(param, f"{name}.parameters.{param_name}")
             if params:
                 entry["parameters"] = params
+            with self._lock:
+                self.data[name] = entry
         if self.want_backward and torch.is_grad_enabled():
             outputs = bw.flat_tensors(result, [])
             if any(t is not None and t.requires_grad for t in outputs):
@@ -295,7 +313,8 @@ class Collector:
                     bw.flat_tensors(args, [])
                 backward_name = name.replace(".forward.", ".backward.")
                 self.backward_parents[backward_name] = parent
-                bw.hook_module_backward(self, backward_name, inputs, outputs)
+                params = [p for p in module.parameters() if p.requires_grad]
+                bw.hook_module_backward(self, backward_name, inputs, outputs, params)
 
     def record_param_grad(self, prefix, param_name, param):
         """One post-accumulate-grad hook call: ``{prefix}parameters_grad.{n}[param_name]``."""
@@ -304,6 +323,7 @@ class Collector:
         self.param_counts[key] = index + 1
         name = f"{prefix}parameters_grad.{index}"
         if not self._selected(name):
+            self.param_accumulated(param)
             return
         entry = self.data.get(name)
         if entry is None:
@@ -311,6 +331,12 @@ class Collector:
             with self._lock:
                 self.data[name] = entry
         entry[param_name] = self.describe(param.grad, f"{name}.{param_name}")
+        self.param_accumulated(param)
+
+    def param_accumulated(self, param):
+        """A parameter's gradient is accumulated: module backward entries waiting for it may be complete."""
+        for name, state in self.param_waiters.pop(id(param), ()):
+            bw._part_done(self, name, state)
 
     # ----------------------------------------------------------------- describing values
 

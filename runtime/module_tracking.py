@@ -32,8 +32,37 @@ class ObserveMode(TorchFunctionMode):
         if not collector.in_api and not collector.ctx[-1]:
             name = collector.identity.get(id(func))
             if name is not None:
-                return collector.api(name, func, args, kwargs, args, None)
+                record_args, record_kwargs = fold_keywords(func, args, kwargs)
+                return collector.api(name, func, args, kwargs, record_args, None, record_kwargs)
         return func(*args, **kwargs)
+
+
+_POSITIONAL = {}
+
+
+def fold_keywords(func, args, kwargs):
+    """The call as torch's own code wrote it, for the record.
+
+    A Python API such as ``F.batch_norm`` reaches ``__torch_function__`` with the arguments it re-packed
+    (``weight=``, ``eps=`` ... as keywords) although ``nn.BatchNorm1d`` passed them by position; msprobe,
+    wrapping the function itself, records them by position. Keywords that continue the positional run of the
+    signature are moved back to positions (only in the record; the call keeps its own arguments).
+    """
+    if not kwargs:
+        return args, kwargs
+    names = _POSITIONAL.get(func)
+    if names is None:
+        names = ()
+        code = getattr(func, "__code__", None)
+        if code is not None:
+            names = code.co_varnames[:code.co_argcount]
+        _POSITIONAL[func] = names
+    if len(names) <= len(args) or names[len(args)] not in kwargs:
+        return args, kwargs
+    args, kwargs = list(args), dict(kwargs)
+    while len(args) < len(names) and names[len(args)] in kwargs:
+        args.append(kwargs.pop(names[len(args)]))
+    return tuple(args), kwargs
 
 
 class ModuleTracker:
