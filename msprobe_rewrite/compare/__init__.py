@@ -13,11 +13,13 @@ import json
 import os
 from typing import Any, Dict, Optional
 
-from .engine import compare_pair
+from .engine import check_compatible, compare_pair
 from .errors import CompareError
 from .loading import pair_runs
 from .metrics import Thresholds
 from .progress import Progress
+from .report_csv import CsvSink
+from .report_html import render
 from .summary import run_summary
 
 SUMMARY_FILE = "compare_summary.json"
@@ -32,22 +34,17 @@ def compare_runs(run_a: str, run_b: str, out_dir: Optional[str] = None,
     limits = Thresholds(thresholds)
     progress = progress or Progress(enabled=False)
     pairs = pair_runs(run_a, run_b)
+    tasks = [check_compatible(dump_a, dump_b)[0] for dump_a, dump_b in pairs]  # every error before any file
     if out_dir is not None:
         try:
             os.makedirs(out_dir, exist_ok=True)
         except OSError as error:
             raise CompareError(f"{out_dir}: cannot create ({error.strerror})") from None
     results = []
-    for dump_a, dump_b in pairs:
+    for (dump_a, dump_b), task in zip(pairs, tasks):
         sink = None
         if out_dir is not None:
-            from .report_csv import CsvSink
-
             tag = (dump_a.label or "dump").replace("/", "_")
-            # the header is known only after the level/task check inside compare_pair; peek at it here
-            from .loading import read_header
-
-            task = read_header(dump_a).get("task")
             sink = CsvSink(os.path.join(out_dir, f"compare_result_{tag}.csv"), task == "tensor")
         try:
             results.append(compare_pair(dump_a, dump_b, limits, progress, sink))
@@ -56,8 +53,6 @@ def compare_runs(run_a: str, run_b: str, out_dir: Optional[str] = None,
                 sink.close()
     summary = run_summary(run_a, run_b, results, {"default": limits.default, **limits.table}, top)
     if out_dir is not None:
-        from .report_html import render
-
         with open(os.path.join(out_dir, SUMMARY_FILE), "w", encoding="utf-8") as handle:
             json.dump(summary, handle, indent=1)
         with open(os.path.join(out_dir, HTML_FILE), "w", encoding="utf-8") as handle:

@@ -113,7 +113,7 @@ class PairResult:
         return [self.b.names[j] for i, j in self.merged if i is None]
 
 
-def _check_compatible(a: RankDump, b: RankDump) -> Tuple[str, str]:
+def check_compatible(a: RankDump, b: RankDump) -> Tuple[str, str]:
     ha, hb = read_header(a), read_header(b)
     for field in ("level", "task"):
         if ha.get(field) != hb.get(field):
@@ -148,7 +148,7 @@ def _nonfinite_flags(entry: Any) -> int:
 
 def compare_pair(dump_a: RankDump, dump_b: RankDump, thresholds: Thresholds, progress: Progress,
                  csv_sink=None) -> PairResult:
-    task, level = _check_compatible(dump_a, dump_b)
+    task, level = check_compatible(dump_a, dump_b)
     side_a = index_side(dump_a, progress)
     side_b = index_side(dump_b, progress)
     result = PairResult(side_a, side_b, task, level)

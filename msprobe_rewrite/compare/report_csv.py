@@ -32,15 +32,9 @@ def header(tensor_task: bool) -> List[str]:
     return BASIC + index + SUMMARY_INFO + EXTRACT + OURS
 
 
-def _value(value) -> str:
-    if value is None:
-        return NA
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-    return str(value)
+def _value(value):
+    # csv writes floats with str(): nan, inf and -inf come out as msprobe writes them
+    return NA if value is None else value
 
 
 def _percent(value: Optional[float]) -> str:
@@ -49,7 +43,7 @@ def _percent(value: Optional[float]) -> str:
     if value == 0:
         return "0"
     if math.isinf(value) or math.isnan(value):
-        return _value(value)
+        return str(value)
     return f"{value * 100}%"
 
 
@@ -76,8 +70,8 @@ class CsvSink:
             row += [_value(v) for v in diff.diff] + [_percent(v) for v in diff.rel]
         else:
             row += [NA] * 8
-        row += [_value(v) for v in (a.stats if a else (None,) * 4)]
-        row += [_value(v) for v in (b.stats if b else (None,) * 4)]
+        row += [NA if v is None else v for v in (a.stats if a else (None,) * 4)]
+        row += [NA if v is None else v for v in (b.stats if b else (None,) * 4)]
         both = a is not None and b is not None
         row.append(str(a.requires_grad == b.requires_grad) if both else NA)
         row.append(("diff" if diff.exceeds else "pass") if both and diff is not None else NA)
