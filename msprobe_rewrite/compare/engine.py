@@ -94,7 +94,7 @@ class PairResult:
         self.flags = bytearray()
         self.worst = array("d")
         self.stat_errors = [array("d") for _ in STATS]  # per merged position, max over outputs; NaN: none
-        self.details: Dict[int, Dict[str, Any]] = {}
+        self.details: Dict[int, tuple] = {}  # position -> DETAIL_FIELDS values, for diverging entries only
         self.first_divergence: Optional[Dict[str, Any]] = None
         self.nan_onset: Dict[str, Optional[Dict[str, Any]]] = {"a": None, "b": None}
         self.tensors_compared = 0
@@ -213,20 +213,23 @@ def compare_pair(dump_a: RankDump, dump_b: RankDump, thresholds: Thresholds, pro
     return result
 
 
-def _detail(diff: TensorDiff) -> Dict[str, Any]:
+DETAIL_FIELDS = ("tensor", "role", "statistic", "error", "a", "b", "nonfinite_a", "nonfinite_b", "message")
+
+
+def _detail(diff: TensorDiff) -> tuple:
+    # a tuple, not a dict: after a divergence nearly every later entry diverges, and there may be 1e5 of them
     tensor = diff.a or diff.b
     index = STATS.index(diff.worst_stat) if diff.worst_stat in STATS else None
-    return {
-        "tensor": tensor.suffix,
-        "role": tensor.role,
-        "statistic": diff.worst_stat,
-        "error": diff.worst,
-        "a": diff.a.stats[index] if index is not None and diff.a else None,
-        "b": diff.b.stats[index] if index is not None and diff.b else None,
-        "nonfinite_a": diff.nonfinite_a,
-        "nonfinite_b": diff.nonfinite_b,
-        "message": diff.message.strip(),
-    }
+    return (tensor.suffix, tensor.role, diff.worst_stat, diff.worst,
+            diff.a.stats[index] if index is not None and diff.a else None,
+            diff.b.stats[index] if index is not None and diff.b else None,
+            diff.nonfinite_a, diff.nonfinite_b, diff.message.strip())
+
+
+def detail(result: "PairResult", position: int) -> Dict[str, Any]:
+    """The worst diverging tensor of the entry at ``position``, as a dict ({} when nothing diverges)."""
+    values = result.details.get(position)
+    return dict(zip(DETAIL_FIELDS, values)) if values is not None else {}
 
 
 def _describe(result: PairResult, position: int) -> Dict[str, Any]:
@@ -234,9 +237,7 @@ def _describe(result: PairResult, position: int) -> Dict[str, Any]:
     out: Dict[str, Any] = {"entry": result.a.names[i], "bench_entry": result.b.names[j],
                            "call_site": result.a.sites[i], "bench_call_site": result.b.sites[j],
                            "position": position}
-    detail = result.details.get(position)
-    if detail is not None:
-        out.update(detail)
+    out.update(detail(result, position))
     return out
 
 

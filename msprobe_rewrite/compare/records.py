@@ -11,6 +11,7 @@ from typing import Any, Iterator, List, Optional, Tuple
 
 INPUT, OUTPUT = "input", "output"
 STATS = ("Max", "Min", "Mean", "Norm")
+_NONFINITE_TEXT = {"nan", "inf", "-inf", "+inf", "infinity", "-infinity"}  # how some writers spell them
 
 
 class Tensor:
@@ -46,7 +47,8 @@ class Tensor:
             return True
         if self.nan is not None or self.inf is not None:
             return False
-        return any(isinstance(v, float) and not math.isfinite(v) for v in self.stats)
+        return any((isinstance(v, float) and not math.isfinite(v))
+                   or (isinstance(v, str) and v.strip().lower() in _NONFINITE_TEXT) for v in self.stats)
 
 
 def _is_tensor(value: Any) -> bool:

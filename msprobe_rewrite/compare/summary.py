@@ -5,7 +5,7 @@ import heapq
 import math
 from typing import Any, Dict, List, Optional
 
-from .engine import IN_DIFF, OUT_DIFF, UNMATCHED_LIMIT, PairResult
+from .engine import IN_DIFF, OUT_DIFF, UNMATCHED_LIMIT, PairResult, detail
 
 
 def _clean(value: Any) -> Any:
@@ -27,7 +27,7 @@ def top_divergences(result: PairResult, count: int) -> List[Dict[str, Any]]:
     for position in best:
         i, j = result.merged[position]
         item = {"entry": result.a.names[i], "bench_entry": result.b.names[j], "call_site": result.a.sites[i]}
-        item.update(result.details[position])
+        item.update(detail(result, position))
         out.append(item)
     return out
 
