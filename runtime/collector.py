@@ -11,7 +11,6 @@ import logging
 import os
 import sys
 import threading
-import weakref
 
 import torch
 
@@ -24,7 +23,7 @@ logger = logging.getLogger("msprobe_runtime")
 _RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__))
 _MODULE_PY = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "nn", "modules", "module.py")
 _MAX_FRAMES = 64
-_RECENT = 32       # tensors remembered for reuse of their statistics slot (output of one call, input of next)
+_RECENT = 4  # tensors remembered for reuse of their statistics (output of one call, input of the next)
 _REUSE_MIN = 4096  # smaller tensors are cheaper to recompute than to look up
 
 # shim name -> (dunder when the left operand is a tensor, dunder when only the right one is)
@@ -389,8 +388,10 @@ class Collector:
     def _slots(self, t, kind):
         """Statistics slots of ``t``, shared with an earlier record of the same unchanged tensor.
 
-        A call's output is usually the next call's input; remembering it by weak reference and version
-        counter avoids a second pass over the data without keeping any tensor alive.
+        A call's output is usually the next call's input, and in backward one node's input gradient is the
+        next node's output gradient. The last few such tensors are remembered (with their version counter,
+        so an in-place change is seen) to skip a second pass over the same data; they are held strongly
+        because a gradient's Python object dies between two hooks, and only a handful at a time.
         """
         if t.numel() < _REUSE_MIN or t.is_inference():
             return self.stats.add(t, kind)
@@ -398,10 +399,10 @@ class Collector:
         recent = self._recent
         known = recent.get(key)
         version = t._version
-        if known is not None and known[0]() is t and known[1] == version:
+        if known is not None and known[0] is t and known[1] == version:
             return known[2]
         slots = self.stats.add(t, kind)
-        recent[key] = (weakref.ref(t), version, slots)
+        recent[key] = (t, version, slots)
         if len(recent) > _RECENT:
             del recent[next(iter(recent))]
         return slots

@@ -423,3 +423,26 @@ def test_shims_forward_only_when_not_collecting():
     x = torch.ones(2)
     assert torch.equal(rt.call("Torch.relu", torch.relu, x), x)
     assert rt.add(1, 2) == 3 and rt.dyn(len, [1, 2]) == 2
+
+
+def test_scope_and_rank_filters(tmp_path, debuggers):
+    x = torch.ones(2)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"dump_path": str(tmp_path / "d"), "level": "L1",
+                                  "statistics": {"scope": ["Torch.tanh.0", "Torch.sigmoid.0"]}}))
+    debugger = debuggers(config_path=str(config))
+    debugger.start()
+    for fn in (torch.relu, torch.tanh, torch.exp, torch.sigmoid, torch.neg):
+        rt.call(f"Torch.{fn.__name__}", fn, x)
+    debugger.stop()
+    debugger.wait()
+    names = list(read_step(tmp_path / "d")["dump.json"]["data"])
+    assert names == ["Torch.tanh.0.forward", "Torch.exp.0.forward", "Torch.sigmoid.0.forward"]
+    other_rank = tmp_path / "rank.json"
+    other_rank.write_text(json.dumps({"dump_path": str(tmp_path / "r"), "level": "L1", "rank": [3]}))
+    debugger = debuggers(config_path=str(other_rank))
+    debugger.start()  # no process group: rank filters apply only under one, so this process collects
+    rt.call("Torch.relu", torch.relu, x)
+    debugger.stop()
+    debugger.wait()
+    assert "Torch.relu.0.forward" in read_step(tmp_path / "r")["dump.json"]["data"]
