@@ -173,3 +173,21 @@ def test_megatron_core_is_checked_in_seconds():
     subprocess.run([sys.executable, "-m", "msprobe_rewrite", "check", "-q", megatron_core], capture_output=True,
                    timeout=300)
     assert time.perf_counter() - started < 30
+
+
+def test_the_hook_environment_needs_only_libcst_and_pyyaml():
+    """pre-commit installs the hooks with `pip install .`: the project's own dependencies must stay light."""
+    import re
+    import tomllib
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "pyproject.toml"), "rb") as handle:
+        project = tomllib.load(handle)["project"]
+    names = {re.match(r"[A-Za-z0-9_.-]+", spec).group(0).lower() for spec in project["dependencies"]}
+    assert names == {"libcst", "pyyaml"}
+    with open(os.path.join(root, ".pre-commit-hooks.yaml"), "rb") as handle:
+        import yaml
+
+        hooks = {hook["id"]: hook for hook in yaml.safe_load(handle)}
+    assert {"msprobe-no-instrumentation", "msprobe-restore", "msprobe-lint"} <= set(hooks)
+    assert all(hook["language"] == "python" and not hook.get("additional_dependencies") for hook in hooks.values())
