@@ -105,3 +105,29 @@ def test_different_levels_raise(tmp_path):
     _write_dump(tmp_path / "b", level="mix")
     with pytest.raises(CompareError, match="different levels"):
         compare_runs(str(tmp_path / "a"), str(tmp_path / "b"))
+
+
+def test_incompatible_dumps_write_nothing(tmp_path):
+    _write_dump(tmp_path / "a", level="L1")
+    _write_dump(tmp_path / "b", level="L0")
+    with pytest.raises(CompareError):
+        compare_runs(str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_progress_only_on_a_terminal(tmp_path):
+    import io
+
+    from msprobe_rewrite.compare.progress import Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    _write_dump(tmp_path / "a")
+    _write_dump(tmp_path / "b", scale=1.5)
+    shown, hidden = Terminal(), io.StringIO()
+    compare_runs(str(tmp_path / "a"), str(tmp_path / "b"), progress=Progress(shown, interval=0))
+    compare_runs(str(tmp_path / "a"), str(tmp_path / "b"), progress=Progress(hidden, interval=0))
+    assert "comparing" in shown.getvalue() and shown.getvalue().endswith("\r\x1b[K")
+    assert hidden.getvalue() == ""
