@@ -71,7 +71,6 @@ class Collector:
         self.modules = {}  # id(module) -> (module, "Module.net1.ln1.Linear.")
         for path, module in named_modules:
             self.modules[id(module)] = (module, f"Module.{path}.{type(module).__name__}.")
-        self.named_modules = named_modules
         self.collecting = False
         self.token = object()  # replaced at every reset, so stale backward hooks stay silent
         self.in_api = 0
@@ -274,7 +273,9 @@ class Collector:
         name = f"{prefix}forward.{index}"
         parent = self.module_stack[-1] if self.module_stack else None
         self.module_stack.append(name)
-        if not self._selected(name) or not self.want_forward:
+        if not self._selected(name):
+            return (name, None, parent, None)  # outside scope/list: neither forward nor backward
+        if not self.want_forward:
             return (name, None, parent, args)
         entry = {}
         if self.want_input:
@@ -305,11 +306,12 @@ class Collector:
                 entry["parameters"] = params
             with self._lock:
                 self.data[name] = entry
-        if self.want_backward and torch.is_grad_enabled():
+        if args is not None and self.want_backward and torch.is_grad_enabled():
             outputs = bw.flat_tensors(result, [])
             if any(t is not None and t.requires_grad for t in outputs):
-                inputs = bw.flat_tensors(args, []) + bw.flat_tensors(kwargs, []) if kwargs else \
-                    bw.flat_tensors(args, [])
+                inputs = bw.flat_tensors(args, [])
+                if kwargs:
+                    bw.flat_tensors(kwargs, inputs)
                 backward_name = name.replace(".forward.", ".backward.")
                 self.backward_parents[backward_name] = parent
                 params = [p for p in module.parameters() if p.requires_grad]

@@ -150,8 +150,7 @@ class PrecisionDebugger:
         collector.stats.take()
         header = {"task": self.config.task, "level": self.config.level, "framework": "pytorch",
                   "dump_data_dir": None}
-        self._writer.submit(StepJob(self._step_dir(self.current_step), header, data, stacks, construct, None,
-                                    tensors))
+        self._writer.submit(StepJob(self._step_dir(self.current_step), header, data, stacks, construct, tensors))
         self._dirty = False
 
     def _refuse_existing_dump(self, rank):

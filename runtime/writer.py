@@ -42,15 +42,14 @@ def format_stack(frames):
 class StepJob:
     """Everything the writer needs for one flush of one step, snapshotted on the training thread."""
 
-    __slots__ = ("directory", "header", "data", "stacks", "construct", "stats", "tensors")
+    __slots__ = ("directory", "header", "data", "stacks", "construct", "tensors")
 
-    def __init__(self, directory, header, data, stacks, construct, stats, tensors):
+    def __init__(self, directory, header, data, stacks, construct, tensors):
         self.directory = directory
         self.header = header
         self.data = data
         self.stacks = stacks
         self.construct = construct
-        self.stats = stats          # unused: slots carry their own batches (kept for the job's shape)
         self.tensors = tensors      # [(file name, device tensor clone)] for task=tensor
 
 
