@@ -37,6 +37,7 @@ class Side:
         self.sites: List[Optional[str]] = []
         self.keys: List[Tuple[str, str, Optional[str]]] = []
         self.ends: List[int] = []
+        self.parents = array("l")  # index of the enclosing module's entry (construct.json), -1 for none
         self.flags = bytearray()  # NONFINITE_* bits per entry, filled in pass 2
 
 
@@ -69,11 +70,11 @@ def index_side(dump: RankDump, progress: Progress) -> Side:
     del sites, construct
     # execution order by completion: a module's entry (often written when the module starts) ends after
     # its last nested entry, so an API inside a module comes before the module that contains it
+    side.parents = array("l", (position.get(p, -1) if p is not None else -1 for p in parents))
     ends = list(range(len(side.names)))
     for index in range(len(ends) - 1, -1, -1):
-        parent = parents[index]
-        target = position.get(parent) if parent is not None else None
-        if target is not None and ends[index] > ends[target]:
+        target = side.parents[index]
+        if target >= 0 and ends[index] > ends[target]:
             ends[target] = ends[index]
     side.ends = ends
     side.flags = bytearray(len(side.names))
@@ -94,6 +95,7 @@ class PairResult:
         self.flags = bytearray()
         self.worst = array("d")
         self.stat_errors = [array("d") for _ in STATS]  # per merged position, max over outputs; NaN: none
+        self.input_worst: Dict[int, float] = {}  # position -> worst input error, for diverging entries only
         self.details: Dict[int, tuple] = {}  # position -> DETAIL_FIELDS values, for diverging entries only
         self.first_divergence: Optional[Dict[str, Any]] = None
         self.nan_onset: Dict[str, Optional[Dict[str, Any]]] = {"a": None, "b": None}
@@ -200,6 +202,8 @@ def compare_pair(dump_a: RankDump, dump_b: RankDump, thresholds: Thresholds, pro
             values = [d.err[index] for d in outputs if d.err[index] is not None]
             errors.append(max(values) if values else nan)
         if flags_a & (IN_DIFF | OUT_DIFF):
+            result.input_worst[position] = max((d.worst for d in diffs if d.a is not None and d.b is not None
+                                                and d.a.role == INPUT), default=0.0)
             exceeding = [d for d in diffs if d.exceeds]
             pick = worst if (worst is not None and worst.exceeds) else max(exceeding, key=lambda d: d.worst)
             result.details[position] = _detail(pick)
@@ -242,23 +246,27 @@ def _describe(result: PairResult, position: int) -> Dict[str, Any]:
 
 
 def _find_divergence(result: PairResult) -> None:
-    """The first entry, in completion order, whose outputs diverge while its inputs agree.
+    """The first entry, in completion order, where anything diverges.
 
-    When no entry fits (the difference entered through something the dump does not show, such as weights
-    changed between steps), the first entry with any divergence is named instead, with kind "inputs".
+    Kind "outputs": its outputs diverge while its inputs agree, so this entry computed the difference (the
+    issue's definition). Kind "inputs": its inputs already diverge, so the difference entered through code
+    the dump does not show (an API outside the catalogue, a module's own code at L0, weights changed between
+    steps); ``parent`` then names the module that encloses it. A later entry whose outputs diverge with
+    agreeing inputs is not preferred over it: after a divergence, entries with no tensor inputs
+    (parameter gradients) or an amplifying op on sub-threshold drift would qualify without being the cause.
     """
     ends = result.a.ends
     order = sorted((p for p, (i, j) in enumerate(result.merged) if i is not None and j is not None),
                    key=lambda p: (ends[result.merged[p][0]], -result.merged[p][0]))
     diverging = [p for p in order if result.flags[p] & (IN_DIFF | OUT_DIFF)]
-    first = next((p for p in diverging if result.flags[p] & OUT_DIFF and not result.flags[p] & IN_DIFF), None)
-    kind = "outputs"
-    if first is None and diverging:
-        first, kind = diverging[0], "inputs"
-    if first is not None:
+    if diverging:
+        first = diverging[0]
         found = _describe(result, first)
-        found["kind"] = kind
-        after = diverging[diverging.index(first) + 1:]
+        found["kind"] = "inputs" if result.flags[first] & IN_DIFF else "outputs"
+        found["input_error"] = result.input_worst.get(first, 0.0)
+        parent = result.a.parents[result.merged[first][0]]
+        found["parent"] = result.a.names[parent] if parent >= 0 else None
+        after = diverging[1:]
         found["chain"] = [result.a.names[result.merged[p][0]] for p in after[:CHAIN_LIMIT]]
         found["chain_length"] = len(after)
         nonfinite = bool(result.flags[first] & NONFINITE_OUT) or bool(result.b.flags[result.merged[first][1]]

@@ -108,8 +108,11 @@ def terminal_summary(summary: Dict[str, Any], top: int) -> str:
     if first is None:
         lines.append("first divergence: none")
     else:
-        how = "outputs diverge while its inputs agree" if first["kind"] == "outputs" else \
-            "its inputs already diverge (the difference entered outside the dump)"
+        if first["kind"] == "outputs":
+            how = "its outputs diverge while its inputs agree"
+        else:
+            how = "its inputs already diverge: the difference entered through code the dump does not show" + \
+                (f", inside {first['parent']}" if first.get("parent") else "")
         lines.append(f"first divergence: {first['entry']} in {first['pair']} ({how})")
         if first.get("call_site"):
             lines.append(f"  at {first['call_site']}")

@@ -170,3 +170,14 @@ def test_statistics_comparison_imports_neither_libcst_nor_torch(make_dump):
                           text=True, env=dict(os.environ, PYTHONPATH=ROOT), timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "0"
+
+
+def test_at_l0_a_fault_in_a_modules_own_code_is_located_inside_that_module(make_dump):
+    # F.gelu is not recorded at L0: the difference first shows at the input of the next recorded module,
+    # and the LayerNorm after it shrinks the error below threshold, so no later entry is to blame
+    summary = compare_runs(str(make_dump("--level", "L0", "--scale-api", "Functional.gelu")),
+                           str(make_dump("--level", "L0")))
+    first = summary["first_divergence"]
+    assert first["entry"] == "Module.block1.norm.LayerNorm.forward.0"
+    assert first["kind"] == "inputs" and first["role"] == "input"
+    assert first["parent"] == "Module.block1.Block.forward.0"
