@@ -446,3 +446,52 @@ def test_scope_and_rank_filters(tmp_path, debuggers):
     debugger.stop()
     debugger.wait()
     assert "Torch.relu.0.forward" in read_step(tmp_path / "r")["dump.json"]["data"]
+
+
+def test_nothing_of_torch_is_patched_while_collecting(debuggers, model_module, tmp_path):
+    import torch.distributed
+    import torch.nn.modules.module as nn_module
+
+    namespaces = [torch, F, torch.Tensor, torch.nn.Module, torch.distributed, torch.autograd]
+
+    def attributes():
+        return [{name: id(value) for name, value in vars(space).items()} for space in namespaces]
+
+    before = attributes()
+    model = model_module.Outer()
+    debugger = debuggers(dump_path=str(tmp_path / "d"), level="mix")
+    debugger.start(model)
+    during = attributes()
+    assert F.gelu is torch._C._nn.gelu
+    model_module.loss_of(model, torch.randn(2, 4)).backward()
+    # only forward hooks, and no backward hook anywhere (module, global, or inserted node)
+    assert not nn_module._global_backward_hooks and not nn_module._global_backward_pre_hooks
+    assert all(not m._backward_hooks and not m._backward_pre_hooks for m in model.modules())
+    debugger.stop()
+    assert during == before
+    assert attributes() == before
+    assert not nn_module._global_forward_hooks and not nn_module._global_forward_pre_hooks
+
+
+def test_autograd_graph_is_the_same_node_for_node(debuggers, model_module, tmp_path):
+    def graph(loss):
+        names, stack, seen = [], [loss.grad_fn], set()
+        while stack:
+            node = stack.pop()
+            if node is None or id(node) in seen:
+                continue
+            seen.add(id(node))
+            names.append(node.name())
+            stack.extend(child for child, _ in node.next_functions)
+        return names
+
+    torch.manual_seed(0)
+    model = model_module.Outer()
+    x = torch.randn(2, 4)
+    plain = graph(model_module.loss_of(model, x))
+    debugger = debuggers(dump_path=str(tmp_path / "d"), level="mix")
+    debugger.start(model)
+    collected = graph(model_module.loss_of(model, x))
+    debugger.stop()
+    assert collected == plain
+    assert not any("BackwardHook" in name for name in collected)
