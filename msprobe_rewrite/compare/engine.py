@@ -148,6 +148,14 @@ def _nonfinite_flags(entry: Any) -> int:
     return flags
 
 
+def _next(entries: Iterator, side: Side, index: int) -> Any:
+    """The next entry of the second pass, which must be the one pass 1 saw at ``index``."""
+    name, entry = next(entries, (None, None))
+    if name != side.names[index]:
+        raise CompareError(f"{side.dump.path} changed while it was being compared")
+    return entry
+
+
 def compare_pair(dump_a: RankDump, dump_b: RankDump, thresholds: Thresholds, progress: Progress,
                  csv_sink=None) -> PairResult:
     task, level = check_compatible(dump_a, dump_b)
@@ -161,8 +169,8 @@ def compare_pair(dump_a: RankDump, dump_b: RankDump, thresholds: Thresholds, pro
     nan = math.nan
     total = len(result.merged)
     for position, (i, j) in enumerate(result.merged):
-        entry_a = next(iter_a)[1] if i is not None else None
-        entry_b = next(iter_b)[1] if j is not None else None
+        entry_a = _next(iter_a, side_a, i) if i is not None else None
+        entry_b = _next(iter_b, side_b, j) if j is not None else None
         progress.update(f"comparing {result.label}", position + 1, total)
         if i is None or j is None:
             if i is not None:
