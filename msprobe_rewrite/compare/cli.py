@@ -32,7 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Align two runs' dumps (entries matched by API or module, direction, call site and order) "
-                    "and name the first entry whose outputs diverge while its inputs agree.",
+                    "and name the first divergence: the first entry, in execution order, whose outputs diverge "
+                    "while its inputs agree (or whose inputs already diverge, when the difference entered "
+                    "through code the dump does not record).",
         epilog="A run is a dump directory, a step directory, a rank directory or a dump.json; ranks are paired "
                "by number. Run A is msprobe's NPU (target) side, run B the Bench (golden) side. Exit status: "
                "0 no divergence, 1 divergence found, 2 error.")
