@@ -5,13 +5,15 @@ An entry is keyed by the sha256 of the source bytes, the mode (rewrite or restor
 everything else the result depends on: the tool version, a fingerprint of the compiler's own source (an
 editable install keeps its version number while its code changes), the libcst version and the catalogue
 digest. Entries are written atomically and carry a checksum of their payload, so a truncated or corrupt
-entry reads as a miss. Any error of the cache itself disables it for the rest of the run: it must never
+entry reads as a miss. Each salt gets its own folder (a generation); only the most recently used
+``KEEP_GENERATIONS`` are kept, so an editable install that changes on every edit does not fill the disk. Any error of the cache itself disables it for the rest of the run: it must never
 be why a rewrite fails.
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from typing import Optional, Tuple
 
 from . import __version__
@@ -55,14 +57,46 @@ def source_digest(source: bytes) -> str:
     return hashlib.sha256(source).hexdigest()
 
 
+# Marks a folder as ours (and, by the CACHEDIR.TAG convention, as a cache that backups may skip).
+# Pruning deletes only folders that carry it, so a cache root pointed at a shared folder stays safe.
+TAG_NAME = "CACHEDIR.TAG"
+TAG_TEXT = b"Signature: 8a477f597d28d172789f06886806bc55\n# msprobe-rewrite result cache\n"
+# Every edit of an editable install or of a catalogue starts a new generation of entries (a whole
+# tree's worth of rewritten sources); only the most recently used few are kept.
+KEEP_GENERATIONS = 8
+
+
 class ResultCache:
-    def __init__(self, directory: str, salt: str):
-        self.directory = directory
+    def __init__(self, root: str, salt: str):
+        self.root = root
         self._salt = salt.encode()
+        # One sub-folder per salt (a "generation"), so stale generations go as a whole.
+        self.directory = os.path.join(root, hashlib.sha256(self._salt).hexdigest()[:16])
         self.enabled = True
         self.problem: Optional[str] = None  # why the cache was turned off, for one warning
         self.hits = 0
         self.misses = 0
+        self._claimed = False
+
+    def _claim(self) -> None:
+        """Mark this generation as ours and as just used, then drop the least recently used others."""
+        if self._claimed:
+            return
+        self._claimed = True
+        os.makedirs(self.directory, exist_ok=True)
+        tag = os.path.join(self.directory, TAG_NAME)
+        if not os.path.exists(tag):
+            write_atomic(tag, TAG_TEXT, mode=0o644)
+        os.utime(self.directory)
+        try:
+            generations = [entry for entry in os.scandir(self.root)
+                           if entry.is_dir(follow_symlinks=False) and entry.path != self.directory
+                           and _is_ours(entry.path)]
+            generations.sort(key=lambda entry: entry.stat(follow_symlinks=False).st_mtime, reverse=True)
+        except OSError:
+            return
+        for stale in generations[KEEP_GENERATIONS - 1:]:
+            shutil.rmtree(stale.path, ignore_errors=True)
 
     def key(self, digest: str, mode: str) -> str:
         return hashlib.sha256(self._salt + b"\0" + mode.encode() + b"\0" + digest.encode()).hexdigest()
@@ -85,8 +119,12 @@ class ResultCache:
         entry = _decode(blob)
         if entry is None:
             self.misses += 1
-        else:
-            self.hits += 1
+            return None
+        self.hits += 1
+        try:
+            self._claim()
+        except OSError as error:
+            self._disable(error)
         return entry
 
     def put(self, key: str, kind: str, payload: bytes = b"") -> None:
@@ -95,6 +133,7 @@ class ResultCache:
         path = self._path(key)
         blob = _MAGIC + kind.encode() + b"\n" + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
         try:
+            self._claim()
             os.makedirs(os.path.dirname(path), exist_ok=True)
             write_atomic(path, blob, mode=0o644)
         except OSError as error:
@@ -102,7 +141,15 @@ class ResultCache:
 
     def _disable(self, error: OSError) -> None:
         self.enabled = False
-        self.problem = f"cache {self.directory} disabled: {error}"
+        self.problem = f"cache {self.root} disabled: {error}"
+
+
+def _is_ours(directory: str) -> bool:
+    try:
+        with open(os.path.join(directory, TAG_NAME), "rb") as handle:
+            return handle.read() == TAG_TEXT
+    except OSError:
+        return False
 
 
 def _decode(blob: bytes) -> Optional[Tuple[str, bytes]]:

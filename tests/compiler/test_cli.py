@@ -20,6 +20,7 @@ import pytest
 
 import msprobe_rewrite.api as api
 from msprobe_rewrite import atomic, cli
+from msprobe_rewrite import cache as cache_module
 from msprobe_rewrite.progress import Progress
 
 TORCH_SOURCE = b"import torch\n\n\ndef f(x):\n    return torch.relu(x)\n"
@@ -444,7 +445,7 @@ def test_no_cache_neither_reads_nor_writes(fake, tree, tmp_path, cache_dir):
 
 def test_corrupt_cache_entries_are_ignored(fake, tree, cache_dir):
     run([tree, "--check", "--jobs", "1"])
-    entries = [p for p in cache_dir.rglob("*") if p.is_file()]
+    entries = [p for p in cache_dir.rglob("*") if p.is_file() and p.name != cache_module.TAG_NAME]
     assert entries
     for i, entry in enumerate(entries):
         data = entry.read_bytes()
@@ -462,6 +463,25 @@ def test_cache_key_includes_the_catalogue(fake, tree, tmp_path):
     extra.write_text("custom:\n  mypkg.f: Custom.f\n")
     run([tree, "--check", "--catalogue", extra, "--jobs", "1"])
     assert len(fake.rewrites) == calls + 4
+
+
+def test_old_cache_generations_are_pruned_and_foreign_folders_kept(fake, tree, tmp_path, cache_dir):
+    foreign = cache_dir / "0123456789abcdef"  # looks like a generation, but carries no tag of ours
+    foreign.mkdir(parents=True)
+    (foreign / "keep.txt").write_bytes(b"x")
+    catalogues = []
+    for i in range(cache_module.KEEP_GENERATIONS + 3):
+        extra = tmp_path / f"extra{i}.yaml"
+        extra.write_text(f"custom:\n  mypkg.f{i}: Custom.f{i}\n")
+        catalogues.append(extra)
+        run([tree, "--check", "--jobs", "1", "--catalogue", extra])
+    generations = [p for p in cache_dir.iterdir() if (p / cache_module.TAG_NAME).exists()]
+    assert len(generations) == cache_module.KEEP_GENERATIONS
+    assert (foreign / "keep.txt").read_bytes() == b"x"
+    # The most recent generation survived: its run is all hits.
+    calls = len(fake.rewrites)
+    run([tree, "--check", "--jobs", "1", "--catalogue", catalogues[-1]])
+    assert len(fake.rewrites) == calls
 
 
 def test_unwritable_cache_does_not_fail_the_run(fake, tree, tmp_path, monkeypatch, capsys):
