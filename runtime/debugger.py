@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import glob
 import logging
+import multiprocessing.util
 import os
 import sys
 
@@ -39,6 +40,9 @@ class PrecisionDebugger:
         self._model = None
         self._dirty = False
         atexit.register(self._writer.wait)
+        # multiprocessing children (mp.spawn) leave through os._exit, which skips atexit; its own exit
+        # function still runs these finalizers, so the last flushed step reaches the disk there too
+        multiprocessing.util.Finalize(None, self._writer.wait, exitpriority=10)
 
     # ------------------------------------------------------------------ public API
 
