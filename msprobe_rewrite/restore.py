@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from .dispatch import CachedDispatch
 from .forms import (AUGMENTED_BY_NAME, BINARY_BY_NAME, COMPARISON_BY_NAME, EMPTY, UNARY_BY_NAME, is_empty,
                     operator_whitespace, runtime_entry)
 
@@ -12,7 +13,7 @@ def _string_value(node: cst.BaseExpression) -> str:
     return node.evaluated_value
 
 
-class Restorer(cst.CSTTransformer):
+class Restorer(CachedDispatch):
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         entry = runtime_entry(updated)
         if entry is None:

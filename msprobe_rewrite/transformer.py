@@ -10,6 +10,7 @@ from typing import Iterable, List, Optional
 
 import libcst as cst
 
+from .dispatch import CachedDispatch
 from .forms import (AUGMENTED, BINARY, COMMA, COMPARISON, EMPTY, UNARY, comma_for_operator, is_empty, is_literal,
                     is_text_literal, runtime_attr, safe_as_argument)
 from .resolver import API, NOT_API, Resolver, dotted_name, qualify
@@ -40,7 +41,7 @@ def _has_skip_marker(node) -> bool:
     return bool(header is not None and header.comment is not None and SKIP_MARKER.search(header.comment.value))
 
 
-class CallSiteTransformer(cst.CSTTransformer):
+class CallSiteTransformer(CachedDispatch):
     def __init__(self, scopes: ModuleScopes, resolver: Resolver, skip_decorators: Iterable[str] = ()):
         super().__init__()
         self.resolver = resolver
