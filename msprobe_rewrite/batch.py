@@ -113,7 +113,7 @@ def _does_not_compile(result: bytes, source: bytes, path: str) -> Optional[str]:
     """Why ``result`` fails to compile when ``source`` did, or None.
 
     A compiler bug that emits invalid code would otherwise be written over the user's file, and an
-    invalid file cannot even be restored. Costs about a tenth of the rewrite; ``--no-verify`` skips it.
+    invalid file cannot even be restored. Costs a few percent of the rewrite; ``--no-verify`` skips it.
     """
     try:
         _compile_quietly(result, path)

@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="neither read nor write the result cache "
                           "(default location: $MSPROBE_REWRITE_CACHE_DIR, else $XDG_CACHE_HOME/msprobe-rewrite)")
     how.add_argument("--no-verify", action="store_true",
-                     help="do not check that each rewritten file compiles before writing it (about 10%% faster)")
+                     help="do not check that each rewritten file compiles before writing it (a few percent faster)")
     out = parser.add_argument_group("output")
     out.add_argument("-q", "--quiet", action="store_true", help="print only errors (and --check/--diff output)")
     out.add_argument("-v", "--verbose", action="store_true", help="name every file that changed or was skipped")
