@@ -9,6 +9,9 @@ it calls the original function once, with the original arguments.
 """
 from __future__ import annotations
 
+import dis
+import sys
+
 import torch
 from torch.overrides import TorchFunctionMode
 
@@ -32,9 +35,56 @@ class ObserveMode(TorchFunctionMode):
         if not collector.in_api and not collector.ctx[-1]:
             name = collector.identity.get(id(func))
             if name is not None:
+                if name.startswith("Tensor.") and _OPERATOR_CODES:
+                    name = _operator_name(sys._getframe(1), name, collector.tensor_methods)
                 record_args, record_kwargs = fold_keywords(func, args, kwargs)
                 return collector.api(name, func, args, kwargs, record_args, None, record_kwargs)
         return func(*args, **kwargs)
+
+
+def _operator_tables():
+    """Bytecode of the operators whose tensor calls reach the mode as plain methods (``a + b`` arrives as
+    ``Tensor.add``); CPython 3.11+ only, where ``BINARY_OP``/``COMPARE_OP`` carry the operator."""
+    if sys.version_info < (3, 11) or "BINARY_OP" not in dis.opmap:
+        return None
+    binary = {}
+    for index, (nb_name, _symbol) in enumerate(getattr(dis, "_nb_ops", ())):
+        base = nb_name[3:]
+        inplace = base.startswith("INPLACE_")
+        base = base[len("INPLACE_"):] if inplace else base
+        dunder = _NB_DUNDERS.get(base)
+        if dunder:
+            binary[index] = f"__i{dunder[2:]}" if inplace else dunder
+    shift = 0 if sys.version_info < (3, 12) else (4 if sys.version_info < (3, 13) else 5)
+    compare = {i: _CMP_DUNDERS[op] for i, op in enumerate(dis.cmp_op) if op in _CMP_DUNDERS}
+    return dis.opmap["BINARY_OP"], binary, dis.opmap["COMPARE_OP"], compare, shift
+
+
+_NB_DUNDERS = {"ADD": "__add__", "AND": "__and__", "FLOOR_DIVIDE": "__floordiv__", "LSHIFT": "__lshift__",
+               "MATRIX_MULTIPLY": "__matmul__", "MULTIPLY": "__mul__", "REMAINDER": "__mod__", "OR": "__or__",
+               "POWER": "__pow__", "RSHIFT": "__rshift__", "SUBTRACT": "__sub__", "TRUE_DIVIDE": "__truediv__",
+               "XOR": "__xor__"}
+_CMP_DUNDERS = {"<": "__lt__", "<=": "__le__", "==": "__eq__", "!=": "__ne__", ">": "__gt__", ">=": "__ge__"}
+_OPERATOR_CODES = _operator_tables()
+
+
+def _operator_name(frame, name, tensor_methods):
+    """msprobe's name for a tensor operator written in uninstrumented code (``Tensor.__add__`` for ``a + b``,
+    which reaches the mode as ``Tensor.add``), read from the instruction the calling frame is executing.
+    A reflected operator (``1 + t``) cannot be told apart here and keeps the left-operand name."""
+    try:
+        code, offset = frame.f_code.co_code, frame.f_lasti
+        opcode, arg = code[offset], code[offset + 1]
+    except (AttributeError, IndexError):
+        return name
+    binary_op, binary, compare_op, compare, shift = _OPERATOR_CODES
+    if opcode == binary_op:
+        dunder = binary.get(arg)
+    elif opcode == compare_op:
+        dunder = compare.get(arg >> shift)
+    else:
+        return name
+    return tensor_methods.get(dunder, name) if dunder else name
 
 
 _POSITIONAL = {}
