@@ -495,3 +495,23 @@ def test_autograd_graph_is_the_same_node_for_node(debuggers, model_module, tmp_p
     debugger.stop()
     assert collected == plain
     assert not any("BackwardHook" in name for name in collected)
+
+
+def test_uninstrumented_code_is_observed_with_msprobe_names(debuggers, tmp_path):
+    """Code that was not rewritten (this test file, torch's modules) is seen through the scoped mode."""
+    x, y = torch.ones(3), torch.full((3,), 2.0)
+    layer = torch.nn.Linear(3, 3)
+    debugger = debuggers(dump_path=str(tmp_path / "d"), level="mix")
+    debugger.start(torch.nn.Sequential(layer))
+    z = x + y
+    z += x
+    mask = z > 0
+    layer(z)
+    F.gelu(z)
+    debugger.stop()
+    debugger.wait()
+    names = list(read_step(tmp_path / "d")["dump.json"]["data"])
+    for expected in ["Tensor.__add__.0.forward", "Tensor.__iadd__.0.forward", "Tensor.__gt__.0.forward",
+                     "Functional.linear.0.forward", "Module.0.Linear.forward.0", "Functional.gelu.0.forward"]:
+        assert expected in names, (expected, names)
+    assert mask.all()
