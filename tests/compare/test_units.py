@@ -131,3 +131,23 @@ def test_progress_only_on_a_terminal(tmp_path):
     compare_runs(str(tmp_path / "a"), str(tmp_path / "b"), progress=Progress(hidden, interval=0))
     assert "comparing" in shown.getvalue() and shown.getvalue().endswith("\r\x1b[K")
     assert hidden.getvalue() == ""
+
+
+def test_float32_noise_does_not_fire_and_one_percent_does():
+    from msprobe_rewrite.compare.metrics import Thresholds, compare_tensors
+    from msprobe_rewrite.compare.records import Tensor
+
+    def tensor(max_, min_, mean, norm):
+        return Tensor("output.0", "output", {"dtype": "torch.float32", "shape": [1024], "Max": max_, "Min": min_,
+                                             "Mean": mean, "Norm": norm})
+
+    limits = Thresholds()
+    base = tensor(3.2, -3.1, 1e-6, 32.0)  # a zero-mean activation: its Mean is summation noise
+    noisy = tensor(3.2 * (1 + 1e-5), -3.1, -2e-6, 32.0 * (1 - 1e-5))  # another device's summation order
+    assert not compare_tensors(noisy, base, limits).exceeds
+    off = compare_tensors(tensor(3.2 * 1.01, -3.1 * 1.01, 1.01e-6, 32.0 * 1.01), base, limits)
+    assert off.exceeds and off.worst == pytest.approx(0.01 / 1.01)
+    assert off.rel[2] == pytest.approx(0.01)  # msprobe's own relative error, for the CSV
+    assert compare_tensors(tensor(float("nan"), -3.1, 1e-6, 32.0), base, limits).exceeds
+    assert not compare_tensors(tensor(float("nan"), -3.1, 1e-6, 32.0), tensor(float("nan"), -3.1, 1e-6, 32.0),
+                               limits).exceeds
