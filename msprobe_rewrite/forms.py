@@ -61,6 +61,12 @@ def is_empty(whitespace) -> bool:
     return _text(whitespace) == ""
 
 
+def has_line_break(whitespace) -> bool:
+    """Whether ``whitespace`` ends a line: a newline inside brackets, or a backslash continuation."""
+    text = _text(whitespace)
+    return text is None or "\n" in text or "\r" in text
+
+
 def comma_for_operator(before, after) -> Optional[cst.Comma]:
     """Encode an operator's surrounding whitespace in the comma that replaces it; None where it cannot.
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import libcst as cst
 
 from .dispatch import CachedDispatch
-from .forms import (AUGMENTED_BY_NAME, BINARY_BY_NAME, COMPARISON_BY_NAME, EMPTY, UNARY_BY_NAME, is_empty,
-                    operator_whitespace, runtime_entry)
+from .forms import (AUGMENTED_BY_NAME, BINARY_BY_NAME, COMPARISON_BY_NAME, EMPTY, UNARY_BY_NAME, has_line_break,
+                    is_empty, operator_whitespace, runtime_entry)
 
 
 def _string_value(node: cst.BaseExpression) -> str:
@@ -25,7 +25,7 @@ class Restorer(CachedDispatch):
             # A line break after the original `(` follows the callee, which stays on its own line.
             moved = (args[callee].comma.whitespace_after if len(args) > callee + 1
                      else args[callee].whitespace_after_arg)
-            if isinstance(moved, cst.ParenthesizedWhitespace) and is_empty(whitespace):
+            if has_line_break(moved) and is_empty(whitespace):
                 whitespace = moved
             return cst.Call(func=args[callee].value, args=args[callee + 1:],
                             whitespace_after_func=updated.whitespace_after_func,

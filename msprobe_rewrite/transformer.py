@@ -11,8 +11,8 @@ from typing import Iterable, List, Optional
 import libcst as cst
 
 from .dispatch import CachedDispatch
-from .forms import (AUGMENTED, BINARY, COMMA, COMPARISON, EMPTY, UNARY, comma_for_operator, is_empty, is_literal,
-                    is_text_literal, runtime_attr, safe_as_argument)
+from .forms import (AUGMENTED, BINARY, COMMA, COMPARISON, EMPTY, UNARY, comma_for_operator, has_line_break,
+                    is_empty, is_literal, is_text_literal, runtime_attr, safe_as_argument)
 from .resolver import API, NOT_API, Resolver, dotted_name, qualify
 from .scopes import CLASS, COMPREHENSION, FUNCTION, LAMBDA, ModuleScopes, Scope
 
@@ -164,9 +164,11 @@ class CallSiteTransformer(CachedDispatch):
         resolution = self.resolver.resolve(original.func, self.scope)
         if resolution.kind == NOT_API:
             return updated
+        if has_line_break(updated.whitespace_after_func):
+            return updated  # `f\<newline>(x)`: no form keeps the callee on its line
         # The callee stays on its own line: `f(\n    x)` becomes `dyn(f,\n    x)`, not `dyn(\n    f, x)`.
         whitespace = updated.whitespace_before_args
-        newline = isinstance(whitespace, cst.ParenthesizedWhitespace)
+        newline = has_line_break(whitespace)
         if not updated.args:
             callee = cst.Arg(value=updated.func, whitespace_after_arg=whitespace if newline else EMPTY)
         else:
