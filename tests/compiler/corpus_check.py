@@ -1,0 +1,169 @@
+"""The compiler's invariants checked on one file at a time, for test_corpus_invariants.py.
+
+Kept out of the test module so that worker processes (started with ``spawn``) can import it by name.
+``check_source`` computes every invariant in one pass per file and returns a small picklable result.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import sysconfig
+import traceback
+import warnings
+from collections import Counter
+from typing import List, NamedTuple, Optional, Tuple
+
+from msprobe_rewrite.api import RUNTIME_IMPORT, RewriteError, restore_source, rewrite_source
+
+OK, UNCHANGED, REFUSED, INVALID, FAILED = "ok", "unchanged", "refused", "invalid", "failed"
+
+
+class Result(NamedTuple):
+    path: str
+    status: str  # one of OK, UNCHANGED, REFUSED, INVALID, FAILED
+    reason: str = ""  # RewriteError message (REFUSED, INVALID) or what broke (FAILED)
+    seconds: float = 0.0  # time of the first rewrite alone
+
+
+# -- corpora ---------------------------------------------------------------------------------------------
+
+def stdlib_files() -> List[str]:
+    root = sysconfig.get_paths()["stdlib"]
+    found = []
+    for directory, subdirectories, names in os.walk(root):
+        subdirectories[:] = sorted(d for d in subdirectories if d not in ("site-packages", "dist-packages",
+                                                                        "__pycache__"))
+        found.extend(os.path.join(directory, name) for name in sorted(names) if name.endswith(".py"))
+    return found
+
+
+def distribution_files(name: str) -> List[str]:
+    """The installed .py files of a distribution, found without importing it."""
+    from importlib.metadata import distribution
+
+    dist = distribution(name)
+    return sorted(str(dist.locate_file(f)) for f in dist.files or () if str(f).endswith(".py"))
+
+
+# -- invariants ------------------------------------------------------------------------------------------
+
+def _python_accepts(source: bytes, path: str) -> Tuple[Optional[ast.Module], str]:
+    """The module's ast when this Python compiles ``source``, else (None, why not)."""
+    try:
+        with warnings.catch_warnings():  # SyntaxWarnings of the test data ("is" with a literal)
+            warnings.simplefilter("ignore")
+            tree = ast.parse(source, filename=path)
+            compile(tree, path, "exec", dont_inherit=True)
+        return tree, ""
+    except (SyntaxError, ValueError, UnicodeError, LookupError) as error:
+        return None, f"{type(error).__name__}: {error}"
+
+
+def _is_runtime_import(node: ast.stmt) -> bool:
+    return (isinstance(node, ast.Import) and len(node.names) == 1
+            and node.names[0].name == "msprobe_runtime" and node.names[0].asname == "__msprobe__")
+
+
+def _statements(tree: ast.Module):
+    """Every statement in source order, with where it starts and ends and the name it defines."""
+    found = [node for node in ast.walk(tree) if isinstance(node, ast.stmt)]
+    found.sort(key=lambda node: (node.lineno, node.col_offset))
+    return found
+
+
+def line_mismatch(before: ast.Module, after: ast.Module) -> Optional[str]:
+    """Why ``after`` does not keep every line of ``before``, or None.
+
+    Every statement starts and ends on the same lines, the first statement of each line at the same column
+    (but on the line that carries the runtime import), every def/class keeps its name, and every name (load or
+    store) of the original is still on its line.
+    """
+    old = _statements(before)
+    new = _statements(after)
+    import_lines = {node.lineno for node in new if _is_runtime_import(node)}
+    new = [node for node in new if not _is_runtime_import(node)]
+    if len(old) != len(new):
+        return f"{len(old)} statements became {len(new)}"
+    seen_lines = set()
+    for a, b in zip(old, new):
+        name_a, name_b = getattr(a, "name", None), getattr(b, "name", None)
+        if (a.lineno, a.end_lineno, name_a) != (b.lineno, b.end_lineno, name_b):
+            return (f"{type(a).__name__} {name_a or ''} at lines {a.lineno}-{a.end_lineno} is now "
+                    f"{type(b).__name__} {name_b or ''} at lines {b.lineno}-{b.end_lineno}")
+        # The first statement of a line keeps its indentation; later ones (`if c: f(x)`) may move right.
+        if a.lineno not in seen_lines and a.lineno not in import_lines and a.col_offset != b.col_offset:
+            return f"statement at line {a.lineno} moved from column {a.col_offset} to {b.col_offset}"
+        seen_lines.add(a.lineno)
+    names_before = Counter((n.id, n.lineno) for n in ast.walk(before) if isinstance(n, ast.Name))
+    names_after = Counter((n.id, n.lineno) for n in ast.walk(after) if isinstance(n, ast.Name))
+    missing = names_before - names_after
+    if missing:
+        (name, line), _ = next(iter(missing.items()))
+        return f"name {name!r} is no longer on line {line}"
+    return None
+
+
+def check_source(source: bytes, path: str) -> Result:
+    """Rewrite ``source`` once and check every invariant of the output."""
+    import time
+
+    tree, invalid = _python_accepts(source, path)
+    start = time.perf_counter()
+    try:
+        out = rewrite_source(source, path=path)
+    except RewriteError as error:
+        return Result(path, REFUSED if tree is not None else INVALID, str(error))
+    except Exception:  # anything but RewriteError is a crash, on valid and invalid input alike
+        return Result(path, FAILED, "crashed: " + traceback.format_exc(limit=-4))
+    seconds = time.perf_counter() - start
+
+    if tree is None:
+        # Python rejects the file but the compiler did not: it must still keep it restorable.
+        problems = []
+        try:
+            if restore_source(out, path=path) != source:
+                problems.append("restore(rewrite(s)) != s")
+        except Exception as error:
+            problems.append(f"restore crashed: {type(error).__name__}: {error}")
+        if problems:
+            return Result(path, FAILED, f"invalid input ({invalid}): " + "; ".join(problems), seconds)
+        return Result(path, INVALID, f"rewritten although Python rejects it: {invalid}", seconds)
+
+    if out == source:
+        return Result(path, UNCHANGED, "", seconds)
+    problems = []
+    after, why = _python_accepts(out, path)
+    if after is None:
+        problems.append(f"output does not compile: {why}")
+    if out.count(b"\n") != source.count(b"\n") or out.count(b"\r") != source.count(b"\r"):
+        problems.append("the number of lines changed")
+    elif after is not None:
+        moved = line_mismatch(tree, after)
+        if moved:
+            problems.append(f"line numbers moved: {moved}")
+    if RUNTIME_IMPORT.encode() not in out:
+        problems.append("changed without the runtime import")
+    try:
+        if restore_source(out, path=path) != source:
+            problems.append("restore(rewrite(s)) != s" + _first_difference(restore_source(out, path=path), source))
+    except Exception as error:
+        problems.append(f"restore crashed: {type(error).__name__}: {error}")
+    try:
+        if rewrite_source(out, path=path) != out:
+            problems.append("rewrite(rewrite(s)) != rewrite(s)")
+    except Exception as error:
+        problems.append(f"second rewrite crashed: {type(error).__name__}: {error}")
+    return Result(path, FAILED if problems else OK, "; ".join(problems), seconds)
+
+
+def _first_difference(got: bytes, want: bytes) -> str:
+    got_lines, want_lines = got.splitlines(True), want.splitlines(True)
+    for number, (a, b) in enumerate(zip(got_lines, want_lines), 1):
+        if a != b:
+            return f" (line {number}: {b!r} came back as {a!r})"
+    return f" ({len(want_lines)} lines came back as {len(got_lines)})"
+
+
+def check_file(path: str) -> Result:
+    with open(path, "rb") as handle:
+        return check_source(handle.read(), path)
