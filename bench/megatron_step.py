@@ -34,6 +34,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURE = os.path.join(ROOT, "fixtures", "megatron_gpt", "train_gpt.py")
 CONFIGS = {"fused": True, "unfused": False}  # bias_activation_fusion
+# --size: the fixture's tiny GPT, or a wider one where each call does more work (same number of calls)
+SIZES = {"tiny": dict(HIDDEN=64, HEADS=4, SEQ=16, BATCH=2, VOCAB=128),
+         "wide": dict(HIDDEN=512, HEADS=8, SEQ=128, BATCH=4, VOCAB=1024)}
 
 
 # ----------------------------------------------------------------------------------------- worker side
@@ -91,6 +94,8 @@ def worker(args):
 
     torch.set_num_threads(1)
     gpt = _fixture()
+    for name, value in SIZES[args.size].items():
+        setattr(gpt, name, value)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ["MASTER_PORT"] = str(gpt.free_port())
     torch.distributed.init_process_group("gloo", rank=0, world_size=1)
@@ -194,15 +199,16 @@ def run_worker(python, group, config, args, pythonpath=None):
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     done = subprocess.run([python, os.path.abspath(__file__), "--worker", group, "--config", config,
-                           "--steps", str(args.steps), "--rounds", str(args.rounds)],
+                           "--steps", str(args.steps), "--rounds", str(args.rounds), "--size", args.size],
                           capture_output=True, text=True, env=env, timeout=1800)
     if done.returncode != 0:
         last = [line for line in done.stderr.strip().splitlines() if line.strip()][-1:]
         return {"error": f"failed: {last[0] if last else done.returncode}"}
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    # msprobe logs to stdout, also after our line
+    return json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
 
 
-def svg(table, path):
+def svg(table, path, title="tiny megatron-core GPT"):
     """A horizontal bar chart of the ratios (matplotlib is not needed)."""
     rows = [(f"{config}: {name}", value) for config, results in table.items() for name, value in results.items()]
     width, left, bar, gap = 760, 300, 16, 6
@@ -211,7 +217,7 @@ def svg(table, path):
     height = 40 + len(rows) * (bar + gap) + 30
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
              'font-family="sans-serif" font-size="12">',
-             f'<text x="{left}" y="18" font-weight="bold">step time / plain step (tiny megatron-core GPT, CPU)</text>']
+             f'<text x="{left}" y="18" font-weight="bold">step time / plain step ({title}, CPU)</text>']
     y = 34
     for label, value in rows:
         parts.append(f'<text x="{left - 8}" y="{y + bar - 4}" text-anchor="end">{label}</text>')
@@ -240,6 +246,9 @@ def main():
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--svg", help="write a bar chart here")
     parser.add_argument("--throughput", action="store_true", help="also bench/rewrite_throughput.py")
+    parser.add_argument("--size", choices=SIZES, default="tiny", help="tiny: the fixture's GPT (hidden 64, sequence "
+                        "16, batch 2); wide: hidden 512, 8 heads, sequence 128, batch 4, vocabulary 1024")
+    parser.add_argument("--configs", default="fused,unfused", help="bias_activation_fusion on (fused), off")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--config", default="fused", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -251,7 +260,7 @@ def main():
     rewrite_seconds = rewritten_copy(copy)
     print(f"megatron-core rewritten into {copy} in {rewrite_seconds:.1f} s (the CLI's cache may serve it)")
     table, absolute = {}, {}
-    for config in CONFIGS:
+    for config in args.configs.split(","):
         best = {}
         for _ in range(2):  # every group twice, interleaved, the lower median kept
             for group, pythonpath in (("plain", None), ("rewritten", copy)):
@@ -272,10 +281,12 @@ def main():
                 table[config][name] = result[name]
             else:
                 table[config][name] = result[name] / result["plain"]
-        print(f"\n{config} (bias_activation_fusion={CONFIGS[config]}): plain step {base * 1e3:.2f} ms")
+        print(f"\n{config} (bias_activation_fusion={CONFIGS[config]}), {args.size} {SIZES[args.size]}: "
+              f"plain step {base * 1e3:.2f} ms")
         for name, value in table[config].items():
             print(f"  {name:24s} " + (f"{value:5.2f}x" if isinstance(value, float) else value))
-    figures = {"ratios": table, "absolute": absolute}
+    figures = {"size": SIZES[args.size], "steps": args.steps, "rounds": args.rounds, "ratios": table,
+               "absolute": absolute}
     if args.throughput:
         out = os.path.join(copy, "throughput.json")
         subprocess.run([sys.executable, os.path.join(ROOT, "bench", "rewrite_throughput.py"), "--json", out],
@@ -286,7 +297,7 @@ def main():
         with open(args.json, "w") as handle:
             json.dump(figures, handle, indent=2)
     if args.svg:
-        svg(table, args.svg)
+        svg(table, args.svg, f"{args.size} megatron-core GPT")
 
 
 if __name__ == "__main__":
