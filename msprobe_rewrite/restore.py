@@ -47,6 +47,13 @@ class Restorer(CachedDispatch):
         return updated  # the parts of augmented assignments, undone with their statement
 
     def leave_Assign(self, original: cst.Assign, updated: cst.Assign):
+        targets = []
+        for target in updated.targets:
+            store = target.target
+            if isinstance(store, cst.Subscript) and runtime_entry(store.value) == "item":
+                target = target.with_changes(target=store.with_changes(value=store.value.args[0].value))
+            targets.append(target)
+        updated = updated.with_changes(targets=targets)
         entry = runtime_entry(updated.value)
         if entry not in AUGMENTED_BY_NAME or len(updated.targets) != 1:
             return updated

@@ -220,6 +220,21 @@ class CallSiteTransformer(CachedDispatch):
         args = [cst.Arg(value=updated.left, comma=comma), cst.Arg(value=target.comparator)]
         return self._runtime_call(entry, args, updated)
 
+    def leave_Assign(self, original, updated):
+        """``obj[k] = v`` -> ``__msprobe__.item(obj)[k] = v``: the store goes through the runtime (msprobe's
+        ``Tensor.__setitem__``) with Python's order kept: ``v``, then ``obj``, then ``k``, then the store."""
+        if self.frozen:
+            return updated
+        targets = []
+        for target in updated.targets:
+            store = target.target
+            if isinstance(store, cst.Subscript) and not store.lpar:
+                loader = cst.Call(func=runtime_attr("item"), args=[cst.Arg(value=store.value)])
+                target = target.with_changes(target=store.with_changes(value=loader))
+                self.changes += 1
+            targets.append(target)
+        return updated.with_changes(targets=targets)
+
     def leave_AugAssign(self, original, updated):
         if self.frozen or not safe_as_argument(updated.value):
             return updated

@@ -43,6 +43,7 @@ OPERATORS = {
     "irshift": ("__irshift__", "__rrshift__"), "iand": ("__iand__", "__rand__"),
     "ior": ("__ior__", "__ror__"), "ixor": ("__ixor__", "__rxor__"),
     "neg": ("__neg__", None), "pos": ("__pos__", None), "invert": ("__invert__", None),
+    "setitem": ("__setitem__", None),
 }
 _PLAIN_SCALARS = (bool, int, float, complex)
 

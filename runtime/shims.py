@@ -81,6 +81,13 @@ class _ItemLoader:
         container = self.container
         return _Ref(container, key, container[key], True)
 
+    def __setitem__(self, key, value):
+        """``item(obj)[k] = v``: the store ``obj[k] = v`` (Python has already evaluated v, obj, k in order)."""
+        if _collector is None:
+            self.container[key] = value
+        else:
+            _collector.operator("setitem", _op.setitem, self.container, key, value)
+
 
 def attr(obj, name, /):
     """Load ``obj.name`` for ``obj.name op= value``."""
@@ -88,7 +95,8 @@ def attr(obj, name, /):
 
 
 def item(obj, /):
-    """``item(obj)[k]`` loads ``obj[k]`` for ``obj[k] op= value``; the subscript keeps its own syntax."""
+    """``item(obj)[k]`` loads ``obj[k]`` for ``obj[k] op= value``, and ``item(obj)[k] = v`` stores; the
+    subscript keeps its own syntax."""
     return _ItemLoader(obj)
 
 

@@ -510,6 +510,45 @@ def test_augmented_assignments_evaluate_target_once():
     )
 
 
+def test_subscript_stores_go_through_the_runtime_in_pythons_order():
+    check(
+        """\
+        import torch
+        def f(x, k, v, d):
+            x[k] = v
+            a = x[1:2, ...] = d["a"] = v
+            x.attr = v
+            (y, x[0]) = v
+            del x[k]
+        """,
+        """\
+        import msprobe_runtime as __msprobe__; import torch
+        def f(x, k, v, d):
+            __msprobe__.item(x)[k] = v
+            a = __msprobe__.item(x)[1:2, ...] = __msprobe__.item(d)["a"] = v
+            x.attr = v
+            (y, x[0]) = v
+            del x[k]
+        """,
+    )
+
+
+def test_subscript_store_evaluates_value_container_and_key_once_in_order():
+    source = dedent(
+        """\
+        log = []
+        def note(tag, value):
+            log.append(tag)
+            return value
+        store = {}
+        note("container", store)[note("key", "k")] = note("value", 1)
+        """
+    )
+    namespace = {}
+    exec(compile(rewrite_source(source.encode()), "<order>", "exec"), namespace)
+    assert namespace["log"] == ["value", "container", "key"] and namespace["store"] == {"k": 1}
+
+
 # -- what is never touched ------------------------------------------------------------------------------
 
 def test_kernel_and_compiled_bodies_stay_plain_however_imported():
