@@ -29,6 +29,14 @@ KERNEL_DECORATOR_NAMES = frozenset({"jit", "jit_fuser", "script", "script_method
 SKIP_MARKER = re.compile(r"#\s*msprobe:\s*skip\b(?!-)")
 
 
+def is_kernel_decorator(dotted: str, scope: Scope, configured=frozenset()) -> bool:
+    """Whether the decorator spelled ``dotted`` (resolved through ``scope``) compiles its function's body."""
+    qualname = qualify(dotted, scope) or dotted
+    last = qualname.rsplit(".", 1)[-1]
+    return (qualname in KERNEL_DECORATORS or last in KERNEL_DECORATOR_NAMES
+            or qualname in configured or dotted in configured or last in configured)
+
+
 class ScopeMismatch(Exception):
     """The ast scopes and the libcst scopes did not pair up: a bug, reported rather than guessed around."""
 
@@ -75,11 +83,7 @@ class CallSiteTransformer(CachedDispatch):
             dotted = dotted_name(expression)
             if dotted is None:
                 continue
-            qualname = qualify(dotted, self.scope) or dotted
-            last = qualname.rsplit(".", 1)[-1]
-            if (qualname in KERNEL_DECORATORS or last in KERNEL_DECORATOR_NAMES
-                    or qualname in self.skip_decorators or dotted in self.skip_decorators
-                    or last in self.skip_decorators):
+            if is_kernel_decorator(dotted, self.scope, self.skip_decorators):
                 return True
         return False
 

@@ -17,7 +17,7 @@ from msprobe_runtime.catalogue import Catalogue
 from ..api import SKIP_FILE_MARKER, package_of
 from ..resolver import API, UNKNOWN, Resolver, qualify
 from ..scopes import Binding, ModuleScopes, Scope, _absolute_module, _dotted, collect_scopes
-from ..transformer import KERNEL_DECORATOR_NAMES, KERNEL_DECORATORS, SKIP_MARKER
+from ..transformer import SKIP_MARKER, is_kernel_decorator
 from .noqa import is_suppressed
 
 # Roots of the modules whose import makes unresolved calls worth counting (MSP901).
@@ -229,10 +229,7 @@ class _Visitor(ast.NodeVisitor):
             dotted = _dotted(expression)
             if dotted is None:
                 continue
-            qualname = qualify(dotted, self.scope) or dotted
-            last = qualname.rsplit(".", 1)[-1]
-            if (qualname in KERNEL_DECORATORS or last in KERNEL_DECORATOR_NAMES
-                    or qualname in skip or dotted in skip or last in skip):
+            if is_kernel_decorator(dotted, self.scope, skip):
                 return dotted
         return None
 
