@@ -1,0 +1,37 @@
+"""Every benchmark once, in small sizes (``make bench``); pass ``--full`` for the sizes the docs report.
+
+Each script prints its figures as ratios to a baseline measured in the same run; this only runs them in turn.
+"""
+import argparse
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+SMALL = [
+    ("overhead.py", ["--steps", "5", "--rounds", "2"]),
+    ("rewrite_throughput.py", ["--limit", "40"]),
+    ("import_time.py", ["--repeat", "1", "--module", "megatron.core.transformer.mlp"]),
+    ("compare_dumps.py", ["--entries", "5000"]),
+    ("megatron_step.py", ["--steps", "3", "--rounds", "1"]),
+]
+FULL = [(script, []) for script, _ in SMALL]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--full", action="store_true", help="the full sizes (tens of minutes on 2 cores)")
+    args = parser.parse_args()
+    failed = []
+    for script, options in (FULL if args.full else SMALL):
+        print(f"\n=== bench/{script} {' '.join(options)}", flush=True)
+        if subprocess.run([sys.executable, os.path.join(HERE, script), *options]).returncode != 0:
+            failed.append(script)
+    if failed:
+        print(f"\nfailed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
