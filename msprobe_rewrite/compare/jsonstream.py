@@ -88,6 +88,9 @@ def iter_members(handle: TextIO, stream_key: Optional[str] = None,
     instead, and every other top-level member goes to ``on_header(key, value)`` as it is read.
     """
     reader = _Reader(handle)
+    if stream_key is None:
+        yield from _inner(reader)
+        return
     reader.expect("{")
     if reader.peek() == "}":
         reader.pos += 1
@@ -97,19 +100,17 @@ def iter_members(handle: TextIO, stream_key: Optional[str] = None,
         if not isinstance(key, str):
             reader.fail("expected a member name")
         reader.expect(":")
-        if stream_key is not None and key == stream_key:
+        if key == stream_key:
             if reader.peek() == "{":
                 yield from _inner(reader)
             else:
                 value = reader.value()
                 if value is not None:
                     reader.fail(f"{stream_key!r} is not an object")
-        elif stream_key is not None:
+        else:
             value = reader.value()
             if on_header is not None:
                 on_header(key, value)
-        else:
-            yield key, reader.value()
         following = reader.peek()
         reader.pos += 1
         if following == "}":
