@@ -11,12 +11,14 @@ file on disk is never changed and every line keeps its number.
 """
 from __future__ import annotations
 
+import _imp
 import importlib.abc
 import importlib.machinery
 import os
 import sys
 import threading
 import warnings
+from types import CodeType
 from typing import Iterable, List, Optional, Sequence
 
 from . import bytecode_cache
@@ -35,9 +37,12 @@ def _never(name: str) -> bool:
 
 
 class RewriteOptions:
-    """What the rewrite depends on besides the source: catalogue files and skipped decorators."""
+    """What the rewrite depends on besides the source: catalogue files and skipped decorators (and, for the
+    prefetch workers, the packages asked for)."""
 
-    def __init__(self, catalogue_files: Sequence[str] = (), skip_decorators: Sequence[str] = ()):
+    def __init__(self, catalogue_files: Sequence[str] = (), skip_decorators: Sequence[str] = (),
+                 packages: Sequence[str] = ()):
+        self.packages = list(packages)
         self.catalogue_files = [os.fspath(f) for f in catalogue_files]
         self.skip_decorators = list(skip_decorators)
         self._catalogue = None
@@ -58,6 +63,17 @@ class RewriteOptions:
         return self._catalogue, self._fingerprint
 
 
+def instrumented_code(source: bytes, source_path: str, package: Optional[str], catalogue,
+                      skip_decorators: Sequence[str]) -> CodeType:
+    """The code object the loader runs and caches for one module (the prefetch workers call this too, so
+    that what they cache is exactly what the loader would)."""
+    from .api import rewrite_source
+
+    rewritten = rewrite_source(source, catalogue, path=source_path, package=package,
+                               skip_decorators=skip_decorators, add_import=False)
+    return compile(rewritten, source_path, "exec", dont_inherit=True)
+
+
 class InstrumentingLoader(importlib.machinery.SourceFileLoader):
     def __init__(self, fullname: str, path: str, options: RewriteOptions, is_package: bool):
         super().__init__(fullname, path)
@@ -72,18 +88,22 @@ class InstrumentingLoader(importlib.machinery.SourceFileLoader):
         cached_at = bytecode_cache.cache_path(source_path)
         code = bytecode_cache.read(cached_at, key)
         if code is not None:
+            _imp._fix_co_filename(code, source_path)  # as importlib does for a .pyc: the tree may have moved
             return code
-        from .api import RewriteError, rewrite_source
+        if cached_at is not None and self.options.packages:
+            from . import prefetch
 
+            prefetch.start(fullname, self.options.packages, self.options.catalogue_files,
+                           self.options.skip_decorators, fingerprint)
         try:
-            rewritten = rewrite_source(source, catalogue, path=source_path, package=self._package,
-                                       skip_decorators=self.options.skip_decorators, add_import=False)
+            code = instrumented_code(source, source_path, self._package, catalogue, self.options.skip_decorators)
         except Exception as error:  # a compiler bug must not stop the user's program either
+            from .api import RewriteError
+
             reason = error if isinstance(error, RewriteError) else f"{type(error).__name__}: {error}"
             warnings.warn(f"msprobe-rewrite: {fullname} is imported uninstrumented: {reason}",
                           RuntimeWarning, stacklevel=2)
             return self.source_to_code(source, source_path)  # not cached: the warning comes every run
-        code = self.source_to_code(rewritten, source_path)
         bytecode_cache.write(cached_at, key, code)
         return code
 
@@ -172,9 +192,10 @@ def install_import_hook(packages: Iterable[str] = (), *, paths: Iterable[str] = 
     refused = [p for p in packages if _never(p)]
     if refused:
         warnings.warn(f"msprobe-rewrite: never instrumented: {', '.join(refused)}", RuntimeWarning, stacklevel=2)
-    options = RewriteOptions(catalogue_files, skip_decorators)
+    packages = [p.strip() for p in packages if p.strip() and not _never(p.strip())]
+    options = RewriteOptions(catalogue_files, skip_decorators, packages)
     options.prepare()  # a bad catalogue is reported here, not as an ImportError of some user module
-    finder = InstrumentingFinder([p for p in packages if not _never(p)], paths, options)
+    finder = InstrumentingFinder(packages, paths, options)
     already = sorted(name for name in list(sys.modules) if finder.wants_name(name))
     if already:
         warnings.warn("msprobe-rewrite: already imported before the import hook, so not instrumented: "
