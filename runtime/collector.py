@@ -7,6 +7,7 @@ is never repeated and never sees the error.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -46,6 +47,15 @@ OPERATORS = {
     "setitem": ("__setitem__", None),
 }
 _PLAIN_SCALARS = (bool, int, float, complex)
+_NO_TORCH_FUNCTION = torch._C.DisableTorchFunction
+_NOTHING = contextlib.nullcontext()
+
+
+def quiet(collector):
+    """Around the collector's own tensor work while the observing ``TorchFunctionMode`` is pushed: without
+    it, every metadata read and statistics op of ours would take a Python round trip through the mode
+    (about twenty per recorded tensor). Never around the user's call."""
+    return _NO_TORCH_FUNCTION() if collector.mode_depth else _NOTHING
 
 
 class Collector:
@@ -194,21 +204,23 @@ class Collector:
         try:
             name = entry = None
             try:
-                name = self._begin(api_name)
-                if name is not None and self.want_forward:
-                    entry = {}
-                    if self.want_input:
-                        prefix = f"{name}.forward.input"
-                        entry["input_args"] = self.describe_seq(record_args, prefix)
-                        entry["input_kwargs"] = self.describe_map(
-                            kwargs if record_kwargs is None else record_kwargs, prefix)
+                with quiet(self):
+                    name = self._begin(api_name)
+                    if name is not None and self.want_forward:
+                        entry = {}
+                        if self.want_input:
+                            prefix = f"{name}.forward.input"
+                            entry["input_args"] = self.describe_seq(record_args, prefix)
+                            entry["input_kwargs"] = self.describe_map(
+                                kwargs if record_kwargs is None else record_kwargs, prefix)
             except Exception as error:
                 self.log_error(f"recording {api_name}", error)
                 name = None
             result = fn(*args, **kwargs)
             if name is not None:
                 try:
-                    self._finish_api(name, entry, result, frame)
+                    with quiet(self):
+                        self._finish_api(name, entry, result, frame)
                 except Exception as error:
                     self.log_error(f"recording {api_name}", error)
             return result

@@ -15,6 +15,8 @@ import sys
 import torch
 from torch.overrides import TorchFunctionMode
 
+from .collector import quiet
+
 
 def is_instrumented(function):
     """Whether ``function`` lives in a rewritten module (its globals carry the runtime import)."""
@@ -156,7 +158,8 @@ class ModuleTracker:
             if collector.level_module and not collector.in_api:
                 collector.in_api += 1
                 try:
-                    frame[1] = collector.module_forward_begin(module, args)
+                    with quiet(collector):
+                        frame[1] = collector.module_forward_begin(module, args)
                 finally:
                     collector.in_api -= 1
         except Exception as error:
@@ -179,10 +182,11 @@ class ModuleTracker:
             if record is not None:
                 collector.in_api += 1
                 try:
-                    if len(rest) == 2:
-                        collector.module_forward_end(record, module, rest[0], rest[1])
-                    else:
-                        collector.module_forward_abort(record)
+                    with quiet(collector):
+                        if len(rest) == 2:
+                            collector.module_forward_end(record, module, rest[0], rest[1])
+                        else:
+                            collector.module_forward_abort(record)
                 finally:
                     collector.in_api -= 1
         except Exception as error:
