@@ -111,13 +111,21 @@ class Collector:
         self.pending_backward = {}  # module backward entries still waiting for some of their gradients
         self.param_waiters = {}  # id(parameter) -> [(module backward entry, its state)] waiting for its grad
 
-    def snapshot(self):
-        """Copies of the step's tables for the writer (entries are still filled by later backward hooks)."""
+    def snapshot(self, handover=False):
+        """The step's tables for the writer. ``handover``: the caller resets right after, so the tables
+        themselves go; otherwise collection may go on in this step, and the entries that later hooks still
+        fill (backward, parameter gradients) are copied. Forward entries are complete once stored."""
         with self._lock:
-            data = {name: _copy(entry) for name, entry in self.data.items()}
-            for name, entry in self.pending_backward.items():  # incomplete ones still show what arrived
-                data[name] = _copy(entry)
+            if handover:
+                data = self.data
+                data.update(self.pending_backward)  # incomplete ones still show what arrived
+            else:
+                data = {name: entry if _is_forward(name) else _copy(entry) for name, entry in self.data.items()}
+                for name, entry in self.pending_backward.items():
+                    data[name] = _copy(entry)
             tensors, self.tensors = self.tensors, []
+        if handover:
+            return data, self.stacks, self.construct, tensors
         return data, dict(self.stacks), dict(self.construct), tensors
 
     def log_error(self, where, error):
@@ -444,6 +452,11 @@ def _dtype_name(dtype):
     if name is None:
         name = _DTYPE_NAMES[dtype] = str(dtype)
     return name
+
+
+def _is_forward(name):
+    """``Functional.gelu.0.forward`` or ``Module.net1.Linear.forward.0`` (a module cannot be named "forward")."""
+    return name.endswith(".forward") or ".forward." in name
 
 
 def _copy(obj):

@@ -114,10 +114,8 @@ class PrecisionDebugger:
         """Flush this step, then count the next one (call indices restart)."""
         collector = self._collector
         if collector is not None:
-            if collector.collecting:
-                self._flush()
-            elif self._dirty:
-                self._flush()
+            if collector.collecting or self._dirty:
+                self._flush(handover=True)
             collector.reset()
         self._dirty = False
         self.current_step += 1
@@ -148,9 +146,9 @@ class PrecisionDebugger:
         leaf = f"rank{rank}" if rank is not None else f"proc{os.getpid()}"
         return os.path.join(self.config.dump_path, f"step{step}", leaf)
 
-    def _flush(self):
+    def _flush(self, handover=False):
         collector = self._collector
-        data, stacks, construct, tensors = collector.snapshot()
+        data, stacks, construct, tensors = collector.snapshot(handover)
         collector.stats.take()
         header = {"task": self.config.task, "level": self.config.level, "framework": "pytorch",
                   "dump_data_dir": None}

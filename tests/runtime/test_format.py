@@ -262,6 +262,34 @@ def test_call_indices_restart_each_step(debuggers, tmp_path):
         assert names == ["Torch.relu.0.forward", "Torch.relu.1.forward"]
 
 
+def test_a_step_collected_in_two_parts_is_written_whole(debuggers, model_module, tmp_path):
+    """stop() flushes, start() again in the same step goes on counting; step() without stop() hands the
+    tables over. The step's files hold both parts, and the first part's entries are not changed by the second."""
+    torch.manual_seed(0)
+    model = model_module.Outer()
+    x = torch.randn(2, 4, requires_grad=True)
+    debugger = debuggers(dump_path=str(tmp_path / "d"), level="mix")
+    debugger.start(model)
+    first = model_module.loss_of(model, x)
+    debugger.stop()
+    debugger.wait()
+    part = read_step(tmp_path / "d")["dump.json"]["data"]
+    debugger.start(model)
+    second = model_module.loss_of(model, x)
+    (first + second).backward()
+    debugger.step()  # still collecting: flushed with the tables handed over
+    rt.call("Torch.relu", torch.relu, x)  # step 1 begins with fresh tables
+    debugger.stop()
+    debugger.wait()
+    whole = read_step(tmp_path / "d")["dump.json"]["data"]
+    assert set(part) < set(whole)
+    assert {name: whole[name] for name in part if name.endswith(".forward") or ".forward." in name} == {
+        name: entry for name, entry in part.items() if name.endswith(".forward") or ".forward." in name}
+    assert "Functional.gelu.1.forward" in whole and "Functional.gelu.1.backward" in whole
+    assert "Module.inner.Inner.forward.1" in whole and "Module.inner.Inner.backward.1" in whole
+    assert list(read_step(tmp_path / "d", 1)["dump.json"]["data"]) == ["Torch.relu.0.forward"]
+
+
 def test_stack_json(debuggers, tmp_path):
     x = torch.ones(2)
     debugger = debuggers(dump_path=str(tmp_path / "d"), level="L1")
