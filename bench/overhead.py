@@ -113,6 +113,22 @@ def ours(args):
             name = f"ours {level}" + (" + NaN/Inf counts" if counts else "")
             variants[name] = (lambda debugger=debugger, model=model:
                               rewritten.collected_step(debugger, model, x))
+    # Diagnostic: L1 and mix with every statistics op skipped (records, names, stacks and hooks only), to
+    # show how much of the overhead is the reductions themselves and how much is Python bookkeeping.
+    from msprobe_runtime.statistics import Slot
+
+    nothing = Slot(None, 4)
+    for level in ("L1", "mix"):
+        config = os.path.join(root, f"{level}-nostats.json")
+        with open(config, "w") as handle:
+            json.dump({"dump_path": os.path.join(root, f"{level}-nostats"), "level": level}, handle)
+        debugger = PrecisionDebugger(config_path=config)
+        debuggers.append(debugger)
+        model = rewritten.MLP()
+        rewritten.collected_step(debugger, model, x)  # builds the collector, whose statistics are then skipped
+        debugger._collector.stats.add = lambda t, kind: (nothing, None)
+        variants[f"ours {level}, no statistics ops"] = (lambda debugger=debugger, model=model:
+                                                        rewritten.collected_step(debugger, model, x))
     try:
         results = measure_interleaved(variants, args.steps, args.rounds)
         for debugger in debuggers:
