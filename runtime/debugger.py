@@ -147,9 +147,17 @@ class PrecisionDebugger:
         return os.path.join(self.config.dump_path, f"step{step}", leaf)
 
     def _flush(self, handover=False):
+        from .collector import quiet
+
         collector = self._collector
         data, stacks, construct, tensors = collector.snapshot(handover)
-        collector.stats.take()
+        # our own ops: never recorded as the user's calls, even while the session's mode is pushed
+        collector.in_api += 1
+        try:
+            with quiet(collector):
+                collector.stats.take()
+        finally:
+            collector.in_api -= 1
         header = {"task": self.config.task, "level": self.config.level, "framework": "pytorch",
                   "dump_data_dir": None}
         self._writer.submit(StepJob(self._step_dir(self.current_step), header, data, stacks, construct, tensors))

@@ -1,7 +1,8 @@
 """Per-tensor statistics computed where the tensor lives, with no host sync.
 
 ``add`` launches the reductions for one tensor on its device (Max, Min, Mean, Norm as one small stacked
-tensor; NaN and Inf counts as another) and returns a ``Slot``. Nothing is read back on the training thread:
+tensor; NaN and Inf counts as another) and returns a ``Slot``; a small tensor is copied into a staging row
+instead and reduced with the others of its size at the flush. Nothing is read back on the training thread:
 ``take`` concatenates every pending slot of a device into one device buffer (a cast and a concatenation per
 dtype, then one more concatenation) and starts one non-blocking copy to the host; the writer thread waits on
 the copy's event and reads the numbers. A slot learns its batch and offset at ``take`` time.
@@ -64,15 +65,17 @@ class Batch:
 
 
 class Slot:
-    """Where the numbers of one tensor's statistics will be: pending on the device, then in a Batch."""
+    """Where the numbers of one tensor's statistics will be: pending on the device, then in a Batch. A group
+    slot (small tensors reduced together) hands its batch and offsets on to its ``members``."""
 
-    __slots__ = ("pending", "batch", "offset", "width")
+    __slots__ = ("pending", "batch", "offset", "width", "members")
 
-    def __init__(self, pending, width):
+    def __init__(self, pending, width, members=None):
         self.pending = pending
         self.batch = None
         self.offset = 0
         self.width = width
+        self.members = members
 
     def values(self):
         """The numbers (writer thread only); None if the slot was never flushed."""
@@ -83,6 +86,26 @@ class Slot:
         return flat[self.offset:self.offset + self.width]
 
 
+class _Stage:
+    """Small tensors of one device, dtype and size, copied into the rows of one buffer as they are recorded
+    and reduced row by row at the flush: four ops per group instead of six per tensor, where the per-op cost,
+    not the data, is what small tensors pay for."""
+
+    __slots__ = ("buffer", "rows", "views", "slots", "counts")
+
+    def __init__(self, buffer):
+        self.buffer = buffer
+        self.rows = 0
+        self.views = buffer.unbind(0)
+        self.slots = []
+        self.counts = []
+
+
+_STAGE_MAX_NUMEL = 4096   # larger tensors are reduced in place: their passes cost more than the ops' overhead
+_STAGE_MAX_BYTES = 64 << 20
+_STAGE_FIRST_ROWS = 32
+
+
 class StatBuffer:
     """Pending slots of the current step, handed over as one device buffer per device at each flush."""
 
@@ -90,12 +113,18 @@ class StatBuffer:
         self.nan_inf_count = nan_inf_count
         self._lock = threading.Lock()
         self._pending = []
+        self._stages = {}  # (device, dtype, numel) -> [_Stage], the last one filling
+        self._staged_bytes = 0
 
     def add(self, t, kind):
         """Launch the statistics of ``t``; returns ``(slot, count_slot or None)``."""
         import torch
 
         t = t.detach()
+        if kind == KIND_FLOAT and t.numel() <= _STAGE_MAX_NUMEL and t.is_contiguous():
+            staged = self._stage(t)
+            if staged is not None:
+                return staged
         repeat = 1
         if not t.is_contiguous():
             t, repeat = _dense_view(t)
@@ -125,12 +154,70 @@ class StatBuffer:
                 self._pending.append(counts)
         return slot, counts
 
+    def _stage(self, t):
+        """Copy a small tensor into its stage (a copy, since the user may change it in place before the
+        flush); None where the staging memory is used up."""
+        import torch
+
+        numel = t.numel()
+        key = (t.device, t.dtype, numel)
+        with self._lock:
+            stages = self._stages.setdefault(key, [])
+            stage = stages[-1] if stages else None
+            if stage is None or stage.rows == len(stage.views):
+                rows = _STAGE_FIRST_ROWS if stage is None else 2 * len(stage.views)
+                size = rows * numel * t.element_size()
+                if self._staged_bytes + size > _STAGE_MAX_BYTES:
+                    return None
+                stage = _Stage(torch.empty((rows, numel), dtype=t.dtype, device=t.device))
+                self._staged_bytes += size
+                stages.append(stage)
+            stage.views[stage.rows].copy_(t.view(-1))
+            stage.rows += 1
+            slot = Slot(None, 4)
+            counts = Slot(None, 2) if self.nan_inf_count else None
+            stage.slots.append(slot)
+            stage.counts.append(counts)
+        return slot, counts
+
+    def _reduce_stages(self, stages_by_key):
+        """Row-wise statistics of every stage, as group slots; returns them and the emptied buffers that
+        may serve the next step."""
+        import torch
+
+        groups, kept = [], {}
+        for key, stages in stages_by_key.items():
+            for stage in stages:
+                if not stage.rows:
+                    continue
+                m = stage.buffer[:stage.rows]
+                values = torch.stack((m.amax(1), m.amin(1), m.mean(1), torch.linalg.vector_norm(m, dim=1)), 1)
+                groups.append(Slot(values.reshape(-1), 4 * stage.rows, stage.slots))
+                if self.nan_inf_count:
+                    counts = torch.stack((torch.isnan(m).sum(1), torch.isinf(m).sum(1)), 1)
+                    groups.append(Slot(counts.reshape(-1), 2 * stage.rows, stage.counts))
+            # CPU ops are done when they return: the largest buffer serves again. A device's reductions may
+            # still be queued, so its next step gets a fresh buffer, never one they read.
+            if key[0].type == "cpu" and stages:
+                keep = stages[-1]
+                keep.rows, keep.slots, keep.counts = 0, [], []
+                kept[key] = keep
+        return groups, kept
+
     def take(self):
         """Start the transfer of every pending slot: one buffer and one non-blocking copy per device."""
         import torch
 
         with self._lock:
             pending, self._pending = self._pending, []
+            stages, self._stages = self._stages, {}
+        groups, kept = self._reduce_stages(stages)  # torch ops, outside the lock
+        pending.extend(groups)
+        with self._lock:
+            for key, keep in kept.items():
+                self._stages.setdefault(key, [keep])
+            self._staged_bytes = sum(stage.buffer.numel() * stage.buffer.element_size()
+                                     for stages in self._stages.values() for stage in stages)
         by_device = {}
         for slot in pending:
             by_device.setdefault(slot.pending.device, {}).setdefault(slot.pending.dtype, []).append(slot)
@@ -154,6 +241,11 @@ class StatBuffer:
             for slot in slots:
                 slot.batch = batch
                 slot.pending = None
+                if slot.members is not None:
+                    for index, member in enumerate(slot.members):
+                        if member is not None:
+                            member.batch = batch
+                            member.offset = slot.offset + index * member.width
 
 
 def _dense_view(t):

@@ -188,6 +188,42 @@ def test_statistics_of_strided_tensors(debuggers, tmp_path):
         assert record["Norm"] == pytest.approx(dense.norm().item(), rel=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_statistics_of_many_small_tensors_reduced_together(debuggers, tmp_path, dtype):
+    """Small tensors are copied into staging rows and reduced per size at the flush: more of them than a
+    first buffer holds, several sizes, a NaN and an Inf, and a tensor changed in place after its call."""
+    torch.manual_seed(0)
+    tensors = [torch.randn(size).to(dtype) for size in [7, 64, 3 * 5, 4096] * 20]
+    tensors[3][5] = float("nan")
+    tensors[4][0] = float("inf")
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"dump_path": str(tmp_path / "d"), "level": "L1",
+                                  "statistics": {"nan_inf_count": True}}))
+    debugger = debuggers(config_path=str(config))
+    debugger.start()
+    for tensor in tensors:
+        rt.call("Torch.clone", torch.clone, tensor)
+    expected = [t.clone() for t in tensors]
+    tensors[0].mul_(100)  # after the record: the record keeps the values at the call
+    debugger.stop()
+    debugger.wait()
+    data = read_step(tmp_path / "d")["dump.json"]["data"]
+    for i, tensor in enumerate(expected):
+        record = data[f"Torch.clone.{i}.forward"]["input_args"][0]
+        finite = tensor[torch.isfinite(tensor)].float()
+        assert record["NaN_count"] == int(torch.isnan(tensor).sum()) and record["Inf_count"] == int(
+            torch.isinf(tensor).sum())
+        if record["NaN_count"]:
+            assert record["Max"] != record["Max"]  # NaN propagates, as in torch.amax
+            continue
+        assert record["Max"] == tensor.float().max().item() and record["Min"] == tensor.float().min().item()
+        if record["Inf_count"]:
+            continue
+        tolerance = 1e-6 if dtype is torch.float32 else 1e-2
+        assert record["Mean"] == pytest.approx(finite.mean().item(), rel=tolerance, abs=tolerance)
+        assert record["Norm"] == pytest.approx(finite.norm().item(), rel=tolerance)
+
+
 def test_non_tensor_records(debuggers, tmp_path):
     x = torch.arange(12.0).reshape(3, 4)
     debugger = debuggers(dump_path=str(tmp_path / "d"), level="L1")
@@ -288,6 +324,9 @@ def test_a_step_collected_in_two_parts_is_written_whole(debuggers, model_module,
     assert "Functional.gelu.1.forward" in whole and "Functional.gelu.1.backward" in whole
     assert "Module.inner.Inner.forward.1" in whole and "Module.inner.Inner.backward.1" in whole
     assert list(read_step(tmp_path / "d", 1)["dump.json"]["data"]) == ["Torch.relu.0.forward"]
+    # the flush's own ops (statistics of staged tensors, the concatenation) are never recorded as the user's
+    ours = {"cat", "stack", "amax", "amin", "mean", "copy_", "unbind", "isnan", "isinf", "to"}
+    assert not [name for name in whole if name.split(".")[1] in ours]
 
 
 def test_stack_json(debuggers, tmp_path):
