@@ -185,9 +185,10 @@ def _is_type_checking(test) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def import_order(start: str, index: ModuleIndex) -> List[Tuple[str, str, bool]]:
+def import_order(start: str, index: ModuleIndex) -> Tuple[List[Tuple[str, str, bool]], int]:
     """``(module, file, is_package)`` in the order an import of ``start`` loads them: depth first, parents
-    before children, each once; imports inside functions come after everything the module body imports."""
+    before children, each once; imports inside functions come after everything the module bodies import,
+    whose count is returned too."""
     order: List[Tuple[str, str, bool]] = []
     seen: set = set()
     later: List[str] = []
@@ -217,17 +218,20 @@ def import_order(start: str, index: ModuleIndex) -> List[Tuple[str, str, bool]]:
             visit(imported)
 
     visit(start)
+    eager = len(order)
     while later:
         pending, later[:] = list(later), []
         for name in pending:
             visit(name)
-    return order
+    return order, eager
 
 
-def share(order: Sequence, index: int, count: int) -> List:
-    """Worker ``index``'s part: every ``count``-th entry, from the far end of the import order."""
-    backwards = list(reversed(order))
-    return backwards[index::count]
+def share(order: Sequence, eager: int, index: int, count: int) -> List:
+    """Worker ``index``'s part, every ``count``-th entry: the modules an import surely loads (the first
+    ``eager``) from the far end, where the importing process arrives last; then those only imported inside
+    functions, which it may never need."""
+    ranked = list(reversed(order[:eager])) + list(order[eager:])
+    return ranked[index::count]
 
 
 # ----------------------------------------------------------------- the worker process
@@ -255,9 +259,9 @@ def run_worker(job: dict) -> int:
     if fingerprint != job["fingerprint"]:
         return 1  # another compiler or catalogue than the importing process's: its entries would not match
     index = ModuleIndex(job["packages"], job["roots"])
-    order = import_order(job["start"], index)
+    order, eager = import_order(job["start"], index)
     parent = job["parent"]
-    for name, path, is_package in share(order, job["index"], job["count"]):
+    for name, path, is_package in share(order, eager, job["index"], job["count"]):
         if _stop or os.getppid() != parent:
             break
         cached_at = bytecode_cache.cache_path(path)
