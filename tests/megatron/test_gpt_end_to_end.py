@@ -55,7 +55,8 @@ def train(cwd, *flags, copy=None, launcher=()):
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     where = [line.split(" ", 1)[1] for line in result.stdout.splitlines() if line.startswith("megatron ")]
     expected = str(copy) if copy is not None else str(SITE_MEGATRON)
-    assert where and all(path.startswith(expected + os.sep) for path in where), (where, expected)
+    assert where and all(path.startswith(expected + os.sep) for path in where), (
+        where, expected, result.stdout[-3000:], result.stderr[-3000:])
     return [line for line in result.stdout.splitlines() if line.split(" ", 1)[0] in ("loss", "grad")]
 
 
