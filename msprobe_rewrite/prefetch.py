@@ -1,7 +1,7 @@
 """Cold-cache prefetch for the import hook: spare cores rewrite the modules an import is about to need.
 
-The first cache miss inside a hooked package starts a few low-priority worker processes
-(``python -m msprobe_rewrite.prefetch``). Each reads the static imports of the module being imported and of
+The first cache miss inside a hooked package starts a few low-priority worker processes (this module's
+``main``, also ``python -m msprobe_rewrite.prefetch``, reading a job as JSON on stdin). Each reads the static imports of the module being imported and of
 everything they reach inside the hooked packages (with ``ast``; no user code runs), in the order Python will
 import them, and writes the instrumented bytecode cache for those files, working from the far end of that
 order so that it meets the importing process instead of racing it for the same file.
@@ -27,6 +27,7 @@ _MAX_WORKERS = 4
 
 _workers: List[subprocess.Popen] = []
 _started: set = set()
+_stop_at_exit = False
 
 
 # ----------------------------------------------------------------- the importing process
@@ -68,24 +69,28 @@ def start(fullname: str, packages: Sequence[str], catalogue_files: Sequence[str]
            "count": count}
     environment = {k: v for k, v in os.environ.items()
                    if k not in ("MSPROBE_REWRITE_PACKAGES", "PYTHONDONTWRITEBYTECODE")}
-    # the worker imports this very copy of the compiler, wherever the importing process found it
+    # Where the importing process found the compiler is the worker's last resort, after its own sys.path
+    # (never ahead of the standard library). A different copy found first has another fingerprint, and its
+    # worker writes nothing.
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [here, environment.get("PYTHONPATH")]))
+    program = (f"import sys; sys.path.append({here!r}); "
+               "from msprobe_rewrite.prefetch import main; sys.exit(main())")
     flags = ["-O"] * sys.flags.optimize
     started = 0
     for index in range(count):
         try:
-            worker = subprocess.Popen([sys.executable, *flags, "-m", "msprobe_rewrite.prefetch"],
-                                      stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL, env=environment)
+            worker = subprocess.Popen([sys.executable, *flags, "-c", program], stdin=subprocess.PIPE,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=environment)
             worker.stdin.write(json.dumps({**job, "index": index}).encode())
             worker.stdin.close()
         except OSError:
             break
         _workers.append(worker)
         started += 1
-    if started and len(_workers) == started:
+    global _stop_at_exit
+    if started and not _stop_at_exit:
         atexit.register(stop_workers)
+        _stop_at_exit = True
     return started
 
 

@@ -121,7 +121,10 @@ class StatBuffer:
         import torch
 
         t = t.detach()
-        if kind == KIND_FLOAT and t.numel() <= _STAGE_MAX_NUMEL and t.is_contiguous():
+        # staging copies into a plain buffer: not for tensor subclasses (a DTensor cannot be copied into one)
+        # nor inference tensors (a buffer made in inference mode could not be written outside it)
+        if (kind == KIND_FLOAT and t.numel() <= _STAGE_MAX_NUMEL and type(t) is torch.Tensor
+                and t.is_contiguous() and not t.is_inference() and not torch.is_inference_mode_enabled()):
             staged = self._stage(t)
             if staged is not None:
                 return staged

@@ -224,6 +224,22 @@ def test_statistics_of_many_small_tensors_reduced_together(debuggers, tmp_path, 
         assert record["Norm"] == pytest.approx(finite.norm().item(), rel=tolerance)
 
 
+def test_small_tensors_in_and_out_of_inference_mode(debuggers, tmp_path):
+    """A staging buffer is never made in inference mode, so records on either side of it keep working."""
+    debugger = debuggers(dump_path=str(tmp_path / "d"), level="L1")
+    debugger.start()
+    with torch.inference_mode():
+        rt.call("Torch.clone", torch.clone, torch.full((8,), 2.0))
+    rt.call("Torch.clone", torch.clone, torch.full((8,), 3.0))
+    with torch.inference_mode():
+        rt.call("Torch.clone", torch.clone, torch.full((8,), 4.0))
+    debugger.stop()
+    debugger.wait()
+    data = read_step(tmp_path / "d")["dump.json"]["data"]
+    assert [data[f"Torch.clone.{i}.forward"]["input_args"][0]["Max"] for i in range(3)] == [2.0, 3.0, 4.0]
+    assert debugger._collector.error_count == 0
+
+
 def test_non_tensor_records(debuggers, tmp_path):
     x = torch.arange(12.0).reshape(3, 4)
     debugger = debuggers(dump_path=str(tmp_path / "d"), level="L1")
