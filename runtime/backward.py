@@ -44,29 +44,39 @@ def hook_api_backward(collector, name, outputs):
         node.register_hook(_api_post_hook(collector, token, name, width, positions))
 
 
-def _api_post_hook(collector, token, name, width, positions):
-    def hook(grad_inputs, grad_outputs):
-        if collector.token is not token or not collector.collecting:
+def _observer(collector, token, where, observe):
+    """A hook that runs ``observe`` only while ``token``'s step collects (``token`` None: any step), with
+    ``in_api`` raised so that our own statistics ops are not seen as the user's API calls; an error of ours is
+    logged and the record skipped. Always returns None: it observes, it never replaces a gradient."""
+    def hook(*args):
+        if (token is not None and collector.token is not token) or not collector.collecting:
             return None
-        collector.in_api += 1  # our own statistics ops must not be seen as the user's API calls
+        collector.in_api += 1
         try:
-            entry = collector.backward_entry(name, width, 0)
-            if entry is None:
-                return None
-            describe = collector.describe
-            if "input" in entry:
-                for position, output_nr in positions:
-                    if output_nr < len(grad_outputs):
-                        entry["input"][position] = describe(grad_outputs[output_nr], None)
-            if "output" in entry:
-                entry["output"].extend(describe(g, None) for g in grad_inputs)
+            observe(*args)
         except Exception as error:
-            collector.log_error("API backward hook", error)
+            collector.log_error(where, error)
         finally:
             collector.in_api -= 1
         return None
 
     return hook
+
+
+def _api_post_hook(collector, token, name, width, positions):
+    def observe(grad_inputs, grad_outputs):
+        entry = collector.backward_entry(name, width, 0)
+        if entry is None:
+            return
+        describe = collector.describe
+        if "input" in entry:
+            for position, output_nr in positions:
+                if output_nr < len(grad_outputs):
+                    entry["input"][position] = describe(grad_outputs[output_nr], None)
+        if "output" in entry:
+            entry["output"].extend(describe(g, None) for g in grad_inputs)
+
+    return _observer(collector, token, "API backward hook", observe)
 
 
 def hook_module_backward(collector, name, inputs, outputs, params=()):
@@ -173,49 +183,31 @@ def _consumer_edges(inputs, outputs, targets):
 
 
 def _consumer_hook(collector, token, name, n_out, n_in, edges, state):
-    def hook(grad_inputs, grad_outputs):
-        if collector.token is not token or not collector.collecting:
-            return None
-        collector.in_api += 1
-        try:
-            partial, left = state["partial"], state["left"]
-            for index, position in edges:
-                grad = grad_inputs[index] if index < len(grad_inputs) else None
-                if grad is not None:
-                    known = partial.get(position)
-                    partial[position] = grad if known is None else known + grad
-                left[position] -= 1
-                if left[position] == 0:
-                    entry = collector.backward_entry(name, n_out, n_in, deferred=True)
-                    if entry is not None and "output" in entry:
-                        entry["output"][position] = collector.describe(partial.pop(position, None), None)
-                    _part_done(collector, name, state)
-        except Exception as error:
-            collector.log_error("module backward hook", error)
-        finally:
-            collector.in_api -= 1
-        return None
+    def observe(grad_inputs, grad_outputs):
+        partial, left = state["partial"], state["left"]
+        for index, position in edges:
+            grad = grad_inputs[index] if index < len(grad_inputs) else None
+            if grad is not None:
+                known = partial.get(position)
+                partial[position] = grad if known is None else known + grad
+            left[position] -= 1
+            if left[position] == 0:
+                entry = collector.backward_entry(name, n_out, n_in, deferred=True)
+                if entry is not None and "output" in entry:
+                    entry["output"][position] = collector.describe(partial.pop(position, None), None)
+                _part_done(collector, name, state)
 
-    return hook
+    return _observer(collector, token, "module backward hook", observe)
 
 
 def _tensor_hook(collector, token, name, n_out, n_in, field, position, state):
-    def hook(grad):
-        if collector.token is not token or not collector.collecting:
-            return None
-        collector.in_api += 1
-        try:
-            entry = collector.backward_entry(name, n_out, n_in, deferred=True)
-            if entry is not None and field in entry:
-                entry[field][position] = collector.describe(grad, None)
-            _part_done(collector, name, state)
-        except Exception as error:
-            collector.log_error("module backward hook", error)
-        finally:
-            collector.in_api -= 1
-        return None
+    def observe(grad):
+        entry = collector.backward_entry(name, n_out, n_in, deferred=True)
+        if entry is not None and field in entry:
+            entry[field][position] = collector.describe(grad, None)
+        _part_done(collector, name, state)
 
-    return hook
+    return _observer(collector, token, "module backward hook", observe)
 
 
 def hook_parameters(collector):
@@ -230,16 +222,5 @@ def hook_parameters(collector):
 
 
 def _param_hook(collector, prefix, param_name):
-    def hook(param):
-        if not collector.collecting:
-            return None
-        collector.in_api += 1
-        try:
-            collector.record_param_grad(prefix, param_name, param)
-        except Exception as error:
-            collector.log_error("parameter gradient hook", error)
-        finally:
-            collector.in_api -= 1
-        return None
-
-    return hook
+    return _observer(collector, None, "parameter gradient hook",
+                     lambda param: collector.record_param_grad(prefix, param_name, param))
