@@ -25,11 +25,12 @@ import contextlib
 import importlib.util
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+from timing import measure_interleaved
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURE = os.path.join(ROOT, "fixtures", "megatron_gpt", "train_gpt.py")
@@ -147,7 +148,7 @@ def worker(args):
         hooks = {}
         step = make_step(begin=lambda model: hooks["begin"](model) if hooks else None,
                          end=lambda: hooks["end"]() if hooks else None)
-        results = {"plain": measure({"plain": step}, args.steps, args.rounds)["plain"]}
+        results = {"plain": measure_interleaved({"plain": step}, args.steps, args.rounds, warmup=3)["plain"]}
         from msprobe.pytorch import PrecisionDebugger
 
         debugger = PrecisionDebugger(dump_path=os.path.join(root, "msprobe"), level=level, task="statistics")
@@ -157,27 +158,12 @@ def worker(args):
             debugger.step()
         hooks.update(begin=lambda model: debugger.start(model=model), end=end)
         try:
-            results[f"msprobe {level}"] = measure({"m": step}, args.steps, args.rounds)["m"]
+            results[f"msprobe {level}"] = measure_interleaved({"m": step}, args.steps, args.rounds, warmup=3)["m"]
         except Exception as error:  # noqa: BLE001 - the error is the result
             results[f"msprobe {level}"] = f"raises {type(error).__name__}: {str(error).splitlines()[0]}"
         print(json.dumps(results))
         return
-    print(json.dumps(measure(variants, args.steps, args.rounds)))
-
-
-def measure(variants, steps, rounds):
-    """Median step time of each variant; the variants take turns within every round."""
-    times = {name: [] for name in variants}
-    for step in variants.values():
-        for _ in range(3):
-            step()
-    for _ in range(rounds):
-        for name, step in variants.items():
-            for _ in range(steps):
-                start = time.perf_counter()
-                step()
-                times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
+    print(json.dumps(measure_interleaved(variants, args.steps, args.rounds, warmup=3)))
 
 
 # ----------------------------------------------------------------------------------------- driver side

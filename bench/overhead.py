@@ -15,12 +15,12 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import types
+
+from timing import measure_interleaved
 
 MODEL_SOURCE = '''
 import torch
@@ -61,22 +61,6 @@ def load(source, name):
     module.__file__ = f"<{name}>"
     exec(compile(source, module.__file__, "exec"), module.__dict__)
     return module
-
-
-def measure_interleaved(variants, steps, rounds):
-    """Median step time of each variant; variants take turns within every round, so drift of a shared
-    machine falls on all of them alike."""
-    times = {name: [] for name in variants}
-    for step in variants.values():
-        for _ in range(5):
-            step()
-    for _ in range(rounds):
-        for name, step in variants.items():
-            for _ in range(steps):
-                start = time.perf_counter()
-                step()
-                times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def ours(args):
