@@ -31,6 +31,11 @@ NEVER = frozenset({"torch", "torch_npu", "torchgen", "functorch", "triton", "lib
                    "msprobe_rewrite", "msprobe_runtime", "msprobe", "_pytest", "pytest", "pluggy"})
 
 
+def in_packages(name: str, packages: Sequence[str]) -> bool:
+    """By name prefix: ``megatron`` covers ``megatron`` and ``megatron.core.x``, not ``megatron_extra``."""
+    return any(name == p or name.startswith(p + ".") for p in packages)
+
+
 def _never(name: str) -> bool:
     root = name.partition(".")[0]
     return root in NEVER or root in STDLIB_MODULES
@@ -123,7 +128,7 @@ class InstrumentingFinder(importlib.abc.MetaPathFinder):
         self._local = threading.local()
 
     def wants_name(self, fullname: str) -> bool:
-        return any(fullname == p or fullname.startswith(p + ".") for p in self.packages)
+        return in_packages(fullname, self.packages)
 
     def find_spec(self, fullname, path=None, target=None):
         if _never(fullname):

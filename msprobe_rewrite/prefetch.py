@@ -22,6 +22,8 @@ import subprocess
 import sys
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
+from .import_hook import in_packages
+
 ENV_PREFETCH = "MSPROBE_REWRITE_PREFETCH"
 _MAX_WORKERS = 4
 
@@ -126,7 +128,7 @@ class ModuleIndex:
         self.roots = roots
 
     def wanted(self, name: str) -> bool:
-        return any(name == p or name.startswith(p + ".") for p in self.packages)
+        return in_packages(name, self.packages)
 
     def find(self, name: str) -> Optional[Tuple[str, bool]]:
         """``(file, is_package)`` of module ``name``, or None where it is not a plain source file."""
