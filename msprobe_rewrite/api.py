@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import ast
 import gc
-import os
-import re
 from typing import Iterable, Optional
 
 import libcst as cst
@@ -12,6 +10,8 @@ import libcst as cst
 from msprobe_runtime.catalogue import Catalogue, load_catalogue
 
 from . import runtime_import
+from .markers import (RUNTIME_IMPORT, SKIP_FILE_MARKER, is_instrumented,  # noqa: F401 (re-exported)
+                      maybe_lossy, package_of)
 from .resolver import Resolver
 from .restore import Restorer
 from .scopes import collect_scopes
@@ -22,25 +22,6 @@ class RewriteError(Exception):
     """A file that cannot be decoded or parsed; the message says why. The file is left as it was."""
 
 
-RUNTIME_IMPORT = "import msprobe_runtime as __msprobe__"
-SKIP_FILE_MARKER = re.compile(rb"^[ \t]*#[ \t]*msprobe:[ \t]*skip-file\b", re.MULTILINE)
-# Spellings that libcst 1.x does not reproduce byte for byte (a form feed before an indented statement,
-# `except E :`, indented blank or comment lines after blank lines at the end of the file); a file with one
-# is checked whole.
-SPACED_EXCEPT_COLON = re.compile(rb"except\b[^\n:#]*[ \t]:")
-
-
-def _maybe_lossy(source: bytes) -> bool:
-    if b"\x0c" in source or SPACED_EXCEPT_COLON.search(source):
-        return True
-    for line in reversed(source[-4096:].split(b"\n")[1:]):  # the blank and comment lines at the end
-        stripped = line.lstrip(b" \t")
-        if stripped and not stripped.startswith(b"#"):
-            return False
-        if stripped != line:
-            return True
-    return False
-
 _default_catalogue: Optional[Catalogue] = None
 
 
@@ -49,26 +30,6 @@ def default_catalogue() -> Catalogue:
     if _default_catalogue is None:
         _default_catalogue = load_catalogue()
     return _default_catalogue
-
-
-def is_instrumented(source: bytes) -> bool:
-    """Whether ``source`` carries the runtime import that ``rewrite_source`` adds."""
-    return RUNTIME_IMPORT.encode() in source
-
-
-def package_of(path: str) -> Optional[str]:
-    """The dotted package a file belongs to, from the ``__init__.py`` files above it (for relative imports)."""
-    if path.startswith("<"):
-        return None
-    directory = os.path.dirname(os.path.abspath(path))
-    parts = []
-    while os.path.isfile(os.path.join(directory, "__init__.py")):
-        parts.append(os.path.basename(directory))
-        parent = os.path.dirname(directory)
-        if parent == directory:
-            break
-        directory = parent
-    return ".".join(reversed(parts)) or None
 
 
 def _parse(source: bytes, path: str) -> cst.Module:
@@ -131,7 +92,7 @@ def _rewrite_source(source: bytes, catalogue: Optional[Catalogue], path: str, sk
         raise RewriteError(f"{path}: internal error, please report: {error}") from None
     if not transformer.changes:
         return original
-    if _maybe_lossy(original) and module.bytes != original:
+    if maybe_lossy(original) and module.bytes != original:
         line = _first_difference(module.bytes, original)
         raise RewriteError(f"{path}: libcst does not reproduce line {line} byte for byte, so the file is left "
                            "as it is")

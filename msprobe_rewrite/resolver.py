@@ -9,8 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-import libcst as cst
-
 from msprobe_runtime.catalogue import Catalogue
 
 from .scopes import DEFINITION, IMPORT, STDLIB_VALUE, Scope, is_stdlib
@@ -30,18 +28,6 @@ class Resolution:
     qualname: Optional[str] = None  # the qualified name the callee resolved to, where it did
 
 
-def dotted_name(node: cst.BaseExpression) -> Optional[str]:
-    """``a.b.c`` for a Name/Attribute chain, else None."""
-    parts = []
-    while isinstance(node, cst.Attribute):
-        parts.append(node.attr.value)
-        node = node.value
-    if isinstance(node, cst.Name):
-        parts.append(node.value)
-        return ".".join(reversed(parts))
-    return None
-
-
 def qualify(dotted: str, scope: Scope) -> Optional[str]:
     """The qualified name ``dotted`` refers to through imports, or None."""
     root, dot, rest = dotted.partition(".")
@@ -55,12 +41,9 @@ class Resolver:
     def __init__(self, catalogue: Catalogue):
         self.catalogue = catalogue
 
-    def resolve(self, callee: cst.BaseExpression, scope: Scope) -> Resolution:
-        return self.resolve_dotted(dotted_name(callee), scope)
-
     def resolve_dotted(self, dotted: Optional[str], scope: Scope) -> Resolution:
-        """The same decision for a callee already spelled as ``a.b.c`` (None: not a dotted name), so an
-        ``ast`` walker (the lint) resolves exactly as the transformer does."""
+        """The decision for a callee spelled ``a.b.c`` (None: not a dotted name). The libcst transformer, the
+        ast transformer and the lint all call this, so they resolve alike."""
         if dotted is None:
             return Resolution(UNKNOWN)
         root, _, _ = dotted.partition(".")

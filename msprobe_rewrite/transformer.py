@@ -5,7 +5,6 @@ come from ``scopes.collect_scopes`` (built from ``ast``) and are entered here in
 """
 from __future__ import annotations
 
-import re
 from typing import Iterable, List, Optional
 
 import libcst as cst
@@ -13,28 +12,21 @@ import libcst as cst
 from .dispatch import CachedDispatch
 from .forms import (AUGMENTED, BINARY, COMMA, COMPARISON, EMPTY, UNARY, comma_for_operator, has_line_break,
                     is_empty, is_literal, is_text_literal, runtime_attr, safe_as_argument)
-from .resolver import API, NOT_API, Resolver, dotted_name, qualify
+from .kernels import KERNEL_DECORATOR_NAMES, KERNEL_DECORATORS, is_kernel_decorator  # noqa: F401 (re-exported)
+from .markers import SKIP_MARKER
+from .resolver import API, NOT_API, Resolver
 from .scopes import CLASS, COMPREHENSION, FUNCTION, LAMBDA, ModuleScopes, Scope
 
-# Decorators whose functions are compiled, traced or scripted: their bodies must stay plain torch.
-KERNEL_DECORATORS = frozenset({
-    "torch.jit.script", "torch.jit.script_method", "torch.jit.ignore", "torch.jit.unused",
-    "torch.jit.trace", "torch.compile", "torch.compiler.disable", "torch._dynamo.disable",
-    "torch.fx.wrap", "triton.jit", "triton.autotune", "triton.heuristics",
-    "tilelang.jit", "tilelang.language.prim_func", "megatron.core.jit.jit_fuser",
-})
-# Re-exports (Megatron-LM reaches triton.jit through its own modules) are caught by the last name.
-KERNEL_DECORATOR_NAMES = frozenset({"jit", "jit_fuser", "script", "script_method", "prim_func",
-                                    "autotune", "heuristics", "compile"})
-SKIP_MARKER = re.compile(r"#\s*msprobe:\s*skip\b(?!-)")
-
-
-def is_kernel_decorator(dotted: str, scope: Scope, configured=frozenset()) -> bool:
-    """Whether the decorator spelled ``dotted`` (resolved through ``scope``) compiles its function's body."""
-    qualname = qualify(dotted, scope) or dotted
-    last = qualname.rsplit(".", 1)[-1]
-    return (qualname in KERNEL_DECORATORS or last in KERNEL_DECORATOR_NAMES
-            or qualname in configured or dotted in configured or last in configured)
+def dotted_name(node: cst.BaseExpression) -> Optional[str]:
+    """``a.b.c`` for a Name/Attribute chain, else None."""
+    parts = []
+    while isinstance(node, cst.Attribute):
+        parts.append(node.attr.value)
+        node = node.value
+    if isinstance(node, cst.Name):
+        parts.append(node.value)
+        return ".".join(reversed(parts))
+    return None
 
 
 class ScopeMismatch(Exception):
@@ -165,7 +157,7 @@ class CallSiteTransformer(CachedDispatch):
         if self.frozen or any(isinstance(arg.value, cst.GeneratorExp) and not arg.value.lpar
                               for arg in updated.args):
             return updated  # f(x for x in y): a bare generator must stay the only argument
-        resolution = self.resolver.resolve(original.func, self.scope)
+        resolution = self.resolver.resolve_dotted(dotted_name(original.func), self.scope)
         if resolution.kind == NOT_API:
             return updated
         if has_line_break(updated.whitespace_after_func):

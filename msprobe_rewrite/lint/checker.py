@@ -14,10 +14,10 @@ from typing import Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tup
 
 from msprobe_runtime.catalogue import Catalogue
 
-from ..api import SKIP_FILE_MARKER, package_of
+from ..kernels import is_kernel_decorator
+from ..markers import SKIP_FILE_MARKER, SKIP_MARKER, package_of
 from ..resolver import API, UNKNOWN, Resolver, qualify
 from ..scopes import Binding, ModuleScopes, Scope, _absolute_module, _dotted, collect_scopes
-from ..transformer import SKIP_MARKER, is_kernel_decorator
 from .noqa import is_suppressed
 
 # Roots of the modules whose import makes unresolved calls worth counting (MSP901).

@@ -1,0 +1,48 @@
+"""What a module's source text says about its rewrite, read without parsing it and without libcst: the opt-out
+markers, the runtime import that marks it instrumented, spellings libcst does not reproduce, and its package.
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import Optional
+
+RUNTIME_IMPORT = "import msprobe_runtime as __msprobe__"
+SKIP_FILE_MARKER = re.compile(rb"^[ \t]*#[ \t]*msprobe:[ \t]*skip-file\b", re.MULTILINE)
+SKIP_MARKER = re.compile(r"#\s*msprobe:\s*skip\b(?!-)")  # on a def/class: its body is left as written
+# Spellings that libcst 1.x does not reproduce byte for byte (a form feed before an indented statement,
+# `except E :`, indented blank or comment lines after blank lines at the end of the file); a file with one
+# is checked whole.
+SPACED_EXCEPT_COLON = re.compile(rb"except\b[^\n:#]*[ \t]:")
+
+
+def maybe_lossy(source: bytes) -> bool:
+    if b"\x0c" in source or SPACED_EXCEPT_COLON.search(source):
+        return True
+    for line in reversed(source[-4096:].split(b"\n")[1:]):  # the blank and comment lines at the end
+        stripped = line.lstrip(b" \t")
+        if stripped and not stripped.startswith(b"#"):
+            return False
+        if stripped != line:
+            return True
+    return False
+
+
+def is_instrumented(source: bytes) -> bool:
+    """Whether ``source`` carries the runtime import that ``rewrite_source`` adds."""
+    return RUNTIME_IMPORT.encode() in source
+
+
+def package_of(path: str) -> Optional[str]:
+    """The dotted package a file belongs to, from the ``__init__.py`` files above it (for relative imports)."""
+    if path.startswith("<"):
+        return None
+    directory = os.path.dirname(os.path.abspath(path))
+    parts = []
+    while os.path.isfile(os.path.join(directory, "__init__.py")):
+        parts.append(os.path.basename(directory))
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            break
+        directory = parent
+    return ".".join(reversed(parts)) or None
