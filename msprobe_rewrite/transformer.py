@@ -141,6 +141,15 @@ class CallSiteTransformer(CachedDispatch):
         self.frozen -= 1
         return updated
 
+    def visit_FormattedStringExpression(self, node: cst.FormattedStringExpression) -> None:
+        if node.equal is not None:  # f"{x*2=}" prints the expression's text, so it must stay as written
+            self.frozen += 1
+
+    def leave_FormattedStringExpression(self, original, updated):
+        if original.equal is not None:
+            self.frozen -= 1
+        return updated
+
     def visit_FormattedString(self, node: cst.FormattedString) -> None:
         self.fstring_quotes.append(node.quote[0])
 
