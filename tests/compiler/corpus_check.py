@@ -13,9 +13,13 @@ import warnings
 from collections import Counter
 from typing import List, NamedTuple, Optional, Tuple
 
-from msprobe_rewrite.api import RUNTIME_IMPORT, RewriteError, restore_source, rewrite_source
+from msprobe_rewrite.api import RUNTIME_IMPORT, RewriteError, default_catalogue, restore_source, rewrite_source
+from msprobe_rewrite.ast_transformer import rewrite_to_ast
 
 OK, UNCHANGED, REFUSED, INVALID, FAILED = "ok", "unchanged", "refused", "invalid", "failed"
+SAME, FALLBACK, BEYOND = "same", "fallback", "beyond"
+# libcst's own limits: where it cannot parse a file, the ast path may still instrument it.
+LIBCST_LIMITS = ("cannot parse: ", "too deeply nested")
 
 
 class Result(NamedTuple):
@@ -23,6 +27,9 @@ class Result(NamedTuple):
     status: str  # one of OK, UNCHANGED, REFUSED, INVALID, FAILED
     reason: str = ""  # RewriteError message (REFUSED, INVALID) or what broke (FAILED)
     seconds: float = 0.0  # time of the first rewrite alone
+    # What the import hook's ast path did with the file: SAME (the tree of the libcst output), FALLBACK (left
+    # it to libcst), BEYOND (instrumented a file libcst cannot parse); a difference is a problem in ``reason``.
+    ast_path: str = ""
 
 
 # -- corpora ---------------------------------------------------------------------------------------------
@@ -112,7 +119,9 @@ def check_source(source: bytes, path: str) -> Result:
     try:
         out = rewrite_source(source, path=path)
     except RewriteError as error:
-        return Result(path, REFUSED if tree is not None else INVALID, str(error))
+        status = REFUSED if tree is not None else INVALID
+        ast_path, problem = ast_path_check(source, path, None, str(error))
+        return Result(path, FAILED if problem else status, problem or str(error), ast_path=ast_path)
     except Exception:  # anything but RewriteError is a crash, on valid and invalid input alike
         return Result(path, FAILED, "crashed: " + traceback.format_exc(limit=-4))
     seconds = time.perf_counter() - start
@@ -129,9 +138,10 @@ def check_source(source: bytes, path: str) -> Result:
             return Result(path, FAILED, f"invalid input ({invalid}): " + "; ".join(problems), seconds)
         return Result(path, INVALID, f"rewritten although Python rejects it: {invalid}", seconds)
 
+    ast_path, problem = ast_path_check(source, path, out, "")
+    problems = [problem] if problem else []
     if out == source:
-        return Result(path, UNCHANGED, "", seconds)
-    problems = []
+        return Result(path, FAILED if problems else UNCHANGED, "; ".join(problems), seconds, ast_path)
     after, why = _python_accepts(out, path)
     if after is None:
         problems.append(f"output does not compile: {why}")
@@ -153,7 +163,46 @@ def check_source(source: bytes, path: str) -> Result:
             problems.append("rewrite(rewrite(s)) != rewrite(s)")
     except Exception as error:
         problems.append(f"second rewrite crashed: {type(error).__name__}: {error}")
-    return Result(path, FAILED if problems else OK, "; ".join(problems), seconds)
+    return Result(path, FAILED if problems else OK, "; ".join(problems), seconds, ast_path)
+
+
+def _without_runtime_import(tree: ast.Module) -> ast.Module:
+    for node in ast.walk(tree):
+        for name in ("body", "orelse", "finalbody"):
+            statements = getattr(node, name, None)
+            if isinstance(statements, list):
+                statements[:] = [s for s in statements if not _is_runtime_import(s)]
+    return tree
+
+
+def ast_path_check(source: bytes, path: str, out: Optional[bytes], refusal: str) -> Tuple[str, str]:
+    """(what the import hook's ast path did, the problem if it differs from the libcst path).
+
+    ``out`` is ``rewrite_source(source)`` (None where it refused, and ``refusal`` says why); the hook compiles
+    the same rewrite without the runtime import, so that import is taken out of the libcst tree.
+    """
+    try:
+        fast = rewrite_to_ast(source, default_catalogue(), path=path)
+    except Exception:
+        return FALLBACK, "the ast path crashed: " + traceback.format_exc(limit=-4)
+    if out is None:
+        try:  # a refusal to place the runtime import does not concern the hook
+            out = rewrite_source(source, path=path, add_import=False)
+        except RewriteError:
+            if fast is None:
+                return FALLBACK, ""
+            if any(limit in refusal for limit in LIBCST_LIMITS):
+                return BEYOND, ""
+            return SAME, f"the ast path instruments a file the libcst path refuses: {refusal}"
+    if fast is None:
+        return FALLBACK, ""
+    slow = _without_runtime_import(ast.parse(out, filename=path))
+    if ast.dump(fast) == ast.dump(slow):
+        return SAME, ""
+    for a, b in zip(ast.walk(fast), ast.walk(slow)):
+        if isinstance(a, ast.stmt) and ast.dump(a) != ast.dump(b) and not hasattr(a, "body"):
+            return SAME, f"the ast path differs at line {a.lineno}: {ast.unparse(a)[:120]!r} != {ast.unparse(b)[:120]!r}"
+    return SAME, "the ast path gives another tree"
 
 
 def _first_difference(got: bytes, want: bytes) -> str:

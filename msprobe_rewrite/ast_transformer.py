@@ -1,0 +1,452 @@
+"""The same rewrite as ``transformer.py``, on Python's own ``ast``, for the import hook.
+
+The import hook needs a code object, not source a person reads, so it does not need libcst's lossless tree:
+CPython's parser is about ten times faster, and the hook's cold import is dominated by parsing. This module
+takes the transformer's decisions on an ``ast`` tree and builds the nodes that parsing the transformer's
+output would give, so the two compile to the same program (``tests/compiler/corpus_check.py`` compares the
+two trees for every file of the standard library and megatron-core). Where a decision depends on a spelling
+that ``ast`` does not keep (operator whitespace, parentheses, comments), it is read from the source text at
+the nodes' positions.
+
+Anything this module cannot decide for certain (a skip marker, a spelling libcst does not reproduce, an
+already instrumented file, an API call inside nested f-strings) returns None, and the caller takes the
+libcst path; nothing here imports libcst.
+"""
+from __future__ import annotations
+
+import ast
+import io
+import re
+import tokenize
+from typing import Iterable, List, Optional
+
+from msprobe_runtime.catalogue import Catalogue
+
+from .kernels import is_kernel_decorator
+from .markers import SKIP_FILE_MARKER, SKIP_MARKER, is_instrumented, maybe_lossy, package_of
+from .resolver import API, NOT_API, Resolver
+from .scopes import Scope, collect_scopes
+
+RUNTIME_NAME = "__msprobe__"
+
+# Runtime entry and spelling of each operator; the entries are those of forms.py's tables.
+BINARY = {
+    ast.Add: ("add", b"+"), ast.Sub: ("sub", b"-"), ast.Mult: ("mul", b"*"), ast.MatMult: ("matmul", b"@"),
+    ast.Div: ("truediv", b"/"), ast.FloorDiv: ("floordiv", b"//"), ast.Mod: ("mod", b"%"),
+    ast.Pow: ("pow", b"**"), ast.LShift: ("lshift", b"<<"), ast.RShift: ("rshift", b">>"),
+    ast.BitAnd: ("and_", b"&"), ast.BitOr: ("or_", b"|"), ast.BitXor: ("xor", b"^"),
+}
+COMPARISON = {
+    ast.Lt: ("lt", b"<"), ast.LtE: ("le", b"<="), ast.Gt: ("gt", b">"), ast.GtE: ("ge", b">="),
+    ast.Eq: ("eq", b"=="), ast.NotEq: ("ne", b"!="),
+}
+AUGMENTED = {operator: ("i" + entry.rstrip("_"), spelling + b"=") for operator, (entry, spelling) in BINARY.items()}
+UNARY = {ast.USub: ("neg", b"-"), ast.UAdd: ("pos", b"+"), ast.Invert: ("invert", b"~")}
+
+_NEWLINE = re.compile(rb"\r\n|\r|\n")  # how ast numbers lines
+_BLANK = frozenset(b" \t\x0c\r\n\\")  # whitespace and line continuations between tokens
+_NOT_A_TOKEN_START = _BLANK | {ord("#")}
+
+
+class Unsure(Exception):
+    """This module cannot take the decision for certain; the libcst transformer must."""
+
+
+def _is_literal(node: ast.AST) -> bool:
+    """forms.is_literal: numbers, strings, None, True, False, ``...`` (f-strings too)."""
+    return isinstance(node, (ast.Constant, ast.JoinedStr))
+
+
+def _is_text_literal(node: ast.AST) -> bool:
+    """forms.is_text_literal: strings, f-strings, None, True, False."""
+    if isinstance(node, ast.JoinedStr):
+        return True
+    return isinstance(node, ast.Constant) and (node.value is None or isinstance(node.value, (str, bytes, bool)))
+
+
+def _callee_name(node: ast.AST) -> Optional[str]:
+    """``a.b.c`` for a Name/Attribute chain, else None, as the transformer's ``dotted_name`` reads libcst's
+    tree, where ``None``, ``True`` and ``False`` are names (``True.__index__`` resolves to a builtin)."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+    elif isinstance(node, ast.Constant) and (node.value is None or node.value is True or node.value is False):
+        parts.append(repr(node.value))
+    else:
+        return None
+    return ".".join(reversed(parts))
+
+
+class _Text:
+    """The source as UTF-8 bytes, addressed as ``ast`` addresses it: (line, byte column)."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+        self.starts = [0] + [match.end() for match in _NEWLINE.finditer(data)]
+
+    def offset(self, line: int, column: int) -> int:
+        return self.starts[line - 1] + column
+
+    def start(self, node: ast.AST) -> int:
+        return self.starts[node.lineno - 1] + node.col_offset
+
+    def end(self, node: ast.AST) -> int:
+        return self.starts[node.end_lineno - 1] + node.end_col_offset
+
+    def next_token(self, position: int):
+        """Skip closing parentheses, whitespace, continuations and comments from ``position``: (where the next
+        token starts, where the whitespace right before it starts)."""
+        data, size = self.data, len(self.data)
+        whitespace = position
+        while position < size:
+            char = data[position]
+            if char in _BLANK:
+                position += 1
+            elif char == 0x23:  # '#'
+                while position < size and data[position] not in (0x0A, 0x0D):
+                    position += 1
+            elif char == 0x29:  # ')'
+                position += 1
+                whitespace = position
+            else:
+                break
+        return position, whitespace
+
+    def operator_at(self, after: int, spelling: bytes) -> int:
+        """Where ``spelling``, the next token after offset ``after``, starts."""
+        position, _ = self.next_token(after)
+        if not self.data.startswith(spelling, position):
+            raise Unsure(f"expected {spelling!r} at byte {position}")
+        return position
+
+    def left_alone_operator(self, after: int, spelling: bytes) -> bool:
+        """forms.comma_for_operator returns None: the operator reads ``a+ b`` (nothing before it, one space
+        after), the one spelling that no comma can encode."""
+        position, whitespace = self.next_token(after)
+        if not self.data.startswith(spelling, position):
+            raise Unsure(f"expected {spelling!r} at byte {position}")
+        following = position + len(spelling)
+        after = self.data[following:following + 2]
+        return whitespace == position and len(after) == 2 and after[0] == 0x20 and after[1] not in _NOT_A_TOKEN_START
+
+
+class AstCallSiteTransformer:
+    """Rewrites a parsed module in place, as ``CallSiteTransformer`` rewrites its libcst tree."""
+
+    def __init__(self, text: _Text, scopes, resolver: Resolver, skip_decorators: Iterable[str] = ()):
+        self.text = text
+        self.resolver = resolver
+        self.skip_decorators = frozenset(skip_decorators)
+        self.scope_of = {id(scope.node): scope for scope in scopes.in_order}
+        self.stack: List[Scope] = [scopes.module]
+        self.fstrings = 0  # f-strings around the current node (format specs are not f-strings of their own)
+        self.misplaced = 0  # replacement fields around the current node whose positions are wrong
+        self.changes = 0
+        self.handlers = {
+            ast.FunctionDef: self._definition, ast.AsyncFunctionDef: self._definition,
+            ast.ClassDef: self._definition, ast.Lambda: self._lambda,
+            ast.ListComp: self._comprehension, ast.SetComp: self._comprehension,
+            ast.DictComp: self._comprehension, ast.GeneratorExp: self._comprehension,
+            ast.AnnAssign: self._annotated_assignment, ast.match_case: self._match_case,
+            ast.withitem: self._with_item,
+            ast.JoinedStr: self._fstring, ast.FormattedValue: self._formatted_value,
+            ast.Call: self._call, ast.BinOp: self._binary, ast.UnaryOp: self._unary,
+            ast.Compare: self._comparison, ast.Assign: self._assignment, ast.AugAssign: self._augmented,
+        }
+        # Nodes that hold no expression the rewrite changes.
+        self.leaves = (ast.Name, ast.Constant, ast.Import, ast.ImportFrom, ast.Pass, ast.Break, ast.Continue,
+                       ast.Global, ast.Nonlocal, ast.expr_context, ast.operator, ast.unaryop, ast.cmpop,
+                       ast.boolop)
+
+    # -- walking ------------------------------------------------------------------------------------
+    def visit(self, node):
+        handler = self.handlers.get(type(node))
+        if handler is not None:
+            return handler(node)
+        if not isinstance(node, self.leaves):
+            self._children(node)
+        return node
+
+    def _children(self, node, fields=None) -> None:
+        for name in fields if fields is not None else node._fields:
+            value = getattr(node, name, None)
+            if isinstance(value, list):
+                for index, item in enumerate(value):
+                    if isinstance(item, ast.AST):
+                        value[index] = self.visit(item)
+            elif isinstance(value, ast.AST):
+                setattr(node, name, self.visit(value))
+
+    def _in_scope(self, node, fields) -> None:
+        self.stack.append(self.scope_of[id(node)])
+        try:
+            self._children(node, fields)
+        finally:
+            self.stack.pop()
+
+    # -- scopes and zones left as written -----------------------------------------------------------
+    def _is_kernel(self, node) -> bool:
+        for decorator in node.decorator_list:
+            expression = decorator.func if isinstance(decorator, ast.Call) else decorator
+            dotted = _callee_name(expression)
+            if dotted is not None and is_kernel_decorator(dotted, self.stack[-1], self.skip_decorators):
+                return True
+        return False
+
+    def _definition(self, node):
+        # Decorators, defaults, annotations, class bases and keywords are never rewritten.
+        if not self._is_kernel(node):
+            self._in_scope(node, ("body",))
+        return node
+
+    def _lambda(self, node):
+        self._in_scope(node, ("body",))  # its defaults are left as written
+        return node
+
+    def _comprehension(self, node):
+        # libcst visits the first iterable inside the comprehension's scope, and the transformer resolves
+        # there; so does this walk.
+        self._in_scope(node, None)
+        return node
+
+    def _annotated_assignment(self, node):
+        self._children(node, ("target", "value"))
+        return node
+
+    def _with_item(self, node):
+        self._children(node, ("context_expr",))  # libcst's `as` target is a leaf the transformer skips
+        return node
+
+    def _match_case(self, node):
+        self._children(node, ("guard", "body"))
+        return node
+
+    def _fstring(self, node):
+        self.fstrings += 1
+        try:
+            self._children(node)
+        finally:
+            self.fstrings -= 1
+        return node
+
+    def _formatted_value(self, node):
+        # Python 3.11 places a replacement field's nodes by searching the f-string for the field's text,
+        # which can find the wrong place (or line); a field is trusted where its text, read back from those
+        # positions, parses to the same tree.
+        misplaced = not self._placed(node.value)
+        if not misplaced and self._prints_its_text(node.value):
+            return node  # f"{x*2=}" prints the expression's text, so the expression stays as written
+        self.misplaced += misplaced
+        try:
+            node.value = self.visit(node.value)
+        finally:
+            self.misplaced -= misplaced
+        if node.format_spec is not None:
+            self._children(node.format_spec)  # a format spec is part of its f-string, not one of its own
+        return node
+
+    def _prints_its_text(self, node: ast.expr) -> bool:
+        """A replacement field with ``=`` after its expression (a "self-documenting" field)."""
+        position, _ = self.text.next_token(self.text.end(node))
+        return self.text.data[position:position + 1] == b"="
+
+    def _placed(self, node: ast.expr) -> bool:
+        segment = self.text.data[self.text.start(node):self.text.end(node)]
+        try:
+            parsed = ast.parse(b"(" + segment + b")", mode="eval")
+        except (SyntaxError, ValueError):
+            return False
+        return ast.dump(parsed.body) == ast.dump(node)
+
+    # -- rewrites -----------------------------------------------------------------------------------
+    def _runtime(self, entry: str, args, like: ast.AST, keywords=()) -> ast.Call:
+        self.changes += 1
+        name = ast.Name(id=RUNTIME_NAME, ctx=ast.Load())
+        func = ast.Attribute(value=name, attr=entry, ctx=ast.Load())
+        call = ast.Call(func=func, args=list(args), keywords=list(keywords))
+        for new in (name, func, call):
+            ast.copy_location(new, like)
+        return call
+
+    def _constant(self, value: str, like: ast.AST) -> ast.Constant:
+        return ast.copy_location(ast.Constant(value=value), like)
+
+    def _positions_known(self) -> None:
+        if self.misplaced:
+            raise Unsure("a spelling inside an f-string whose positions are wrong")
+
+    def _call(self, node: ast.Call):
+        self._children(node)
+        resolution = self.resolver.resolve_dotted(_callee_name(node.func), self.stack[-1])
+        if resolution.kind == NOT_API:
+            return node
+        self._positions_known()
+        text = self.text
+        paren, whitespace = text.next_token(text.end(node.func))
+        if text.data[paren:paren + 1] != b"(":
+            raise Unsure("the call's parenthesis is not where it was expected")
+        if any(isinstance(arg, ast.GeneratorExp) and text.start(arg) == paren for arg in node.args):
+            return node  # f(x for x in y): a bare generator must stay the only argument
+        if b"\n" in text.data[whitespace:paren] or b"\r" in text.data[whitespace:paren]:
+            return node  # `f\<newline>(x)`: no form keeps the callee on its line
+        args = [node.func, *node.args]
+        entry = "dyn"
+        if resolution.kind == API:
+            if self.fstrings > 1:
+                raise Unsure("an API call inside nested f-strings")  # the quotes left decide call or dyn
+            entry = "call"
+            args.insert(0, self._constant(resolution.api_name, node))
+        return self._runtime(entry, args, node, node.keywords)
+
+    def _binary(self, node: ast.BinOp):
+        self._children(node)
+        left, right = node.left, node.right
+        if _is_literal(left) and _is_literal(right):
+            return node
+        operator = type(node.op)
+        if operator is ast.Mod and isinstance(left, ast.Constant) and isinstance(left.value, (str, bytes)):
+            if self._single_string(left):
+                return node  # "%s" % args: string formatting
+        self._positions_known()
+        entry, spelling = BINARY[operator]
+        if self.text.left_alone_operator(self.text.end(left), spelling):
+            return node
+        return self._runtime(entry, [left, right], node)
+
+    def _single_string(self, node: ast.Constant) -> bool:
+        """Whether a string constant is one literal (libcst's SimpleString), not adjacent ones."""
+        self._positions_known()
+        segment = self.text.data[self.text.start(node):self.text.end(node)]
+        try:
+            tokens = list(tokenize.tokenize(io.BytesIO(b"(" + segment + b")").readline))
+        except (tokenize.TokenError, SyntaxError) as error:
+            raise Unsure(f"cannot read a string literal: {error}") from None
+        return sum(token.type == tokenize.STRING for token in tokens) == 1
+
+    def _unary(self, node: ast.UnaryOp):
+        self._children(node)
+        found = UNARY.get(type(node.op))
+        if found is None or _is_literal(node.operand):
+            return node
+        self._positions_known()
+        entry, spelling = found
+        start = self.text.start(node)
+        if not self.text.data.startswith(spelling, start):
+            raise Unsure("the unary operator is not where it was expected")
+        if self.text.data[start + 1] in _NOT_A_TOKEN_START:
+            return node  # `- x`: whitespace after the operator has no place in the call
+        return self._runtime(entry, [node.operand], node)
+
+    def _comparison(self, node: ast.Compare):
+        self._children(node)
+        if len(node.ops) != 1:
+            return node
+        found = COMPARISON.get(type(node.ops[0]))
+        left, right = node.left, node.comparators[0]
+        if (found is None or _is_text_literal(left) or _is_text_literal(right)
+                or (_is_literal(left) and _is_literal(right))):
+            return node
+        self._positions_known()
+        entry, spelling = found
+        if self.text.left_alone_operator(self.text.end(left), spelling):
+            return node
+        return self._runtime(entry, [left, right], node)
+
+    def _enclosed(self, node: ast.expr) -> bool:
+        """Whether ``node``'s text is one pair of parentheses and what they hold."""
+        segment = self.text.data[self.text.start(node):self.text.end(node)]
+        if not segment.startswith(b"("):
+            return False
+        depth = 0
+        try:
+            tokens = [token for token in tokenize.tokenize(io.BytesIO(segment).readline)
+                      if token.type == tokenize.OP]
+        except (tokenize.TokenError, SyntaxError) as error:
+            raise Unsure(f"cannot read a parenthesized expression: {error}") from None
+        for index, token in enumerate(tokens):
+            depth += token.string in "([{"
+            depth -= token.string in ")]}"
+            if depth == 0:
+                return index == len(tokens) - 1
+        return False
+
+    def _parenthesized_target(self, statement: ast.stmt, target: ast.expr, first: bool) -> bool:
+        start = self.text.start(target)
+        if first:
+            return self.text.start(statement) != start
+        data = self.text.data
+        position = start - 1
+        while position >= 0 and data[position] in b" \t\x0c":
+            position -= 1
+        if position < 0 or data[position] not in b"=(":
+            raise Unsure("cannot tell whether an assignment target is parenthesized")
+        return data[position] == 0x28  # '('
+
+    def _assignment(self, node: ast.Assign):
+        """``obj[k] = v`` -> ``__msprobe__.item(obj)[k] = v``, as ``leave_Assign``."""
+        self._children(node)
+        for index, target in enumerate(node.targets):
+            if isinstance(target, ast.Subscript) and not self._parenthesized_target(node, target, index == 0):
+                target.value = self._runtime("item", [target.value], target.value)
+        return node
+
+    def _augmented(self, node: ast.AugAssign):
+        self._children(node)
+        value, target = node.value, node.target
+        if isinstance(value, (ast.Yield, ast.YieldFrom)):
+            raise Unsure("an augmented assignment of a yield")  # whether it is parenthesized decides
+        if isinstance(value, ast.Tuple) and not self._enclosed(value):
+            return node  # `x += a, b`: a bare tuple is no single argument
+        entry, spelling = AUGMENTED[type(node.op)]
+        if isinstance(target, ast.Name):
+            load = ast.copy_location(ast.Name(id=target.id, ctx=ast.Load()), target)
+            call = self._runtime(entry, [load, value], node)
+            return ast.copy_location(ast.Assign(targets=[target], value=call), node)
+        text = self.text
+        if text.left_alone_operator(text.end(target), spelling):
+            return node
+        if self._parenthesized_target(node, target, True):
+            return node
+        if isinstance(target, ast.Attribute):
+            dot, whitespace = text.next_token(text.end(target.value))
+            if text.data[dot:dot + 1] != b"." or not target.attr.isascii():
+                raise Unsure("cannot find an attribute's dot")
+            if whitespace != dot or text.end(target) != dot + 1 + len(target.attr):
+                return node  # `a . b += v`: no form keeps the spaces around the dot
+            reference = self._runtime("attr", [target.value, self._constant(target.attr, target)], target)
+        elif isinstance(target, ast.Subscript):
+            loader = self._runtime("item", [target.value], target.value)
+            reference = ast.copy_location(ast.Subscript(value=loader, slice=target.slice, ctx=ast.Load()), target)
+        else:
+            return node
+        call = self._runtime("aug", [reference, self._constant(entry, node), value], node)
+        return ast.copy_location(ast.Expr(value=call), node)
+
+
+def rewrite_to_ast(source: bytes, catalogue: Catalogue, path: str = "<string>",
+                   skip_decorators: Iterable[str] = (), package: Optional[str] = None) -> Optional[ast.Module]:
+    """The instrumented module as an ``ast`` tree, without the runtime import (the import hook binds
+    ``__msprobe__`` itself), equal to parsing ``api.rewrite_source(..., add_import=False)``; None where only
+    the libcst path can say (it then also gives any error)."""
+    if SKIP_FILE_MARKER.search(source) or is_instrumented(source) or maybe_lossy(source):
+        return None
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(source).readline)
+        text = source.decode(encoding)
+        if text.startswith("\ufeff"):
+            text = text[1:]
+        if SKIP_MARKER.search(text):
+            return None
+        tree = ast.parse(text, filename=path)
+    except (SyntaxError, ValueError, UnicodeError, LookupError):
+        return None
+    scopes = collect_scopes(tree, package if package is not None else package_of(path))
+    transformer = AstCallSiteTransformer(_Text(text.encode("utf-8")), scopes, Resolver(catalogue), skip_decorators)
+    try:
+        tree.body = [transformer.visit(statement) for statement in tree.body]
+    except (Unsure, RecursionError):
+        return None
+    return tree
