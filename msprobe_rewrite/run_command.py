@@ -71,8 +71,7 @@ def _report(error: BaseException, is_users_frame) -> None:
 def _run_script(script: str, args: List[str], hook_options) -> int:
     import msprobe_runtime
 
-    from .api import RewriteError, rewrite_source
-    from .import_hook import install_import_hook
+    from .import_hook import install_import_hook, instrumented_code
 
     if not os.path.exists(script):
         print(f"msprobe-rewrite run: can't open file {script!r}: no such file", file=sys.stderr)
@@ -86,12 +85,14 @@ def _run_script(script: str, args: List[str], hook_options) -> int:
     with open(script, "rb") as handle:
         source = handle.read()
     try:
-        rewritten = rewrite_source(source, catalogue, path=script, package="",
-                                   skip_decorators=hook_options["skip_decorators"], add_import=False)
-    except RewriteError as error:
+        code = instrumented_code(source, script, "", catalogue, hook_options["skip_decorators"])
+    except Exception as error:
+        from .api import RewriteError
+
+        if not isinstance(error, RewriteError):
+            raise
         print(f"msprobe-rewrite run: running {script} uninstrumented: {error}", file=sys.stderr)
-        rewritten = source
-    code = compile(rewritten, script, "exec", dont_inherit=True)
+        code = compile(source, script, "exec", dont_inherit=True)
     main = types.ModuleType("__main__")
     main.__dict__.update(__file__=script, __builtins__=__builtins__, __cached__=None, __spec__=None,
                          __package__=None, __msprobe__=msprobe_runtime)

@@ -249,12 +249,16 @@ def test_a_module_that_fails_to_rewrite_is_imported_plain_with_one_warning(tree)
         import warnings
         warnings.simplefilter("always")
         import msprobe_rewrite.api as api
-        real = api.rewrite_source
+        import msprobe_rewrite.ast_transformer as ast_transformer
+        real, real_ast = api.rewrite_source, ast_transformer.rewrite_to_ast
         def failing(source, *args, path="", **kwargs):
             if path.endswith("deep.py"):
                 raise api.RewriteError(path + ": injected failure")
             return real(source, *args, path=path, **kwargs)
+        def deferring(source, *args, path="", **kwargs):  # leave deep.py to the libcst path, which fails
+            return None if path.endswith("deep.py") else real_ast(source, *args, path=path, **kwargs)
         api.rewrite_source = failing
+        ast_transformer.rewrite_to_ast = deferring
         from msprobe_rewrite import install_import_hook
         install_import_hook(["mypkg"])
         import mypkg.sub.deep
@@ -263,6 +267,28 @@ def test_a_module_that_fails_to_rewrite_is_imported_plain_with_one_warning(tree)
     assert ok(result).split() == ["True", "False"]
     assert result.stderr.count("mypkg.sub.deep is imported uninstrumented") == 1
     assert "injected failure" in result.stderr
+
+
+def test_the_hook_rewrites_on_pythons_ast_to_the_program_the_cli_writes(tree):
+    out = ok(run("""
+        from msprobe_rewrite import install_import_hook
+        install_import_hook(["mypkg"])
+        import mypkg.sub.deep
+        print("libcst" in sys.modules)  # the ast path needs no libcst
+
+        from msprobe_rewrite.api import rewrite_source
+        def cli_code(module, name):
+            with open(module.__file__, "rb") as handle:
+                source = rewrite_source(handle.read(), path=module.__file__, add_import=False)
+            namespace = {"__msprobe__": None}
+            exec(compile(source, module.__file__, "exec"), namespace)
+            return namespace[name].__code__
+        for module, name in ((mypkg, "f"), (mypkg.sub.deep, "g")):
+            hooked, cli = getattr(module, name).__code__, cli_code(module, name)
+            print(hooked.co_code == cli.co_code, hooked.co_names == cli.co_names, hooked.co_consts == cli.co_consts,
+                  "__msprobe__" in hooked.co_names)
+    """, tree))
+    assert out.split() == ["False"] + ["True"] * 8
 
 
 def test_environment_variable_installs_the_hook_through_pythonpath(tree):
