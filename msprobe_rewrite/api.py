@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import ast
-import gc
 from typing import Iterable, Optional
 
 import libcst as cst
@@ -10,6 +9,7 @@ import libcst as cst
 from msprobe_runtime.catalogue import Catalogue, load_catalogue
 
 from . import runtime_import
+from .gc_pause import paused_gc
 from .markers import (RUNTIME_IMPORT, SKIP_FILE_MARKER, is_instrumented,  # noqa: F401 (re-exported)
                       maybe_lossy, package_of)
 from .resolver import Resolver
@@ -53,18 +53,11 @@ def rewrite_source(source: bytes, catalogue: Optional[Catalogue] = None, path: s
     ``add_import=False`` leaves out the runtime import, for a loader that binds ``__msprobe__`` in the
     module's globals itself. A file that needs no instrumentation is returned as it is.
     """
-    # libcst allocates hundreds of thousands of short-lived nodes per module, and every collection they
-    # trigger walks the whole heap: 7 % of the CLI's time, and far more under the import hook, in a process
-    # that has imported torch. The cycles a rewrite leaves are collected after it.
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        return _rewrite_source(source, catalogue, path, skip_decorators, package, add_import)
-    except RecursionError:
-        raise RewriteError(f"{path}: too deeply nested for libcst (an expression of thousands of terms)") from None
-    finally:
-        if enabled:
-            gc.enable()
+    with paused_gc():
+        try:
+            return _rewrite_source(source, catalogue, path, skip_decorators, package, add_import)
+        except RecursionError:
+            raise RewriteError(f"{path}: too deeply nested for libcst (an expression of thousands of terms)") from None
 
 
 def _first_difference(got: bytes, want: bytes) -> int:

@@ -78,10 +78,13 @@ def instrumented_code(source: bytes, source_path: str, package: Optional[str], c
     does, and its errors are the ones reported.
     """
     from .ast_transformer import rewrite_to_ast
+    from .gc_pause import paused_gc
 
-    tree = rewrite_to_ast(source, catalogue, path=source_path, skip_decorators=skip_decorators, package=package)
-    if tree is not None:
-        return compile(tree, source_path, "exec", dont_inherit=True)
+    with paused_gc():
+        tree = rewrite_to_ast(source, catalogue, path=source_path, skip_decorators=skip_decorators,
+                              package=package)
+        if tree is not None:
+            return compile(tree, source_path, "exec", dont_inherit=True)
     from .api import rewrite_source
 
     rewritten = rewrite_source(source, catalogue, path=source_path, package=package,

@@ -201,7 +201,8 @@ def ast_path_check(source: bytes, path: str, out: Optional[bytes], refusal: str)
         return SAME, ""
     for a, b in zip(ast.walk(fast), ast.walk(slow)):
         if isinstance(a, ast.stmt) and ast.dump(a) != ast.dump(b) and not hasattr(a, "body"):
-            return SAME, f"the ast path differs at line {a.lineno}: {ast.unparse(a)[:120]!r} != {ast.unparse(b)[:120]!r}"
+            return SAME, (f"the ast path differs at line {a.lineno}: {ast.unparse(a)[:120]!r} != "
+                          f"{ast.unparse(b)[:120]!r}")
     return SAME, "the ast path gives another tree"
 
 
