@@ -1,12 +1,12 @@
 """The same rewrite as ``transformer.py``, on Python's own ``ast``, for the import hook.
 
-The import hook needs a code object, not source a person reads, so it does not need libcst's lossless tree:
-CPython's parser is about ten times faster, and the hook's cold import is dominated by parsing. This module
-takes the transformer's decisions on an ``ast`` tree and builds the nodes that parsing the transformer's
-output would give, so the two compile to the same program (``tests/compiler/corpus_check.py`` compares the
-two trees for every file of the standard library and megatron-core). Where a decision depends on a spelling
-that ``ast`` does not keep (operator whitespace, parentheses, comments), it is read from the source text at
-the nodes' positions.
+The import hook needs a code object, not source a person reads, so it does not need libcst's lossless tree;
+on CPython's own parser the whole rewrite takes a fifth of the time, and a cold import is mostly rewriting.
+This module takes the transformer's decisions on an ``ast`` tree and builds the nodes that parsing the
+transformer's output would give, so the two compile to the same program (``tests/compiler/corpus_check.py``
+compares the two trees for every file of the standard library and megatron-core). Where a decision depends on
+a spelling that ``ast`` does not keep (operator whitespace, parentheses, comments), it is read from the source
+text at the nodes' positions.
 
 Anything this module cannot decide for certain (a skip marker, a spelling libcst does not reproduce, an
 already instrumented file, an API call inside nested f-strings) returns None, and the caller takes the
@@ -87,9 +87,6 @@ class _Text:
         self.data = data
         self.starts = [0] + [match.end() for match in _NEWLINE.finditer(data)]
 
-    def offset(self, line: int, column: int) -> int:
-        return self.starts[line - 1] + column
-
     def start(self, node: ast.AST) -> int:
         return self.starts[node.lineno - 1] + node.col_offset
 
@@ -115,13 +112,6 @@ class _Text:
                 break
         return position, whitespace
 
-    def operator_at(self, after: int, spelling: bytes) -> int:
-        """Where ``spelling``, the next token after offset ``after``, starts."""
-        position, _ = self.next_token(after)
-        if not self.data.startswith(spelling, position):
-            raise Unsure(f"expected {spelling!r} at byte {position}")
-        return position
-
     def left_alone_operator(self, after: int, spelling: bytes) -> bool:
         """forms.comma_for_operator returns None: the operator reads ``a+ b`` (nothing before it, one space
         after), the one spelling that no comma can encode."""
@@ -144,7 +134,6 @@ class AstCallSiteTransformer:
         self.stack: List[Scope] = [scopes.module]
         self.fstrings = 0  # f-strings around the current node (format specs are not f-strings of their own)
         self.misplaced = 0  # replacement fields around the current node whose positions are wrong
-        self.changes = 0
         self.handlers = {
             ast.FunctionDef: self._definition, ast.AsyncFunctionDef: self._definition,
             ast.ClassDef: self._definition, ast.Lambda: self._lambda,
@@ -263,7 +252,6 @@ class AstCallSiteTransformer:
 
     # -- rewrites -----------------------------------------------------------------------------------
     def _runtime(self, entry: str, args, like: ast.AST, keywords=()) -> ast.Call:
-        self.changes += 1
         name = ast.Name(id=RUNTIME_NAME, ctx=ast.Load())
         func = ast.Attribute(value=name, attr=entry, ctx=ast.Load())
         call = ast.Call(func=func, args=list(args), keywords=list(keywords))
