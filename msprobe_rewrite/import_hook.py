@@ -75,16 +75,24 @@ def instrumented_code(source: bytes, source_path: str, package: Optional[str], c
 
     The rewrite is taken on Python's own ``ast`` (``ast_transformer``), which compiles to the same program as
     the libcst rewrite the CLI writes, several times faster; where that path cannot decide, the libcst one
-    does, and its errors are the ones reported.
+    does, and its errors are the ones reported. A failure of the ast path itself (a bug) is reported too, and
+    the libcst path still instruments the module.
     """
     from .ast_transformer import rewrite_to_ast
     from .gc_pause import paused_gc
 
     with paused_gc():
-        tree = rewrite_to_ast(source, catalogue, path=source_path, skip_decorators=skip_decorators,
-                              package=package)
-        if tree is not None:
-            return compile(tree, source_path, "exec", dont_inherit=True)
+        try:
+            tree = rewrite_to_ast(source, catalogue, path=source_path, skip_decorators=skip_decorators,
+                                  package=package)
+            if tree is not None:
+                return compile(tree, source_path, "exec", dont_inherit=True)
+        except SyntaxError:
+            pass  # one Python's compiler finds in the user's code (a misplaced __future__ import): libcst's turn
+        except Exception as error:
+            warnings.warn(f"msprobe-rewrite: internal error on the fast path for {source_path}, please report: "
+                          f"{type(error).__name__}: {error}; it is instrumented on the libcst path instead",
+                          RuntimeWarning, stacklevel=2)
     from .api import rewrite_source
 
     rewritten = rewrite_source(source, catalogue, path=source_path, package=package,

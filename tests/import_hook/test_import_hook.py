@@ -291,6 +291,43 @@ def test_the_hook_rewrites_on_pythons_ast_to_the_program_the_cli_writes(tree):
     assert out.split() == ["False"] + ["True"] * 8
 
 
+def test_a_failure_of_the_ast_path_is_reported_and_libcst_instruments_the_module(tree):
+    result = run("""
+        import warnings
+        warnings.simplefilter("always")
+        import msprobe_rewrite.ast_transformer as ast_transformer
+        real = ast_transformer.rewrite_to_ast
+        def broken(source, *args, path="", **kwargs):
+            if path.endswith("deep.py"):
+                raise IndexError("injected bug")
+            return real(source, *args, path=path, **kwargs)
+        ast_transformer.rewrite_to_ast = broken
+        from msprobe_rewrite import install_import_hook
+        install_import_hook(["mypkg"])
+        import mypkg.sub.deep
+        print(instrumented(mypkg.f), instrumented(mypkg.sub.deep.g), "libcst" in sys.modules)
+    """, tree)
+    assert ok(result).split() == ["True", "True", "True"]
+    assert result.stderr.count("please report: IndexError: injected bug") == 1
+    assert "deep.py" in result.stderr and "uninstrumented" not in result.stderr
+
+
+def test_a_module_with_a_syntax_error_raises_it_as_python_does(tree):
+    write_tree(tree, {"mypkg/bad.py": "import torch\ndef f(:\n    pass\n",
+                      "mypkg/late.py": "import torch\nx = torch.relu(y)\nfrom __future__ import annotations\n"})
+    result = run("""
+        from msprobe_rewrite import install_import_hook
+        install_import_hook(["mypkg"])
+        for name in ("mypkg.bad", "mypkg.late"):
+            try:
+                __import__(name)
+            except SyntaxError as error:
+                print(name, type(error).__name__, error.lineno, error.filename.endswith(name[6:] + ".py"))
+    """, tree)
+    assert ok(result).splitlines() == ["mypkg.bad SyntaxError 2 True", "mypkg.late SyntaxError 3 True"]
+    assert "please report" not in result.stderr
+
+
 def test_environment_variable_installs_the_hook_through_pythonpath(tree):
     hook_path = subprocess.run([sys.executable, "-m", "msprobe_rewrite", "hook-path"], capture_output=True,
                                text=True, check=True).stdout.strip()
