@@ -139,12 +139,13 @@ class AstCallSiteTransformer:
             ast.ClassDef: self._definition, ast.Lambda: self._lambda,
             ast.ListComp: self._comprehension, ast.SetComp: self._comprehension,
             ast.DictComp: self._comprehension, ast.GeneratorExp: self._comprehension,
-            ast.AnnAssign: self._annotated_assignment, ast.match_case: self._match_case,
-            ast.withitem: self._with_item,
+            ast.AnnAssign: self._annotated_assignment, ast.withitem: self._with_item,
             ast.JoinedStr: self._fstring, ast.FormattedValue: self._formatted_value,
             ast.Call: self._call, ast.BinOp: self._binary, ast.UnaryOp: self._unary,
             ast.Compare: self._comparison, ast.Assign: self._assignment, ast.AugAssign: self._augmented,
         }
+        if hasattr(ast, "match_case"):  # Python 3.10+
+            self.handlers[ast.match_case] = self._match_case
         # Nodes that hold no expression the rewrite changes.
         self.leaves = (ast.Name, ast.Constant, ast.Import, ast.ImportFrom, ast.Pass, ast.Break, ast.Continue,
                        ast.Global, ast.Nonlocal, ast.expr_context, ast.operator, ast.unaryop, ast.cmpop,
