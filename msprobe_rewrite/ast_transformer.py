@@ -146,6 +146,8 @@ class AstCallSiteTransformer:
         }
         if hasattr(ast, "match_case"):  # Python 3.10+
             self.handlers[ast.match_case] = self._match_case
+        if hasattr(ast, "TypeAlias"):  # Python 3.12+: evaluated lazily, as annotations are
+            self.handlers[ast.TypeAlias] = self._left_as_written
         # Nodes that hold no expression the rewrite changes.
         self.leaves = (ast.Name, ast.Constant, ast.Import, ast.ImportFrom, ast.Pass, ast.Break, ast.Continue,
                        ast.Global, ast.Nonlocal, ast.expr_context, ast.operator, ast.unaryop, ast.cmpop,
@@ -187,7 +189,7 @@ class AstCallSiteTransformer:
         return False
 
     def _definition(self, node):
-        # Decorators, defaults, annotations, class bases and keywords are never rewritten.
+        # Decorators, defaults, annotations, type parameters, class bases and keywords are never rewritten.
         if not self._is_kernel(node):
             self._in_scope(node, ("body",))
         return node
@@ -204,6 +206,9 @@ class AstCallSiteTransformer:
 
     def _annotated_assignment(self, node):
         self._children(node, ("target", "value"))
+        return node
+
+    def _left_as_written(self, node):
         return node
 
     def _with_item(self, node):

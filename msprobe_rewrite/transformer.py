@@ -141,6 +141,10 @@ class CallSiteTransformer(CachedDispatch):
         self.frozen -= 1
         return updated
 
+    # Python 3.12's type parameters and `type` aliases are evaluated lazily, as annotations are.
+    visit_TypeParameters = visit_TypeAlias = _freeze
+    leave_TypeParameters = leave_TypeAlias = leave_Annotation
+
     def visit_FormattedStringExpression(self, node: cst.FormattedStringExpression) -> None:
         if node.equal is not None:  # f"{x*2=}" prints the expression's text, so it must stay as written
             self.frozen += 1

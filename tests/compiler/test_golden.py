@@ -6,6 +6,7 @@ output without its runtime import, or leaves the case to libcst where ``AST_PATH
 """
 import ast
 import re
+import sys
 from textwrap import dedent
 
 import pytest
@@ -461,6 +462,21 @@ def test_self_documenting_fstring_fields_print_their_text_so_stay_as_written():
         a = f"{torch.relu(x)=} {x * 2 = !r} {__msprobe__.mul(x, 2)}"
         """,
     )
+
+
+PYTHON_312_TYPES = """\
+type Pair = tuple[int, int] | None
+def f[T: int | str, *Ts](x: T) -> T:
+    return x + 1
+class C[T: (A | B)](Base):
+    y = g(x)
+"""
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="type parameters are Python 3.12 syntax")
+def test_type_parameters_and_aliases_are_left_as_written_as_annotations_are():
+    check(PYTHON_312_TYPES, PREAMBLE + PYTHON_312_TYPES.replace("x + 1", "__msprobe__.add(x, 1)").replace(
+        "g(x)", "__msprobe__.dyn(g, x)"))
 
 
 # -- operators ------------------------------------------------------------------------------------------
