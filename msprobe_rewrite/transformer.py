@@ -12,10 +12,11 @@ import libcst as cst
 from .dispatch import CachedDispatch
 from .forms import (AUGMENTED, BINARY, COMMA, COMPARISON, EMPTY, UNARY, comma_for_operator, has_line_break,
                     is_empty, is_literal, is_text_literal, runtime_attr, safe_as_argument)
-from .kernels import KERNEL_DECORATOR_NAMES, KERNEL_DECORATORS, is_kernel_decorator  # noqa: F401 (re-exported)
+from .kernels import is_kernel_decorator
 from .markers import SKIP_MARKER
 from .resolver import API, NOT_API, Resolver
 from .scopes import CLASS, COMPREHENSION, FUNCTION, LAMBDA, ModuleScopes, Scope
+
 
 def dotted_name(node: cst.BaseExpression) -> Optional[str]:
     """``a.b.c`` for a Name/Attribute chain, else None."""
