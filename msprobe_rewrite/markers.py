@@ -11,13 +11,14 @@ RUNTIME_IMPORT = "import msprobe_runtime as __msprobe__"
 SKIP_FILE_MARKER = re.compile(rb"^[ \t]*#[ \t]*msprobe:[ \t]*skip-file\b", re.MULTILINE)
 SKIP_MARKER = re.compile(r"#\s*msprobe:\s*skip\b(?!-)")  # on a def/class: its body is left as written
 # Spellings that libcst 1.x does not reproduce byte for byte (a form feed before an indented statement,
-# `except E :`, indented blank or comment lines after blank lines at the end of the file); a file with one
-# is checked whole.
+# `except E :`, indented blank or comment lines after blank lines at the end of the file, and Python 3.12's
+# `f"{x!r }"`); a file with one is checked whole.
 SPACED_EXCEPT_COLON = re.compile(rb"except\b[^\n:#]*[ \t]:")
+SPACED_CONVERSION = re.compile(rb"![rsa][ \t]+[}:]")
 
 
 def maybe_lossy(source: bytes) -> bool:
-    if b"\x0c" in source or SPACED_EXCEPT_COLON.search(source):
+    if b"\x0c" in source or SPACED_EXCEPT_COLON.search(source) or SPACED_CONVERSION.search(source):
         return True
     for line in reversed(source[-4096:].split(b"\n")[1:]):  # the blank and comment lines at the end
         stripped = line.lstrip(b" \t")

@@ -78,6 +78,11 @@ def _statements(tree: ast.Module):
     return found
 
 
+def _defined_name(node: ast.stmt) -> Optional[str]:
+    name = getattr(node, "name", None)  # a def or class; Python 3.12's `type X = ...` has an ast.Name there
+    return name.id if isinstance(name, ast.Name) else name
+
+
 def line_mismatch(before: ast.Module, after: ast.Module) -> Optional[str]:
     """Why ``after`` does not keep every line of ``before``, or None.
 
@@ -93,7 +98,7 @@ def line_mismatch(before: ast.Module, after: ast.Module) -> Optional[str]:
         return f"{len(old)} statements became {len(new)}"
     seen_lines = set()
     for a, b in zip(old, new):
-        name_a, name_b = getattr(a, "name", None), getattr(b, "name", None)
+        name_a, name_b = _defined_name(a), _defined_name(b)
         if (a.lineno, a.end_lineno, name_a) != (b.lineno, b.end_lineno, name_b):
             return (f"{type(a).__name__} {name_a or ''} at lines {a.lineno}-{a.end_lineno} is now "
                     f"{type(b).__name__} {name_b or ''} at lines {b.lineno}-{b.end_lineno}")

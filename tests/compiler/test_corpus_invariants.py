@@ -312,6 +312,13 @@ def test_what_libcst_cannot_reproduce_is_left_alone(source):
         rewrite_source(source)
 
 
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="whitespace after a conversion is Python 3.12 syntax")
+def test_a_spaced_fstring_conversion_is_left_alone():
+    # found on Python 3.12's test_fstring.py: libcst writes f"{3!s  }" back as f"{3!s}"
+    with pytest.raises(RewriteError, match="libcst does not reproduce"):
+        rewrite_source(b'import torch\ny = torch.relu(x)\nz = f"{3!s  }"\n')
+
+
 def test_too_deep_for_libcst_is_refused():
     source = b"import torch\nx = {'k': " + b"'a'\n    " * 1000 + b"}\ny = torch.relu(x)\n"
     with pytest.raises(RewriteError, match="too deeply nested"):
