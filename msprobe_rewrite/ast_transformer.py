@@ -25,7 +25,7 @@ from msprobe_runtime.catalogue import Catalogue
 from .kernels import is_kernel_decorator
 from .markers import SKIP_FILE_MARKER, SKIP_MARKER, is_instrumented, maybe_lossy, package_of
 from .resolver import API, NOT_API, Resolver
-from .scopes import Scope, collect_scopes
+from .scopes import Scope, _dotted, collect_scopes
 
 RUNTIME_NAME = "__msprobe__"
 
@@ -48,6 +48,11 @@ _BLANK = frozenset(b" \t\x0c\r\n\\")  # whitespace and line continuations betwee
 _NOT_A_TOKEN_START = _BLANK | {ord("#")}
 
 
+# Nodes that hold no expression the rewrite changes.
+_LEAVES = (ast.Name, ast.Constant, ast.Import, ast.ImportFrom, ast.Pass, ast.Break, ast.Continue, ast.Global,
+           ast.Nonlocal, ast.expr_context, ast.operator, ast.unaryop, ast.cmpop, ast.boolop)
+
+
 class Unsure(Exception):
     """This module cannot take the decision for certain; the libcst transformer must."""
 
@@ -64,20 +69,12 @@ def _is_text_literal(node: ast.AST) -> bool:
     return isinstance(node, ast.Constant) and (node.value is None or isinstance(node.value, (str, bytes, bool)))
 
 
-def _callee_name(node: ast.AST) -> Optional[str]:
-    """``a.b.c`` for a Name/Attribute chain, else None, as the transformer's ``dotted_name`` reads libcst's
-    tree, where ``None``, ``True`` and ``False`` are names (``True.__index__`` resolves to a builtin)."""
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-    elif isinstance(node, ast.Constant) and (node.value is None or node.value is True or node.value is False):
-        parts.append(repr(node.value))
-    else:
-        return None
-    return ".".join(reversed(parts))
+def _tokens(segment: bytes) -> list:
+    """The tokens of a piece of source (a string literal, a parenthesized expression)."""
+    try:
+        return list(tokenize.tokenize(io.BytesIO(segment).readline))
+    except (tokenize.TokenError, SyntaxError) as error:
+        raise Unsure(f"cannot tokenize {segment[:40]!r}: {error}") from None
 
 
 class _Text:
@@ -148,17 +145,13 @@ class AstCallSiteTransformer:
             self.handlers[ast.match_case] = self._match_case
         if hasattr(ast, "TypeAlias"):  # Python 3.12+: evaluated lazily, as annotations are
             self.handlers[ast.TypeAlias] = self._left_as_written
-        # Nodes that hold no expression the rewrite changes.
-        self.leaves = (ast.Name, ast.Constant, ast.Import, ast.ImportFrom, ast.Pass, ast.Break, ast.Continue,
-                       ast.Global, ast.Nonlocal, ast.expr_context, ast.operator, ast.unaryop, ast.cmpop,
-                       ast.boolop)
 
     # -- walking ------------------------------------------------------------------------------------
     def visit(self, node):
         handler = self.handlers.get(type(node))
         if handler is not None:
             return handler(node)
-        if not isinstance(node, self.leaves):
+        if not isinstance(node, _LEAVES):
             self._children(node)
         return node
 
@@ -183,7 +176,7 @@ class AstCallSiteTransformer:
     def _is_kernel(self, node) -> bool:
         for decorator in node.decorator_list:
             expression = decorator.func if isinstance(decorator, ast.Call) else decorator
-            dotted = _callee_name(expression)
+            dotted = _dotted(expression, constants_as_names=True)
             if dotted is not None and is_kernel_decorator(dotted, self.stack[-1], self.skip_decorators):
                 return True
         return False
@@ -274,7 +267,7 @@ class AstCallSiteTransformer:
 
     def _call(self, node: ast.Call):
         self._children(node)
-        resolution = self.resolver.resolve_dotted(_callee_name(node.func), self.stack[-1])
+        resolution = self.resolver.resolve_dotted(_dotted(node.func, constants_as_names=True), self.stack[-1])
         if resolution.kind == NOT_API:
             return node
         self._positions_known()
@@ -314,11 +307,7 @@ class AstCallSiteTransformer:
         """Whether a string constant is one literal (libcst's SimpleString), not adjacent ones."""
         self._positions_known()
         segment = self.text.data[self.text.start(node):self.text.end(node)]
-        try:
-            tokens = list(tokenize.tokenize(io.BytesIO(b"(" + segment + b")").readline))
-        except (tokenize.TokenError, SyntaxError) as error:
-            raise Unsure(f"cannot read a string literal: {error}") from None
-        return sum(token.type == tokenize.STRING for token in tokens) == 1
+        return sum(token.type == tokenize.STRING for token in _tokens(b"(" + segment + b")")) == 1
 
     def _unary(self, node: ast.UnaryOp):
         self._children(node)
@@ -355,11 +344,7 @@ class AstCallSiteTransformer:
         if not segment.startswith(b"("):
             return False
         depth = 0
-        try:
-            tokens = [token for token in tokenize.tokenize(io.BytesIO(segment).readline)
-                      if token.type == tokenize.OP]
-        except (tokenize.TokenError, SyntaxError) as error:
-            raise Unsure(f"cannot read a parenthesized expression: {error}") from None
+        tokens = [token for token in _tokens(segment) if token.type == tokenize.OP]
         for index, token in enumerate(tokens):
             depth += token.string in "([{"
             depth -= token.string in ")]}"

@@ -106,15 +106,21 @@ def _absolute_module(node: ast.ImportFrom, package: Optional[str]) -> Optional[s
     return ".".join(base + ([node.module] if node.module else []))
 
 
-def _dotted(node: ast.AST) -> Optional[str]:
+def _dotted(node: ast.AST, constants_as_names: bool = False) -> Optional[str]:
+    """``a.b.c`` for a Name/Attribute chain, else None. ``constants_as_names``: ``None``, ``True`` and ``False``
+    count as names, as in libcst's tree, so ``True.__index__`` reads as the transformer reads it."""
     parts = []
     while isinstance(node, ast.Attribute):
         parts.append(node.attr)
         node = node.value
     if isinstance(node, ast.Name):
         parts.append(node.id)
-        return ".".join(reversed(parts))
-    return None
+    elif constants_as_names and isinstance(node, ast.Constant) and (
+            node.value is None or node.value is True or node.value is False):
+        parts.append(repr(node.value))
+    else:
+        return None
+    return ".".join(reversed(parts))
 
 
 class _Collector(ast.NodeVisitor):
