@@ -50,3 +50,113 @@ def test_bad_catalogue_files_are_clear_errors(tmp_path, text, message):
 def test_missing_catalogue_file_is_a_clear_error(tmp_path):
     with pytest.raises(CatalogueError, match="cannot read catalogue"):
         load_catalogue([tmp_path / "absent.yaml"])
+
+
+# -- coverage of the installed torch ----------------------------------------------------------------------------
+
+# Public callables of torch.nn.functional that are deliberately not APIs. Reviewed against torch 2.13; a new
+# torch that adds a tensor function to F fails the test below until the catalogue or this list names it.
+FUNCTIONAL_NOT_APIS = {
+    "assert_int_or_pair": "utility",        # argument checking helper
+    "boolean_dispatch": "utility",          # builds the *_with_indices dispatchers, computes nothing
+    "handle_torch_function": "protocol",    # __torch_function__ machinery
+    "has_torch_function": "protocol",
+    "has_torch_function_unary": "protocol",
+    "has_torch_function_variadic": "protocol",
+    "native_channel_shuffle": "internal",   # kernel behind F.channel_shuffle, which is catalogued
+}
+
+
+def _public_functional_callables(torch):
+    """Public tensor functions of the installed torch.nn.functional: callables that are no class, module or
+    typing construct (F imports `Optional` and the like for its annotations)."""
+    import inspect
+
+    functional = torch.nn.functional
+    names = getattr(functional, "__all__", None) or [n for n in dir(functional) if not n.startswith("_")]
+    found = set()
+    for name in names:
+        obj = getattr(functional, name, None)
+        if obj is None or not callable(obj) or inspect.isclass(obj) or inspect.ismodule(obj):
+            continue
+        if "typing" in (getattr(obj, "__module__", None), type(obj).__module__):
+            continue
+        found.add(name)
+    return found
+
+
+def test_every_public_functional_tensor_function_is_catalogued():
+    torch = pytest.importorskip("torch")
+    catalogue = load_catalogue()
+    public = _public_functional_callables(torch)
+    assert {"gelu", "linear", "scaled_dot_product_attention"} <= public  # the scan itself sees F
+    missing = sorted(name for name in public - set(FUNCTIONAL_NOT_APIS)
+                     if catalogue.dump_name(f"torch.nn.functional.{name}") is None)
+    assert not missing, (f"torch {torch.__version__}: torch.nn.functional functions missing from the catalogue "
+                         f"(add them to custom_apis.yaml, or to FUNCTIONAL_NOT_APIS with a reason): {missing}")
+    wrongly_named = sorted(name for name in public
+                           if catalogue.dump_name(f"torch.nn.functional.{name}") not in (None, f"Functional.{name}"))
+    assert not wrongly_named
+    both = sorted(name for name in FUNCTIONAL_NOT_APIS if catalogue.dump_name(f"torch.nn.functional.{name}"))
+    assert not both, f"excluded yet catalogued: {both}"
+
+
+def test_custom_torch_entries_follow_msprobes_naming_and_add_to_its_file():
+    """Custom entries under torch use msprobe's prefixes (Functional./Tensor./Torch. + the attribute) and are
+    new: an entry msprobe's own file already has belongs there, not in custom_apis.yaml."""
+    import yaml
+
+    with open(DEFAULT_FILES[1], "rb") as handle:
+        custom = yaml.safe_load(handle)["custom"]
+    msprobe = load_catalogue([DEFAULT_FILES[0]], defaults=False)
+    torch_entries = {q: d for q, d in custom.items() if q.split(".")[0] == "torch"}
+    assert "torch._grouped_mm" in torch_entries
+    for qualname, dump_name in torch_entries.items():
+        if qualname.startswith("torch.nn.functional."):
+            want = "Functional." + qualname[len("torch.nn.functional."):]
+        elif qualname.startswith("torch.Tensor."):
+            want = "Tensor." + qualname[len("torch.Tensor."):]
+        else:
+            assert qualname.count(".") == 1, qualname  # torch.<name>: other submodules have their own sections
+            want = "Torch." + qualname[len("torch."):]
+        assert dump_name == want, qualname
+        assert msprobe.dump_name(qualname) is None, f"{qualname} is already in msprobe's support_wrap_ops.yaml"
+
+
+def test_custom_torch_entries_name_live_callables():
+    """No typo in custom_apis.yaml: on the torch the entries were reviewed against (2.13) or newer, every
+    torch entry is a callable of the installed torch."""
+    torch = pytest.importorskip("torch")
+    version = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    if version < (2, 13):
+        pytest.skip(f"torch {torch.__version__} predates some entries (reviewed against 2.13)")
+    custom = {q for q in load_catalogue([DEFAULT_FILES[1]], defaults=False).by_qualname if q.startswith("torch.")}
+    assert custom
+    dead = []
+    for qualname in sorted(custom):
+        obj = torch
+        for attr in qualname.split(".")[1:]:
+            obj = getattr(obj, attr, None)
+        if not callable(obj):
+            dead.append(qualname)
+    assert not dead, f"torch {torch.__version__} has no callable at: {dead}"
+
+
+@pytest.mark.parametrize("qualname, dump_name", [
+    ("torch.nn.functional.grouped_mm", "Functional.grouped_mm"),
+    ("torch._grouped_mm", "Torch._grouped_mm"),
+])
+def test_grouped_mm_is_named_statically_and_by_identity(qualname, dump_name):
+    """The MoE experts' matmul: the compiler's catalogue names the call site, and the runtime's identity table
+    names the live function object (a dynamic call, `mm = F.grouped_mm; mm(a, b, offs=offs)`)."""
+    assert load_catalogue().dump_name(qualname) == dump_name
+    torch = pytest.importorskip("torch")
+    from msprobe_runtime.identity import build_identity
+
+    obj = torch
+    for attr in qualname.split(".")[1:]:
+        obj = getattr(obj, attr, None)
+    if obj is None:
+        pytest.skip(f"torch {torch.__version__} has no {qualname}")
+    identity, _ = build_identity()
+    assert identity.get(id(obj)) == dump_name
