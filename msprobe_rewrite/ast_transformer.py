@@ -20,28 +20,25 @@ import re
 import tokenize
 from typing import Iterable, List, Optional
 
+from msprobe_runtime import operators
 from msprobe_runtime.catalogue import Catalogue
 
 from .kernels import is_kernel_decorator
-from .markers import SKIP_FILE_MARKER, SKIP_MARKER, is_instrumented, maybe_lossy, package_of
+from .markers import RUNTIME_NAME, SKIP_FILE_MARKER, SKIP_MARKER, is_instrumented, maybe_lossy, package_of
 from .resolver import API, NOT_API, Resolver
 from .scopes import Scope, _dotted, collect_scopes
 
-RUNTIME_NAME = "__msprobe__"
 
-# Runtime entry and spelling of each operator; the entries are those of forms.py's tables.
-BINARY = {
-    ast.Add: ("add", b"+"), ast.Sub: ("sub", b"-"), ast.Mult: ("mul", b"*"), ast.MatMult: ("matmul", b"@"),
-    ast.Div: ("truediv", b"/"), ast.FloorDiv: ("floordiv", b"//"), ast.Mod: ("mod", b"%"),
-    ast.Pow: ("pow", b"**"), ast.LShift: ("lshift", b"<<"), ast.RShift: ("rshift", b">>"),
-    ast.BitAnd: ("and_", b"&"), ast.BitOr: ("or_", b"|"), ast.BitXor: ("xor", b"^"),
-}
-COMPARISON = {
-    ast.Lt: ("lt", b"<"), ast.LtE: ("le", b"<="), ast.Gt: ("gt", b">"), ast.GtE: ("ge", b">="),
-    ast.Eq: ("eq", b"=="), ast.NotEq: ("ne", b"!="),
-}
-AUGMENTED = {operator: ("i" + entry.rstrip("_"), spelling + b"=") for operator, (entry, spelling) in BINARY.items()}
-UNARY = {ast.USub: ("neg", b"-"), ast.UAdd: ("pos", b"+"), ast.Invert: ("invert", b"~")}
+
+def _by_ast_node(*kinds):
+    """Runtime entry and spelling of each operator, by its ast node class (the operator table's rows)."""
+    return {getattr(ast, row.ast_node): (row.entry, row.spelling.encode()) for row in operators.rows(*kinds)}
+
+
+BINARY = _by_ast_node(operators.BINARY)
+COMPARISON = _by_ast_node(operators.COMPARISON)
+AUGMENTED = _by_ast_node(operators.AUGMENTED)
+UNARY = _by_ast_node(operators.UNARY)
 
 _NEWLINE = re.compile(rb"\r\n|\r|\n")  # how ast numbers lines
 _BLANK = frozenset(b" \t\x0c\r\n\\")  # whitespace and line continuations between tokens

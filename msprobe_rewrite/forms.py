@@ -1,5 +1,6 @@
-"""The syntax of instrumentation (docs/contract.md): operator tables, the runtime name, and the whitespace
-encoding that lets every rewritten form be turned back into its original text byte for byte.
+"""The syntax of instrumentation (docs/contract.md): libcst views of the operator table
+(``msprobe_runtime.operators``), the runtime name, and the whitespace encoding that lets every rewritten form
+be turned back into its original text byte for byte.
 """
 from __future__ import annotations
 
@@ -7,27 +8,19 @@ from typing import Optional, Tuple
 
 import libcst as cst
 
-RUNTIME_MODULE = "msprobe_runtime"
-RUNTIME_NAME = "__msprobe__"
+from msprobe_runtime import operators
 
-BINARY = {
-    cst.Add: "add", cst.Subtract: "sub", cst.Multiply: "mul", cst.MatrixMultiply: "matmul",
-    cst.Divide: "truediv", cst.FloorDivide: "floordiv", cst.Modulo: "mod", cst.Power: "pow",
-    cst.LeftShift: "lshift", cst.RightShift: "rshift", cst.BitAnd: "and_", cst.BitOr: "or_",
-    cst.BitXor: "xor",
-}
-COMPARISON = {
-    cst.LessThan: "lt", cst.LessThanEqual: "le", cst.GreaterThan: "gt", cst.GreaterThanEqual: "ge",
-    cst.Equal: "eq", cst.NotEqual: "ne",
-}
-AUGMENTED = {
-    cst.AddAssign: "iadd", cst.SubtractAssign: "isub", cst.MultiplyAssign: "imul",
-    cst.MatrixMultiplyAssign: "imatmul", cst.DivideAssign: "itruediv", cst.FloorDivideAssign: "ifloordiv",
-    cst.ModuloAssign: "imod", cst.PowerAssign: "ipow", cst.LeftShiftAssign: "ilshift",
-    cst.RightShiftAssign: "irshift", cst.BitAndAssign: "iand", cst.BitOrAssign: "ior",
-    cst.BitXorAssign: "ixor",
-}
-UNARY = {cst.Minus: "neg", cst.Plus: "pos", cst.BitInvert: "invert"}
+from .markers import RUNTIME_MODULE, RUNTIME_NAME  # noqa: F401 (re-exported)
+
+
+def _by_cst_node(*kinds):
+    return {getattr(cst, row.cst_node): row.entry for row in operators.rows(*kinds)}
+
+
+BINARY = _by_cst_node(operators.BINARY)
+COMPARISON = _by_cst_node(operators.COMPARISON)
+AUGMENTED = _by_cst_node(operators.AUGMENTED)
+UNARY = _by_cst_node(operators.UNARY)
 
 BINARY_BY_NAME = {name: node for node, name in BINARY.items()}
 COMPARISON_BY_NAME = {name: node for node, name in COMPARISON.items()}

@@ -7,7 +7,9 @@ import os
 import re
 from typing import Optional
 
-RUNTIME_IMPORT = "import msprobe_runtime as __msprobe__"
+RUNTIME_MODULE = "msprobe_runtime"
+RUNTIME_NAME = "__msprobe__"
+RUNTIME_IMPORT = f"import {RUNTIME_MODULE} as {RUNTIME_NAME}"
 SKIP_FILE_MARKER = re.compile(rb"^[ \t]*#[ \t]*msprobe:[ \t]*skip-file\b", re.MULTILINE)
 SKIP_MARKER = re.compile(r"#\s*msprobe:\s*skip\b(?!-)")  # on a def/class: its body is left as written
 # Spellings that libcst 1.x does not reproduce byte for byte (a form feed before an indented statement,

@@ -3,11 +3,12 @@
 Importing this package imports neither torch nor libcst: a rewritten tree imports it at the top of every
 module, on machines that may have no libcst, and before torch_npu or any device is set up.
 """
-from .shims import (  # noqa: F401  (the instrumented code's contract, docs/contract.md)
-    add, and_, attr, aug, call, dyn, eq, floordiv, ge, gt, iadd, iand, ifloordiv, ilshift, imatmul, imod,
-    imul, invert, ior, ipow, irshift, isub, item, itruediv, ixor, le, lshift, lt, matmul, mod, mul, ne,
-    neg, or_, pos, pow, rshift, sub, truediv, xor,
-)
+from . import shims as _shims
+from .operators import STORE as _STORE, TABLE as _OPERATORS
+from .shims import attr, aug, call, dyn, item  # noqa: F401  (the instrumented code's contract, docs/contract.md)
+
+# the operator entry points (add, neg, iadd, ...), one per row of the operator table
+globals().update({_row.entry: getattr(_shims, _row.entry) for _row in _OPERATORS if _row.kind != _STORE})
 from .debugger import PrecisionDebugger  # noqa: F401  (imports no torch: torch loads at start())
 from .seeding import seed_all  # noqa: F401
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import operator as _op
 
+from . import operators
+
 _collector = None  # set by the debugger while it collects; None means forward only
 
 
@@ -46,17 +48,11 @@ def _unary(name, python_op):
     return shim
 
 
-BINARY = ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow", "lshift", "rshift",
-          "and_", "or_", "xor", "lt", "le", "gt", "ge", "eq", "ne")
-INPLACE = ("iadd", "isub", "imul", "imatmul", "itruediv", "ifloordiv", "imod", "ipow", "ilshift",
-           "irshift", "iand", "ior", "ixor")
-UNARY = ("neg", "pos", "invert")
-
-for _name in BINARY + INPLACE:
-    globals()[_name] = _binary(_name, getattr(_op, _name))
-for _name in UNARY:
-    globals()[_name] = _unary(_name, getattr(_op, _name))
-del _name
+for _row in operators.rows(operators.BINARY, operators.COMPARISON, operators.AUGMENTED):
+    globals()[_row.entry] = _binary(_row.entry, getattr(_op, _row.entry))
+for _row in operators.rows(operators.UNARY):
+    globals()[_row.entry] = _unary(_row.entry, getattr(_op, _row.entry))
+del _row
 
 
 class _Ref:

@@ -1,0 +1,175 @@
+"""The operator table (runtime/operators.py) against what it describes: Python's and libcst's syntax trees, and
+what torch reports to ``__torch_function__``; and the rule it exists for: a rewritten operator records at
+least what the observing mode records for the same operation, under a catalogued name."""
+import ast
+import glob
+import importlib.util
+import json
+import operator
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+cst = pytest.importorskip("libcst")
+
+from torch.overrides import TorchFunctionMode  # noqa: E402
+
+from msprobe_runtime import PrecisionDebugger, operators, shims  # noqa: E402
+from msprobe_runtime.identity import build_identity  # noqa: E402
+
+BITWISE = {"lshift", "rshift", "and_", "or_", "xor", "invert"}
+
+
+def _spell(row):
+    if row.kind == operators.UNARY:
+        return f"{row.spelling}a"
+    if row.kind == operators.AUGMENTED:
+        return f"a {row.spelling} b"
+    return f"a {row.spelling} b"
+
+
+@pytest.mark.parametrize("row", [r for r in operators.TABLE if r.kind != operators.STORE], ids=lambda r: r.entry)
+def test_node_classes_and_spelling_are_those_of_the_parsers(row):
+    source = _spell(row)
+    statement = ast.parse(source).body[0]
+    if row.kind == operators.AUGMENTED:
+        assert type(statement.op).__name__ == row.ast_node
+        assert type(cst.parse_statement(source).body[0].operator).__name__ == row.cst_node
+        return
+    node = statement.value
+    op = node.ops[0] if row.kind == operators.COMPARISON else node.op
+    assert type(op).__name__ == row.ast_node
+    expression = cst.parse_expression(source)
+    if row.kind == operators.COMPARISON:
+        assert type(expression.comparisons[0].operator).__name__ == row.cst_node
+    else:
+        assert type(expression.operator).__name__ == row.cst_node
+    assert hasattr(shims, row.entry) and hasattr(operator, row.entry)
+
+
+class _Reported(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def _operands(row):
+    if row.entry in BITWISE or row.entry in ("ilshift", "irshift", "iand", "ior", "ixor"):
+        return torch.tensor([3, 5]), torch.tensor([1, 2]), 2
+    return torch.tensor([3.0, 5.0]), torch.tensor([1.0, 2.0]), 2.0
+
+
+def _first_reported(run):
+    mode = _Reported()
+    with mode:
+        try:
+            run()
+        except TypeError:
+            pass  # `2 @ t`: torch reports the reflected method, then refuses the scalar
+    return mode.names[0] if mode.names else None
+
+
+@pytest.mark.parametrize("row", operators.TABLE, ids=lambda r: r.entry)
+def test_reported_methods_are_what_torch_reports(row):
+    a, b, scalar = _operands(row)
+    python_op = getattr(operator, row.entry)
+    if row.kind == operators.UNARY:
+        assert _first_reported(lambda: python_op(a)) == row.reported
+        return
+    if row.kind == operators.STORE:
+        value = b[0]
+        assert _first_reported(lambda: python_op(a, 0, value)) == row.reported
+        return
+    assert _first_reported(lambda: python_op(a, b)) == row.reported
+    assert _first_reported(lambda: python_op(scalar, b)) == row.reported_reflected
+
+
+def test_the_rows_define_every_shim_and_nothing_else():
+    entries = [row.entry for row in operators.TABLE]
+    assert len(entries) == len(set(entries))
+    import msprobe_runtime
+
+    for row in operators.TABLE:
+        if row.kind != operators.STORE:
+            assert getattr(msprobe_runtime, row.entry) is getattr(shims, row.entry)
+
+
+def test_every_operator_has_a_catalogued_name_where_torch_reports_one():
+    """``-x`` is Tensor.neg and ``x /= y`` Tensor.div_ (neither dunder is in msprobe's list); an operator is
+    left unnamed only where neither its method nor torch's report is catalogued (as the mode leaves it)."""
+    _, tensor_methods = build_identity()
+    names = operators.dump_names(tensor_methods)
+    assert names["neg"][0] == "Tensor.neg"
+    assert names["itruediv"][0] == "Tensor.div_"
+    assert names["truediv"] == ("Tensor.__truediv__", "Tensor.__rdiv__")
+    assert names["and_"][1] == "Tensor.bitwise_and"
+    for row in operators.TABLE:
+        left, right = names[row.entry]
+        assert (left is None) == (row.dunder not in tensor_methods and row.reported not in tensor_methods)
+        candidates = (row.reflected, row.reported_reflected)
+        assert (right is None) == all(c is None or c not in tensor_methods for c in candidates)
+
+
+_PROGRAM = '''
+import torch
+
+
+def operators(x, y, i, j):
+    out = [-x, +x, ~i, x + y, x - y, x * y, x @ y, x / y, x // y, x % y, x ** y, i << j, i >> j, i & j, i | j,
+           i ^ j, x < y, x <= y, x > y, x >= y, x == y, x != y, 2 / x, 2 - x, 2 & i]
+    z = x.clone()
+    z += y
+    z -= y
+    z *= y
+    z /= y
+    z //= y
+    z %= y
+    z **= y
+    k = i.clone()
+    k <<= j
+    k >>= j
+    k &= j
+    k |= j
+    k ^= j
+    out += [z, k]
+    return out
+'''
+
+
+def _names(tmp_path, tag, instrumented):
+    from msprobe_rewrite.api import rewrite_source
+
+    source = _PROGRAM.encode()
+    path = tmp_path / f"program_{tag}.py"
+    path.write_bytes(rewrite_source(source) if instrumented else source)
+    spec = importlib.util.spec_from_file_location(f"program_{tag}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    x, y = torch.tensor([1.5, 2.5]), torch.tensor([0.5, 1.5])
+    i, j = torch.tensor([6, 3]), torch.tensor([1, 2])
+    debugger = PrecisionDebugger(dump_path=str(tmp_path / f"dump_{tag}"), level="L1")
+    debugger.start()  # from this uninstrumented test: the plain program is observed by the mode
+    try:
+        module.operators(x, y, i, j)
+    finally:
+        debugger.stop()
+    debugger.wait()
+    [dump] = glob.glob(str(tmp_path / f"dump_{tag}" / "step0" / "*" / "dump.json"))
+    with open(dump) as handle:
+        return [name.rsplit(".", 2)[0] for name in json.load(handle)["data"] if name.endswith(".forward")]
+
+
+def test_rewritten_operators_record_no_less_than_the_mode(tmp_path):
+    observed = _names(tmp_path, "plain", instrumented=False)
+    rewritten = _names(tmp_path, "rewritten", instrumented=True)
+    assert "Tensor.neg" in rewritten and "Tensor.div_" in rewritten and "Tensor.bitwise_and" in rewritten
+    assert len(rewritten) >= len(observed)
+    # `2 & i`: Python calls the tensor's __rand__, which msprobe does not list; the rewrite names it by what
+    # torch reports (bitwise_and), the mode by the bytecode's operator (&). Every other name is the same, in
+    # the same order, reflected ones included.
+    assert [{"Tensor.bitwise_and": "Tensor.__and__"}.get(n, n) for n in rewritten] == observed
