@@ -8,21 +8,30 @@ returns None: it observes, it never replaces a gradient.
 """
 from __future__ import annotations
 
+from .foreign import is_subclass, mapping_items, own_parameters, sequence_items
+
 
 def flat_tensors(value, out, depth=0):
-    """Tensors inside ``value`` (tuples, lists, dict values) in order; other leaves become None."""
+    """Tensors inside ``value`` (tuples, lists, dict values) in order; other leaves become None. Looked at by
+    type only (``foreign``): a result or argument of the user's is never asked anything."""
     import torch
 
-    if isinstance(value, torch.Tensor):
+    kind = type(value)
+    if kind is torch.Tensor or is_subclass(kind, torch.Tensor):
         out.append(value)
-    elif depth < 8 and isinstance(value, (list, tuple)):
-        for v in value:
-            flat_tensors(v, out, depth + 1)
-    elif depth < 8 and isinstance(value, dict):
-        for v in value.values():
-            flat_tensors(v, out, depth + 1)
-    else:
-        out.append(None)
+        return out
+    if depth < 8:
+        items = sequence_items(value)
+        if items is not None:
+            for v in items:
+                flat_tensors(v, out, depth + 1)
+            return out
+        items = mapping_items(value)
+        if items is not None:
+            for _, v in items:
+                flat_tensors(v, out, depth + 1)
+            return out
+    out.append(None)
     return out
 
 
@@ -214,7 +223,7 @@ def hook_parameters(collector):
     """``register_post_accumulate_grad_hook`` on every parameter of every named module; returns handles."""
     handles = []
     for module, prefix in collector.modules.values():
-        for param_name, param in module.named_parameters(recurse=False):
+        for param_name, param in own_parameters(module):
             if param.requires_grad:
                 handles.append(param.register_post_accumulate_grad_hook(
                     _param_hook(collector, prefix, param_name)))

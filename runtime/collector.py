@@ -16,6 +16,9 @@ import threading
 import torch
 
 from . import backward as bw
+from . import operators
+from .foreign import (bound_self, is_subclass, key_text, mapping_items, method_name, own_parameters, parameters,
+                      sequence_items, type_name)
 from .records import TensorRecord, describe_builtin
 from .statistics import KIND_EMPTY, StatBuffer, has_counts, tensor_kind
 
@@ -27,26 +30,12 @@ _MAX_FRAMES = 64
 _RECENT = 4  # tensors remembered for reuse of their statistics (output of one call, input of the next)
 _REUSE_MIN = 4096  # smaller tensors are cheaper to recompute than to look up
 
-# shim name -> (dunder when the left operand is a tensor, dunder when only the right one is)
-OPERATORS = {
-    "add": ("__add__", "__radd__"), "sub": ("__sub__", "__rsub__"), "mul": ("__mul__", "__rmul__"),
-    "matmul": ("__matmul__", "__rmatmul__"), "truediv": ("__truediv__", "__rtruediv__"),
-    "floordiv": ("__floordiv__", "__rfloordiv__"), "mod": ("__mod__", "__rmod__"),
-    "pow": ("__pow__", "__rpow__"), "lshift": ("__lshift__", "__rlshift__"),
-    "rshift": ("__rshift__", "__rrshift__"), "and_": ("__and__", "__rand__"), "or_": ("__or__", "__ror__"),
-    "xor": ("__xor__", "__rxor__"),
-    "lt": ("__lt__", "__gt__"), "le": ("__le__", "__ge__"), "gt": ("__gt__", "__lt__"),
-    "ge": ("__ge__", "__le__"), "eq": ("__eq__", "__eq__"), "ne": ("__ne__", "__ne__"),
-    "iadd": ("__iadd__", "__radd__"), "isub": ("__isub__", "__rsub__"), "imul": ("__imul__", "__rmul__"),
-    "imatmul": ("__imatmul__", "__rmatmul__"), "itruediv": ("__itruediv__", "__rtruediv__"),
-    "ifloordiv": ("__ifloordiv__", "__rfloordiv__"), "imod": ("__imod__", "__rmod__"),
-    "ipow": ("__ipow__", "__rpow__"), "ilshift": ("__ilshift__", "__rlshift__"),
-    "irshift": ("__irshift__", "__rrshift__"), "iand": ("__iand__", "__rand__"),
-    "ior": ("__ior__", "__ror__"), "ixor": ("__ixor__", "__rxor__"),
-    "neg": ("__neg__", None), "pos": ("__pos__", None), "invert": ("__invert__", None),
-    "setitem": ("__setitem__", None),
-}
 _PLAIN_SCALARS = (bool, int, float, complex)
+_TENSOR = torch.Tensor
+_SIZE = torch.Size
+_DTYPE = torch.dtype
+_DEVICE = torch.device
+_MEMORY_FORMAT = torch.memory_format
 _NO_TORCH_FUNCTION = torch._C.DisableTorchFunction
 _NOTHING = contextlib.nullcontext()
 
@@ -68,6 +57,7 @@ class Collector:
         self.construct_apis = config.level == "mix"
         self.identity = identity              # id(callable) -> dump name, for dyn and the mode
         self.tensor_methods = tensor_methods  # method name -> "Tensor.name"
+        self.operator_names = operators.dump_names(tensor_methods)  # entry -> (left name, reflected name)
         self.tensor_task = config.task == "tensor"
         self.stats = stats or StatBuffer(config.nan_inf_count)
         modes = set(config.data_mode)
@@ -81,7 +71,7 @@ class Collector:
         self._in_scope = not self.scope
         self.modules = {}  # id(module) -> (module, "Module.net1.ln1.Linear.")
         for path, module in named_modules:
-            self.modules[id(module)] = (module, f"Module.{path}.{type(module).__name__}.")
+            self.modules[id(module)] = (module, f"Module.{path}.{type_name(type(module))}.")
         self.collecting = False
         self.token = object()  # replaced at every reset, so stale backward hooks stay silent
         self.in_api = 0
@@ -143,8 +133,8 @@ class Collector:
             return fn(*args, **kwargs)
         record_args = args
         if api_name.startswith("Tensor."):
-            owner = getattr(fn, "__self__", None)
-            if isinstance(owner, torch.Tensor):
+            owner = bound_self(fn)
+            if owner is not None and is_subclass(type(owner), _TENSOR):
                 record_args = (owner,) + args
         return self.api(api_name, fn, args, kwargs, record_args, sys._getframe(2))
 
@@ -154,9 +144,9 @@ class Collector:
         name = self.identity.get(id(fn))
         if name is not None:
             return self.api(name, fn, args, kwargs, args, sys._getframe(2))
-        owner = getattr(fn, "__self__", None)
-        if owner is not None and isinstance(owner, torch.Tensor):
-            name = self.tensor_methods.get(getattr(fn, "__name__", None))
+        owner = bound_self(fn)
+        if owner is not None and is_subclass(type(owner), _TENSOR):
+            name = self.tensor_methods.get(method_name(fn))
             if name is not None:
                 return self.api(name, fn, args, kwargs, (owner,) + args, sys._getframe(2))
         return fn(*args, **kwargs)
@@ -164,17 +154,15 @@ class Collector:
     def operator(self, name, python_op, *operands):
         if self.in_api or not self.level_api:
             return python_op(*operands)
-        dunders = OPERATORS.get(name)
         first = operands[0]
-        if isinstance(first, torch.Tensor):
-            dunder, record_args = dunders[0], operands
-        elif (len(operands) == 2 and isinstance(operands[1], torch.Tensor)
-              and isinstance(first, _PLAIN_SCALARS)):
+        if is_subclass(type(first), _TENSOR):
+            api_name, record_args = self.operator_names[name][0], operands
+        elif (len(operands) == 2 and is_subclass(type(operands[1]), _TENSOR)
+              and any(is_subclass(type(first), scalar) for scalar in _PLAIN_SCALARS)):
             # Python reaches the tensor's reflected method: msprobe records that one, self first
-            dunder, record_args = dunders[1], (operands[1], first)
+            api_name, record_args = self.operator_names[name][1], (operands[1], first)
         else:
             return python_op(*operands)
-        api_name = self.tensor_methods.get(dunder)
         if api_name is None:
             return python_op(*operands)
         return self.api(api_name, python_op, operands, {}, record_args, sys._getframe(2))
@@ -321,7 +309,7 @@ class Collector:
             if self.want_output:
                 entry["output"] = self.describe_output(result, f"{name}.output")
             params = {}
-            for param_name, param in module.named_parameters(recurse=False):
+            for param_name, param in own_parameters(module):
                 params[param_name] = self.describe(param, f"{name}.parameters.{param_name}")
             if params:
                 entry["parameters"] = params
@@ -335,7 +323,7 @@ class Collector:
                     bw.flat_tensors(kwargs, inputs)
                 backward_name = name.replace(".forward.", ".backward.")
                 self.backward_parents[backward_name] = parent
-                params = [p for p in module.parameters() if p.requires_grad]
+                params = [p for p in parameters(module) if p.requires_grad]
                 bw.hook_module_backward(self, backward_name, inputs, outputs, params)
 
     def record_param_grad(self, prefix, param_name, param):
@@ -364,35 +352,48 @@ class Collector:
 
     def describe_output(self, value, prefix):
         """msprobe's output field: always a list (a tuple's items, or the single value)."""
-        if isinstance(value, (tuple, list)):
-            return [self.describe(v, f"{prefix}.{i}", 1) for i, v in enumerate(value)]
+        items = sequence_items(value)
+        if items is not None:
+            return [self.describe(v, f"{prefix}.{i}", 1) for i, v in enumerate(items)]
         return [self.describe(value, f"{prefix}.0", 1)]
 
     def describe_seq(self, values, prefix):
         return [self.describe(v, f"{prefix}.{i}", 1) for i, v in enumerate(values)]
 
     def describe_map(self, values, prefix):
-        return {str(k): self.describe(v, f"{prefix}.{k}", 1) for k, v in values.items()}
+        out = {}
+        for k, v in mapping_items(values):
+            text = key_text(k)
+            out[text] = self.describe(v, f"{prefix}.{text}", 1)
+        return out
 
     def describe(self, value, file_stem, depth=0):
-        if isinstance(value, torch.Tensor):
+        """The record of one value, looked at by ``type()`` only (``foreign``): no method of the value's class
+        runs, so an object whose ``__class__``, ``__iter__`` or ``__getattr__`` calls routed code is safe."""
+        kind = type(value)
+        if kind is _TENSOR or is_subclass(kind, _TENSOR):
             return self._tensor(value, file_stem)
         if value is None:
             return None
-        if isinstance(value, torch.Size):  # a tuple, but msprobe gives it a typed record
+        if kind is _SIZE:  # a tuple, but msprobe gives it a typed record
             return {"type": "torch.Size", "value": list(value)}
         if depth < 16:
-            if isinstance(value, (tuple, list)):
+            items = sequence_items(value)
+            if items is not None:
                 return [self.describe(v, f"{file_stem}.{i}" if file_stem else None, depth + 1)
-                        for i, v in enumerate(value)]
-            if isinstance(value, dict):
-                return {str(k): self.describe(v, f"{file_stem}.{k}" if file_stem else None, depth + 1)
-                        for k, v in value.items()}
-        if isinstance(value, torch.dtype):
+                        for i, v in enumerate(items)]
+            items = mapping_items(value)
+            if items is not None:
+                out = {}
+                for k, v in items:
+                    text = key_text(k)
+                    out[text] = self.describe(v, f"{file_stem}.{text}" if file_stem else None, depth + 1)
+                return out
+        if kind is _DTYPE:
             return {"type": "torch.dtype", "value": str(value)}
-        if isinstance(value, torch.device):
+        if kind is _DEVICE:
             return {"type": "torch.device", "value": str(value)}
-        if isinstance(value, torch.memory_format):
+        if kind is _MEMORY_FORMAT:
             return {"type": "torch.memory_format", "format": str(value)}
         return describe_builtin(value)
 

@@ -61,20 +61,21 @@ class PrecisionDebugger:
         if not self._checked:
             self._refuse_existing_dump(rank)
             self._checked = True
-        if model is not None and model is not self._model:
+        if model is not None and not _same_model(model, self._model):
+            _check_model(model)
             self._model = model
             self._collector = None
         if self._collector is None:
             self._collector = self._build_collector()
         collector = self._collector
-        from .module_tracking import ModuleTracker, ObserveMode, is_instrumented
+        from .module_tracking import ModuleTracker, ObserveMode, instrumented_globals
 
         collector.ctx[:] = [True]
         caller = sys._getframe(1)
         runtime_dir = os.path.dirname(os.path.abspath(__file__))
         while caller is not None and caller.f_code.co_filename.startswith(runtime_dir):
             caller = caller.f_back  # start() reached through a shim (dyn) of instrumented code
-        if collector.level_api and caller is not None and not is_instrumented(_FrameGlobals(caller)):
+        if collector.level_api and caller is not None and not instrumented_globals(caller.f_globals):
             # the caller is not rewritten: observe its torch calls with the mode, as msprobe would record them
             collector.ctx[:] = [False]
             self._session_mode = ObserveMode(collector)
@@ -134,11 +135,11 @@ class PrecisionDebugger:
 
         identity, tensor_methods = build_identity()
         named = []
-        if self._model is not None:
-            for path, module in self._model.named_modules():
-                if module is self._model:
+        for prefix, chunk in _chunks(self._model):
+            for path, module in chunk.named_modules():
+                if module is chunk:
                     continue  # msprobe names children only; the root is the model itself
-                named.append((path, module))
+                named.append((prefix + path, module))
         return Collector(self.config, identity, tensor_methods, named)
 
     def _step_dir(self, step):
@@ -173,11 +174,35 @@ class PrecisionDebugger:
                 f"nothing was overwritten. Choose a new dump_path or remove the old dump.")
 
 
-class _FrameGlobals:
-    """Adapter so ``is_instrumented`` can look at a frame's globals."""
+def _chunks(model):
+    """``(name prefix, module)`` for the model given to ``start()``: a list or tuple of model chunks (Megatron's
+    virtual pipeline stages) names each chunk's modules under its index, ``Module.0.decoder...``, as msprobe."""
+    if model is None:
+        return []
+    if type(model) is list or type(model) is tuple:
+        return [(f"{index}.", chunk) for index, chunk in enumerate(model)]
+    return [("", model)]
 
-    def __init__(self, frame):
-        self.__globals__ = frame.f_globals
+
+def _same_model(a, b):
+    """Whether ``start()`` got the model it already knows (a list is compared chunk by chunk, by identity)."""
+    if a is b:
+        return True
+    if type(a) in (list, tuple) and type(b) in (list, tuple):
+        return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+    return False
+
+
+def _check_model(model):
+    import torch
+
+    from .foreign import is_subclass, type_name
+
+    for index, (_, chunk) in enumerate(_chunks(model)):
+        if not is_subclass(type(chunk), torch.nn.Module):
+            where = f"item {index} of the list" if type(model) in (list, tuple) else "the model"
+            raise TypeError(f"msprobe_runtime: start() takes a torch.nn.Module or a list or tuple of them; "
+                            f"{where} is a {type_name(type(chunk))}")
 
 
 def _rank():

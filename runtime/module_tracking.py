@@ -11,16 +11,28 @@ from __future__ import annotations
 
 import dis
 import sys
+import types
 
 import torch
 from torch.overrides import TorchFunctionMode
 
+from . import operators
 from .collector import quiet
+from .foreign import class_attribute, function_globals
+
+
+RUNTIME_NAME = "__msprobe__"  # the global every instrumented module binds (docs/contract.md)
 
 
 def is_instrumented(function):
-    """Whether ``function`` lives in a rewritten module (its globals carry the runtime import)."""
-    return "__msprobe__" in getattr(function, "__globals__", ())
+    """Whether ``function`` is a plain function of a rewritten module (its globals carry the runtime)."""
+    namespace = function_globals(function)
+    return namespace is not None and instrumented_globals(namespace)
+
+
+def instrumented_globals(namespace):
+    """Whether a module's globals (a frame's ``f_globals``) carry the runtime import."""
+    return RUNTIME_NAME in namespace
 
 
 class ObserveMode(TorchFunctionMode):
@@ -54,19 +66,16 @@ def _operator_tables():
         base = nb_name[3:]
         inplace = base.startswith("INPLACE_")
         base = base[len("INPLACE_"):] if inplace else base
-        dunder = _NB_DUNDERS.get(base)
-        if dunder:
-            binary[index] = f"__i{dunder[2:]}" if inplace else dunder
+        row = _NB_ROWS.get(base)
+        if row is not None:
+            binary[index] = operators.INPLACE_OF[row.entry].dunder if inplace else row.dunder
     shift = 0 if sys.version_info < (3, 12) else (4 if sys.version_info < (3, 13) else 5)
     compare = {i: _CMP_DUNDERS[op] for i, op in enumerate(dis.cmp_op) if op in _CMP_DUNDERS}
     return dis.opmap["BINARY_OP"], binary, dis.opmap["COMPARE_OP"], compare, shift
 
 
-_NB_DUNDERS = {"ADD": "__add__", "AND": "__and__", "FLOOR_DIVIDE": "__floordiv__", "LSHIFT": "__lshift__",
-               "MATRIX_MULTIPLY": "__matmul__", "MULTIPLY": "__mul__", "REMAINDER": "__mod__", "OR": "__or__",
-               "POWER": "__pow__", "RSHIFT": "__rshift__", "SUBTRACT": "__sub__", "TRUE_DIVIDE": "__truediv__",
-               "XOR": "__xor__"}
-_CMP_DUNDERS = {"<": "__lt__", "<=": "__le__", "==": "__eq__", "!=": "__ne__", ">": "__gt__", ">=": "__ge__"}
+_NB_ROWS = {row.nb_name: row for row in operators.rows(operators.BINARY)}
+_CMP_DUNDERS = {row.spelling: row.dunder for row in operators.rows(operators.COMPARISON)}
 _OPERATOR_CODES = _operator_tables()
 
 
@@ -90,6 +99,7 @@ def _operator_name(frame, name, tensor_methods):
 
 
 _POSITIONAL = {}
+_FUNCTION = types.FunctionType
 
 
 def fold_keywords(func, args, kwargs):
@@ -105,7 +115,7 @@ def fold_keywords(func, args, kwargs):
     names = _POSITIONAL.get(func)
     if names is None:
         names = ()
-        code = getattr(func, "__code__", None)
+        code = func.__code__ if type(func) is _FUNCTION else None
         if code is not None:
             names = code.co_varnames[:code.co_argcount]
         _POSITIONAL[func] = names
@@ -123,7 +133,7 @@ class ModuleTracker:
     def __init__(self, collector):
         self.collector = collector
         self._handles = []
-        self._instrumented = {}  # type -> bool
+        self._instrumented = {}  # id(type) -> (type, bool); by id: a metaclass may define __hash__
 
     def install(self):
         from torch.nn.modules import module as nn_module
@@ -138,10 +148,11 @@ class ModuleTracker:
         self._handles.clear()
 
     def _type_instrumented(self, cls):
-        known = self._instrumented.get(cls)
-        if known is None:
-            known = self._instrumented[cls] = is_instrumented(getattr(cls, "forward", None))
-        return known
+        known = self._instrumented.get(id(cls))
+        if known is None or known[0] is not cls:
+            # read statically: the class (or its metaclass) may compute attributes in routed code
+            known = self._instrumented[id(cls)] = (cls, is_instrumented(class_attribute(cls, "forward")))
+        return known[1]
 
     def _pre(self, module, args):
         collector = self.collector

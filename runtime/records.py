@@ -5,6 +5,8 @@ the slot where its statistics are being computed on the device. The writer threa
 """
 from __future__ import annotations
 
+from .foreign import is_subclass, type_name
+
 MAX_DEPTH = 32
 
 
@@ -73,7 +75,8 @@ def resolve(obj):
 
 def describe_builtin(value):
     """Records of non-tensor values, as msprobe writes them; None for anything unsupported."""
-    if isinstance(value, slice):
+    kind = type(value)  # never isinstance: the value may be the user's object (see foreign.py)
+    if kind is slice:
         parts = []
         for part in (value.start, value.stop, value.step):
             # an int-like tensor inside a slice would need a host sync to read; it is recorded as null
@@ -81,6 +84,12 @@ def describe_builtin(value):
         return {"type": "slice", "value": parts}
     if value is Ellipsis:
         return {"type": "ellipsis", "value": "..."}
-    if isinstance(value, (bool, int, float, str)):
-        return {"type": type(value).__name__, "value": value}
+    if kind is bool or kind is int or kind is float or kind is str:
+        return {"type": kind.__name__, "value": value}
+    for base in (int, float, str):  # an IntEnum or a str subclass: its base's value, by the base's own slot
+        if is_subclass(kind, base):
+            return {"type": type_name(kind), "value": base(_BASE_VALUE[base](value))}
     return None
+
+
+_BASE_VALUE = {int: int.__index__, float: float.__float__, str: str.__str__}

@@ -1,0 +1,169 @@
+"""The runtime never runs user code it was not asked to run (runtime/foreign.py).
+
+fixtures/user_code_hazards/hazards.py holds classes whose ``__getattribute__``, ``__getattr__``, ``__eq__``,
+``__hash__``, ``__bool__``, ``__len__``, ``__iter__``, ``__format__``, properties, descriptors, metaclass and
+``__class__`` each call a routed function and count themselves. The program is rewritten by the compiler and
+trained with collection off, then on at each level: the counts, the losses and the parameters must be the
+same, no collection error may be logged, and nothing may recurse.
+"""
+import glob
+import importlib.util
+import json
+import logging
+import os
+import traceback
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from msprobe_runtime import PrecisionDebugger  # noqa: E402
+
+FIXTURE = "fixtures/user_code_hazards/hazards.py"
+
+
+@pytest.fixture
+def hazards(instrument, tmp_path):
+    path = instrument(FIXTURE)
+    spec = importlib.util.spec_from_file_location("hazards_instrumented", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(module, debugger=None):
+    module.CALLS.clear()
+    losses, params = module.train(2, debugger)
+    return dict(module.CALLS), losses, params
+
+
+def _entries(dump_dir, step):
+    [path] = glob.glob(os.path.join(str(dump_dir), f"step{step}", "*", "dump.json"))
+    with open(path) as handle:
+        return json.load(handle)["data"]
+
+
+@pytest.mark.parametrize("level", ["L0", "L1", "mix"])
+def test_collection_runs_no_user_code(hazards, level, tmp_path, caplog):
+    calls_off, losses_off, params_off = _run(hazards)
+    # every hazard is reached by the program itself, so a missing count would mean a test that cannot fail
+    assert {"Config.__getattribute__", "Block.gain", "Counted.__get__"} <= set(calls_off)
+
+    debugger = PrecisionDebugger(dump_path=str(tmp_path / "dump"), level=level)
+    with caplog.at_level(logging.WARNING, logger="msprobe_runtime"):
+        calls_on, losses_on, params_on = _run(hazards, debugger)
+    debugger.wait()
+
+    assert calls_on == calls_off
+    assert not [r for r in caplog.records if r.name == "msprobe_runtime"], caplog.text
+    assert losses_on == losses_off
+    assert all(torch.equal(a, b) for a, b in zip(params_on, params_off))
+    data = _entries(tmp_path / "dump", 1)
+    names = list(data)
+    if level in ("L1", "mix"):
+        # the routed calls inside the overrides are the program's own, recorded as such
+        assert "Torch.relu.0.forward" in names and "Functional.gelu.0.forward" in names
+        assert "Torch.cat.0.forward" in names
+        adds = [data[n]["input_args"] for n in names if n.startswith("Tensor.__add__.") and n.endswith(".forward")]
+        assert [None] in [args[1:] for args in adds]  # `h + masq`: no record, and its __class__ never read
+    if level in ("L0", "mix"):
+        block = data["Module.block.Block.forward.0"]
+        assert block["input_kwargs"] == {}
+        assert block["input_args"][0]["type"] == "torch.Tensor"
+        assert block["input_args"][1] is None and len(block["input_args"][2]) == 2  # Masquerade, Tensors
+        assert set(block["output"][0]) == {"hidden", "seq", "extra"}  # read through dict's own items
+        assert "<Keyed>" in block["output"][0]["extra"]  # a key of the user's is named by its type
+        assert any(n.startswith("Module.block.Block.backward.") for n in names)
+
+
+def test_the_transformers_config_pattern_does_not_recurse(tmp_path):
+    """The minimal repro of the issue: ``super().__getattribute__`` inside ``__getattribute__``, read in a step,
+    once through the compiler."""
+    from msprobe_rewrite.api import rewrite_source
+
+    source = (b"import torch\n"
+              b"class Config:\n"
+              b"    def __init__(self):\n"
+              b"        self.scale = 2.0\n"
+              b"    def __getattribute__(self, name):\n"
+              b"        return super().__getattribute__(name)\n"
+              b"def run(x):\n"
+              b"    return torch.relu(x) * Config().scale\n")
+    rewritten = rewrite_source(source)
+    assert b"__msprobe__.dyn(super().__getattribute__, name)" in rewritten
+    namespace = {}
+    exec(compile(rewritten, str(tmp_path / "config.py"), "exec"), namespace)
+    debugger = PrecisionDebugger(dump_path=str(tmp_path / "dump"), level="L1")
+    debugger.start()
+    try:
+        result = namespace["run"](torch.ones(2))
+    finally:
+        debugger.stop()
+    debugger.wait()
+    assert result.tolist() == [2.0, 2.0]
+    assert list(_entries(tmp_path / "dump", 0)) == ["Torch.relu.0.forward", "Tensor.__mul__.0.forward"]
+
+
+def _failure(call, *args):
+    try:
+        call(*args)
+    except Exception as error:  # noqa: BLE001 (the error itself is what is compared)
+        frames = traceback.extract_tb(error.__traceback__)
+        return type(error), str(error), [f.name for f in frames if f.filename.endswith("hazards.py")]
+    raise AssertionError("the call did not raise")
+
+
+@pytest.mark.parametrize("which", ["failing_step", "call_user_failure"])
+def test_an_error_in_a_routed_call_reaches_the_user_unchanged(hazards, which, tmp_path):
+    """A torch API rejecting its arguments, and a user function raising, inside routed calls: same type, same
+    message, the user's frames in the traceback; the next step is collected as usual."""
+    x = torch.ones(2, 3)
+    kind_off, message_off, frames_off = _failure(getattr(hazards, which), x)
+    debugger = PrecisionDebugger(dump_path=str(tmp_path / "dump"), level="mix")
+    model = hazards.Net()
+    debugger.start(model)
+    try:
+        kind_on, message_on, frames_on = _failure(getattr(hazards, which), x)
+    finally:
+        debugger.stop()
+        debugger.step()
+    assert (kind_on, message_on) == (kind_off, message_off)
+    assert frames_on == frames_off and which in frames_on  # the user's frames, in order
+    debugger.start(model)
+    model(torch.randn(3, 4)).backward()
+    debugger.stop()
+    debugger.wait()
+    names = list(_entries(tmp_path / "dump", 1))
+    assert "Functional.gelu.0.forward" in names and "Module.head.Linear.forward.0" in names
+    assert any(".parameters_grad." in n for n in names)
+
+
+def test_start_takes_a_list_of_model_chunks(hazards, tmp_path):
+    """Megatron passes its virtual-pipeline chunks as a list: each chunk's modules are named under its index
+    (``Module.0.block...``), as msprobe names them."""
+    torch.manual_seed(0)
+    chunks = [hazards.Net(), hazards.Net()]
+    debugger = PrecisionDebugger(dump_path=str(tmp_path / "dump"), level="mix")
+    x = torch.randn(3, 4)
+    for step in range(2):
+        debugger.start(list(chunks))  # a new list each step, as a training loop may build it
+        (chunks[0](x) + chunks[1](x)).backward()
+        debugger.stop()
+        debugger.step()
+    debugger.wait()
+    for step in range(2):
+        names = list(_entries(tmp_path / "dump", step))
+        for index in (0, 1):
+            assert f"Module.{index}.block.Block.forward.0" in names
+            assert f"Module.{index}.block.Block.backward.0" in names
+            assert f"Module.{index}.head.parameters_grad.0" in names or any(
+                n.startswith(f"Module.{index}.head.Linear.parameters_grad") for n in names)
+        assert "Functional.gelu.1.forward" in names  # counters restart each step: two chunks, two calls
+
+
+def test_start_refuses_what_is_not_a_module(tmp_path):
+    debugger = PrecisionDebugger(dump_path=str(tmp_path / "dump"), level="mix")
+    with pytest.raises(TypeError, match="item 1 of the list is a Keyed"):
+        from fixtures.user_code_hazards.hazards import Keyed  # the plain fixture: only its class is needed
+
+        debugger.start([torch.nn.Linear(2, 2), Keyed()])
