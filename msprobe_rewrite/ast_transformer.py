@@ -50,6 +50,12 @@ _LEAVES = (ast.Name, ast.Constant, ast.Import, ast.ImportFrom, ast.Pass, ast.Bre
            ast.Nonlocal, ast.expr_context, ast.operator, ast.unaryop, ast.cmpop, ast.boolop)
 
 
+_GAP = frozenset(b" \t\x0c\r\n\\(")  # what may stand between a keyword and its test: blanks and parentheses
+GAP_NONE, GAP_SPACE, GAP_PAREN = "none", "space", "paren"
+_ALWAYS_BOOL_COMPARISONS = (ast.Is, ast.IsNot, ast.In, ast.NotIn)
+_FLAGS = frozenset({"TYPE_CHECKING", "__debug__"})
+
+
 class Unsure(Exception):
     """This module cannot take the decision for certain; the libcst transformer must."""
 
@@ -64,6 +70,21 @@ def _is_text_literal(node: ast.AST) -> bool:
     if isinstance(node, ast.JoinedStr):
         return True
     return isinstance(node, ast.Constant) and (node.value is None or isinstance(node.value, (str, bytes, bool)))
+
+
+def _never_a_tensor(node: ast.AST) -> bool:
+    """forms.never_a_tensor: literals, ``not x``, identity and membership comparisons, comparisons with a text
+    literal, ``TYPE_CHECKING`` and ``__debug__``."""
+    if _is_literal(node):
+        return True
+    if isinstance(node, ast.UnaryOp):
+        return isinstance(node.op, ast.Not)
+    if isinstance(node, ast.Compare):
+        return (all(isinstance(op, _ALWAYS_BOOL_COMPARISONS) for op in node.ops)
+                or any(_is_text_literal(operand) for operand in (node.left, *node.comparators)))
+    if isinstance(node, ast.Name):
+        return node.id in _FLAGS
+    return isinstance(node, ast.Attribute) and node.attr in _FLAGS
 
 
 def _tokens(segment: bytes) -> list:
@@ -106,6 +127,24 @@ class _Text:
                 break
         return position, whitespace
 
+    def gap_before(self, node: ast.AST) -> str:
+        """What separates ``node`` from the keyword before it (``if``, ``not``, ``and`` ...): GAP_NONE,
+        GAP_SPACE (whitespace first) or GAP_PAREN (a parenthesis first, whose owner the ast does not keep)."""
+        data, start = self.data, self.start(node)
+        position = start - 1
+        while position >= 0 and data[position] in _GAP:
+            position -= 1
+        if position < 0 or not (data[position:position + 1].isalnum() or data[position] == 0x5F):
+            raise Unsure("no keyword before a truth test where one was expected")
+        gap = data[position + 1:start]
+        if b"\n" in gap or b"\r" in gap:
+            line = max(data.rfind(b"\n", 0, position), data.rfind(b"\r", 0, position)) + 1
+            if b"#" in data[line:position]:
+                raise Unsure("a comment may stand between a keyword and its test")
+        if not gap:
+            return GAP_NONE
+        return GAP_PAREN if gap[0] == 0x28 else GAP_SPACE
+
     def left_alone_operator(self, after: int, spelling: bytes) -> bool:
         """forms.comma_for_operator returns None: the operator reads ``a+ b`` (nothing before it, one space
         after), the one spelling that no comma can encode."""
@@ -137,7 +176,10 @@ class AstCallSiteTransformer:
             ast.JoinedStr: self._fstring, ast.FormattedValue: self._formatted_value,
             ast.Call: self._call, ast.BinOp: self._binary, ast.UnaryOp: self._unary,
             ast.Compare: self._comparison, ast.Assign: self._assignment, ast.AugAssign: self._augmented,
+            ast.If: self._test_owner, ast.While: self._test_owner, ast.Assert: self._test_owner,
+            ast.IfExp: self._test_owner, ast.comprehension: self._comprehension_ifs,
         }
+        self.tests = set()  # ids of the nodes in a test position, as transformer.CallSiteTransformer.tests
         if hasattr(ast, "match_case"):  # Python 3.10+
             self.handlers[ast.match_case] = self._match_case
         if hasattr(ast, "TypeAlias"):  # Python 3.12+: evaluated lazily, as annotations are
@@ -206,7 +248,11 @@ class AstCallSiteTransformer:
         return node
 
     def _match_case(self, node):
+        if node.guard is not None:
+            self._mark_test(node.guard)
         self._children(node, ("guard", "body"))
+        if node.guard is not None:
+            node.guard = self._truth_test(node.guard)
         return node
 
     def _fstring(self, node):
@@ -306,8 +352,57 @@ class AstCallSiteTransformer:
         segment = self.text.data[self.text.start(node):self.text.end(node)]
         return sum(token.type == tokenize.STRING for token in _tokens(b"(" + segment + b")")) == 1
 
+    # -- truth tests (as transformer.CallSiteTransformer's) -------------------------------------------
+    def _mark_test(self, node) -> None:
+        self.tests.add(id(node))
+        if isinstance(node, ast.BoolOp):
+            for value in node.values:
+                self._mark_test(value)
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            self._mark_test(node.operand)
+
+    def _test_owner(self, node):
+        self._mark_test(node.test)
+        self._children(node)
+        node.test = self._truth_test(node.test)
+        return node
+
+    def _comprehension_ifs(self, node):
+        for test in node.ifs:
+            self._mark_test(test)
+        self._children(node)
+        node.ifs = [self._truth_test(test) for test in node.ifs]
+        return node
+
+    def _truth_test(self, node, first_operand: bool = False):
+        """``node`` in a test position, each truth test routed. ``first_operand``: the first operand of an
+        ``and``/``or``, where a parenthesis after the keyword may be the operation's (libcst then routes) or
+        the operand's own (libcst leaves it), which the ast does not tell apart."""
+        if isinstance(node, ast.BoolOp):
+            node.values = [self._truth_test(value, index == 0) for index, value in enumerate(node.values)]
+            return node
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            node.operand = self._truth_test(node.operand)
+            return node
+        if _never_a_tensor(node):
+            return node
+        self._positions_known()
+        gap = self.text.gap_before(node)
+        if gap == GAP_PAREN and first_operand:
+            raise Unsure("a parenthesis right after a keyword, before an operand of and/or")
+        if gap != GAP_SPACE:
+            return node  # `if(t):`: `__msprobe__` would join the keyword
+        return self._runtime("truth", [node], node)
+
     def _unary(self, node: ast.UnaryOp):
         self._children(node)
+        if isinstance(node.op, ast.Not):
+            if id(node) in self.tests or _never_a_tensor(node.operand):
+                return node  # in a test position, its owner routes the operand
+            self._positions_known()
+            if self.text.gap_before(node.operand) == GAP_SPACE:
+                node.operand = self._runtime("truth", [node.operand], node.operand)
+            return node
         found = UNARY.get(type(node.op))
         if found is None or _is_literal(node.operand):
             return node

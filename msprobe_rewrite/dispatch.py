@@ -12,6 +12,8 @@ from typing import Dict, FrozenSet, Optional, Tuple, Type
 
 import libcst as cst
 
+from msprobe_runtime import operators
+
 LEAVES: FrozenSet[type] = frozenset({
     cst.Name, cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString, cst.Ellipsis,
     cst.SimpleWhitespace, cst.ParenthesizedWhitespace, cst.TrailingWhitespace, cst.EmptyLine, cst.Newline,
@@ -19,14 +21,9 @@ LEAVES: FrozenSet[type] = frozenset({
     cst.LeftSquareBracket, cst.RightSquareBracket, cst.LeftCurlyBrace, cst.RightCurlyBrace, cst.AsName,
     cst.Import, cst.ImportFrom, cst.ImportAlias, cst.Pass, cst.Break, cst.Continue, cst.Global, cst.Nonlocal,
     cst.ImportStar, cst.FormattedStringText, cst.BitOr,
-    *(getattr(cst, name) for name in (
-        "Add", "Subtract", "Multiply", "MatrixMultiply", "Divide", "FloorDivide", "Modulo", "Power", "LeftShift",
-        "RightShift", "BitAnd", "BitXor", "BitInvert", "Minus", "Plus", "Not", "And", "Or",
-        "LessThan", "LessThanEqual", "GreaterThan", "GreaterThanEqual", "Equal", "NotEqual", "In", "NotIn",
-        "Is", "IsNot", "AddAssign", "SubtractAssign", "MultiplyAssign", "MatrixMultiplyAssign", "DivideAssign",
-        "FloorDivideAssign", "ModuloAssign", "PowerAssign", "LeftShiftAssign", "RightShiftAssign",
-        "BitAndAssign", "BitOrAssign", "BitXorAssign",
-    )),
+    # operator tokens: those of the operator table, and the ones no runtime entry stands for
+    *(getattr(cst, row.cst_node) for row in operators.TABLE if row.cst_node),
+    *(getattr(cst, name) for name in ("Not", "And", "Or", "In", "NotIn", "Is", "IsNot")),
 })
 
 

@@ -102,3 +102,22 @@ def safe_as_argument(node: cst.BaseExpression) -> bool:
         return True
     return not isinstance(node, (cst.Tuple, cst.Yield, cst.StarredElement, cst.NamedExpr))
 
+
+_ALWAYS_BOOL_COMPARISONS = (cst.Is, cst.IsNot, cst.In, cst.NotIn)
+_FLAGS = frozenset({"TYPE_CHECKING", "__debug__"})
+
+
+def never_a_tensor(node: cst.BaseExpression) -> bool:
+    """A truth test that no tensor can take part in, left as written: literals, ``not x``, comparisons by
+    identity or membership (always a bool) or with a text literal, and the flags ``TYPE_CHECKING`` and
+    ``__debug__`` (which type checkers and ``python -O`` read by their spelling)."""
+    if is_literal(node):
+        return True
+    if isinstance(node, cst.UnaryOperation):
+        return isinstance(node.operator, cst.Not)
+    if isinstance(node, cst.Comparison):
+        return (all(isinstance(target.operator, _ALWAYS_BOOL_COMPARISONS) for target in node.comparisons)
+                or is_text_literal(node.left) or any(is_text_literal(t.comparator) for t in node.comparisons))
+    if isinstance(node, cst.Name):
+        return node.value in _FLAGS
+    return isinstance(node, cst.Attribute) and node.attr.value in _FLAGS

@@ -19,6 +19,8 @@ class Restorer(CachedDispatch):
         if entry is None:
             return updated
         args = updated.args
+        if entry == "truth":
+            return args[0].value  # truth(t): the test as written, its own parentheses included
         if entry in ("call", "dyn"):
             callee = 1 if entry == "call" else 0  # call("Api.name", fn, ...) / dyn(fn, ...)
             whitespace = updated.whitespace_before_args

@@ -11,7 +11,7 @@ import libcst as cst
 
 from .dispatch import CachedDispatch
 from .forms import (AUGMENTED, BINARY, COMMA, COMPARISON, EMPTY, UNARY, comma_for_operator, has_line_break,
-                    is_empty, is_literal, is_text_literal, runtime_attr, safe_as_argument)
+                    is_empty, is_literal, is_text_literal, never_a_tensor, runtime_attr, safe_as_argument)
 from .kernels import is_kernel_decorator
 from .markers import SKIP_MARKER
 from .resolver import API, NOT_API, Resolver
@@ -53,6 +53,7 @@ class CallSiteTransformer(CachedDispatch):
         self.fstring_quotes: List[str] = []
         self.skip_decorators = frozenset(skip_decorators)
         self.changes = 0
+        self.tests = set()  # ids of the original nodes in a test position (see _mark_test)
 
     # -- scopes -------------------------------------------------------------------------------------
     def _enter(self, kind: str, name: Optional[str]) -> None:
@@ -209,7 +210,74 @@ class CallSiteTransformer(CachedDispatch):
         args = [cst.Arg(value=updated.left, comma=comma), cst.Arg(value=updated.right)]
         return self._runtime_call(BINARY[type(operator)], args, updated)
 
+    # -- truth tests --------------------------------------------------------------------------------
+    # `if t:`, `while t:`, `assert t`, `a if t else b`, a comprehension's `if t` and `not t` each call bool()
+    # on t once; `__msprobe__.truth(t)` is that call (Tensor.__bool__, as the observing mode records it). In a
+    # test position CPython jumps on each operand of `and`/`or` and on the operand of `not`, calling bool() on
+    # each at most once, so each of those operands is a test of its own; elsewhere `a and b` is a value.
+    def _mark_test(self, node) -> None:
+        self.tests.add(id(node))
+        if isinstance(node, cst.BooleanOperation):
+            self._mark_test(node.left)
+            self._mark_test(node.right)
+        elif isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
+            self._mark_test(node.expression)
+
+    def _visit_test_owner(self, node) -> None:
+        self._mark_test(node.test)
+
+    visit_If = visit_While = visit_Assert = visit_IfExp = visit_CompIf = _visit_test_owner
+
+    def visit_MatchCase(self, node: cst.MatchCase) -> None:
+        if node.guard is not None:
+            self._mark_test(node.guard)
+
+    def leave_MatchCase(self, original, updated):
+        if updated.guard is None:
+            return updated
+        return updated.with_changes(guard=self._truth_test(updated.guard, not is_empty(updated.whitespace_after_if)))
+
+    def _truth_test(self, expression, spaced: bool):
+        """``expression`` in a test position, with each truth test routed. ``spaced``: the text before it
+        ends in whitespace or a parenthesis, so ``__msprobe__`` cannot join the keyword before it."""
+        if isinstance(expression, cst.BooleanOperation):
+            return expression.with_changes(
+                left=self._truth_test(expression.left, spaced or bool(expression.lpar)),
+                right=self._truth_test(expression.right, not is_empty(expression.operator.whitespace_after)))
+        if isinstance(expression, cst.UnaryOperation) and isinstance(expression.operator, cst.Not):
+            return expression.with_changes(expression=self._truth_test(
+                expression.expression, not is_empty(expression.operator.whitespace_after)))
+        if self.frozen or not spaced or never_a_tensor(expression):
+            return expression
+        self.changes += 1
+        return cst.Call(func=runtime_attr("truth"), args=[cst.Arg(value=expression)])
+
+    def _with_test(self, updated, whitespace):
+        return updated.with_changes(test=self._truth_test(updated.test, not is_empty(whitespace)))
+
+    def leave_If(self, original, updated):
+        return self._with_test(updated, updated.whitespace_before_test)
+
+    def leave_CompIf(self, original, updated):
+        return self._with_test(updated, updated.whitespace_before_test)
+
+    def leave_While(self, original, updated):
+        return self._with_test(updated, updated.whitespace_after_while)
+
+    def leave_Assert(self, original, updated):
+        return self._with_test(updated, updated.whitespace_after_assert)
+
+    def leave_IfExp(self, original, updated):
+        return self._with_test(updated, updated.whitespace_after_if)
+
     def leave_UnaryOperation(self, original, updated):
+        if isinstance(updated.operator, cst.Not):
+            operand = updated.expression
+            if (id(original) in self.tests or self.frozen or is_empty(updated.operator.whitespace_after)
+                    or never_a_tensor(operand)):
+                return updated  # in a test position, its owner routes the operand
+            self.changes += 1  # elsewhere `not` calls bool() once on its whole operand's value
+            return updated.with_changes(expression=cst.Call(func=runtime_attr("truth"), args=[cst.Arg(value=operand)]))
         entry = UNARY.get(type(updated.operator))
         if (self.frozen or entry is None or is_literal(original.expression)
                 or not is_empty(updated.operator.whitespace_after)):

@@ -167,6 +167,16 @@ class Collector:
             return python_op(*operands)
         return self.api(api_name, python_op, operands, {}, record_args, sys._getframe(2))
 
+    def truth(self, value):
+        """A truth test: recorded as the tensor's ``__bool__`` (msprobe's ``Tensor.__bool__``, and what the
+        observing mode records for ``if t:`` in uninstrumented code); any other value is only tested."""
+        if self.in_api or not self.level_api or not is_subclass(type(value), _TENSOR):
+            return bool(value)
+        api_name = self.tensor_methods.get("__bool__")
+        if api_name is None:
+            return bool(value)
+        return self.api(api_name, bool, (value,), {}, (value,), sys._getframe(2))
+
     # ----------------------------------------------------------------- APIs
 
     def _begin(self, api_name):

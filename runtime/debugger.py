@@ -91,6 +91,7 @@ class PrecisionDebugger:
         collector.collecting = True
         self._dirty = True
         shims._collector = collector
+        shims.set_truth(True)
 
     def stop(self):
         """Stop collecting and write this step's files (in the background)."""
@@ -98,6 +99,7 @@ class PrecisionDebugger:
         if collector is None or not collector.collecting:
             return
         shims._collector = None
+        shims.set_truth(False)
         collector.collecting = False
         if self._tracker is not None:
             self._tracker.remove()

@@ -6,6 +6,7 @@ expression would have run. Every parameter is positional-only so that no keyword
 from __future__ import annotations
 
 import operator as _op
+import sys
 
 from . import operators
 
@@ -24,6 +25,20 @@ def dyn(fn, /, *args, **kwargs):
     if _collector is None:
         return fn(*args, **kwargs)
     return _collector.dyn(fn, args, kwargs)
+
+
+def truth(value, /):
+    """``bool(value)`` for a truth test (``if value:``), recorded while collecting. Instrumented code reaches
+    it as ``__msprobe__.truth``, which is the builtin ``bool`` itself while no debugger collects (see
+    ``set_truth``): a test costs a C call, not a Python frame."""
+    if _collector is None:
+        return bool(value)
+    return _collector.truth(value)
+
+
+def set_truth(collecting):
+    """Point the package's ``truth`` entry at the recorder (collecting) or at ``bool`` (not)."""
+    sys.modules[__package__].truth = truth if collecting else bool
 
 
 def _binary(name, python_op):

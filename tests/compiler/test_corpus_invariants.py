@@ -255,7 +255,7 @@ FOUND = {
     "match patterns": (
         b"x = f()\nmatch x:\n    case {-0-0j: int(real=0+0j)} if -x > 0:\n        y = -x\n",
         b"import msprobe_runtime as __msprobe__; x = __msprobe__.dyn(f)\nmatch x:\n"
-        b"    case {-0-0j: int(real=0+0j)} if __msprobe__.gt(__msprobe__.neg(x), 0):\n"
+        b"    case {-0-0j: int(real=0+0j)} if __msprobe__.truth(__msprobe__.gt(__msprobe__.neg(x), 0)):\n"
         b"        y = __msprobe__.neg(x)\n",
     ),
     # a call whose arguments start on the next line keeps its callee on the call's line

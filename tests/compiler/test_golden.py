@@ -37,8 +37,9 @@ def check_ast_path(before: str, catalogue=None, **options) -> None:
     assert ast.dump(tree) == ast.dump(want)
 
 
-# What the import hook's ast path leaves to libcst: skip markers, `x += yield`, API calls in nested f-strings.
-AST_PATH_DEFERS = re.compile(r"msprobe:\s*skip|\+= *yield|\{f[\"']")
+# What the import hook's ast path leaves to libcst: skip markers, `x += yield`, API calls in nested f-strings,
+# a parenthesis right after a keyword before an operand of and/or.
+AST_PATH_DEFERS = re.compile(r"msprobe:\s*skip|\+= *yield|\{f[\"']|\b(if|not|and|or)\(")
 
 
 # -- statically resolved APIs, however they were bound --------------------------------------------------
@@ -344,7 +345,7 @@ def test_nested_functions_classes_lambdas_and_comprehensions():
                 def go(self, x):
                     return __msprobe__.call("Torch.relu", torch.relu, x)
             act = lambda t: __msprobe__.call("Torch.sigmoid", torch.sigmoid, t)
-            ys = [__msprobe__.call("Torch.tanh", torch.tanh, x) for x in xs if __msprobe__.call("Torch.any", torch.any, x)]
+            ys = [__msprobe__.call("Torch.tanh", torch.tanh, x) for x in xs if __msprobe__.truth(__msprobe__.call("Torch.any", torch.any, x))]
             table = {k: __msprobe__.call("Torch.abs", torch.abs, v) for k, v in pairs}
             total = sum(__msprobe__.call("Torch.sum", torch.sum, x) for x in xs)
             return Inner, act, ys, table, total
@@ -422,10 +423,10 @@ def test_walrus_and_match():
         import msprobe_runtime as __msprobe__; import torch
 
         def f(x, cmd):
-            if __msprobe__.gt((n := __msprobe__.dyn(torch.numel, x)), 4):
+            if __msprobe__.truth(__msprobe__.gt((n := __msprobe__.dyn(torch.numel, x)), 4)):
                 pass
             match cmd:
-                case Point(x=0) if __msprobe__.dyn(torch.is_tensor, x):
+                case Point(x=0) if __msprobe__.truth(__msprobe__.dyn(torch.is_tensor, x)):
                     return n
                 case [first, *rest]:
                     return first
@@ -505,7 +506,7 @@ def test_binary_and_unary_operators_keep_their_spelling_in_the_commas():
             h = __msprobe__.add(a ,b)
             i = (__msprobe__.sub(a
                  , b))
-            return 1 + 2, "x" + "y", "%s" % a, -1, a+ b, - a, not a
+            return 1 + 2, "x" + "y", "%s" % a, -1, a+ b, - a, not __msprobe__.truth(a)
         """,
     )
 
@@ -526,9 +527,99 @@ def test_comparisons_single_chained_and_identity():
             x = __msprobe__.eq(a, b)
             y = a < b < c
             z = a is b, a in b, a != None, name == "main"
-            return x if __msprobe__.ge(a, 0) else y
+            return x if __msprobe__.truth(__msprobe__.ge(a, 0)) else y
         """,
     )
+
+
+def test_truth_tests_call_bool_through_the_runtime_once_each():
+    """`if t:`, `while`, `assert`, conditional expressions, comprehension and match guards, and `not` each call
+    bool() once: `truth(t)` is that call. In a test position CPython tests each operand of `and`/`or`/`not`
+    on its own (short-circuiting), so each operand is routed; elsewhere `not` tests its whole operand."""
+    check(
+        """\
+        import torch
+
+        def f(t, mask, xs, a, b, cmd):
+            if mask.all():
+                pass
+            elif not t:
+                pass
+            while a and b or not (a and t):
+                break
+            assert t, "message"
+            y = 1 if t else 2
+            z = [x for x in xs if x]
+            w = not (a and b)
+            u = a and b
+            match cmd:
+                case 1 if not t:
+                    pass
+            if (a and
+                    b):
+                pass
+            return a < b < t if a < b < t else None
+        """,
+        """\
+        import msprobe_runtime as __msprobe__; import torch
+
+        def f(t, mask, xs, a, b, cmd):
+            if __msprobe__.truth(__msprobe__.dyn(mask.all)):
+                pass
+            elif not __msprobe__.truth(t):
+                pass
+            while __msprobe__.truth(a) and __msprobe__.truth(b) or not (__msprobe__.truth(a) and __msprobe__.truth(t)):
+                break
+            assert __msprobe__.truth(t), "message"
+            y = 1 if __msprobe__.truth(t) else 2
+            z = [x for x in xs if __msprobe__.truth(x)]
+            w = not __msprobe__.truth((a and b))
+            u = a and b
+            match cmd:
+                case 1 if not __msprobe__.truth(t):
+                    pass
+            if (__msprobe__.truth(a) and
+                    __msprobe__.truth(b)):
+                pass
+            return a < b < t if __msprobe__.truth(a < b < t) else None
+        """,
+    )
+
+
+def test_truth_tests_that_no_tensor_takes_part_in_or_that_no_form_restores_are_left_alone():
+    source = """\
+        import typing
+        from typing import TYPE_CHECKING
+
+        def f(t, x, a):
+            if TYPE_CHECKING or typing.TYPE_CHECKING or __debug__:
+                pass
+            if x is None or x in (1, 2) or t == "name" or not x is None:
+                pass
+            while True:
+                break
+            if(t):
+                pass
+            assert(t)
+            y = 1 if(t) else 2
+            return not(t)
+        """
+    assert rewrite_source(dedent(source).encode()) == dedent(source).encode()
+    check_ast_path(source)
+
+
+@pytest.mark.parametrize("source", [
+    "import torch\nif(a and b):\n    pass\n",
+    "import torch\nif not(a and b):\n    pass\n",
+    "import torch\nif a and(b or c):\n    pass\n",
+])
+def test_a_parenthesis_right_after_a_keyword_before_and_or_is_left_to_libcst(source):
+    """Whose parenthesis it is (the operation's or its first operand's) decides whether libcst routes the
+    operand; ast does not keep it, so the ast path defers."""
+    assert rewrite_to_ast(source.encode(), default_catalogue()) is None
+    rewritten = rewrite_source(source.encode())
+    assert b"__msprobe__.truth(" in rewritten and restore_source(rewritten) == source.encode()
+    compile(rewritten, "<golden>", "exec")
 
 
 def test_augmented_assignments_evaluate_target_once():
@@ -800,7 +891,7 @@ def test_import_uses_a_blank_line_before_a_compound_statement():
         #!/usr/bin/env python
         # -*- coding: utf-8 -*-
         import msprobe_runtime as __msprobe__
-        if __msprobe__.dyn(cond):
+        if __msprobe__.truth(__msprobe__.dyn(cond)):
             y = __msprobe__.dyn(torch_fn, x)
         """,
     )

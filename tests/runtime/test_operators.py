@@ -141,10 +141,10 @@ def operators(x, y, i, j):
 '''
 
 
-def _names(tmp_path, tag, instrumented):
+def _names(tmp_path, tag, instrumented, program=_PROGRAM):
     from msprobe_rewrite.api import rewrite_source
 
-    source = _PROGRAM.encode()
+    source = program.encode()
     path = tmp_path / f"program_{tag}.py"
     path.write_bytes(rewrite_source(source) if instrumented else source)
     spec = importlib.util.spec_from_file_location(f"program_{tag}", path)
@@ -173,3 +173,33 @@ def test_rewritten_operators_record_no_less_than_the_mode(tmp_path):
     # torch reports (bitwise_and), the mode by the bytecode's operator (&). Every other name is the same, in
     # the same order, reflected ones included.
     assert [{"Tensor.bitwise_and": "Tensor.__and__"}.get(n, n) for n in rewritten] == observed
+
+
+_TRUTH_PROGRAM = '''
+import torch
+
+
+def operators(x, y, i, j):
+    found = 0
+    if x.sum() > 0:
+        found += 1
+    if not (x < 0).any() and i.all():
+        found += 1
+    while not x.isnan().any() and found < 3:
+        found += 1
+    assert x.numel(), "empty"
+    ys = [v for v in y if v]
+    w = not y.any()
+    z = found if torch.all(i > 0) else 0
+    return found, ys, w, z
+'''
+
+
+def test_rewritten_truth_tests_record_what_the_mode_records(tmp_path):
+    """`if t:`, `not t`, `while`, `assert`, comprehension and conditional tests: Tensor.__bool__ once per test,
+    as the observing mode records it in the same program left uninstrumented."""
+    observed = _names(tmp_path, "plain", instrumented=False, program=_TRUTH_PROGRAM)
+    rewritten = _names(tmp_path, "rewritten", instrumented=True, program=_TRUTH_PROGRAM)
+    assert rewritten.count("Tensor.__bool__") >= 8
+    # iterating a tensor (`for v in y`) is no call site: the session's mode records it in both programs
+    assert rewritten == observed
