@@ -1,12 +1,13 @@
-# Set-up and entry points. `make demo` and `make test` each create .venv on first use, install the
-# CPU build of torch first (a bare `torch` requirement would download a multi-GB CUDA build), then
-# this project, then run.
+# Set-up and entry points. `make demo`, `make check` and `make test` each create .venv on first use,
+# install the CPU build of torch first (a bare `torch` requirement would download a multi-GB CUDA
+# build), then this project, then run. `make check` is the fast subset (tests not marked `slow`: no
+# corpus, subprocess-heavy or megatron tests); `make test` is the whole suite.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo check test bench clean
 
 $(BIN)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +20,9 @@ setup: $(BIN)/.installed
 
 demo: setup
 	$(BIN)/python -m fixtures.demo
+
+check: setup
+	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 test: setup
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

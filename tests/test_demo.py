@@ -4,6 +4,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # the demo trains in a fresh interpreter
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

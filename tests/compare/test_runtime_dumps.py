@@ -10,6 +10,8 @@ from msprobe_rewrite.compare import compare_runs
 
 from .conftest import fixture_line, run_compare
 
+pytestmark = pytest.mark.slow  # training runs and compare CLI runs in fresh interpreters (about 27 s)
+
 TANH_LINE = "h = torch.tanh(self.inp(x))"
 SIGMOID_LINE = "h = torch.sigmoid(h) * h"
 GELU_LINE = "h = F.gelu(self.fc(x))"

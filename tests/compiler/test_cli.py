@@ -667,6 +667,7 @@ def _entry_point_commands():
     return commands
 
 
+@pytest.mark.slow  # spawns the CLI
 @pytest.mark.parametrize("command", _entry_point_commands())
 def test_entry_point_version(command, tmp_path):
     result = subprocess.run(command + ["--version"], capture_output=True, text=True, cwd=tmp_path)
@@ -674,6 +675,7 @@ def test_entry_point_version(command, tmp_path):
     assert "msprobe-rewrite" in result.stdout
 
 
+@pytest.mark.slow  # spawns the CLI
 @pytest.mark.parametrize("command", _entry_point_commands())
 def test_entry_point_end_to_end(command, tmp_path, cache_dir):
     tree = make_tree(tmp_path / "src", {"a.py": TORCH_SOURCE, "b.py": PLAIN_SOURCE})

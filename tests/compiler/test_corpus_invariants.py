@@ -106,6 +106,7 @@ def _report(corpus: str, results, elapsed: float) -> None:
                     f"\n\n{summary}", pytrace=False)
 
 
+@pytest.mark.slow  # every file of the standard library (about 300 s)
 def test_stdlib():
     files = _sample(corpus_check.stdlib_files())
     assert len(files) > 100
@@ -115,6 +116,7 @@ def test_stdlib():
     assert sum(r.ast_path == FALLBACK for r in results) <= len(results) // 20
 
 
+@pytest.mark.slow  # every file of megatron-core (about 40 s)
 def test_megatron_core():
     try:
         files = corpus_check.distribution_files("megatron-core")

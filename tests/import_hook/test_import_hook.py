@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every case spawns interpreters (about 50 s)
+
 TAG_SUFFIX = ".msprobe-rewrite.pyc"
 
 PACKAGE = {

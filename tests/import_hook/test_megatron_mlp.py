@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # megatron-core's MLP in fresh interpreters (about 17 s)
+
 SCRIPT = Path(__file__).resolve().parents[2] / "fixtures" / "megatron_mlp" / "run_mlp.py"
 
 

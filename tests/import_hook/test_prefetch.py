@@ -52,6 +52,7 @@ def tree(tmp_path):
     return write_tree(tmp_path / "src")
 
 
+@pytest.mark.slow  # spawns interpreters
 def test_static_order_is_the_order_python_imports_in(tree):
     found, eager = import_order("app", ModuleIndex(["app"], {"app": [str(tree / "app")]}))
     order = [name for name, _, _ in found]
@@ -116,6 +117,7 @@ def cache_of(tree: Path, module: str) -> Path:
     return Path(bytecode_cache.cache_path(str(tree / module)))
 
 
+@pytest.mark.slow  # spawns interpreters
 def test_a_worker_caches_what_the_loader_would_and_the_loader_uses_it(tree, tmp_path):
     # the loader's own entries, every module imported in turn with no worker
     reference = shutil.copytree(tree, tmp_path / "reference")
@@ -157,6 +159,7 @@ def test_a_worker_caches_what_the_loader_would_and_the_loader_uses_it(tree, tmp_
     assert cache_of(tree, "app/lazy.py").stat().st_mtime_ns == stamp
 
 
+@pytest.mark.slow  # spawns interpreters
 def test_no_worker_without_a_bytecode_cache(tree):
     out = run("""
         import sys
@@ -170,6 +173,7 @@ def test_no_worker_without_a_bytecode_cache(tree):
     assert not list(tree.rglob("*.msprobe-rewrite.pyc"))
 
 
+@pytest.mark.slow  # spawns interpreters
 def test_a_worker_with_another_fingerprint_writes_nothing(tree):
     import json
 

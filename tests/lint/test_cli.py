@@ -142,6 +142,7 @@ def test_guard_errors(tmp_path, capsys):
 
 
 # -- no torch ------------------------------------------------------------------------------------------
+@pytest.mark.slow  # spawns interpreters
 def test_the_hooks_never_import_torch(tmp_path):
     """Run both hook entry points in a fresh interpreter and look at sys.modules afterwards."""
     from msprobe_rewrite.api import rewrite_source
@@ -162,6 +163,7 @@ def test_the_hooks_never_import_torch(tmp_path):
     assert result.stdout.strip().endswith("[1, 1, 0] []"), result.stdout + result.stderr
 
 
+@pytest.mark.slow  # spawns interpreters
 def test_megatron_core_is_checked_in_seconds():
     import time
 

@@ -14,6 +14,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # git and pre-commit subprocesses, hook environment installed
+
 pytest.importorskip("pre_commit", reason="pre-commit is in the test extras")
 if shutil.which("git") is None:
     pytest.skip("git is not installed", allow_module_level=True)

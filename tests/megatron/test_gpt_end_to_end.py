@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # megatron-core trained in fresh interpreters and under torchrun (about 55 s)
+
 pytest.importorskip("megatron.core")
 pytest.importorskip("torch")
 

@@ -5,6 +5,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 PURITY = textwrap.dedent('''
     import json, sys
     import msprobe_runtime
@@ -72,6 +74,7 @@ DIST_DRIVER = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow  # two gloo ranks in fresh interpreters
 def test_two_gloo_ranks_write_their_own_directories(run_script, tmp_path):
     from msprobe_rewrite.api import rewrite_source
 

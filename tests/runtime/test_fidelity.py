@@ -22,7 +22,9 @@ def baselines(run_script, root):
 
 
 @pytest.mark.parametrize("fixture", sorted(FIXTURES))
-@pytest.mark.parametrize("level", ["L0", "L1", "mix"])
+# mix collects both L0 and L1 and stays in the fast subset; L0 and L1 alone are slow (a fresh interpreter each)
+@pytest.mark.parametrize("level", [pytest.param("L0", marks=pytest.mark.slow),
+                                   pytest.param("L1", marks=pytest.mark.slow), "mix"])
 def test_bit_identical_with_collection(fixture, level, baselines, instrument, run_script, tmp_path):
     script = instrument(FIXTURES[fixture])
     dump = tmp_path / "dump"
@@ -48,6 +50,7 @@ def test_bit_identical_with_collection(fixture, level, baselines, instrument, ru
             assert not any(n.startswith("Module.") for n in names)
 
 
+@pytest.mark.slow  # four fresh interpreters; test_fixture_programs checks the same of other programs
 def test_rewritten_program_without_collection_is_identical(baselines, instrument, run_script):
     for name, path in FIXTURES.items():
         result, _ = run_script(instrument(path), "--steps", "3")

@@ -15,6 +15,8 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.slow  # a venv with mindstudio-probe from PyPI and msprobe in subprocesses
+
 VENV = "/tmp/msprobe-venv"
 
 
