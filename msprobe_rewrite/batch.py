@@ -18,6 +18,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from . import atomic
 from .cache import FAIL, NEW, SAME, ResultCache, source_digest
 from .files import EXCLUDED, LINK, OTHER, PYTHON, Entry, is_python
+from .markers import SKIP_FILE_MARKER
 
 REWRITE = "rewrite"
 RESTORE = "restore"
@@ -34,7 +35,6 @@ FAILED = "failed"
 # A worker result that must not be cached: the compiler itself broke, which a fixed version may not.
 _CRASH = "crash"
 
-SKIP_FILE_MARKER = b"msprobe: skip-file"
 
 
 @dataclass
@@ -229,7 +229,7 @@ def _finish(options: Options, pending: _Pending, kind: str, payload: bytes) -> O
         return outcome
     if kind == SAME:
         status = UNCHANGED
-        if options.mode == REWRITE and SKIP_FILE_MARKER in source:
+        if options.mode == REWRITE and SKIP_FILE_MARKER.search(source):
             status = SKIPPED
         outcome = Outcome(entry.path, status)
         if options.write == OUT:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 from . import __version__
 from .atomic import write_atomic
@@ -37,14 +37,23 @@ def default_directory() -> str:
     return os.path.join(base, "msprobe-rewrite")
 
 
-def compiler_fingerprint() -> str:
-    """Tool version, a digest of the compiler package's own files, and the libcst version."""
-    digest = hashlib.sha256(__version__.encode())
+def fingerprint_files() -> List[str]:
+    """The files whose text decides a rewrite: the compiler package's own modules, and the runtime modules it
+    reads the contract from (the operator table and the catalogue loader, which sets the dump-name prefixes
+    written into rewritten files). An edit to any of them in an editable install must miss the cache."""
+    from msprobe_runtime import catalogue, operators
+
     package = os.path.dirname(os.path.abspath(__file__))
-    for name in sorted(os.listdir(package)):
-        if name.endswith(".py"):
-            with open(os.path.join(package, name), "rb") as handle:
-                digest.update(name.encode() + b"\0" + handle.read() + b"\0")
+    files = [os.path.join(package, name) for name in sorted(os.listdir(package)) if name.endswith(".py")]
+    return files + [os.path.abspath(catalogue.__file__), os.path.abspath(operators.__file__)]
+
+
+def compiler_fingerprint(files: Optional[List[str]] = None) -> str:
+    """Tool version, a digest of ``fingerprint_files()``, and the libcst version."""
+    digest = hashlib.sha256(__version__.encode())
+    for path in fingerprint_files() if files is None else files:
+        with open(path, "rb") as handle:
+            digest.update(os.path.basename(path).encode() + b"\0" + handle.read() + b"\0")
     try:
         from importlib.metadata import version
         digest.update(version("libcst").encode())

@@ -188,6 +188,14 @@ def test_opt_out_marker_counts_as_skipped(fake, tree, capsys):
     assert "2 changed, 2 unchanged, 1 skipped, 0 failed" in err
 
 
+def test_a_docstring_that_mentions_the_marker_is_not_reported_as_skipped(tmp_path, capsys):
+    """The summary reads the marker as the compiler does (a comment line), not as any substring."""
+    (tmp_path / "doc.py").write_bytes(b'"""Files may opt out with msprobe: skip-file."""\nx = 1\n')
+    (tmp_path / "opt.py").write_bytes(b"# msprobe: skip-file\nimport torch\ny = torch.relu(x)\n")
+    code, _, err = run([tmp_path], capsys)
+    assert "0 changed, 1 unchanged, 1 skipped, 0 failed" in err
+
+
 # --- errors --------------------------------------------------------------------------------------
 
 def test_unparsable_file_is_reported_left_as_is_and_others_processed(fake, tree, capsys):
@@ -697,3 +705,22 @@ def test_entry_point_end_to_end(command, tmp_path, cache_dir):
     assert (tree / "a.py").read_bytes() == TORCH_SOURCE
     result = invoke(tmp_path / "nope")
     assert result.returncode == 2 and "no such file" in result.stderr
+
+
+def test_the_cache_fingerprint_covers_the_runtime_contract_the_rewrite_reads(tmp_path):
+    """The operator table and the catalogue loader live in the runtime package but decide what the compiler
+    writes; editing either in an editable install must miss every cached rewrite."""
+    from msprobe_runtime import catalogue, operators
+
+    files = cache_module.fingerprint_files()
+    assert os.path.abspath(operators.__file__) in files and os.path.abspath(catalogue.__file__) in files
+    copies = []
+    for path in files:
+        copy = tmp_path / f"{len(copies)}_{os.path.basename(path)}"
+        shutil.copyfile(path, copy)
+        copies.append(str(copy))
+    before = cache_module.compiler_fingerprint(copies)
+    operators_copy = copies[files.index(os.path.abspath(operators.__file__))]
+    with open(operators_copy, "a") as handle:
+        handle.write("\n# an edited operator table\n")
+    assert cache_module.compiler_fingerprint(copies) != before
