@@ -26,7 +26,7 @@ from msprobe_runtime.catalogue import Catalogue
 from .kernels import is_kernel_decorator
 from .markers import RUNTIME_NAME, SKIP_FILE_MARKER, SKIP_MARKER, is_instrumented, maybe_lossy, package_of
 from .resolver import API, NOT_API, Resolver
-from .scopes import Scope, _dotted, collect_scopes
+from .scopes import Scope, callee_path, collect_scopes
 
 
 
@@ -215,7 +215,7 @@ class AstCallSiteTransformer:
     def _is_kernel(self, node) -> bool:
         for decorator in node.decorator_list:
             expression = decorator.func if isinstance(decorator, ast.Call) else decorator
-            dotted = _dotted(expression, constants_as_names=True)
+            dotted = callee_path(expression)
             if dotted is not None and is_kernel_decorator(dotted, self.stack[-1], self.skip_decorators):
                 return True
         return False
@@ -310,7 +310,7 @@ class AstCallSiteTransformer:
 
     def _call(self, node: ast.Call):
         self._children(node)
-        resolution = self.resolver.resolve_dotted(_dotted(node.func, constants_as_names=True), self.stack[-1])
+        resolution = self.resolver.resolve_dotted(callee_path(node.func), self.stack[-1])
         if resolution.kind == NOT_API:
             return node
         self._positions_known()

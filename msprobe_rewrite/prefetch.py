@@ -23,6 +23,7 @@ import sys
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .import_hook import in_packages
+from .scopes import absolute_module
 
 ENV_PREFETCH = "MSPROBE_REWRITE_PREFETCH"
 _MAX_WORKERS = 4
@@ -154,13 +155,9 @@ def imported_names(tree: ast.Module, fullname: str, is_package: bool) -> Tuple[L
     def names_of(node) -> List[str]:
         if isinstance(node, ast.Import):
             return [alias.name for alias in node.names]
-        base = node.module or ""
-        if node.level:
-            parent = package.split(".") if package else []
-            if node.level - 1 > len(parent):
-                return []
-            parent = parent[:len(parent) - (node.level - 1)]
-            base = ".".join(parent + ([base] if base else []))
+        base = absolute_module(node, package)
+        if base is None:
+            return []  # a relative import above the top-level package, or with no package at all
         # ``from a import b`` imports a, and a.b too where b is a submodule
         return ([base] if base else []) + [f"{base}.{alias.name}" if base else alias.name
                                            for alias in node.names if alias.name != "*"]

@@ -94,7 +94,7 @@ class Scope:
         return None, name in _BUILTINS
 
 
-def _absolute_module(node: ast.ImportFrom, package: Optional[str]) -> Optional[str]:
+def absolute_module(node: ast.ImportFrom, package: Optional[str]) -> Optional[str]:
     if not node.level:
         return node.module
     if not package:
@@ -106,7 +106,7 @@ def _absolute_module(node: ast.ImportFrom, package: Optional[str]) -> Optional[s
     return ".".join(base + ([node.module] if node.module else []))
 
 
-def _dotted(node: ast.AST, constants_as_names: bool = False) -> Optional[str]:
+def dotted_path(node: ast.AST, constants_as_names: bool = False) -> Optional[str]:
     """``a.b.c`` for a Name/Attribute chain, else None. ``constants_as_names``: ``None``, ``True`` and ``False``
     count as names, as in libcst's tree, so ``True.__index__`` reads as the transformer reads it."""
     parts = []
@@ -121,6 +121,11 @@ def _dotted(node: ast.AST, constants_as_names: bool = False) -> Optional[str]:
     else:
         return None
     return ".".join(reversed(parts))
+
+
+def callee_path(node: ast.AST) -> Optional[str]:
+    """A callee's dotted name as the transformers and the lint resolve it (``True.__index__`` included)."""
+    return dotted_path(node, constants_as_names=True)
 
 
 class _Collector(ast.NodeVisitor):
@@ -241,7 +246,7 @@ class _Collector(ast.NodeVisitor):
             self.generic_visit(node)
 
     def _stdlib_value_kind(self, call: ast.Call) -> Optional[str]:
-        dotted = _dotted(call.func)
+        dotted = dotted_path(call.func)
         if dotted is None:
             return None
         root, _, rest = dotted.partition(".")
@@ -261,7 +266,7 @@ class _Collector(ast.NodeVisitor):
                 self.current.bind(root, IMPORT, root)
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
-        module = _absolute_module(node, self.package)
+        module = absolute_module(node, self.package)
         for alias in node.names:
             if alias.name == "*":
                 self.current.star_imports.append(module or "")

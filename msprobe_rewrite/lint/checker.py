@@ -17,7 +17,7 @@ from msprobe_runtime.catalogue import Catalogue
 from ..kernels import is_kernel_decorator
 from ..markers import SKIP_FILE_MARKER, SKIP_MARKER, package_of
 from ..resolver import API, UNKNOWN, Resolver, qualify
-from ..scopes import Binding, ModuleScopes, Scope, _absolute_module, _dotted, collect_scopes
+from ..scopes import Binding, ModuleScopes, Scope, absolute_module, callee_path, collect_scopes
 from .noqa import is_suppressed
 
 # Roots of the modules whose import makes unresolved calls worth counting (MSP901).
@@ -63,7 +63,7 @@ def _short(node: ast.AST, limit: int = 48) -> str:
 
 class _Visitor(ast.NodeVisitor):
     """One walk over the module. Scopes are entered as the collector entered them: decorators, defaults,
-    annotations and class bases in the enclosing scope, and a comprehension's first iterable too."""
+    annotations and class bases in the enclosing scope."""
 
     def __init__(self, linter: "Linter", scopes: ModuleScopes, lines: Sequence[str]):
         self.linter = linter
@@ -120,8 +120,8 @@ class _Visitor(ast.NodeVisitor):
                 # A registry filled at import time: REGISTRY["gelu"] = F.gelu
                 for target in targets:
                     if (isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name)
-                            and self.resolver.resolve_dotted(_dotted(value), scope).kind == API):
-                        self._add_container(target.value.id, statement.lineno, "dict", [_dotted(value)], scope,
+                            and self.resolver.resolve_dotted(callee_path(value), scope).kind == API):
+                        self._add_container(target.value.id, statement.lineno, "dict", [callee_path(value)], scope,
                                             class_name)
                 continue
             for field in ("body", "orelse", "finalbody"):  # if/try/with/for bodies run at import time
@@ -159,7 +159,7 @@ class _Visitor(ast.NodeVisitor):
         for element in elements:
             if element is None:
                 continue
-            dotted = _dotted(element)
+            dotted = callee_path(element)
             if dotted is not None:
                 if self.resolver.resolve_dotted(dotted, scope).kind == API:
                     apis.append(dotted)
@@ -226,7 +226,7 @@ class _Visitor(ast.NodeVisitor):
         skip = self.linter.skip_decorators
         for decorator in node.decorator_list:
             expression = decorator.func if isinstance(decorator, ast.Call) else decorator
-            dotted = _dotted(expression)
+            dotted = callee_path(expression)
             if dotted is None:
                 continue
             if is_kernel_decorator(dotted, self.scope, skip):
@@ -273,12 +273,12 @@ class _Visitor(ast.NodeVisitor):
         self._in(node, [node.body])
 
     def _comprehension(self, node) -> None:
-        self.visit(node.generators[0].iter)
+        # the first iterable is evaluated in the enclosing scope, but the transformers resolve it inside the
+        # comprehension's (libcst visits it there); the lint reports what the rewrite does, so it does too
         parts: List[ast.AST] = []
-        for index, generator in enumerate(node.generators):
+        for generator in node.generators:
             parts.append(generator.target)
-            if index:
-                parts.append(generator.iter)
+            parts.append(generator.iter)
             parts.extend(generator.ifs)
         result = [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
         self._in(node, parts + result)
@@ -298,7 +298,7 @@ class _Visitor(ast.NodeVisitor):
     # -- rules --------------------------------------------------------------------------------------
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         if any(alias.name == "*" for alias in node.names):
-            module = _absolute_module(node, self.linter.package)
+            module = absolute_module(node, self.linter.package)
             if module in self.linter.namespaces:
                 self.report(node, "MSP002",
                             f"`from {module} import *` hides which APIs are called: its names, and every builtin "
@@ -323,7 +323,7 @@ class _Visitor(ast.NodeVisitor):
         if (isinstance(func, ast.Attribute) and func.attr in CONTAINER_GETTERS
                 and self._container_at(func.value) is not None):
             self._report_container(node, self._container_at(func.value), f"`{_short(func)}(...)`")
-        dotted = _dotted(func)
+        dotted = callee_path(func)
         if self.kernels:
             resolution = self.resolver.resolve_dotted(dotted, self.scope)
             if resolution.kind == API:
@@ -343,7 +343,7 @@ class _Visitor(ast.NodeVisitor):
         binding, _ = self.scope.lookup("getattr")
         if binding is not None:
             return  # a getattr of the user's own
-        dotted = _dotted(node.args[0])
+        dotted = callee_path(node.args[0])
         namespace = qualify(dotted, self.scope) if dotted is not None else None
         if namespace not in self.linter.namespaces:
             return

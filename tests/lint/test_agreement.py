@@ -41,3 +41,15 @@ def test_api_calls_in_kernel_bodies_are_left_as_written(megatron_core, module):
     for finding in findings:
         line = rewritten[finding.line - 1]
         assert line == original[finding.line - 1] and not re.search(rb"__msprobe__\.", line), finding
+
+
+@pytest.mark.parametrize("source", [
+    # a comprehension's first iterable is resolved inside the comprehension by both transformers, where its
+    # target shadows the module `torch`
+    b"import torch\n\ndef f(x):\n    return [t for torch in torch.split(x, 1) for t in torch]\n",
+    # `True.__index__` is a constant's method for libcst and for the ast path: no API, no dyn
+    b"import torch\n\ndef f(x):\n    return True.__index__() + torch.relu(x).sum().item()\n",
+])
+def test_the_lint_resolves_callees_where_the_rewrite_does(source):
+    findings = Linter(default_catalogue(), frozenset({"MSP901"})).check(source, "case.py")
+    assert len(findings) == rewrite_source(source, path="case.py").count(b"__msprobe__.dyn(")
