@@ -16,7 +16,7 @@ import threading
 import torch
 
 from . import backward as bw
-from . import operators
+from . import dump_names, operators
 from .foreign import (bound_self, is_subclass, key_text, mapping_items, method_name, own_parameters, parameters,
                       sequence_items, type_name)
 from .records import TensorRecord, describe_builtin
@@ -71,7 +71,7 @@ class Collector:
         self._in_scope = not self.scope
         self.modules = {}  # id(module) -> (module, "Module.net1.ln1.Linear.")
         for path, module in named_modules:
-            self.modules[id(module)] = (module, f"Module.{path}.{type_name(type(module))}.")
+            self.modules[id(module)] = (module, dump_names.module_prefix(path, type_name(type(module))))
         self.collecting = False
         self.token = object()  # replaced at every reset, so stale backward hooks stay silent
         self.in_api = 0
@@ -110,7 +110,7 @@ class Collector:
                 data = self.data
                 data.update(self.pending_backward)  # incomplete ones still show what arrived
             else:
-                data = {name: entry if _is_forward(name) else _copy(entry) for name, entry in self.data.items()}
+                data = {name: entry if dump_names.is_forward(name) else _copy(entry) for name, entry in self.data.items()}
                 for name, entry in self.pending_backward.items():
                     data[name] = _copy(entry)
             tensors, self.tensors = self.tensors, []
@@ -182,7 +182,7 @@ class Collector:
     def _begin(self, api_name):
         index = self.api_counts.get(api_name, 0)
         self.api_counts[api_name] = index + 1
-        name = f"{api_name}.{index}"
+        name = dump_names.api_call(api_name, index)
         if not self._selected(name):
             return None
         return name
@@ -215,7 +215,7 @@ class Collector:
                     if name is not None and self.want_forward:
                         entry = {}
                         if self.want_input:
-                            prefix = f"{name}.forward.input"
+                            prefix = dump_names.stem(dump_names.api_forward(name), "input")
                             entry["input_args"] = self.describe_seq(record_args, prefix)
                             entry["input_kwargs"] = self.describe_map(
                                 kwargs if record_kwargs is None else record_kwargs, prefix)
@@ -234,10 +234,10 @@ class Collector:
             self.in_api -= 1
 
     def _finish_api(self, name, entry, result, frame):
-        forward = f"{name}.forward"
+        forward = dump_names.api_forward(name)
         if entry is not None:
             if self.want_output:
-                entry["output"] = self.describe_output(result, f"{forward}.output")
+                entry["output"] = self.describe_output(result, dump_names.stem(forward, "output"))
             with self._lock:
                 self.data[forward] = entry
             self.stacks[forward] = self._frames(frame)
@@ -247,8 +247,9 @@ class Collector:
             outputs = bw.flat_tensors(result, [])
             if any(t is not None and t.requires_grad for t in outputs):
                 parent = self.module_stack[-1] if (self.construct_apis and self.module_stack) else None
-                self.backward_parents[f"{name}.backward"] = parent
-                bw.hook_api_backward(self, f"{name}.backward", outputs)
+                backward = dump_names.api_backward(name)
+                self.backward_parents[backward] = parent
+                bw.hook_api_backward(self, backward, outputs)
 
     def backward_entry(self, name, input_width, output_width, deferred=False):
         """The backward entry ``name``, created the first time a hook reaches it. A deferred entry (a module's)
@@ -271,7 +272,7 @@ class Collector:
             if name in parents:
                 parent = parents[name]
                 if parent is not None or self.construct_apis or self.level_module:
-                    self.construct[name] = parent.replace(".forward.", ".backward.") if parent else None
+                    self.construct[name] = dump_names.module_backward(parent) if parent else None
         return entry
 
     def commit_backward(self, name):
@@ -289,7 +290,7 @@ class Collector:
         prefix = known[1]
         index = self.module_counts.get(prefix, 0)
         self.module_counts[prefix] = index + 1
-        name = f"{prefix}forward.{index}"
+        name = dump_names.module_forward(prefix, index)
         parent = self.module_stack[-1] if self.module_stack else None
         self.module_stack.append(name)
         if not self._selected(name):
@@ -298,7 +299,7 @@ class Collector:
             return (name, None, parent, args)
         entry = {}
         if self.want_input:
-            entry["input_args"] = self.describe_seq(args, f"{name}.input")
+            entry["input_args"] = self.describe_seq(args, dump_names.stem(name, "input"))
             entry["input_kwargs"] = {}
         # the entry joins dump.json when the forward ends, after the calls inside it, as in msprobe's order
         self.construct[name] = parent
@@ -315,12 +316,12 @@ class Collector:
             self.module_stack.pop()
         if entry is not None:
             if self.want_input and kwargs:
-                entry["input_kwargs"] = self.describe_map(kwargs, f"{name}.input")
+                entry["input_kwargs"] = self.describe_map(kwargs, dump_names.stem(name, "input"))
             if self.want_output:
-                entry["output"] = self.describe_output(result, f"{name}.output")
+                entry["output"] = self.describe_output(result, dump_names.stem(name, "output"))
             params = {}
             for param_name, param in own_parameters(module):
-                params[param_name] = self.describe(param, f"{name}.parameters.{param_name}")
+                params[param_name] = self.describe(param, dump_names.stem(name, "parameters", param_name))
             if params:
                 entry["parameters"] = params
             with self._lock:
@@ -331,7 +332,7 @@ class Collector:
                 inputs = bw.flat_tensors(args, [])
                 if kwargs:
                     bw.flat_tensors(kwargs, inputs)
-                backward_name = name.replace(".forward.", ".backward.")
+                backward_name = dump_names.module_backward(name)
                 self.backward_parents[backward_name] = parent
                 params = [p for p in parameters(module) if p.requires_grad]
                 bw.hook_module_backward(self, backward_name, inputs, outputs, params)
@@ -341,7 +342,7 @@ class Collector:
         key = (prefix, param_name)
         index = self.param_counts.get(key, 0)
         self.param_counts[key] = index + 1
-        name = f"{prefix}parameters_grad.{index}"
+        name = dump_names.parameters_grad(prefix, index)
         if not self._selected(name):
             self.param_accumulated(param)
             return
@@ -350,7 +351,7 @@ class Collector:
             entry = {}
             with self._lock:
                 self.data[name] = entry
-        entry[param_name] = self.describe(param.grad, f"{name}.{param_name}")
+        entry[param_name] = self.describe(param.grad, dump_names.stem(name, param_name))
         self.param_accumulated(param)
 
     def param_accumulated(self, param):
@@ -463,11 +464,6 @@ def _dtype_name(dtype):
     if name is None:
         name = _DTYPE_NAMES[dtype] = str(dtype)
     return name
-
-
-def _is_forward(name):
-    """``Functional.gelu.0.forward`` or ``Module.net1.Linear.forward.0`` (a module cannot be named "forward")."""
-    return name.endswith(".forward") or ".forward." in name
 
 
 def _copy(obj):
