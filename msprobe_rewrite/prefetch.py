@@ -22,7 +22,7 @@ import subprocess
 import sys
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .import_hook import in_packages
+from .module_code import in_packages
 from .scopes import absolute_module
 
 ENV_PREFETCH = "MSPROBE_REWRITE_PREFETCH"
@@ -250,7 +250,7 @@ def _request_stop(signum, frame) -> None:
 
 def run_worker(job: dict) -> int:
     from . import bytecode_cache
-    from .import_hook import RewriteOptions, instrumented_code
+    from .module_code import RewriteOptions, instrumented_code
 
     signal.signal(signal.SIGTERM, _request_stop)
     try:

@@ -20,7 +20,7 @@ from . import dump_names, operators
 from .foreign import (bound_self, is_subclass, key_text, mapping_items, method_name, own_parameters, parameters,
                       sequence_items, type_name)
 from .records import TensorRecord, describe_builtin
-from .statistics import KIND_EMPTY, StatBuffer, has_counts, tensor_kind
+from .statistics import KIND_EMPTY, StatBuffer, tensor_kind
 
 logger = logging.getLogger("msprobe_runtime")
 
