@@ -13,11 +13,11 @@ import os
 from array import array
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from .align import align
+from .align import Pair, align
 from .errors import CompareError
 from .loading import RankDump, iter_entries, read_call_sites, read_construct, read_header
 from .metrics import Thresholds, TensorDiff, apply_elementwise, compare_tensors
-from .names import forward_name, split_name
+from .names import forward_name, is_module, split_name
 from .progress import Progress
 from .records import INPUT, OUTPUT, STATS, pair_tensors, tensors_of
 
@@ -148,12 +148,55 @@ def _nonfinite_flags(entry: Any) -> int:
     return flags
 
 
-def _next(entries: Iterator, side: Side, index: int) -> Any:
-    """The next entry of the second pass, which must be the one pass 1 saw at ``index``."""
-    name, entry = next(entries, (None, None))
-    if name != side.names[index]:
-        raise CompareError(f"{side.dump.path} changed while it was being compared")
-    return entry
+class _Reader:
+    """One side's entries in the second pass, streamed; an entry asked for ahead of the stream's position
+    leaves the ones read past in a buffer until they are asked for (only module entries paired out of order
+    are, see ``pair_modules_by_name``), so memory holds just the entries between the two orders."""
+
+    def __init__(self, entries: Iterator, side: Side):
+        self.entries = entries
+        self.side = side
+        self.position = 0
+        self.buffer: Dict[int, Any] = {}
+
+    def get(self, index: int) -> Any:
+        if index in self.buffer:
+            return self.buffer.pop(index)
+        while True:
+            name, entry = next(self.entries, (None, None))
+            position, self.position = self.position, self.position + 1
+            if position >= len(self.side.names) or name != self.side.names[position]:
+                raise CompareError(f"{self.side.dump.path} changed while it was being compared")
+            if position == index:
+                return entry
+            self.buffer[position] = entry
+
+    def drain(self) -> None:
+        for _ in self.entries:
+            pass
+
+
+def pair_modules_by_name(merged: List[Pair], names_a: List[str], names_b: List[str]) -> List[Pair]:
+    """Pair the module entries that the alignment left unmatched on both sides under the same name.
+
+    A module's backward entry is written after its children's here and before them by msprobe (and its index
+    counts the module's own calls, so the name says which call it is): in order, the two runs cross, and no
+    order-keeping alignment can match both. Such an entry takes the place of its A side."""
+    only_a = {names_a[i]: position for position, (i, j) in enumerate(merged)
+              if j is None and is_module(names_a[i])}
+    matched_b = {}
+    for position, (i, j) in enumerate(merged):
+        if i is None and is_module(names_b[j]) and names_b[j] in only_a:
+            matched_b[only_a[names_b[j]]] = (position, j)
+    if not matched_b:
+        return merged
+    dropped = {position for position, _ in matched_b.values()}
+    out = []
+    for position, (i, j) in enumerate(merged):
+        if position in dropped:
+            continue
+        out.append((i, matched_b[position][1]) if position in matched_b else (i, j))
+    return out
 
 
 def compare_pair(dump_a: RankDump, dump_b: RankDump, thresholds: Thresholds, progress: Progress,
@@ -162,15 +205,15 @@ def compare_pair(dump_a: RankDump, dump_b: RankDump, thresholds: Thresholds, pro
     side_a = index_side(dump_a, progress)
     side_b = index_side(dump_b, progress)
     result = PairResult(side_a, side_b, task, level)
-    result.merged = align(side_a.keys, side_b.keys, _coarse)
+    result.merged = pair_modules_by_name(align(side_a.keys, side_b.keys, _coarse), side_a.names, side_b.names)
     tensor_task = task == "tensor"
-    iter_a: Iterator = iter(iter_entries(dump_a))
-    iter_b: Iterator = iter(iter_entries(dump_b))
+    reader_a = _Reader(iter(iter_entries(dump_a)), side_a)
+    reader_b = _Reader(iter(iter_entries(dump_b)), side_b)
     nan = math.nan
     total = len(result.merged)
     for position, (i, j) in enumerate(result.merged):
-        entry_a = _next(iter_a, side_a, i) if i is not None else None
-        entry_b = _next(iter_b, side_b, j) if j is not None else None
+        entry_a = reader_a.get(i) if i is not None else None
+        entry_b = reader_b.get(j) if j is not None else None
         progress.update(f"comparing {result.label}", position + 1, total)
         if i is None or j is None:
             if i is not None:
@@ -217,9 +260,8 @@ def compare_pair(dump_a: RankDump, dump_b: RankDump, thresholds: Thresholds, pro
             result.details[position] = _detail(pick)
         if csv_sink is not None:
             csv_sink.matched(side_a.names[i], side_b.names[j], diffs, side_a.sites[i])
-    for leftover in (iter_a, iter_b):
-        for _ in leftover:
-            pass
+    reader_a.drain()
+    reader_b.drain()
     progress.clear()
     _find_divergence(result)
     return result

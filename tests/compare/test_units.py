@@ -151,3 +151,26 @@ def test_float32_noise_does_not_fire_and_one_percent_does():
     assert compare_tensors(tensor(float("nan"), -3.1, 1e-6, 32.0), base, limits).exceeds
     assert not compare_tensors(tensor(float("nan"), -3.1, 1e-6, 32.0), tensor(float("nan"), -3.1, 1e-6, 32.0),
                                limits).exceeds
+
+
+def _write_entries(directory, names, level="mix"):
+    directory.mkdir(parents=True)
+    record = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [4], "Max": 2.0, "Min": -1.0,
+              "Mean": 0.5, "Norm": 3.0, "requires_grad": False}
+    data = {name: {"input": [record], "output": [record]} for name in names}
+    (directory / "dump.json").write_text(json.dumps({"task": "statistics", "level": level, "data": data}))
+
+
+def test_module_backward_entries_pair_across_the_two_writing_orders(tmp_path):
+    """Here a module's backward entry follows its children's; msprobe writes it before them. The same name
+    on both sides is one entry, whichever order the two dumps wrote it in."""
+    layer = "Module.model.layers.0.self_attn.LlamaAttention.backward.0"
+    children = ["Module.model.layers.0.self_attn.o_proj.Linear.backward.0", "Functional.linear.3.backward",
+                "Functional.softmax.0.backward", "Module.model.layers.0.self_attn.q_proj.Linear.backward.0"]
+    _write_entries(tmp_path / "ours", ["Functional.linear.4.backward", *children, layer, "Torch.cat.0.backward"])
+    _write_entries(tmp_path / "msprobe", ["Functional.linear.4.backward", layer, *children, "Torch.cat.0.backward"])
+    for a, b in (("ours", "msprobe"), ("msprobe", "ours")):
+        summary = compare_runs(str(tmp_path / a), str(tmp_path / b))
+        [pair] = summary["pairs"]
+        assert pair["unmatched_a_count"] == pair["unmatched_b_count"] == 0, pair
+        assert pair["matched"] == 7
