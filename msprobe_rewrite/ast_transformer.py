@@ -297,8 +297,13 @@ class AstCallSiteTransformer:
         name = ast.Name(id=RUNTIME_NAME, ctx=ast.Load())
         func = ast.Attribute(value=name, attr=entry, ctx=ast.Load())
         call = ast.Call(func=func, args=list(args), keywords=list(keywords))
-        for new in (name, func, call):
-            ast.copy_location(new, like)
+        ast.copy_location(call, like)
+        # `__msprobe__.entry` stands where the expression starts, on its first line, as in the libcst output:
+        # CPython 3.11+ puts a method call on the line where its attribute ends, so an attribute spanning
+        # the expression's lines would place a multi-line call (and its frame's f_lineno) on its last line
+        line, column = like.lineno, like.col_offset
+        for new, width in ((name, len(RUNTIME_NAME)), (func, len(RUNTIME_NAME) + 1 + len(entry))):
+            new.lineno, new.col_offset, new.end_lineno, new.end_col_offset = line, column, line, column + width
         return call
 
     def _constant(self, value: str, like: ast.AST) -> ast.Constant:

@@ -125,3 +125,31 @@ def test_a_kernel_decorator_and_configured_skips_leave_the_body_alone():
     assert "__msprobe__" not in ast.dump(tree)
     want = ast.parse(rewrite_source(source, add_import=False, skip_decorators=["my.fuser"]))
     assert ast.dump(tree) == ast.dump(want)
+
+
+def _call_lines(code):
+    """(instruction, line) of every call in ``code`` and the functions it defines, in order."""
+    import dis
+    import types
+
+    out = []
+    for instruction in dis.get_instructions(code):
+        if instruction.opname.startswith("CALL"):
+            out.append((instruction.opname, instruction.positions.lineno))
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            out.extend(_call_lines(const))
+    return out
+
+
+@pytest.mark.parametrize("source", [
+    "import torch\n\ndef f(x):\n    return torch.relu(\n        x +\n        1)\n",
+    "def f(m, x):\n    y = m.forward(\n        x,\n    )\n    return -(\n        y)\n",
+    "def f(t):\n    if (t.any() and\n            t.all()):\n        return t\n",
+])
+def test_a_call_over_several_lines_runs_on_its_first_line_as_in_the_libcst_output(source):
+    """CPython places a method call on the line where its attribute ends: `__msprobe__.call` must stand on
+    the expression's first line, or a frame's f_lineno (and the dump's call site) names its last line."""
+    fast = compile(rewrite_to_ast(source.encode(), default_catalogue()), "<hook>", "exec")
+    slow = compile(rewrite_source(source.encode(), add_import=False), "<cli>", "exec")
+    assert _call_lines(fast) == _call_lines(slow)
