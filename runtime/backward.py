@@ -8,6 +8,8 @@ returns None: it observes, it never replaces a gradient.
 """
 from __future__ import annotations
 
+import functools
+
 from .foreign import is_subclass, mapping_items, own_parameters, sequence_items
 
 
@@ -54,19 +56,17 @@ def hook_api_backward(collector, name, outputs):
 
 
 def _observer(collector, token, where, observe):
-    """A hook that runs ``observe`` only while ``token``'s step collects (``token`` None: any step), with
-    ``in_api`` raised so that our own statistics ops are not seen as the user's API calls; an error of ours is
-    logged and the record skipped. Always returns None: it observes, it never replaces a gradient."""
+    """A hook that runs ``observe`` only while ``token``'s step collects (``token`` None: any step), as the
+    runtime's own work (``Collector.own_work``: our statistics ops are not seen as the user's API calls); an
+    error of ours is logged and the record skipped. Always returns None: it observes, it never replaces a gradient."""
     def hook(*args):
         if (token is not None and collector.token is not token) or not collector.collecting:
             return None
-        collector.in_api += 1
         try:
-            observe(*args)
+            with collector.own_work:
+                observe(*args)
         except Exception as error:
             collector.log_error(where, error)
-        finally:
-            collector.in_api -= 1
         return None
 
     return hook
@@ -119,7 +119,7 @@ def hook_module_backward(collector, name, inputs, outputs, params=()):
         params = ()  # msprobe writes a module whose inputs need no gradient as soon as its outputs' arrive
     state = {"parts": len(out_positions) + len(in_positions) + len(params), "partial": {}, "left": {}}
     for param in params:
-        collector.param_waiters.setdefault(id(param), []).append((name, state))
+        collector.when_accumulated(param, functools.partial(_part_done, collector, name, state))
     # msprobe lists only the tensors that take part in backward: outputs and inputs that require grad
     n_out, n_in = len(out_positions), len(in_positions)
     out_slot = {position: i for i, position in enumerate(out_positions)}

@@ -47,6 +47,36 @@ def quiet(collector):
     return _NO_TORCH_FUNCTION() if collector.mode_depth else _NOTHING
 
 
+class _OwnWork:
+    """``with collector.own_work:`` around the runtime's own work (hooks, flushes): a routed call that arrives
+    meanwhile passes straight through (``in_api``), and torch function handling is off while an observing
+    mode is pushed (``quiet``). Reentrant; one instance per collector, so entering allocates nothing but the
+    guard."""
+
+    __slots__ = ("collector", "guards")
+
+    def __init__(self, collector):
+        self.collector = collector
+        self.guards = []
+
+    def __enter__(self):
+        collector = self.collector
+        collector.in_api += 1
+        guard = None
+        if collector.mode_depth:
+            guard = _NO_TORCH_FUNCTION()
+            guard.__enter__()
+        self.guards.append(guard)
+        return collector
+
+    def __exit__(self, kind, value, traceback):
+        guard = self.guards.pop()
+        if guard is not None:
+            guard.__exit__(kind, value, traceback)
+        self.collector.in_api -= 1
+        return False
+
+
 class Collector:
     """State of one collecting step: counters, entries, stacks, construct, the statistics buffer."""
 
@@ -74,15 +104,44 @@ class Collector:
             self.modules[id(module)] = (module, dump_names.module_prefix(path, type_name(type(module))))
         self.collecting = False
         self.token = object()  # replaced at every reset, so stale backward hooks stay silent
+        # The session's state of execution, changed only through the methods below: ``in_api`` > 0 while an
+        # API call or the runtime's own work runs (``own_work``); ``mode_depth`` observing modes pushed
+        # (``push_mode``); ``ctx`` whether the code running is instrumented, one per module call (``enter_code``).
         self.in_api = 0
         self.ctx = [True]
         self.mode_depth = 0
+        self.own_work = _OwnWork(self)
         self.module_frames = []
         self.module_stack = []
         self._lock = threading.Lock()
         self._logged = set()
         self.error_count = 0
         self.reset()
+
+    # ----------------------------------------------------------------- execution state
+
+    def push_mode(self, mode):
+        """Push an observing ``TorchFunctionMode``."""
+        mode.__enter__()
+        self.mode_depth += 1
+
+    def pop_mode(self, mode):
+        self.mode_depth -= 1
+        mode.__exit__(None, None, None)
+
+    def enter_code(self, instrumented):
+        """A module call begins whose ``forward`` is (or is not) instrumented."""
+        self.ctx.append(instrumented)
+
+    def leave_code(self):
+        self.ctx.pop()
+
+    def start_in(self, instrumented):
+        """``start()`` was called from instrumented (or uninstrumented) code."""
+        self.ctx[:] = [instrumented]
+
+    def in_uninstrumented_code(self):
+        return not self.ctx[-1]
 
     # ----------------------------------------------------------------- step state
 
@@ -99,7 +158,7 @@ class Collector:
         self._recent = {}
         self.backward_parents = {}  # backward entry -> parent module's forward entry
         self.pending_backward = {}  # module backward entries still waiting for some of their gradients
-        self.param_waiters = {}  # id(parameter) -> [(module backward entry, its state)] waiting for its grad
+        self.param_waiters = {}  # id(parameter) -> callbacks waiting for its gradient's accumulation
 
     def snapshot(self, handover=False):
         """The step's tables for the writer. ``handover``: the caller resets right after, so the tables
@@ -356,8 +415,12 @@ class Collector:
 
     def param_accumulated(self, param):
         """A parameter's gradient is accumulated: module backward entries waiting for it may be complete."""
-        for name, state in self.param_waiters.pop(id(param), ()):
-            bw._part_done(self, name, state)
+        for done in self.param_waiters.pop(id(param), ()):
+            done()
+
+    def when_accumulated(self, param, done):
+        """Call ``done()`` once ``param``'s gradient of this step is accumulated (``param_accumulated``)."""
+        self.param_waiters.setdefault(id(param), []).append(done)
 
     # ----------------------------------------------------------------- describing values
 

@@ -70,17 +70,16 @@ class PrecisionDebugger:
         collector = self._collector
         from .module_tracking import ModuleTracker, ObserveMode, instrumented_globals
 
-        collector.ctx[:] = [True]
+        collector.start_in(True)
         caller = sys._getframe(1)
         runtime_dir = os.path.dirname(os.path.abspath(__file__))
         while caller is not None and caller.f_code.co_filename.startswith(runtime_dir):
             caller = caller.f_back  # start() reached through a shim (dyn) of instrumented code
         if collector.level_api and caller is not None and not instrumented_globals(caller.f_globals):
             # the caller is not rewritten: observe its torch calls with the mode, as msprobe would record them
-            collector.ctx[:] = [False]
+            collector.start_in(False)
             self._session_mode = ObserveMode(collector)
-            self._session_mode.__enter__()
-            collector.mode_depth += 1
+            collector.push_mode(self._session_mode)
         if collector.level_module or collector.level_api:
             self._tracker = ModuleTracker(collector)
             self._tracker.install()
@@ -108,8 +107,7 @@ class PrecisionDebugger:
             handle.remove()
         self._param_handles = []
         if self._session_mode is not None:
-            collector.mode_depth -= 1
-            self._session_mode.__exit__(None, None, None)
+            collector.pop_mode(self._session_mode)
             self._session_mode = None
         self._flush()
 
@@ -150,17 +148,11 @@ class PrecisionDebugger:
         return os.path.join(self.config.dump_path, f"step{step}", leaf)
 
     def _flush(self, handover=False):
-        from .collector import quiet
-
         collector = self._collector
         data, stacks, construct, tensors = collector.snapshot(handover)
         # our own ops: never recorded as the user's calls, even while the session's mode is pushed
-        collector.in_api += 1
-        try:
-            with quiet(collector):
-                collector.stats.take()
-        finally:
-            collector.in_api -= 1
+        with collector.own_work:
+            collector.stats.take()
         header = {"task": self.config.task, "level": self.config.level, "framework": "pytorch",
                   "dump_data_dir": None}
         self._writer.submit(StepJob(self._step_dir(self.current_step), header, data, stacks, construct, tensors))

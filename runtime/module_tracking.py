@@ -17,11 +17,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from . import operators
-from .collector import quiet
+from .contract import RUNTIME_NAME
 from .foreign import class_attribute, function_globals
-
-
-RUNTIME_NAME = "__msprobe__"  # the global every instrumented module binds (docs/contract.md)
 
 
 def is_instrumented(function):
@@ -46,7 +43,7 @@ class ObserveMode(TorchFunctionMode):
         if kwargs is None:
             kwargs = {}
         collector = self.collector
-        if not collector.in_api and not collector.ctx[-1]:
+        if not collector.in_api and collector.in_uninstrumented_code():
             name = collector.identity.get(id(func))
             if name is not None:
                 if name.startswith("Tensor.") and _OPERATOR_CODES:
@@ -159,20 +156,15 @@ class ModuleTracker:
         frame = [None, None, False]  # pushed mode, forward record, whether a context was pushed
         try:
             instrumented = self._type_instrumented(type(module))
-            collector.ctx.append(instrumented)
+            collector.enter_code(instrumented)
             frame[2] = True
             if not instrumented and collector.level_api and collector.mode_depth == 0 and not collector.in_api:
                 mode = ObserveMode(collector)
-                mode.__enter__()
+                collector.push_mode(mode)
                 frame[0] = mode
-                collector.mode_depth += 1
             if collector.level_module and not collector.in_api:
-                collector.in_api += 1
-                try:
-                    with quiet(collector):
-                        frame[1] = collector.module_forward_begin(module, args)
-                finally:
-                    collector.in_api -= 1
+                with collector.own_work:
+                    frame[1] = collector.module_forward_begin(module, args)
         except Exception as error:
             collector.log_error("module forward pre-hook", error)
         collector.module_frames.append(frame)
@@ -186,20 +178,15 @@ class ModuleTracker:
             return None
         try:
             if pushed:
-                collector.ctx.pop()
+                collector.leave_code()
             if mode is not None:
-                collector.mode_depth -= 1
-                mode.__exit__(None, None, None)
+                collector.pop_mode(mode)
             if record is not None:
-                collector.in_api += 1
-                try:
-                    with quiet(collector):
-                        if len(rest) == 2:
-                            collector.module_forward_end(record, module, rest[0], rest[1])
-                        else:
-                            collector.module_forward_abort(record)
-                finally:
-                    collector.in_api -= 1
+                with collector.own_work:
+                    if len(rest) == 2:
+                        collector.module_forward_end(record, module, rest[0], rest[1])
+                    else:
+                        collector.module_forward_abort(record)
         except Exception as error:
             collector.log_error("module forward hook", error)
         return None
