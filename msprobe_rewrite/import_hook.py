@@ -21,6 +21,7 @@ import warnings
 from typing import Iterable, List, Optional, Sequence
 
 from . import bytecode_cache
+from .markers import RUNTIME_NAME
 from .module_code import RewriteOptions, in_packages, instrumented_code  # noqa: F401 (re-exported)
 from .scopes import STDLIB_MODULES
 
@@ -73,7 +74,7 @@ class InstrumentingLoader(importlib.machinery.SourceFileLoader):
         # The rewrite left the runtime import out (no line to find for it); bind it here instead.
         import msprobe_runtime
 
-        module.__dict__.setdefault("__msprobe__", msprobe_runtime)
+        module.__dict__.setdefault(RUNTIME_NAME, msprobe_runtime)
         super().exec_module(module)
 
 

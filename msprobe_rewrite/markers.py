@@ -7,8 +7,8 @@ import os
 import re
 from typing import Optional
 
-RUNTIME_MODULE = "msprobe_runtime"
-RUNTIME_NAME = "__msprobe__"
+from msprobe_runtime.contract import RUNTIME_MODULE, RUNTIME_NAME
+
 RUNTIME_IMPORT = f"import {RUNTIME_MODULE} as {RUNTIME_NAME}"
 SKIP_FILE_MARKER = re.compile(rb"^[ \t]*#[ \t]*msprobe:[ \t]*skip-file\b", re.MULTILINE)
 SKIP_MARKER = re.compile(r"#\s*msprobe:\s*skip\b(?!-)")  # on a def/class: its body is left as written

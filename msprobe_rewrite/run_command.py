@@ -15,6 +15,8 @@ import sys
 import types
 from typing import List, Optional, Sequence
 
+from .markers import RUNTIME_NAME
+
 USAGE = ("msprobe-rewrite run [--packages PKG[,PKG...]] [--catalogue FILE] [--skip-decorator NAME] "
          "(-- script.py | -m module) [args...]")
 
@@ -95,7 +97,7 @@ def _run_script(script: str, args: List[str], hook_options) -> int:
         code = compile(source, script, "exec", dont_inherit=True)
     main = types.ModuleType("__main__")
     main.__dict__.update(__file__=script, __builtins__=__builtins__, __cached__=None, __spec__=None,
-                         __package__=None, __msprobe__=msprobe_runtime)
+                         __package__=None, **{RUNTIME_NAME: msprobe_runtime})
     main.__loader__ = None
     saved_main = sys.modules.get("__main__")
     sys.modules["__main__"] = main
@@ -124,7 +126,7 @@ def _run_module(module: str, args: List[str], hook_options) -> int:
     sys.argv = [module, *args]  # runpy replaces argv[0] with the module's file, as `python -m` does
     try:
         # runpy runs the loader's code in a namespace of its own, so the runtime is bound there too.
-        runpy.run_module(module, init_globals={"__msprobe__": msprobe_runtime}, run_name="__main__",
+        runpy.run_module(module, init_globals={RUNTIME_NAME: msprobe_runtime}, run_name="__main__",
                          alter_sys=True)
     except SystemExit as exit_:
         return _exit_code(exit_)

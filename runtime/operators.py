@@ -35,59 +35,71 @@ class Operator(NamedTuple):
     nb_name: Optional[str] = None      # the binary operator's name in ``dis._nb_ops`` (NB_ADD -> "ADD")
 
 
-def _binary(entry, spelling, ast_node, cst_node, method, reported, reported_reflected, nb_name):
-    return Operator(entry, BINARY, spelling, ast_node, cst_node, f"__{method}__", f"__r{method}__", reported,
-                    reported_reflected, nb_name)
+def _binary(entry, spelling, ast_node, cst_node, dunder, reflected, reported, reported_reflected, nb_name):
+    return Operator(entry, BINARY, spelling, ast_node, cst_node, dunder, reflected, reported, reported_reflected,
+                    nb_name)
 
 
-def _augmented(binary, reported):
-    method = binary.dunder[2:-2]
-    # a scalar target (`s += t`) has no in-place method: Python falls back to the tensor's reflected one
-    return Operator(f"i{binary.entry.rstrip('_')}", AUGMENTED, binary.spelling + "=", binary.ast_node,
-                    f"{binary.cst_node}Assign", f"__i{method}__", binary.reflected, reported,
-                    binary.reported_reflected)
+def _augmented(entry, binary, cst_node, dunder, reported):
+    # AugAssign's ast op is the binary operator's class; a scalar target (`s += t`) has no in-place method,
+    # so Python falls back to the tensor's reflected one
+    return Operator(entry, AUGMENTED, binary.spelling + "=", binary.ast_node, cst_node, dunder, binary.reflected,
+                    reported, binary.reported_reflected)
 
 
-def _comparison(entry, spelling, ast_node, cst_node, mirrored, reported, reported_reflected):
+def _comparison(entry, spelling, ast_node, cst_node, dunder, mirrored, reported, reported_reflected):
     # `2 < t` reaches the tensor's mirrored comparison, `t > 2`
-    return Operator(entry, COMPARISON, spelling, ast_node, cst_node, f"__{entry}__", f"__{mirrored}__", reported,
-                    reported_reflected)
+    return Operator(entry, COMPARISON, spelling, ast_node, cst_node, dunder, mirrored, reported, reported_reflected)
 
 
 _BINARY_ROWS = (
-    _binary("add", "+", "Add", "Add", "add", "add", "add", "ADD"),
-    _binary("sub", "-", "Sub", "Subtract", "sub", "sub", "__rsub__", "SUBTRACT"),
-    _binary("mul", "*", "Mult", "Multiply", "mul", "mul", "mul", "MULTIPLY"),
-    _binary("matmul", "@", "MatMult", "MatrixMultiply", "matmul", "matmul", "__rmatmul__", "MATRIX_MULTIPLY"),
-    _binary("truediv", "/", "Div", "Divide", "truediv", "div", "__rdiv__", "TRUE_DIVIDE"),
-    _binary("floordiv", "//", "FloorDiv", "FloorDivide", "floordiv", "__floordiv__", "__rfloordiv__",
-            "FLOOR_DIVIDE"),
-    _binary("mod", "%", "Mod", "Modulo", "mod", "remainder", "__rmod__", "REMAINDER"),
-    _binary("pow", "**", "Pow", "Power", "pow", "pow", "__rpow__", "POWER"),
-    _binary("lshift", "<<", "LShift", "LeftShift", "lshift", "__lshift__", "__rlshift__", "LSHIFT"),
-    _binary("rshift", ">>", "RShift", "RightShift", "rshift", "__rshift__", "__rrshift__", "RSHIFT"),
-    _binary("and_", "&", "BitAnd", "BitAnd", "and", "__and__", "bitwise_and", "AND"),
-    _binary("or_", "|", "BitOr", "BitOr", "or", "__or__", "bitwise_or", "OR"),
-    _binary("xor", "^", "BitXor", "BitXor", "xor", "__xor__", "bitwise_xor", "XOR"),
+    _binary("add", "+", "Add", "Add", "__add__", "__radd__", "add", "add", "ADD"),
+    _binary("sub", "-", "Sub", "Subtract", "__sub__", "__rsub__", "sub", "__rsub__", "SUBTRACT"),
+    _binary("mul", "*", "Mult", "Multiply", "__mul__", "__rmul__", "mul", "mul", "MULTIPLY"),
+    _binary("matmul", "@", "MatMult", "MatrixMultiply", "__matmul__", "__rmatmul__", "matmul", "__rmatmul__",
+            "MATRIX_MULTIPLY"),
+    _binary("truediv", "/", "Div", "Divide", "__truediv__", "__rtruediv__", "div", "__rdiv__", "TRUE_DIVIDE"),
+    _binary("floordiv", "//", "FloorDiv", "FloorDivide", "__floordiv__", "__rfloordiv__", "__floordiv__",
+            "__rfloordiv__", "FLOOR_DIVIDE"),
+    _binary("mod", "%", "Mod", "Modulo", "__mod__", "__rmod__", "remainder", "__rmod__", "REMAINDER"),
+    _binary("pow", "**", "Pow", "Power", "__pow__", "__rpow__", "pow", "__rpow__", "POWER"),
+    _binary("lshift", "<<", "LShift", "LeftShift", "__lshift__", "__rlshift__", "__lshift__", "__rlshift__",
+            "LSHIFT"),
+    _binary("rshift", ">>", "RShift", "RightShift", "__rshift__", "__rrshift__", "__rshift__", "__rrshift__",
+            "RSHIFT"),
+    _binary("and_", "&", "BitAnd", "BitAnd", "__and__", "__rand__", "__and__", "bitwise_and", "AND"),
+    _binary("or_", "|", "BitOr", "BitOr", "__or__", "__ror__", "__or__", "bitwise_or", "OR"),
+    _binary("xor", "^", "BitXor", "BitXor", "__xor__", "__rxor__", "__xor__", "bitwise_xor", "XOR"),
 )
+_BY_BINARY = {row.entry: row for row in _BINARY_ROWS}
 
-_INPLACE_REPORTED = {
-    "add": "add_", "sub": "sub_", "mul": "mul_",
-    "matmul": "matmul",  # Tensor has no __imatmul__: Python falls back to __matmul__, reported as matmul
-    "truediv": "div_", "floordiv": "floor_divide_", "mod": "remainder_", "pow": "pow_",
-    "lshift": "__ilshift__", "rshift": "__irshift__", "and_": "__iand__", "or_": "__ior__", "xor": "__ixor__",
-}
-INPLACE_OF = {row.entry: _augmented(row, _INPLACE_REPORTED[row.entry]) for row in _BINARY_ROWS}
+_AUGMENTED_ROWS = (
+    _augmented("iadd", _BY_BINARY["add"], "AddAssign", "__iadd__", "add_"),
+    _augmented("isub", _BY_BINARY["sub"], "SubtractAssign", "__isub__", "sub_"),
+    _augmented("imul", _BY_BINARY["mul"], "MultiplyAssign", "__imul__", "mul_"),
+    # Tensor has no __imatmul__: Python falls back to __matmul__, which torch reports as matmul
+    _augmented("imatmul", _BY_BINARY["matmul"], "MatrixMultiplyAssign", "__imatmul__", "matmul"),
+    _augmented("itruediv", _BY_BINARY["truediv"], "DivideAssign", "__itruediv__", "div_"),
+    _augmented("ifloordiv", _BY_BINARY["floordiv"], "FloorDivideAssign", "__ifloordiv__", "floor_divide_"),
+    _augmented("imod", _BY_BINARY["mod"], "ModuloAssign", "__imod__", "remainder_"),
+    _augmented("ipow", _BY_BINARY["pow"], "PowerAssign", "__ipow__", "pow_"),
+    _augmented("ilshift", _BY_BINARY["lshift"], "LeftShiftAssign", "__ilshift__", "__ilshift__"),
+    _augmented("irshift", _BY_BINARY["rshift"], "RightShiftAssign", "__irshift__", "__irshift__"),
+    _augmented("iand", _BY_BINARY["and_"], "BitAndAssign", "__iand__", "__iand__"),
+    _augmented("ior", _BY_BINARY["or_"], "BitOrAssign", "__ior__", "__ior__"),
+    _augmented("ixor", _BY_BINARY["xor"], "BitXorAssign", "__ixor__", "__ixor__"),
+)
+INPLACE_OF = dict(zip((row.entry for row in _BINARY_ROWS), _AUGMENTED_ROWS))
 """binary entry -> the row of its augmented assignment (``add`` -> ``iadd``)"""
 
 TABLE = _BINARY_ROWS + (
-    _comparison("lt", "<", "Lt", "LessThan", "gt", "lt", "gt"),
-    _comparison("le", "<=", "LtE", "LessThanEqual", "ge", "le", "ge"),
-    _comparison("gt", ">", "Gt", "GreaterThan", "lt", "gt", "lt"),
-    _comparison("ge", ">=", "GtE", "GreaterThanEqual", "le", "ge", "le"),
-    _comparison("eq", "==", "Eq", "Equal", "eq", "__eq__", "__eq__"),
-    _comparison("ne", "!=", "NotEq", "NotEqual", "ne", "ne", "ne"),
-) + tuple(INPLACE_OF.values()) + (
+    _comparison("lt", "<", "Lt", "LessThan", "__lt__", "__gt__", "lt", "gt"),
+    _comparison("le", "<=", "LtE", "LessThanEqual", "__le__", "__ge__", "le", "ge"),
+    _comparison("gt", ">", "Gt", "GreaterThan", "__gt__", "__lt__", "gt", "lt"),
+    _comparison("ge", ">=", "GtE", "GreaterThanEqual", "__ge__", "__le__", "ge", "le"),
+    _comparison("eq", "==", "Eq", "Equal", "__eq__", "__eq__", "__eq__", "__eq__"),
+    _comparison("ne", "!=", "NotEq", "NotEqual", "__ne__", "__ne__", "ne", "ne"),
+) + _AUGMENTED_ROWS + (
     Operator("neg", UNARY, "-", "USub", "Minus", "__neg__", None, "neg", None),
     Operator("pos", UNARY, "+", "UAdd", "Plus", "__pos__", None, "positive", None),
     Operator("invert", UNARY, "~", "Invert", "BitInvert", "__invert__", None, "__invert__", None),

@@ -1,0 +1,70 @@
+"""Each rule of the project lives in one place (the architecture in docs/architecture.md); these checks read
+the source, so a second copy of a rule, or state changed from outside its owner, fails here."""
+import ast
+import os
+import re
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = ("runtime", "msprobe_rewrite")
+
+
+def _sources():
+    for package in PACKAGES:
+        for folder, _, files in os.walk(os.path.join(ROOT, package)):
+            for name in files:
+                if name.endswith(".py"):
+                    path = os.path.join(folder, name)
+                    with open(path, encoding="utf-8") as handle:
+                        yield os.path.relpath(path, ROOT), handle.read()
+
+
+SOURCES = dict(_sources())
+
+
+@pytest.mark.parametrize("spelling", ["__rxor__", "__radd__", "__itruediv__", "__neg__", "MatrixMultiplyAssign",
+                                      "ast.MatMult", "FLOOR_DIVIDE"])
+def test_the_operator_vocabulary_is_spelt_in_one_file(spelling):
+    files = [path for path, text in SOURCES.items() if spelling.split(".")[-1] in text]
+    assert files == [os.path.join("runtime", "operators.py")]
+
+
+@pytest.mark.parametrize("name", ["RUNTIME_NAME", "RUNTIME_MODULE", "SKIP_FILE_MARKER", "DIRECTIONS"])
+def test_shared_constants_are_defined_once(name):
+    definitions = [path for path, text in SOURCES.items() if re.search(rf"^{name}\s*=", text, re.MULTILINE)]
+    assert len(definitions) == 1, definitions
+
+
+def test_the_collectors_execution_state_changes_only_in_the_collector():
+    """``in_api``, ``mode_depth`` and ``ctx`` are changed by ``Collector`` methods (``own_work``,
+    ``push_mode``, ``enter_code``...) and nowhere else."""
+    offenders = []
+    for path, text in SOURCES.items():
+        if path == os.path.join("runtime", "collector.py"):
+            continue
+        for node in ast.walk(ast.parse(text)):
+            targets = []
+            if isinstance(node, (ast.Assign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    node.func.attr in ("append", "pop", "setdefault") and isinstance(node.func.value, ast.Attribute):
+                targets = [node.func.value]
+            for target in targets:
+                while isinstance(target, ast.Subscript):
+                    target = target.value
+                if isinstance(target, ast.Attribute) and target.attr in (
+                        "in_api", "mode_depth", "ctx", "param_waiters"):
+                    offenders.append(f"{path}:{node.lineno}")
+    assert offenders == []
+
+
+def test_no_module_imports_a_private_name_of_another():
+    offenders = []
+    for path, text in SOURCES.items():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ImportFrom):
+                for alias in node.names:
+                    if alias.name.startswith("_") and not alias.name.startswith("__"):
+                        offenders.append(f"{path}:{node.lineno} {alias.name}")
+    assert offenders == []
