@@ -11,7 +11,7 @@ from typing import Dict, Optional, Sequence
 
 from . import HTML_FILE, SUMMARY_FILE, compare_runs
 from .errors import CompareError
-from .progress import Progress
+from ..progress import Progress
 from .summary import terminal_summary
 
 PROG = "msprobe-rewrite compare"

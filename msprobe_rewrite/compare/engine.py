@@ -18,7 +18,7 @@ from .errors import CompareError
 from .loading import RankDump, iter_entries, read_call_sites, read_construct, read_header
 from .metrics import Thresholds, TensorDiff, apply_elementwise, compare_tensors
 from .names import forward_name, is_module, split_name
-from .progress import Progress
+from ..progress import Progress
 from .records import INPUT, OUTPUT, STATS, pair_tensors, tensors_of
 
 CHAIN_LIMIT = 20
@@ -66,7 +66,7 @@ def index_side(dump: RankDump, progress: Progress) -> Side:
         side.keys.append((base, direction, _short_site(site)))
         position[name] = count
         parents.append(construct.get(name))
-        progress.update(f"reading {dump.label or dump.path}", count + 1)
+        progress.update(count + 1, f"reading {dump.label or dump.path}")
     del sites, construct
     # execution order by completion: a module's entry (often written when the module starts) ends after
     # its last nested entry, so an API inside a module comes before the module that contains it
@@ -214,7 +214,7 @@ def compare_pair(dump_a: RankDump, dump_b: RankDump, thresholds: Thresholds, pro
     for position, (i, j) in enumerate(result.merged):
         entry_a = reader_a.get(i) if i is not None else None
         entry_b = reader_b.get(j) if j is not None else None
-        progress.update(f"comparing {result.label}", position + 1, total)
+        progress.update(position + 1, f"comparing {result.label}", total)
         if i is None or j is None:
             if i is not None:
                 side_a.flags[i] = _nonfinite_flags(entry_a)

@@ -118,7 +118,7 @@ def test_incompatible_dumps_write_nothing(tmp_path):
 def test_progress_only_on_a_terminal(tmp_path):
     import io
 
-    from msprobe_rewrite.compare.progress import Progress
+    from msprobe_rewrite.progress import Progress
 
     class Terminal(io.StringIO):
         def isatty(self):
@@ -127,8 +127,8 @@ def test_progress_only_on_a_terminal(tmp_path):
     _write_dump(tmp_path / "a")
     _write_dump(tmp_path / "b", scale=1.5)
     shown, hidden = Terminal(), io.StringIO()
-    compare_runs(str(tmp_path / "a"), str(tmp_path / "b"), progress=Progress(shown, interval=0))
-    compare_runs(str(tmp_path / "a"), str(tmp_path / "b"), progress=Progress(hidden, interval=0))
+    compare_runs(str(tmp_path / "a"), str(tmp_path / "b"), progress=Progress(stream=shown, interval=0))
+    compare_runs(str(tmp_path / "a"), str(tmp_path / "b"), progress=Progress(stream=hidden, interval=0))
     assert "comparing" in shown.getvalue() and shown.getvalue().endswith("\r\x1b[K")
     assert hidden.getvalue() == ""
 
