@@ -1,9 +1,10 @@
 """``msprobe-rewrite compare RUN_A RUN_B``: align two runs' dumps and name the first divergence.
 
-Modules: ``loading`` finds and streams dumps (the progress line is the package-wide ``msprobe_rewrite.progress``), ``names`` splits entry names, ``records`` flattens an entry's
+Modules: ``loading`` finds and streams dumps, ``names`` splits entry names, ``records`` flattens an entry's
 tensors, ``align`` pairs entries by sequence alignment, ``metrics`` decides what diverges, ``elementwise``
 adds task=tensor metrics (the only user of torch), ``engine`` runs the two passes over one pair of dumps,
-``summary``/``report_csv``/``report_html`` write the results, ``cli`` is the command line.
+``summary``/``report_csv``/``report_html`` write the results, ``cli`` is the command line; the progress line
+is the package-wide ``msprobe_rewrite.progress``.
 
 Neither libcst nor (for statistics dumps) torch is imported: the comparison runs anywhere Python does.
 """
