@@ -293,15 +293,16 @@ class AstCallSiteTransformer:
         return ast.dump(parsed.body) == ast.dump(node)
 
     # -- rewrites -----------------------------------------------------------------------------------
-    def _runtime(self, entry: str, args, like: ast.AST, keywords=()) -> ast.Call:
+    def _runtime(self, entry: str, args, like: ast.AST, keywords=(), line: Optional[int] = None) -> ast.Call:
+        """``__msprobe__.entry(*args)`` in place of ``like``. CPython 3.11+ runs a method call on the line
+        where its attribute ends, so ``__msprobe__.entry`` stands on ``line``: the line the original
+        expression ran on (its first, or for a method call the line of the method's name), which the frame's
+        ``f_lineno``, tracebacks and the dump's call site then show."""
         name = ast.Name(id=RUNTIME_NAME, ctx=ast.Load())
         func = ast.Attribute(value=name, attr=entry, ctx=ast.Load())
         call = ast.Call(func=func, args=list(args), keywords=list(keywords))
         ast.copy_location(call, like)
-        # `__msprobe__.entry` stands where the expression starts, on its first line, as in the libcst output:
-        # CPython 3.11+ puts a method call on the line where its attribute ends, so an attribute spanning
-        # the expression's lines would place a multi-line call (and its frame's f_lineno) on its last line
-        line, column = like.lineno, like.col_offset
+        line, column = (like.lineno, like.col_offset) if line is None or line == like.lineno else (line, 0)
         for new, width in ((name, len(RUNTIME_NAME)), (func, len(RUNTIME_NAME) + 1 + len(entry))):
             new.lineno, new.col_offset, new.end_lineno, new.end_col_offset = line, column, line, column + width
         return call
@@ -334,7 +335,9 @@ class AstCallSiteTransformer:
                 raise Unsure("an API call inside nested f-strings")  # the quotes left decide call or dyn
             entry = "call"
             args.insert(0, self._constant(resolution.api_name, node))
-        return self._runtime(entry, args, node, node.keywords)
+        # `(\n x\n).to(y)` ran on the line of `.to`; a plain `f(\n x)` on its first line
+        line = node.func.end_lineno if isinstance(node.func, ast.Attribute) else None
+        return self._runtime(entry, args, node, node.keywords, line)
 
     def _binary(self, node: ast.BinOp):
         self._children(node)

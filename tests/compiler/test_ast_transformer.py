@@ -142,14 +142,57 @@ def _call_lines(code):
     return out
 
 
+_WHERE = """\
+import sys
+
+
+def where(*args):
+    frame = sys._getframe(1)
+    if frame.f_code.co_name in ("dyn", "call", "neg", "add", "truth"):  # the runtime's shim, when rewritten
+        frame = frame.f_back
+    return frame.f_lineno
+
+
+class Box:
+    where = staticmethod(where)
+
+
+def run(box):
+    return [
+        where(
+            1),
+        box.where(
+            2),
+        (
+            box
+        ).where(3),
+    ]
+"""
+
+
+def test_a_call_runs_on_the_line_python_runs_it_on():
+    """CPython runs `f(\\n x)` on its first line and `(\\n box\\n).m(x)` on the line of `.m`; under the hook
+    the rewritten call runs there too, so its frame's f_lineno (tracebacks, the dump's call site) is the
+    user's line."""
+    namespace = {}
+    exec(compile(_WHERE, "<plain>", "exec"), namespace)
+    expected = namespace["run"](namespace["Box"]())
+    import msprobe_runtime
+
+    namespace = {"__msprobe__": msprobe_runtime}
+    exec(compile(rewrite_to_ast(_WHERE.encode(), default_catalogue()), "<hook>", "exec"), namespace)
+    assert b"__msprobe__.dyn(" in rewrite_source(_WHERE.encode())
+    assert namespace["run"](namespace["Box"]()) == expected == [17, 19, 23]
+
+
 @pytest.mark.parametrize("source", [
     "import torch\n\ndef f(x):\n    return torch.relu(\n        x +\n        1)\n",
     "def f(m, x):\n    y = m.forward(\n        x,\n    )\n    return -(\n        y)\n",
     "def f(t):\n    if (t.any() and\n            t.all()):\n        return t\n",
 ])
 def test_a_call_over_several_lines_runs_on_its_first_line_as_in_the_libcst_output(source):
-    """CPython places a method call on the line where its attribute ends: `__msprobe__.call` must stand on
-    the expression's first line, or a frame's f_lineno (and the dump's call site) names its last line."""
+    """`__msprobe__.call` stands on the expression's first line, or a frame's f_lineno (and the dump's call
+    site) would name its last line."""
     fast = compile(rewrite_to_ast(source.encode(), default_catalogue()), "<hook>", "exec")
     slow = compile(rewrite_source(source.encode(), add_import=False), "<cli>", "exec")
     assert _call_lines(fast) == _call_lines(slow)
