@@ -472,6 +472,11 @@ class Collector:
         return describe_builtin(value)
 
     def _tensor(self, t, file_stem):
+        requires_grad = t.requires_grad
+        if type(t) is not _TENSOR:
+            local = _local_shard(t)
+            if local is not None:
+                t = local
         kind = tensor_kind(t)
         slot = counts = None
         if kind != KIND_EMPTY:
@@ -480,7 +485,7 @@ class Collector:
         if self.tensor_task and file_stem is not None and kind != KIND_EMPTY:
             data_name = f"{file_stem}.pt"
             self.tensors.append((data_name, t.detach().clone()))
-        return TensorRecord("torch.Tensor", _dtype_name(t.dtype), list(t.shape), t.requires_grad, kind, slot,
+        return TensorRecord("torch.Tensor", _dtype_name(t.dtype), list(t.shape), requires_grad, kind, slot,
                             counts, data_name)
 
     def _slots(self, t, kind):
@@ -517,6 +522,27 @@ class Collector:
                 frames.append((filename, frame.f_lineno, code.co_name))
             frame = frame.f_back
         return tuple(frames)
+
+
+_DTENSOR_TYPES = {}  # tensor subclass -> whether it is a DTensor
+
+
+def _local_shard(t):
+    """A DTensor's local tensor (this rank's shard), or None for any other tensor.
+
+    Statistics of a DTensor are those of its shard, recorded per rank, as msprobe records tensor-parallel
+    shards: reductions on the DTensor itself would give Partial placements that ``torch.stack`` cannot mix
+    (``P(max)`` to ``P(avg)``), or redistribute with a collective on the training thread. ``_local_tensor`` is
+    read as a plain attribute: no dispatch, no collective, no autograd node (``to_local()`` would add one).
+    The class is looked up in ``sys.modules``: without ``torch.distributed.tensor`` there is no DTensor.
+    """
+    kind = type(t)
+    known = _DTENSOR_TYPES.get(kind)
+    if known is None:
+        module = sys.modules.get("torch.distributed.tensor")
+        dtensor = getattr(module, "DTensor", None) if module is not None else None
+        known = _DTENSOR_TYPES[kind] = dtensor is not None and is_subclass(kind, dtensor)
+    return t._local_tensor if known else None
 
 
 _DTYPE_NAMES = {}

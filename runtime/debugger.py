@@ -151,8 +151,11 @@ class PrecisionDebugger:
         collector = self._collector
         data, stacks, construct, tensors = collector.snapshot(handover)
         # our own ops: never recorded as the user's calls, even while the session's mode is pushed
-        with collector.own_work:
-            collector.stats.take()
+        try:
+            with collector.own_work:
+                collector.stats.take()
+        except Exception as error:  # never into the training loop: the step's statistics are written null
+            collector.log_error("collecting the step's statistics", error)
         header = {"task": self.config.task, "level": self.config.level, "framework": "pytorch",
                   "dump_data_dir": None}
         self._writer.submit(StepJob(self._step_dir(self.current_step), header, data, stacks, construct, tensors))
