@@ -220,16 +220,44 @@ def _tensor_hook(collector, token, name, n_out, n_in, field, position, state):
 
 
 def hook_parameters(collector):
-    """``register_post_accumulate_grad_hook`` on every parameter of every named module; returns handles."""
+    """``register_post_accumulate_grad_hook`` on every parameter of every named module; returns handles.
+
+    A parameter with a ``main_grad`` (Megatron's DistributedDataParallel: its own post-hook on the gradient
+    accumulator adds ``param.grad`` into ``main_grad`` and drops ``param.grad``) is read as msprobe reads it:
+    ``main_grad``, from a post-hook on the same accumulator node, registered after Megatron's and so run after
+    its accumulation."""
+    import torch
+
     handles = []
     for module, prefix in collector.modules.values():
         for param_name, param in own_parameters(module):
-            if param.requires_grad:
+            if not param.requires_grad:
+                continue
+            if is_subclass(type(param.__dict__.get("main_grad")), torch.Tensor):
+                with torch.enable_grad(), torch._C.DisableTorchFunction():
+                    node = param.expand_as(param).grad_fn.next_functions[0][0]
+                handle = node.register_hook(_observer(
+                    collector, None, "parameter gradient hook",
+                    lambda grad_inputs, grad_outputs, p=param, n=param_name, x=prefix:
+                        collector.record_param_grad(x, n, p, p.main_grad)))
+                handles.append(_Keep(handle, node))
+            else:
                 handles.append(param.register_post_accumulate_grad_hook(
                     _param_hook(collector, prefix, param_name)))
     return handles
 
 
+class _Keep:
+    """A hook's handle that also holds the node it is on (a parameter keeps its accumulator only weakly)."""
+
+    def __init__(self, handle, node):
+        self.handle, self.node = handle, node
+
+    def remove(self):
+        self.handle.remove()
+        self.node = None
+
+
 def _param_hook(collector, prefix, param_name):
     return _observer(collector, None, "parameter gradient hook",
-                     lambda param: collector.record_param_grad(prefix, param_name, param))
+                     lambda param: collector.record_param_grad(prefix, param_name, param, param.grad))

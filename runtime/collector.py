@@ -396,7 +396,7 @@ class Collector:
                 params = [p for p in parameters(module) if p.requires_grad]
                 bw.hook_module_backward(self, backward_name, inputs, outputs, params)
 
-    def record_param_grad(self, prefix, param_name, param):
+    def record_param_grad(self, prefix, param_name, param, grad):
         """One post-accumulate-grad hook call: ``{prefix}parameters_grad.{n}[param_name]``."""
         key = (prefix, param_name)
         index = self.param_counts.get(key, 0)
@@ -410,7 +410,7 @@ class Collector:
             entry = {}
             with self._lock:
                 self.data[name] = entry
-        entry[param_name] = self.describe(param.grad, dump_names.stem(name, param_name))
+        entry[param_name] = self.describe(grad, dump_names.stem(name, param_name))
         self.param_accumulated(param)
 
     def param_accumulated(self, param):

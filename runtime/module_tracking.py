@@ -124,6 +124,18 @@ def fold_keywords(func, args, kwargs):
     return tuple(args), kwargs
 
 
+def _mode_active():
+    """Whether an ObserveMode is on this thread's torch function mode stack now. ``mode_depth`` counts the modes
+    pushed, but the autograd engine runs backward (and a recomputation in it, Megatron's CheckpointFunction)
+    without the caller's modes: there the count says one is pushed while none is active."""
+    if torch._C._current_graph_task_id() == -1:
+        return True  # outside backward the count is the stack
+    for index in range(torch._C._len_torch_function_stack()):
+        if type(torch._C._get_function_stack_at(index)) is ObserveMode:
+            return True
+    return False
+
+
 class ModuleTracker:
     """Installs the global forward hooks; keeps the instrumented/uninstrumented context stack."""
 
@@ -158,7 +170,8 @@ class ModuleTracker:
             instrumented = self._type_instrumented(type(module))
             collector.enter_code(instrumented)
             frame[2] = True
-            if not instrumented and collector.level_api and collector.mode_depth == 0 and not collector.in_api:
+            if (not instrumented and collector.level_api and not collector.in_api
+                    and (collector.mode_depth == 0 or not _mode_active())):
                 mode = ObserveMode(collector)
                 collector.push_mode(mode)
                 frame[0] = mode

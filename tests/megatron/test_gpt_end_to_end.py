@@ -34,18 +34,6 @@ SITE_MEGATRON = Path(importlib.util.find_spec("megatron.core").submodule_search_
 TORCH_DIR = str(Path(importlib.util.find_spec("torch").origin).parent) + os.sep
 
 
-@pytest.fixture(scope="session")
-def megatron_copy(tmp_path_factory):
-    """``COPY`` with ``COPY/megatron`` = megatron-core as rewritten by ``python -m msprobe_rewrite --out``."""
-    copy = tmp_path_factory.mktemp("rewritten")
-    result = subprocess.run([sys.executable, "-m", "msprobe_rewrite", "--out", str(copy / "megatron"), "--jobs", "2",
-                             str(SITE_MEGATRON)], capture_output=True, text=True, timeout=900)
-    assert result.returncode in (0, 1), result.stdout[-2000:] + result.stderr[-4000:]  # 1: files changed
-    assert "0 failed" in result.stdout + result.stderr, result.stdout + result.stderr
-    assert (copy / "megatron" / "core" / "models" / "gpt" / "gpt_model.py").read_text().count("__msprobe__") > 10
-    return copy
-
-
 def train(cwd, *flags, copy=None, launcher=()):
     """Run the fixture; return its ``loss``/``grad`` lines. ``copy``: put the rewritten package first."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
