@@ -23,6 +23,7 @@ from typing import Iterable, List, Optional
 from msprobe_runtime import operators
 from msprobe_runtime.catalogue import Catalogue
 
+from . import decisions
 from .kernels import is_kernel_decorator
 from .markers import RUNTIME_NAME, SKIP_FILE_MARKER, SKIP_MARKER, is_instrumented, maybe_lossy, package_of
 from .resolver import API, NOT_API, Resolver
@@ -52,39 +53,38 @@ _LEAVES = (ast.Name, ast.Constant, ast.Import, ast.ImportFrom, ast.Pass, ast.Bre
 
 _GAP = frozenset(b" \t\x0c\r\n\\(")  # what may stand between a keyword and its test: blanks and parentheses
 GAP_NONE, GAP_SPACE, GAP_PAREN = "none", "space", "paren"
-_ALWAYS_BOOL_COMPARISONS = (ast.Is, ast.IsNot, ast.In, ast.NotIn)
-_FLAGS = frozenset({"TYPE_CHECKING", "__debug__"})
 
 
 class Unsure(Exception):
     """This module cannot take the decision for certain; the libcst transformer must."""
 
 
-def _is_literal(node: ast.AST) -> bool:
-    """forms.is_literal: numbers, strings, None, True, False, ``...`` (f-strings too)."""
-    return isinstance(node, (ast.Constant, ast.JoinedStr))
-
-
-def _is_text_literal(node: ast.AST) -> bool:
-    """forms.is_text_literal: strings, f-strings, None, True, False."""
+def _literal_kind(node: ast.AST) -> int:
+    """The ``decisions`` literal kind of an expression as ast spells it (``forms.literal_kind`` for libcst)."""
     if isinstance(node, ast.JoinedStr):
-        return True
-    return isinstance(node, ast.Constant) and (node.value is None or isinstance(node.value, (str, bytes, bool)))
+        return decisions.TEXT
+    if not isinstance(node, ast.Constant):
+        return decisions.NOT_LITERAL
+    value = node.value
+    if value is None or isinstance(value, bool):
+        return decisions.CONSTANT
+    if isinstance(value, (str, bytes)):
+        return decisions.TEXT
+    return decisions.ELLIPSIS if value is Ellipsis else decisions.NUMBER
 
 
-def _never_a_tensor(node: ast.AST) -> bool:
-    """forms.never_a_tensor: literals, ``not x``, identity and membership comparisons, comparisons with a text
-    literal, ``TYPE_CHECKING`` and ``__debug__``."""
-    if _is_literal(node):
-        return True
-    if isinstance(node, ast.UnaryOp):
-        return isinstance(node.op, ast.Not)
+def _routes_truth_test(node: ast.AST) -> bool:
+    """``decisions.routes_truth_test`` on the facts of an ast test (``forms.routes_truth_test`` for libcst)."""
+    comparison = name = None
     if isinstance(node, ast.Compare):
-        return (all(isinstance(op, _ALWAYS_BOOL_COMPARISONS) for op in node.ops)
-                or any(_is_text_literal(operand) for operand in (node.left, *node.comparators)))
-    if isinstance(node, ast.Name):
-        return node.id in _FLAGS
-    return isinstance(node, ast.Attribute) and node.attr in _FLAGS
+        comparison = ([type(op).__name__ for op in node.ops],
+                      [_literal_kind(operand) for operand in (node.left, *node.comparators)])
+    elif isinstance(node, ast.Name):
+        name = node.id
+    elif isinstance(node, ast.Attribute):
+        name = node.attr
+    is_not = isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not)
+    return decisions.routes_truth_test(_literal_kind(node), is_not, comparison, name)
 
 
 def _tokens(segment: bytes) -> list:
@@ -172,7 +172,6 @@ class AstCallSiteTransformer:
             ast.ClassDef: self._definition, ast.Lambda: self._lambda,
             ast.ListComp: self._comprehension, ast.SetComp: self._comprehension,
             ast.DictComp: self._comprehension, ast.GeneratorExp: self._comprehension,
-            ast.AnnAssign: self._annotated_assignment, ast.withitem: self._with_item,
             ast.JoinedStr: self._fstring, ast.FormattedValue: self._formatted_value,
             ast.Call: self._call, ast.BinOp: self._binary, ast.UnaryOp: self._unary,
             ast.Compare: self._comparison, ast.Assign: self._assignment, ast.AugAssign: self._augmented,
@@ -182,8 +181,6 @@ class AstCallSiteTransformer:
         self.tests = set()  # ids of the nodes in a test position, as transformer.CallSiteTransformer.tests
         if hasattr(ast, "match_case"):  # Python 3.10+
             self.handlers[ast.match_case] = self._match_case
-        if hasattr(ast, "TypeAlias"):  # Python 3.12+: evaluated lazily, as annotations are
-            self.handlers[ast.TypeAlias] = self._left_as_written
 
     # -- walking ------------------------------------------------------------------------------------
     def visit(self, node):
@@ -195,7 +192,8 @@ class AstCallSiteTransformer:
         return node
 
     def _children(self, node, fields=None) -> None:
-        for name in fields if fields is not None else node._fields:
+        """Visit ``fields`` of ``node``, by default every one outside the zones never rewritten."""
+        for name in fields if fields is not None else decisions.ast_fields(node):
             value = getattr(node, name, None)
             if isinstance(value, list):
                 for index, item in enumerate(value):
@@ -221,13 +219,13 @@ class AstCallSiteTransformer:
         return False
 
     def _definition(self, node):
-        # Decorators, defaults, annotations, type parameters, class bases and keywords are never rewritten.
+        # decorators, defaults, annotations, type parameters, class bases and keywords: decisions.ZONES
         if not self._is_kernel(node):
-            self._in_scope(node, ("body",))
+            self._in_scope(node, decisions.ast_fields(node))
         return node
 
     def _lambda(self, node):
-        self._in_scope(node, ("body",))  # its defaults are left as written
+        self._in_scope(node, decisions.ast_fields(node))  # its defaults are left as written
         return node
 
     def _comprehension(self, node):
@@ -236,21 +234,10 @@ class AstCallSiteTransformer:
         self._in_scope(node, None)
         return node
 
-    def _annotated_assignment(self, node):
-        self._children(node, ("target", "value"))
-        return node
-
-    def _left_as_written(self, node):
-        return node
-
-    def _with_item(self, node):
-        self._children(node, ("context_expr",))  # libcst's `as` target is a leaf the transformer skips
-        return node
-
     def _match_case(self, node):
         if node.guard is not None:
             self._mark_test(node.guard)
-        self._children(node, ("guard", "body"))
+        self._children(node)  # the pattern is no expression: decisions.ZONES
         if node.guard is not None:
             node.guard = self._truth_test(node.guard)
         return node
@@ -342,14 +329,11 @@ class AstCallSiteTransformer:
     def _binary(self, node: ast.BinOp):
         self._children(node)
         left, right = node.left, node.right
-        if _is_literal(left) and _is_literal(right):
+        entry, spelling = BINARY[type(node.op)]
+        one_string = lambda: isinstance(left, ast.Constant) and self._single_string(left)  # noqa: E731
+        if not decisions.rewrite_binary(entry, _literal_kind(left), _literal_kind(right), one_string):
             return node
-        operator = type(node.op)
-        if operator is ast.Mod and isinstance(left, ast.Constant) and isinstance(left.value, (str, bytes)):
-            if self._single_string(left):
-                return node  # "%s" % args: string formatting
         self._positions_known()
-        entry, spelling = BINARY[operator]
         if self.text.left_alone_operator(self.text.end(left), spelling):
             return node
         return self._runtime(entry, [left, right], node)
@@ -392,7 +376,7 @@ class AstCallSiteTransformer:
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
             node.operand = self._truth_test(node.operand)
             return node
-        if _never_a_tensor(node):
+        if not _routes_truth_test(node):
             return node
         self._positions_known()
         gap = self.text.gap_before(node)
@@ -405,14 +389,14 @@ class AstCallSiteTransformer:
     def _unary(self, node: ast.UnaryOp):
         self._children(node)
         if isinstance(node.op, ast.Not):
-            if id(node) in self.tests or _never_a_tensor(node.operand):
+            if id(node) in self.tests or not _routes_truth_test(node.operand):
                 return node  # in a test position, its owner routes the operand
             self._positions_known()
             if self.text.gap_before(node.operand) == GAP_SPACE:
                 node.operand = self._runtime("truth", [node.operand], node.operand)
             return node
         found = UNARY.get(type(node.op))
-        if found is None or _is_literal(node.operand):
+        if found is None or not decisions.rewrite_unary(_literal_kind(node.operand)):
             return node
         self._positions_known()
         entry, spelling = found
@@ -425,12 +409,11 @@ class AstCallSiteTransformer:
 
     def _comparison(self, node: ast.Compare):
         self._children(node)
-        if len(node.ops) != 1:
+        left, right = node.left, node.comparators[0]
+        if not decisions.rewrite_comparison(len(node.ops), _literal_kind(left), _literal_kind(right)):
             return node
         found = COMPARISON.get(type(node.ops[0]))
-        left, right = node.left, node.comparators[0]
-        if (found is None or _is_text_literal(left) or _is_text_literal(right)
-                or (_is_literal(left) and _is_literal(right))):
+        if found is None:
             return node
         self._positions_known()
         entry, spelling = found

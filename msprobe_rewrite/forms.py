@@ -10,6 +10,8 @@ import libcst as cst
 
 from msprobe_runtime import operators
 
+from . import decisions
+
 from .markers import RUNTIME_MODULE, RUNTIME_NAME  # noqa: F401 (re-exported)
 
 
@@ -83,17 +85,17 @@ def operator_whitespace(comma: cst.Comma) -> Tuple[cst.BaseParenthesizableWhites
     return before, after
 
 
-def is_literal(node: cst.BaseExpression) -> bool:
-    """A literal that no tensor operation can involve: numbers, strings, None, True, False, ``...``."""
-    if isinstance(node, (cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString, cst.ConcatenatedString,
-                         cst.FormattedString, cst.Ellipsis)):
-        return True
-    return isinstance(node, cst.Name) and node.value in ("None", "True", "False")
-
-
-def is_text_literal(node: cst.BaseExpression) -> bool:
-    return isinstance(node, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString)) or (
-        isinstance(node, cst.Name) and node.value in ("None", "True", "False"))
+def literal_kind(node: cst.BaseExpression) -> int:
+    """The ``decisions`` literal kind of an expression as libcst spells it."""
+    if isinstance(node, (cst.Integer, cst.Float, cst.Imaginary)):
+        return decisions.NUMBER
+    if isinstance(node, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString)):
+        return decisions.TEXT
+    if isinstance(node, cst.Name) and node.value in ("None", "True", "False"):
+        return decisions.CONSTANT
+    if isinstance(node, cst.Ellipsis):
+        return decisions.ELLIPSIS
+    return decisions.NOT_LITERAL
 
 
 def safe_as_argument(node: cst.BaseExpression) -> bool:
@@ -103,21 +105,15 @@ def safe_as_argument(node: cst.BaseExpression) -> bool:
     return not isinstance(node, (cst.Tuple, cst.Yield, cst.StarredElement, cst.NamedExpr))
 
 
-_ALWAYS_BOOL_COMPARISONS = (cst.Is, cst.IsNot, cst.In, cst.NotIn)
-_FLAGS = frozenset({"TYPE_CHECKING", "__debug__"})
-
-
-def never_a_tensor(node: cst.BaseExpression) -> bool:
-    """A truth test that no tensor can take part in, left as written: literals, ``not x``, comparisons by
-    identity or membership (always a bool) or with a text literal, and the flags ``TYPE_CHECKING`` and
-    ``__debug__`` (which type checkers and ``python -O`` read by their spelling)."""
-    if is_literal(node):
-        return True
-    if isinstance(node, cst.UnaryOperation):
-        return isinstance(node.operator, cst.Not)
+def routes_truth_test(node: cst.BaseExpression) -> bool:
+    """``decisions.routes_truth_test`` on the facts of a libcst test."""
+    comparison = name = None
     if isinstance(node, cst.Comparison):
-        return (all(isinstance(target.operator, _ALWAYS_BOOL_COMPARISONS) for target in node.comparisons)
-                or is_text_literal(node.left) or any(is_text_literal(t.comparator) for t in node.comparisons))
-    if isinstance(node, cst.Name):
-        return node.value in _FLAGS
-    return isinstance(node, cst.Attribute) and node.attr.value in _FLAGS
+        comparison = ([type(t.operator).__name__ for t in node.comparisons],
+                      [literal_kind(node.left), *(literal_kind(t.comparator) for t in node.comparisons)])
+    elif isinstance(node, cst.Name):
+        name = node.value
+    elif isinstance(node, cst.Attribute):
+        name = node.attr.value
+    is_not = isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not)
+    return decisions.routes_truth_test(literal_kind(node), is_not, comparison, name)

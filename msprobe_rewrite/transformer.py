@@ -10,8 +10,9 @@ from typing import Iterable, List, Optional
 import libcst as cst
 
 from .dispatch import CachedDispatch
+from . import decisions
 from .forms import (AUGMENTED, BINARY, COMMA, COMPARISON, EMPTY, UNARY, comma_for_operator, has_line_break,
-                    is_empty, is_literal, is_text_literal, never_a_tensor, runtime_attr, safe_as_argument)
+                    is_empty, literal_kind, routes_truth_test, runtime_attr, safe_as_argument)
 from .kernels import is_kernel_decorator
 from .markers import SKIP_MARKER
 from .resolver import API, NOT_API, Resolver
@@ -131,21 +132,9 @@ class CallSiteTransformer(CachedDispatch):
     def _thaw(self, node) -> None:
         self.frozen -= 1
 
-    visit_Decorator = visit_Annotation = visit_Param_default = _freeze
-    visit_ClassDef_bases = visit_ClassDef_keywords = visit_MatchCase_pattern = _freeze
-    leave_Param_default = leave_ClassDef_bases = leave_ClassDef_keywords = leave_MatchCase_pattern = _thaw
-
-    def leave_Decorator(self, original, updated):
+    def _thaw_node(self, original, updated):
         self.frozen -= 1
         return updated
-
-    def leave_Annotation(self, original, updated):
-        self.frozen -= 1
-        return updated
-
-    # Python 3.12's type parameters and `type` aliases are evaluated lazily, as annotations are.
-    visit_TypeParameters = visit_TypeAlias = _freeze
-    leave_TypeParameters = leave_TypeAlias = leave_Annotation
 
     def visit_FormattedStringExpression(self, node: cst.FormattedStringExpression) -> None:
         if node.equal is not None:  # f"{x*2=}" prints the expression's text, so it must stay as written
@@ -199,16 +188,16 @@ class CallSiteTransformer(CachedDispatch):
         return updated.with_changes(func=runtime_attr(entry), args=args)
 
     def leave_BinaryOperation(self, original, updated):
-        if self.frozen or (is_literal(original.left) and is_literal(original.right)):
+        entry = BINARY[type(updated.operator)]
+        if self.frozen or not decisions.rewrite_binary(entry, literal_kind(original.left), literal_kind(original.right),
+                                                       lambda: isinstance(original.left, cst.SimpleString)):
             return updated
-        if isinstance(original.left, cst.SimpleString) and isinstance(original.operator, cst.Modulo):
-            return updated  # "%s" % args: string formatting
         operator = updated.operator
         comma = comma_for_operator(operator.whitespace_before, operator.whitespace_after)
         if comma is None:
             return updated
         args = [cst.Arg(value=updated.left, comma=comma), cst.Arg(value=updated.right)]
-        return self._runtime_call(BINARY[type(operator)], args, updated)
+        return self._runtime_call(entry, args, updated)
 
     # -- truth tests --------------------------------------------------------------------------------
     # `if t:`, `while t:`, `assert t`, `a if t else b`, a comprehension's `if t` and `not t` each call bool()
@@ -247,7 +236,7 @@ class CallSiteTransformer(CachedDispatch):
         if isinstance(expression, cst.UnaryOperation) and isinstance(expression.operator, cst.Not):
             return expression.with_changes(expression=self._truth_test(
                 expression.expression, not is_empty(expression.operator.whitespace_after)))
-        if self.frozen or not spaced or never_a_tensor(expression):
+        if self.frozen or not spaced or not routes_truth_test(expression):
             return expression
         self.changes += 1
         return cst.Call(func=runtime_attr("truth"), args=[cst.Arg(value=expression)])
@@ -274,23 +263,24 @@ class CallSiteTransformer(CachedDispatch):
         if isinstance(updated.operator, cst.Not):
             operand = updated.expression
             if (id(original) in self.tests or self.frozen or is_empty(updated.operator.whitespace_after)
-                    or never_a_tensor(operand)):
+                    or not routes_truth_test(operand)):
                 return updated  # in a test position, its owner routes the operand
             self.changes += 1  # elsewhere `not` calls bool() once on its whole operand's value
             return updated.with_changes(expression=cst.Call(func=runtime_attr("truth"), args=[cst.Arg(value=operand)]))
         entry = UNARY.get(type(updated.operator))
-        if (self.frozen or entry is None or is_literal(original.expression)
+        if (self.frozen or entry is None or not decisions.rewrite_unary(literal_kind(original.expression))
                 or not is_empty(updated.operator.whitespace_after)):
             return updated
         return self._runtime_call(entry, [cst.Arg(value=updated.expression)], updated)
 
     def leave_Comparison(self, original, updated):
-        if self.frozen or len(updated.comparisons) != 1:
+        comparisons = original.comparisons
+        if self.frozen or not decisions.rewrite_comparison(len(comparisons), literal_kind(original.left),
+                                                           literal_kind(comparisons[0].comparator)):
             return updated
         target = updated.comparisons[0]
         entry = COMPARISON.get(type(target.operator))
-        if (entry is None or is_text_literal(original.left) or is_text_literal(original.comparisons[0].comparator)
-                or (is_literal(original.left) and is_literal(original.comparisons[0].comparator))):
+        if entry is None:
             return updated
         comma = comma_for_operator(target.operator.whitespace_before, target.operator.whitespace_after)
         if comma is None:
@@ -348,3 +338,19 @@ class CallSiteTransformer(CachedDispatch):
             cst.Arg(value=cst.SimpleString(f'"{entry}"'), comma=comma),
             cst.Arg(value=updated.value)])
         return cst.Expr(value=call, semicolon=updated.semicolon)
+
+
+def _install_zones() -> None:
+    """The zones never rewritten (``decisions.ZONES``) as libcst visitor methods: a whole node frozen from its
+    visit to its leave, or one field of it (``visit_<Node>_<field>``)."""
+    for zone in decisions.ZONES:
+        for node, field in zone.cst:
+            if field is None:
+                setattr(CallSiteTransformer, f"visit_{node}", CallSiteTransformer._freeze)
+                setattr(CallSiteTransformer, f"leave_{node}", CallSiteTransformer._thaw_node)
+            else:
+                setattr(CallSiteTransformer, f"visit_{node}_{field}", CallSiteTransformer._freeze)
+                setattr(CallSiteTransformer, f"leave_{node}_{field}", CallSiteTransformer._thaw)
+
+
+_install_zones()

@@ -17,6 +17,7 @@ from msprobe_runtime.catalogue import Catalogue
 from ..kernels import is_kernel_decorator
 from ..markers import SKIP_FILE_MARKER, SKIP_MARKER, package_of
 from ..resolver import API, UNKNOWN, Resolver, qualify
+from ..decisions import frozen_ast_parts
 from ..scopes import Binding, ModuleScopes, Scope, absolute_module, callee_path, collect_scopes
 from .noqa import is_suppressed
 
@@ -244,11 +245,7 @@ class _Visitor(ast.NodeVisitor):
         return any(SKIP_MARKER.search(self.lines[n - 1]) for n in candidates if n <= len(self.lines))
 
     def _function(self, node) -> None:
-        arguments = node.args
-        annotations = [a.annotation for a in arguments.posonlyargs + arguments.args + arguments.kwonlyargs
-                       + [arguments.vararg, arguments.kwarg] if a is not None]
-        self._visit_frozen([*node.decorator_list, *arguments.defaults, *arguments.kw_defaults,
-                            *annotations, node.returns])
+        self._visit_frozen(frozen_ast_parts(node))  # decorators, defaults, annotations: decisions.ZONES
         kernel = self._kernel_decorator(node)
         skip = self._has_skip_marker(node)
         if kernel is not None:
@@ -262,14 +259,14 @@ class _Visitor(ast.NodeVisitor):
     visit_FunctionDef = visit_AsyncFunctionDef = _function
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
-        self._visit_frozen([*node.decorator_list, *node.bases, *node.keywords])
+        self._visit_frozen(frozen_ast_parts(node))
         skip = self._has_skip_marker(node)
         self.skipped += skip
         self._in(node, node.body)
         self.skipped -= skip
 
     def visit_Lambda(self, node: ast.Lambda) -> None:
-        self._visit_frozen([*node.args.defaults, *node.args.kw_defaults])
+        self._visit_frozen(frozen_ast_parts(node))
         self._in(node, [node.body])
 
     def _comprehension(self, node) -> None:
@@ -290,7 +287,7 @@ class _Visitor(ast.NodeVisitor):
     visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = _comprehension
 
     def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
-        self._visit_frozen([node.annotation])
+        self._visit_frozen(frozen_ast_parts(node))
         self.visit(node.target)
         if node.value is not None:
             self.visit(node.value)

@@ -203,3 +203,21 @@ def test_rewritten_truth_tests_record_what_the_mode_records(tmp_path):
     assert rewritten.count("Tensor.__bool__") >= 8
     # iterating a tensor (`for v in y`) is no call site: the session's mode records it in both programs
     assert rewritten == observed
+
+
+def test_nb_names_are_those_of_the_bytecode():
+    """The observing mode names `a + b` in uninstrumented code from the BINARY_OP instruction (CPython 3.11+):
+    each binary row's nb_name and spelling are the interpreter's."""
+    import dis
+
+    nb_ops = dict(getattr(dis, "_nb_ops", ()))
+    if not nb_ops:
+        pytest.skip("no BINARY_OP before CPython 3.11")
+    for row in operators.rows(operators.BINARY):
+        assert nb_ops[f"NB_{row.nb_name}"] == row.spelling
+        assert nb_ops[f"NB_INPLACE_{row.nb_name}"] == operators.INPLACE_OF[row.entry].spelling
+    from msprobe_runtime.module_tracking import _OPERATOR_CODES
+
+    binary = _OPERATOR_CODES[1]
+    dunders = {row.dunder for row in operators.rows(operators.BINARY, operators.AUGMENTED)}
+    assert set(binary.values()) == dunders
