@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.oracle_sites import sites_of_stacks
+
 pytestmark = pytest.mark.slow  # megatron-core trained in fresh interpreters and under torchrun (about 55 s)
 
 pytest.importorskip("megatron.core")
@@ -139,19 +141,7 @@ def _relative(path):
 def _dump_sites(dump, step):
     """(megatron-relative file:line) -> Counter of forward API names recorded there (the innermost frame outside
     torch's own code, as the oracle attributes its calls)."""
-    stacks = load(dump, step, "stack.json")
-    sites = {}
-    for names, frames in stacks.values():
-        site = None
-        for frame in frames:
-            match = re.match(r"File (.*?), line (\d+), in ", frame)
-            if match and not match.group(1).startswith(TORCH_DIR):
-                site = f"{_relative(match.group(1))}:{match.group(2)}"
-                break
-        for name in names:
-            if not name.startswith("Module.") and name.endswith(".forward"):
-                sites.setdefault(site, Counter())[name.rsplit(".", 2)[0]] += 1
-    return sites
+    return sites_of_stacks(load(dump, step, "stack.json"), TORCH_DIR, _relative)
 
 
 _REFLECTED = {"lt": "gt", "gt": "lt", "le": "ge", "ge": "le"}
