@@ -48,7 +48,7 @@ def train(cwd, *flags, copy=None, launcher=()):
     where = [line.split(" ", 1)[1] for line in result.stdout.splitlines() if line.startswith("megatron ")]
     expected = str(copy) if copy is not None else str(SITE_MEGATRON)
     assert where and all(path.startswith(expected + os.sep) for path in where), (
-        where, expected, result.stdout[-3000:], result.stderr[-3000:])
+        where, expected, result.stdout[:1500], result.stdout[-1500:], result.stderr[-3000:])
     return [line for line in result.stdout.splitlines() if line.split(" ", 1)[0] in ("loss", "grad")]
 
 
