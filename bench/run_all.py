@@ -15,6 +15,7 @@ SMALL = [
     ("import_time.py", ["--repeat", "1", "--module", "megatron.core.transformer.mlp"]),
     ("compare_dumps.py", ["--entries", "5000"]),
     ("megatron_step.py", ["--steps", "3", "--rounds", "1"]),
+    ("llama_step.py", ["--small"]),
 ]
 FULL = [(script, []) for script, _ in SMALL]
 
