@@ -36,8 +36,10 @@ _SIZE = torch.Size
 _DTYPE = torch.dtype
 _DEVICE = torch.device
 _MEMORY_FORMAT = torch.memory_format
+_STRIDED = torch.strided
 _NO_TORCH_FUNCTION = torch._C.DisableTorchFunction
 _NOTHING = contextlib.nullcontext()
+_get_ident = threading.get_ident
 
 
 def quiet(collector):
@@ -49,7 +51,7 @@ def quiet(collector):
 
 class _OwnWork:
     """``with collector.own_work:`` around the runtime's own work (hooks, flushes): a routed call that arrives
-    meanwhile passes straight through (``in_api``), and torch function handling is off while an observing
+    meanwhile on this thread passes straight through (``busy``), and torch function handling is off while an observing
     mode is pushed (``quiet``). Reentrant; one instance per collector, so entering allocates nothing but the
     guard."""
 
@@ -61,7 +63,7 @@ class _OwnWork:
 
     def __enter__(self):
         collector = self.collector
-        collector.in_api += 1
+        collector.enter_own_work()
         guard = None
         if collector.mode_depth:
             guard = _NO_TORCH_FUNCTION()
@@ -73,7 +75,7 @@ class _OwnWork:
         guard = self.guards.pop()
         if guard is not None:
             guard.__exit__(kind, value, traceback)
-        self.collector.in_api -= 1
+        self.collector.leave_own_work()
         return False
 
 
@@ -104,10 +106,11 @@ class Collector:
             self.modules[id(module)] = (module, dump_names.module_prefix(path, type_name(type(module))))
         self.collecting = False
         self.token = object()  # replaced at every reset, so stale backward hooks stay silent
-        # The session's state of execution, changed only through the methods below: ``in_api`` > 0 while an
-        # API call or the runtime's own work runs (``own_work``); ``mode_depth`` observing modes pushed
-        # (``push_mode``); ``ctx`` whether the code running is instrumented, one per module call (``enter_code``).
-        self.in_api = 0
+        # The session's state of execution, changed only through the methods below: ``in_api`` maps a thread
+        # to the depth of the API calls and own work it runs (``busy``, ``own_work``): per thread, so that a
+        # call on one thread is never taken for another thread's own work and dropped; ``mode_depth`` observing
+        # modes pushed (``push_mode``); ``ctx`` whether the code running is instrumented (``enter_code``).
+        self.in_api = {}
         self.ctx = [True]
         self.mode_depth = 0
         self.own_work = _OwnWork(self)
@@ -115,10 +118,24 @@ class Collector:
         self.module_stack = []
         self._lock = threading.Lock()
         self._logged = set()
+        self._unreadable = set()  # kinds of tensors already said to have no statistics
         self.error_count = 0
         self.reset()
 
     # ----------------------------------------------------------------- execution state
+
+    def busy(self):
+        """Whether this thread is inside a recorded API call or the runtime's own work."""
+        return bool(self.in_api.get(_get_ident()))
+
+    def enter_own_work(self):
+        # each thread changes only its own key: no lock needed
+        ident = _get_ident()
+        depths = self.in_api
+        depths[ident] = depths.get(ident, 0) + 1
+
+    def leave_own_work(self):
+        self.in_api[_get_ident()] -= 1
 
     def push_mode(self, mode):
         """Push an observing ``TorchFunctionMode``."""
@@ -188,7 +205,7 @@ class Collector:
     # ----------------------------------------------------------------- entry points (from the shims)
 
     def call(self, api_name, fn, args, kwargs):
-        if self.in_api or not self.level_api:
+        if self.in_api.get(_get_ident()) or not self.level_api:
             return fn(*args, **kwargs)
         record_args = args
         if api_name.startswith("Tensor."):
@@ -198,7 +215,7 @@ class Collector:
         return self.api(api_name, fn, args, kwargs, record_args, sys._getframe(2))
 
     def dyn(self, fn, args, kwargs):
-        if self.in_api or not self.level_api:
+        if self.in_api.get(_get_ident()) or not self.level_api:
             return fn(*args, **kwargs)
         name = self.identity.get(id(fn))
         if name is not None:
@@ -211,7 +228,7 @@ class Collector:
         return fn(*args, **kwargs)
 
     def operator(self, name, python_op, *operands):
-        if self.in_api or not self.level_api:
+        if self.in_api.get(_get_ident()) or not self.level_api:
             return python_op(*operands)
         first = operands[0]
         if is_subclass(type(first), _TENSOR):
@@ -229,7 +246,7 @@ class Collector:
     def truth(self, value):
         """A truth test: recorded as the tensor's ``__bool__`` (msprobe's ``Tensor.__bool__``, and what the
         observing mode records for ``if t:`` in uninstrumented code); any other value is only tested."""
-        if self.in_api or not self.level_api or not is_subclass(type(value), _TENSOR):
+        if self.in_api.get(_get_ident()) or not self.level_api or not is_subclass(type(value), _TENSOR):
             return bool(value)
         api_name = self.tensor_methods.get("__bool__")
         if api_name is None:
@@ -239,8 +256,9 @@ class Collector:
     # ----------------------------------------------------------------- APIs
 
     def _begin(self, api_name):
-        index = self.api_counts.get(api_name, 0)
-        self.api_counts[api_name] = index + 1
+        with self._lock:  # threads count under one lock: each call its own index
+            index = self.api_counts.get(api_name, 0)
+            self.api_counts[api_name] = index + 1
         name = dump_names.api_call(api_name, index)
         if not self._selected(name):
             return None
@@ -265,7 +283,7 @@ class Collector:
         ``in_api`` stays raised throughout: calls nested inside the API, and our own statistics ops, are not
         recorded as the user's calls.
         """
-        self.in_api += 1
+        self.enter_own_work()
         try:
             name = entry = None
             try:
@@ -290,7 +308,7 @@ class Collector:
                     self.log_error(f"recording {api_name}", error)
             return result
         finally:
-            self.in_api -= 1
+            self.leave_own_work()
 
     def _finish_api(self, name, entry, result, frame):
         forward = dump_names.api_forward(name)
@@ -347,8 +365,9 @@ class Collector:
         if known is None or known[0] is not module:
             return None
         prefix = known[1]
-        index = self.module_counts.get(prefix, 0)
-        self.module_counts[prefix] = index + 1
+        with self._lock:
+            index = self.module_counts.get(prefix, 0)
+            self.module_counts[prefix] = index + 1
         name = dump_names.module_forward(prefix, index)
         parent = self.module_stack[-1] if self.module_stack else None
         self.module_stack.append(name)
@@ -399,8 +418,9 @@ class Collector:
     def record_param_grad(self, prefix, param_name, param, grad):
         """One post-accumulate-grad hook call: ``{prefix}parameters_grad.{n}[param_name]``."""
         key = (prefix, param_name)
-        index = self.param_counts.get(key, 0)
-        self.param_counts[key] = index + 1
+        with self._lock:
+            index = self.param_counts.get(key, 0)
+            self.param_counts[key] = index + 1
         name = dump_names.parameters_grad(prefix, index)
         if not self._selected(name):
             self.param_accumulated(param)
@@ -478,6 +498,8 @@ class Collector:
             if local is not None:
                 t = local
         kind = tensor_kind(t)
+        if kind != KIND_EMPTY and not self._has_readable_data(t):
+            kind = KIND_EMPTY  # its record keeps dtype, shape and requires_grad; statistics null
         slot = counts = None
         if kind != KIND_EMPTY:
             slot, counts = self._slots(t, kind)
@@ -487,6 +509,25 @@ class Collector:
             self.tensors.append((data_name, t.detach().clone()))
         return TensorRecord("torch.Tensor", _dtype_name(t.dtype), list(t.shape), requires_grad, kind, slot,
                             counts, data_name)
+
+    def _has_readable_data(self, t):
+        """Whether the statistics ops can read ``t``'s values: not a meta tensor (no data), nor a sparse,
+        quantized, nested or MKL-DNN one (other kernels, or none). Each such kind is said once a session."""
+        if t.is_meta:
+            what = "meta"
+        elif t.layout is not _STRIDED:
+            what = str(t.layout).replace("torch.", "")
+        elif t.is_quantized:
+            what = "quantized"
+        elif t.is_nested:
+            what = "nested"
+        else:
+            return True
+        if what not in self._unreadable:
+            self._unreadable.add(what)
+            logger.warning("msprobe_runtime: %s tensors are recorded without statistics (dtype and shape only)",
+                           what)
+        return False
 
     def _slots(self, t, kind):
         """Statistics slots of ``t``, shared with an earlier record of the same unchanged tensor.
@@ -505,9 +546,10 @@ class Collector:
         if known is not None and known[0] is t and known[1] == version:
             return known[2]
         slots = self.stats.add(t, kind)
-        recent[key] = (t, version, slots)
-        if len(recent) > _RECENT:
-            del recent[next(iter(recent))]
+        with self._lock:  # another thread may be trimming the same table
+            recent[key] = (t, version, slots)
+            if len(recent) > _RECENT:
+                del recent[next(iter(recent))]
         return slots
 
     def _frames(self, frame):

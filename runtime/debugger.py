@@ -60,6 +60,7 @@ class PrecisionDebugger:
             raise ValueError(f"msprobe_runtime: level {config.level} records modules; pass the model to start()")
         if not self._checked:
             self._refuse_existing_dump(rank)
+            _check_writable(self.config.dump_path)
             self._checked = True
         if model is not None and not _same_model(model, self._model):
             _check_model(model)
@@ -169,6 +170,25 @@ class PrecisionDebugger:
             raise DumpPathError(
                 f"msprobe_runtime: {root!r} already holds a dump ({os.path.relpath(existing[0], root)}); "
                 f"nothing was overwritten. Choose a new dump_path or remove the old dump.")
+
+
+class DumpPathNotWritable(OSError):
+    """The dump path cannot hold a dump: found at start(), before the first step trains."""
+
+
+def _check_writable(root):
+    """Make ``root`` and write a file in it, or say why not (a writer-thread failure would only show after
+    training, as one warning per step)."""
+    import tempfile
+
+    try:
+        os.makedirs(root, exist_ok=True)
+        handle, probe = tempfile.mkstemp(prefix=".msprobe-write-check.", dir=root)
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as error:
+        raise DumpPathNotWritable(f"msprobe_runtime: dump_path {root!r} cannot hold a dump: "
+                                  f"{error.strerror or error}; choose a writable folder") from None
 
 
 def _chunks(model):

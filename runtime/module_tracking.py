@@ -43,7 +43,7 @@ class ObserveMode(TorchFunctionMode):
         if kwargs is None:
             kwargs = {}
         collector = self.collector
-        if not collector.in_api and collector.in_uninstrumented_code():
+        if not collector.busy() and collector.in_uninstrumented_code():
             name = collector.identity.get(id(func))
             if name is not None:
                 if name.startswith("Tensor.") and _OPERATOR_CODES:
@@ -170,12 +170,12 @@ class ModuleTracker:
             instrumented = self._type_instrumented(type(module))
             collector.enter_code(instrumented)
             frame[2] = True
-            if (not instrumented and collector.level_api and not collector.in_api
+            if (not instrumented and collector.level_api and not collector.busy()
                     and (collector.mode_depth == 0 or not _mode_active())):
                 mode = ObserveMode(collector)
                 collector.push_mode(mode)
                 frame[0] = mode
-            if collector.level_module and not collector.in_api:
+            if collector.level_module and not collector.busy():
                 with collector.own_work:
                     frame[1] = collector.module_forward_begin(module, args)
         except Exception as error:

@@ -32,3 +32,43 @@ def test_a_failing_statistics_flush_leaves_training_alone(monkeypatch, tmp_path,
     with open(path) as handle:
         record = json.load(handle)["data"]["Torch.relu.0.forward"]["output"][0]
     assert record["shape"] == [3] and record["Max"] is None and record["Norm"] is None
+
+
+def test_tensors_without_readable_data_are_recorded_with_null_statistics(tmp_path, caplog):
+    """A meta tensor has no data, a sparse one no dense kernels: their records keep dtype and shape, the
+    statistics are null, each kind is said once, and stop() and the training go on."""
+    debugger = PrecisionDebugger(dump_path=str(tmp_path / "dump"), level="L1")
+    meta = torch.empty(3, 4, device="meta")
+    sparse = torch.eye(3).to_sparse()
+    with caplog.at_level(logging.WARNING, logger="msprobe_runtime"):
+        debugger.start()
+        torch.relu(meta)
+        torch.relu(meta)
+        torch.abs(sparse)
+        dense = torch.relu(torch.ones(2))
+        debugger.stop()
+    debugger.wait()
+    assert dense.tolist() == [1.0, 1.0]
+    [path] = glob.glob(os.path.join(str(tmp_path / "dump"), "step0", "*", "dump.json"))
+    with open(path) as handle:
+        data = json.load(handle)["data"]
+    meta_record = data["Torch.relu.0.forward"]["input_args"][0]
+    assert meta_record["shape"] == [3, 4] and meta_record["Max"] is None
+    sparse_record = data["Torch.abs.0.forward"]["output"][0]
+    assert sparse_record["shape"] == [3, 3] and sparse_record["Norm"] is None
+    assert data["Torch.relu.2.forward"]["output"][0]["Max"] == 1.0
+    assert caplog.text.count("meta tensors are recorded without statistics") == 1
+    assert caplog.text.count("sparse_coo tensors are recorded without statistics") == 1
+    assert "failed" not in caplog.text
+
+
+def test_a_dump_path_that_cannot_be_written_is_refused_at_start(tmp_path):
+    """Found before the first step trains, not after the run as one warning per step."""
+    from msprobe_runtime.debugger import DumpPathNotWritable
+
+    occupied = tmp_path / "a_file"
+    occupied.write_text("not a folder")
+    debugger = PrecisionDebugger(dump_path=str(occupied / "dump"), level="L1")
+    with pytest.raises(DumpPathNotWritable, match="cannot hold a dump"):
+        debugger.start()
+    assert occupied.read_text() == "not a folder"
