@@ -21,13 +21,25 @@ _WRITER_SWITCH_INTERVAL = 0.0002
 
 
 def atomic_write_json(path, obj):
-    """Write ``obj`` as JSON to ``path`` through a temporary file in the same directory."""
+    """Write ``obj`` as JSON to ``path`` through a temporary file in the same directory; a failure (a full
+    disk, a folder made read-only) leaves no temporary file behind and ``path`` as it was."""
     directory = os.path.dirname(path)
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        # no indent: only then does json use its C encoder, and this thread shares the GIL with training
-        handle.write(json.dumps(obj, ensure_ascii=False))
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            # no indent: only then does json use its C encoder, and this thread shares the GIL with training
+            handle.write(json.dumps(obj, ensure_ascii=False))
+        os.replace(tmp, path)
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
+
+
+def _remove_quietly(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def format_stack(frames):
@@ -60,7 +72,9 @@ class Writer:
         self._queue = queue.Queue()
         self._thread = None
         self._lock = threading.Lock()
-        self.errors = []
+        self.errors = []  # every failed step's error; the first of a kind is logged, loudly, the rest counted
+        self._reported = set()
+        self._failing = False
 
     def submit(self, job):
         if self._thread is None:
@@ -82,14 +96,32 @@ class Writer:
             sys.setswitchinterval(min(interval, _WRITER_SWITCH_INTERVAL))
             try:
                 self._write(job)
-            except Exception as error:  # never let the writer die: report once per step
-                self.errors.append(error)
-                logger.warning("msprobe_runtime: writing %s failed: %s", getattr(job, "directory", job), error)
+                if self._failing:
+                    self._failing = False
+                    logger.warning("msprobe_runtime: writing dumps works again (%s); %d step(s) before it were "
+                                   "not written", job.directory, len(self.errors))
+            except Exception as error:  # never let the writer die, nor the training loop see it
+                self._failed(job, error)
             finally:
                 sys.setswitchinterval(interval)
                 self._queue.task_done()
 
+    def _failed(self, job, error):
+        """One loud message for the first failure of a kind (a full disk, a permission): later steps are still
+        tried, each on its own, so collection resumes once the cause is gone; their failures are counted."""
+        self.errors.append(error)
+        self._failing = True
+        kind = (type(error).__name__, getattr(error, "errno", None))
+        if kind in self._reported:
+            return
+        self._reported.add(kind)
+        logger.error("msprobe_runtime: writing the dump of %s failed: %s. Steps written before it are complete; "
+                     "this step is not written (no partial file is left), and each later step is tried again "
+                     "(further failures of this kind are not reported one by one).",
+                     getattr(job, "directory", job), error)
+
     def _write(self, job):
+        """A step's files, dump.json last: a step folder with a dump.json holds the whole step."""
         os.makedirs(job.directory, exist_ok=True)
         if job.tensors:
             import torch
@@ -99,13 +131,12 @@ class Writer:
             for name, tensor in job.tensors:
                 path = os.path.join(tensor_dir, name)
                 tmp = path + ".tmp"
-                torch.save(tensor.to("cpu"), tmp)
-                os.replace(tmp, path)
-        dump = dict(job.header)
-        if job.tensors or job.header.get("task") == "tensor":
-            dump["dump_data_dir"] = os.path.join(job.directory, "dump_tensor_data")
-        dump["data"] = {name: resolve(entry) for name, entry in job.data.items()}
-        atomic_write_json(os.path.join(job.directory, "dump.json"), dump)
+                try:
+                    torch.save(tensor.to("cpu"), tmp)
+                    os.replace(tmp, path)
+                except BaseException:
+                    _remove_quietly(tmp)
+                    raise
         # stack.json groups forward entries that share one call stack, as msprobe does
         groups = {}
         for name, frames in job.stacks.items():
@@ -113,3 +144,8 @@ class Writer:
         stack = {str(i): [names, format_stack(frames)] for i, (frames, names) in enumerate(groups.items())}
         atomic_write_json(os.path.join(job.directory, "stack.json"), stack)
         atomic_write_json(os.path.join(job.directory, "construct.json"), job.construct)
+        dump = dict(job.header)
+        if job.tensors or job.header.get("task") == "tensor":
+            dump["dump_data_dir"] = os.path.join(job.directory, "dump_tensor_data")
+        dump["data"] = {name: resolve(entry) for name, entry in job.data.items()}
+        atomic_write_json(os.path.join(job.directory, "dump.json"), dump)
