@@ -53,6 +53,7 @@ def compare_runs(run_a: str, run_b: str, out_dir: Optional[str] = None,
             if sink is not None:
                 sink.close()
     summary = run_summary(run_a, run_b, results, {"default": limits.default, **limits.table}, top)
+    summary["unpaired"] = {"a": list(getattr(pairs, "unpaired_a", [])), "b": list(getattr(pairs, "unpaired_b", []))}
     if out_dir is not None:
         with open(os.path.join(out_dir, SUMMARY_FILE), "w", encoding="utf-8") as handle:
             json.dump(summary, handle, indent=1)

@@ -98,11 +98,20 @@ def discover(run: str) -> List[RankDump]:
     return dumps
 
 
-def pair_runs(run_a: str, run_b: str) -> List[Tuple[RankDump, RankDump]]:
-    """Pair the two runs' dumps by step and rank number."""
+class Pairs(list):
+    """``[(dump of A, dump of B)]``, with the dumps of each side that have no partner (``unpaired_a``,
+    ``unpaired_b``: their labels)."""
+
+    unpaired_a: List[str] = []
+    unpaired_b: List[str] = []
+
+
+def pair_runs(run_a: str, run_b: str) -> Pairs:
+    """Pair the two runs' dumps by step and rank number; a dump with no partner is named on stderr and in
+    the result's ``unpaired_a``/``unpaired_b``."""
     side_a, side_b = discover(run_a), discover(run_b)
     if len(side_a) == 1 and len(side_b) == 1:
-        return [(side_a[0], side_b[0])]
+        return Pairs([(side_a[0], side_b[0])])
 
     def by_step(dumps):
         table: Dict[Optional[int], List[RankDump]] = {}
@@ -123,10 +132,15 @@ def pair_runs(run_a: str, run_b: str) -> List[Tuple[RankDump, RankDump]]:
                 pairs.append((dump, numbered_b[dump.rank]))
     if not pairs:
         raise CompareError(f"{run_a} and {run_b} have no step and rank in common")
-    only = sorted(set(d.label for d in side_a) ^ set(d.label for d in side_b))
-    if only:
-        print(f"msprobe-rewrite compare: not paired (on one side only): {', '.join(only)}", file=sys.stderr)
-    return pairs
+    # a dump is unpaired when no pair holds it (labels alone can differ between paired dumps: proc{pid})
+    paired = {id(dump) for pair in pairs for dump in pair}
+    result = Pairs(pairs)
+    result.unpaired_a = [d.label for d in side_a if id(d) not in paired]
+    result.unpaired_b = [d.label for d in side_b if id(d) not in paired]
+    for side, labels in (("A", result.unpaired_a), ("B", result.unpaired_b)):
+        if labels:
+            print(f"msprobe-rewrite compare: not paired, only in {side}: {', '.join(labels)}", file=sys.stderr)
+    return result
 
 
 def _open(path: str):

@@ -174,3 +174,20 @@ def test_module_backward_entries_pair_across_the_two_writing_orders(tmp_path):
         [pair] = summary["pairs"]
         assert pair["unmatched_a_count"] == pair["unmatched_b_count"] == 0, pair
         assert pair["matched"] == 7
+
+
+def test_runs_with_different_step_counts_name_only_the_unpaired_steps(tmp_path, capsys):
+    """Runs without a process group write proc{pid} folders, so the two sides' labels differ even where their
+    dumps pair; only the step that one run has and the other has not is unpaired, on stderr and in the
+    summary."""
+    for step in range(3):
+        _write_dump(tmp_path / "a" / f"step{step}" / "proc111")
+    for step in range(2):
+        _write_dump(tmp_path / "b" / f"step{step}" / "proc222")
+    summary = compare_runs(str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "out"))
+    err = capsys.readouterr().err
+    assert "step2/proc111" in err and "step0" not in err and "step1" not in err
+    assert summary["unpaired"] == {"a": ["step2/proc111"], "b": []}
+    assert [pair["pair"] for pair in summary["pairs"]] == ["step0/proc111", "step1/proc111"]
+    with open(tmp_path / "out" / "compare_summary.json") as handle:
+        assert json.load(handle)["unpaired"]["a"] == ["step2/proc111"]
