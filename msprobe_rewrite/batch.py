@@ -8,6 +8,7 @@ has one writer per run.
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.pool
 import os
 import stat
 import sys
@@ -17,7 +18,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import atomic
 from .cache import FAIL, NEW, SAME, ResultCache, source_digest
-from .files import EXCLUDED, LINK, OTHER, PYTHON, Entry, is_python
+from .files import EXCLUDED, LINK, NOT_REGULAR, OTHER, PYTHON, SPECIAL, Entry, is_python
 from .markers import SKIP_FILE_MARKER
 
 REWRITE = "rewrite"
@@ -128,6 +129,28 @@ def _does_not_compile(result: bytes, source: bytes, path: str) -> Optional[str]:
         return f"internal error: the rewritten file does not compile{where}: {message}; left as it is"
 
 
+def _pool_worker(*args, **kwargs) -> None:
+    """multiprocessing's pool worker loop, ending quietly once nobody reads its results.
+
+    A parent killed with SIGKILL closes its end of the result pipe; the worker's next result then meets
+    a broken pipe, which multiprocessing lets escape as a traceback on the terminal the parent shared.
+    Only the parent reads that pipe (and closing the pool ends the workers before the pipe), so a broken
+    pipe means there is no one left to report to.
+    """
+    try:
+        multiprocessing.pool.worker(*args, **kwargs)
+    except (BrokenPipeError, ConnectionResetError, EOFError):
+        pass
+
+
+class _Pool(multiprocessing.pool.Pool):
+    @staticmethod
+    def Process(ctx, *args, **kwds):  # noqa: N802 (multiprocessing's name)
+        if kwds.get("target") is multiprocessing.pool.worker:
+            kwds["target"] = _pool_worker
+        return ctx.Process(*args, **kwds)
+
+
 def _pool_context():
     # fork starts workers in milliseconds and lets them inherit the imported compiler; elsewhere the
     # platform default (spawn) is the only safe choice.
@@ -145,7 +168,8 @@ def _run_transforms(tasks: List[Tuple[int, str, bytes, str]], jobs: int, catalog
     workers = min(jobs, len(tasks))
     if workers > 1:
         try:
-            pool = _pool_context().Pool(workers, initializer=_init_worker, initargs=(catalogue, verify))
+            pool = _Pool(workers, initializer=_init_worker, initargs=(catalogue, verify),
+                         context=_pool_context())
         except OSError:  # no /dev/shm, process limits: one process still does the job
             pool = None
         if pool is not None:
@@ -191,7 +215,8 @@ def _write_out_bytes(dst: str, data: bytes, mode: int) -> None:
     if _same_content(dst, data):
         return
     os.makedirs(os.path.dirname(dst) or ".", exist_ok=True)
-    atomic.write_atomic(dst, data, mode=mode)
+    # A hard link in the copy is split, which leaves the file it shared its bytes with alone.
+    atomic.write_atomic(dst, data, mode=mode, refuse_hard_links=False)
 
 
 def _copy_out(src: str, dst: str) -> None:
@@ -248,9 +273,30 @@ def _finish(options: Options, pending: _Pending, kind: str, payload: bytes) -> O
             atomic.write_atomic(os.path.realpath(entry.path), result, unchanged_since=pending.stat)
         elif options.write == OUT:
             _write_out_bytes(_out_path(options, entry), result, stat.S_IMODE(pending.stat.st_mode))
+    except atomic.HardLinked as error:
+        return Outcome(entry.path, FAILED,
+                       f"has {error.links} hard links; an atomic rewrite would split them (the other "
+                       f"names would keep the old bytes), so it is left as it is")
     except OSError as error:
         return Outcome(entry.path, FAILED, f"cannot write: {error}")
     return outcome
+
+
+def _read_regular_file(path: str) -> Tuple[Optional[bytes], os.stat_result]:
+    """The bytes and stat of ``path``; None for the bytes if it is not a regular file.
+
+    Opened non-blocking and checked on the open descriptor, so a named pipe (which would block the open
+    until something writes to it) or a device is never read, even one put there after the walk.
+    """
+    nonblocking = getattr(os, "O_NONBLOCK", 0)
+    fd = os.open(path, os.O_RDONLY | nonblocking | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
+    with open(fd, "rb") as handle:
+        file_stat = os.fstat(fd)
+        if not stat.S_ISREG(file_stat.st_mode):
+            return None, file_stat
+        if nonblocking:
+            os.set_blocking(fd, True)
+        return handle.read(), file_stat
 
 
 def run(entries: Sequence[Entry], options: Options,
@@ -280,15 +326,17 @@ def run(entries: Sequence[Entry], options: Options,
     for entry in entries:
         index = len(outcomes)
         outcomes.append(None)
-        if entry.kind in (OTHER, EXCLUDED, LINK):
+        if entry.kind in (OTHER, EXCLUDED, LINK, SPECIAL):
             others.append((index, entry))
             continue
         try:
-            with open(entry.path, "rb") as handle:
-                source = handle.read()
-                file_stat = os.fstat(handle.fileno())
+            source, file_stat = _read_regular_file(entry.path)
         except OSError as error:
             outcomes[index] = Outcome(entry.path, FAILED, f"cannot read: {error.strerror or error}")
+            progressed(entry.path)
+            continue
+        if source is None:
+            outcomes[index] = Outcome(entry.path, SKIPPED, NOT_REGULAR)
             progressed(entry.path)
             continue
         key = cache.key(source_digest(source), key_mode) if cache is not None else None
@@ -306,6 +354,10 @@ def run(entries: Sequence[Entry], options: Options,
         catalogue = catalogue() if tasks or total == 0 else None
 
     for index, entry in others:
+        if entry.kind == SPECIAL:
+            # Never opened: a named pipe would block the run, a device never end it. Not copied by --out.
+            outcomes[index] = Outcome(entry.path, SKIPPED, NOT_REGULAR)
+            continue
         if options.write == OUT:
             dst = _out_path(options, entry)
             try:

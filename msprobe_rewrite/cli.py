@@ -30,6 +30,13 @@ EXIT_CLEAN = 0
 EXIT_CHANGED = 1
 EXIT_ERROR = 2
 
+# Written into every --out folder this tool creates or fills. A folder that is not empty is written into
+# only when it carries this file (a copy made earlier, refreshed) or with --force: anything else there is
+# somebody's own work that a same-named file of the copy would replace.
+OUT_MARKER = ".msprobe-rewrite-out"
+OUT_MARKER_TEXT = (f"This folder holds a copy instrumented by {PROG} (--out). Running {PROG} --out into it "
+                   "again replaces its files.\n")
+
 
 def _default_jobs() -> int:
     try:
@@ -61,7 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--out", metavar="DIR",
                       help="write an instrumented copy of the tree (non-Python files copied too) to DIR "
                            "instead of rewriting in place; takes exactly one PATH, whose contents "
-                           "become DIR's contents")
+                           "become DIR's contents. A DIR that is not empty is refused unless an earlier "
+                           f"--out wrote it (it holds {OUT_MARKER}) or --force is given")
+    what.add_argument("--force", action="store_true",
+                      help="with --out: write into DIR even if it is not empty, replacing same-named files")
     what.add_argument("--check", action="store_true",
                       help="write nothing; list the files that would change and exit 1 if any")
     what.add_argument("--diff", action="store_true",
@@ -144,14 +154,31 @@ def _validate_out(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         parser.error("--out takes exactly one PATH (a folder, whose contents are copied into DIR, or a file)")
 
 
-def _out_problem(source: str, out_dir: str) -> Optional[str]:
+def _out_problem(source: str, out_dir: str, force: bool = False) -> Optional[str]:
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         return f"--out {out_dir} exists and is not a folder"
     if os.path.isdir(source):
         src, dst = os.path.realpath(source), os.path.realpath(out_dir)
         if dst == src or dst.startswith(src.rstrip(os.sep) + os.sep):
             return f"--out {out_dir} is inside {source}; a second run would instrument the copy"
+    if os.path.isdir(out_dir) and not force:
+        try:
+            names = os.listdir(out_dir)
+        except OSError as error:
+            return f"--out {out_dir}: cannot list it: {error.strerror or error}"
+        if names and OUT_MARKER not in names:
+            return (f"--out {out_dir} is not empty and was not written by {PROG} (it has no {OUT_MARKER}); "
+                    "its files would be replaced. Give a new or empty folder, or add --force to write "
+                    "into it anyway")
     return None
+
+
+def _mark_out(out_dir: str) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    marker = os.path.join(out_dir, OUT_MARKER)
+    if not os.path.isfile(marker):
+        with open(marker, "w", encoding="utf-8") as handle:
+            handle.write(OUT_MARKER_TEXT)
 
 
 def _rewrite_main(argv: Sequence[str]) -> int:
@@ -159,6 +186,8 @@ def _rewrite_main(argv: Sequence[str]) -> int:
     args = parser.parse_args(list(argv))
     if args.out is not None:
         _validate_out(args, parser)
+    elif args.force:
+        parser.error("--force only goes with --out")
 
     try:
         entries = discover(args.paths, args.exclude)
@@ -166,7 +195,7 @@ def _rewrite_main(argv: Sequence[str]) -> int:
         _error(f"{missing}: no such file or folder")
         return EXIT_ERROR
     if args.out is not None:
-        problem = _out_problem(args.paths[0], args.out)
+        problem = _out_problem(args.paths[0], args.out, force=args.force)
         if problem:
             _error(problem)
             return EXIT_ERROR
@@ -206,7 +235,11 @@ def _rewrite_main(argv: Sequence[str]) -> int:
         verify=not args.no_verify,
     )
     if args.out is not None:
-        os.makedirs(args.out, exist_ok=True)
+        try:
+            _mark_out(args.out)
+        except OSError as error:
+            _error(f"--out {args.out}: {error.strerror or error}")
+            return EXIT_ERROR
 
     progress = Progress(sum(1 for entry in entries if entry.kind == PYTHON), enabled=False if args.quiet else None)
     try:

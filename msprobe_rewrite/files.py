@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import stat
 from dataclasses import dataclass
 from typing import Iterable, Iterator, List, Sequence
 
@@ -21,6 +22,9 @@ PYTHON = "python"      # a .py file to rewrite (or restore)
 OTHER = "other"        # any other file: copied as it is by --out, ignored otherwise
 EXCLUDED = "excluded"  # a .py file matched by --exclude: reported as skipped, copied as it is by --out
 LINK = "link"          # a symbolic link met while walking: never followed, recreated by --out
+SPECIAL = "special"    # not a regular file (a named pipe, a socket, a device): never opened, never copied
+
+NOT_REGULAR = "not a regular file"
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,15 @@ class PathNotFound(Exception):
 
 def is_python(name: str) -> bool:
     return name.endswith(".py")
+
+
+def _kind(mode: int, name: str) -> str:
+    if stat.S_ISLNK(mode):
+        return LINK
+    if not stat.S_ISREG(mode):
+        # Opening a named pipe blocks until something writes to it; reading a device never ends.
+        return SPECIAL
+    return PYTHON if is_python(name) else OTHER
 
 
 def is_virtualenv(directory: str) -> bool:
@@ -80,14 +93,13 @@ def _walk(top: str, globs: Sequence[str]) -> Iterator[Entry]:
         for name in sorted(filenames):
             full = os.path.join(dirpath, name)
             rel = rel_dir + name
-            if os.path.islink(full):
-                yield Entry(full, rel, LINK)
-            elif not is_python(name):
-                yield Entry(full, rel, OTHER)
-            elif excluded(rel, globs):
-                yield Entry(full, rel, EXCLUDED)
-            else:
-                yield Entry(full, rel, PYTHON)
+            try:
+                kind = _kind(os.lstat(full).st_mode, name)
+            except OSError:  # gone since the listing: reading it reports the error
+                kind = PYTHON if is_python(name) else OTHER
+            if kind == PYTHON and excluded(rel, globs):
+                kind = EXCLUDED
+            yield Entry(full, rel, kind)
 
 
 def discover(paths: Iterable[str], globs: Sequence[str] = ()) -> List[Entry]:
@@ -106,7 +118,12 @@ def discover(paths: Iterable[str], globs: Sequence[str] = ()) -> List[Entry]:
         if os.path.isdir(path):
             found: Iterable[Entry] = _walk(path, globs)
         else:
-            found = [Entry(path, os.path.basename(path), PYTHON)]
+            # Named directly: followed if a symbolic link, and taken as Python whatever its name.
+            try:
+                regular = stat.S_ISREG(os.stat(path).st_mode)
+            except OSError:  # a dangling link, say: reading it reports the error
+                regular = True
+            found = [Entry(path, os.path.basename(path), PYTHON if regular else SPECIAL)]
         for entry in found:
             # Overlapping arguments (`src src/a.py`) must not hand the same file to two workers.
             key = os.path.realpath(entry.path) if entry.kind != LINK else os.path.abspath(entry.path)
