@@ -90,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument("--no-cache", action="store_true",
                      help="neither read nor write the result cache "
                           "(default location: $MSPROBE_REWRITE_CACHE_DIR, else $XDG_CACHE_HOME/msprobe-rewrite)")
+    how.add_argument("--max-file-size", type=float, default=batch.DEFAULT_MAX_BYTES / (1 << 20), metavar="MIB",
+                     help="skip (and name) files larger than this many MiB: libcst needs about 1 GB of memory per "
+                          "MB of source (default: %(default)g; 0: no limit)")
     how.add_argument("--no-verify", action="store_true",
                      help="do not check that each rewritten file compiles before writing it (a few percent faster)")
     out = parser.add_argument_group("output")
@@ -233,6 +236,7 @@ def _rewrite_main(argv: Sequence[str]) -> int:
         catalogue=catalogue if mode == batch.REWRITE else None,  # loaded only on a cache miss
         cache=cache,
         verify=not args.no_verify,
+        max_bytes=int(args.max_file_size * (1 << 20)) if args.max_file_size > 0 else None,
     )
     if args.out is not None:
         try:
@@ -272,9 +276,11 @@ def _report(args: argparse.Namespace, mode: str, outcomes: List[batch.Outcome], 
     if args.check:
         for outcome in changed:
             _print_path(outcome.path)
-    if args.verbose and not args.quiet:
+    if not args.quiet:
         verb = "restored" if mode == batch.RESTORE else "rewrote"
         for outcome in outcomes:
+            if not (args.verbose or outcome.notice):
+                continue
             if outcome.status == batch.CHANGED and not (args.check or args.diff):
                 print(f"{verb} {outcome.path}", file=sys.stderr)
             elif outcome.status == batch.SKIPPED:

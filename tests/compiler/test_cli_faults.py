@@ -270,3 +270,24 @@ def test_workers_exit_quietly_when_the_parent_is_killed(tmp_path):
     printed = stderr_path.read_text(errors="replace")
     assert "Traceback" not in printed, printed[-4000:]
     assert "Error" not in printed, printed[-4000:]
+
+
+def test_a_file_past_the_size_limit_is_skipped_and_named_never_parsed(tmp_path, capsys, monkeypatch):
+    """libcst holds about 1 GB per MB of source: a file past --max-file-size is named on stderr (without -v),
+    counted as skipped and left as it is; the other files are rewritten."""
+    import msprobe_rewrite.api as api
+    from msprobe_rewrite import cli
+
+    parsed = []
+    real = api.rewrite_source
+    monkeypatch.setattr(api, "rewrite_source", lambda source, *a, **k: parsed.append(len(source)) or real(source, *a, **k))
+    big = b"import torch\n" + b"y = torch.relu(x)\n" * 70000  # 1.2 MiB
+    (tmp_path / "big.py").write_bytes(big)
+    (tmp_path / "small.py").write_bytes(b"import torch\ny = torch.relu(x)\n")
+    code = cli.main([str(tmp_path), "--max-file-size", "1", "--no-cache", "--jobs", "1"])
+    err = capsys.readouterr().err
+    assert code == 1  # small.py changed
+    assert (tmp_path / "big.py").read_bytes() == big
+    assert f"skipped {tmp_path / 'big.py'} (1.2 MiB, past the 1 MiB limit" in err
+    assert "1 changed, 0 unchanged, 1 skipped, 0 failed" in err
+    assert parsed and max(parsed) < len(big)
