@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import ast
-from typing import Iterable, Optional
+import warnings
+from typing import Iterable, List, Optional, Tuple
 
 import libcst as cst
 
@@ -10,8 +11,8 @@ from msprobe_runtime.catalogue import Catalogue, load_catalogue
 
 from . import runtime_import
 from .gc_pause import paused_gc
-from .markers import (RUNTIME_IMPORT, SKIP_FILE_MARKER, is_instrumented,  # noqa: F401 (re-exported)
-                      maybe_lossy, package_of)
+from .markers import (RUNTIME_IMPORT, RUNTIME_MODULE, RUNTIME_NAME, SKIP_FILE_MARKER,  # noqa: F401 (re-exported)
+                      is_instrumented, maybe_lossy, package_of)
 from .resolver import Resolver
 from .restore import Restorer
 from .scopes import collect_scopes
@@ -20,6 +21,10 @@ from .transformer import CallSiteTransformer, ScopeMismatch
 
 class RewriteError(Exception):
     """A file that cannot be decoded or parsed; the message says why. The file is left as it was."""
+
+
+class RestoreWarning(UserWarning):
+    """Restore could not be sure of the original bytes (or found the runtime import missing); names the file."""
 
 
 _default_catalogue: Optional[Catalogue] = None
@@ -32,16 +37,37 @@ def default_catalogue() -> Catalogue:
     return _default_catalogue
 
 
+def _python_reason(source: bytes, path: str) -> Optional[str]:
+    """Why Python's own compiler rejects ``source`` (its message, at its line), or None when it accepts it."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the user's invalid escapes and the like: not ours to report
+            compile(source, path, "exec", dont_inherit=True)
+    except SyntaxError as error:
+        message, line, column = error.msg, error.lineno, error.offset
+    except ValueError as error:  # null bytes, on Pythons before 3.12
+        message, line, column = str(error), None, None
+    except (MemoryError, RecursionError):
+        return None
+    else:
+        return None
+    if line is None and b"\0" in source:  # Python names no line for a null byte; running the file, it does
+        line = source.count(b"\n", 0, source.index(b"\0")) + 1
+    where = f"line {line}" + (f", column {column}" if column else "") if line else ""
+    return f"{message} ({where})" if where else message
+
+
 def _parse(source: bytes, path: str) -> cst.Module:
     try:
         return cst.parse_module(source)
     except cst.ParserSyntaxError as error:
-        raise RewriteError(f"{path}: cannot parse: {str(error).splitlines()[0]} "
-                           f"(line {error.raw_line}, column {error.raw_column})") from None
+        reason = f"{str(error).splitlines()[0]} (line {error.raw_line}, column {error.raw_column})"
     except (UnicodeDecodeError, LookupError) as error:
         raise RewriteError(f"{path}: cannot decode: {error}") from None
     except Exception as error:  # libcst raises a few other types for odd input (null bytes, bad tokens)
-        raise RewriteError(f"{path}: cannot parse: {type(error).__name__}: {error}") from None
+        reason = f"{type(error).__name__}: {error}"
+    # What Python itself says, at the line it gives; libcst's own reason only where Python accepts the file.
+    raise RewriteError(f"{path}: cannot parse: {_python_reason(source, path) or reason}") from None
 
 
 def rewrite_source(source: bytes, catalogue: Optional[Catalogue] = None, path: str = "<string>",
@@ -99,11 +125,63 @@ def _rewrite_source(source: bytes, catalogue: Optional[Catalogue], path: str, sk
 
 
 def restore_source(source: bytes, path: str = "<string>") -> bytes:
-    """Give back the exact original bytes of an instrumented module (unchanged if not instrumented)."""
+    """Give back the exact original bytes of an instrumented module (unchanged if not instrumented).
+
+    Where it cannot be sure of them (the runtime import was deleted, or a formatter moved it), it says so in a
+    ``RestoreWarning`` that names ``path``; ``restore_report`` returns those notes instead.
+    """
+    restored, notes = restore_report(source, path)
+    for note in notes:
+        warnings.warn(f"{path}: {note}", RestoreWarning, stacklevel=2)
+    return restored
+
+
+MISSING_IMPORT = (f"its runtime import (`{RUNTIME_IMPORT}`) was missing, so it could not run; its instrumented "
+                  "forms were restored")
+MOVED_IMPORT = ("its runtime import is not on a line msprobe-rewrite puts it on, and was left where it is; its "
+                "instrumented forms were restored")
+
+
+def restore_report(source: bytes, path: str = "<string>") -> Tuple[bytes, List[str]]:
+    """``restore_source``'s result, and its notes on what may not be the original bytes (without the path)."""
     if not is_instrumented(source):
-        return source
+        return source, []
     module = _parse(source, path)
     try:
-        return runtime_import.remove(module.visit(Restorer())).bytes
+        removal = runtime_import.remove_import(module.visit(Restorer()))
     except RecursionError:
         raise RewriteError(f"{path}: too deeply nested for libcst (an expression of thousands of terms)") from None
+    except runtime_import.PlacementError as error:
+        raise RewriteError(f"{path}: cannot restore: {error}") from None
+    restored, notes = removal.module.bytes, list(removal.notes)
+    if not removal.found:
+        if restored == source:
+            return source, []  # the import's text or a form's in a string: not instrumented
+        binding = _runtime_name_binding(source)
+        if binding == "own":
+            return source, []  # the module's own `__msprobe__`, not ours
+        notes.append(MOVED_IMPORT if binding == "runtime" else MISSING_IMPORT)
+    return restored, notes
+
+
+def _runtime_name_binding(source: bytes) -> Optional[str]:
+    """How a module whose runtime import was not found binds ``__msprobe__``: ``"runtime"`` (an import of the
+    runtime elsewhere), ``"own"`` (anything else of the module's), or None (it does not)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    found = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.alias) and (node.asname or node.name.partition(".")[0]) == RUNTIME_NAME:
+            if node.name != RUNTIME_MODULE or node.asname != RUNTIME_NAME:
+                return "own"
+            found = "runtime"
+        elif ((isinstance(node, ast.Name) and node.id == RUNTIME_NAME and not isinstance(node.ctx, ast.Load))
+              or (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                  and node.name == RUNTIME_NAME)
+              or (isinstance(node, ast.arg) and node.arg == RUNTIME_NAME)
+              or getattr(node, "name", None) == RUNTIME_NAME  # except ... as, match captures
+              or getattr(node, "rest", None) == RUNTIME_NAME):
+            return "own"
+    return found

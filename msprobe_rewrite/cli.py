@@ -17,6 +17,7 @@ import difflib
 import hashlib
 import os
 import sys
+import warnings
 from typing import Callable, Dict, List, Optional, Sequence
 
 from . import __version__, batch
@@ -53,6 +54,19 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def _format_restore_warning(message, category, filename, lineno, line=None):
+    """A restore's note (``api.RestoreWarning``: the file and what may differ) as one line of this command's,
+    not as a Python warning pointing into the batch code."""
+    from .api import RestoreWarning
+
+    if issubclass(category, RestoreWarning):
+        return f"{PROG}: warning: {message}\n"
+    return _PYTHON_FORMATWARNING(message, category, filename, lineno, line)
+
+
+_PYTHON_FORMATWARNING = warnings.formatwarning
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -246,6 +260,8 @@ def _rewrite_main(argv: Sequence[str]) -> int:
             return EXIT_ERROR
 
     progress = Progress(sum(1 for entry in entries if entry.kind == PYTHON), enabled=False if args.quiet else None)
+    plain_format = warnings.formatwarning
+    warnings.formatwarning = _format_restore_warning  # forked workers inherit it too
     try:
         outcomes = batch.run(entries, options, on_progress=lambda done, total, label: progress.update(done, label))
     except CatalogueError as error:  # raised before any file is written
@@ -253,6 +269,7 @@ def _rewrite_main(argv: Sequence[str]) -> int:
         _error(f"bad catalogue: {error}")
         return EXIT_ERROR
     finally:
+        warnings.formatwarning = plain_format
         progress.clear()
     return _report(args, mode, outcomes, cache)
 

@@ -5,8 +5,9 @@ Without ``--fix`` each instrumented file is named with the command that restores
 ``--fix``, the status is then 0 unless something could not be fixed, and pre-commit fails the hook anyway
 because files were modified. ``--exit-non-zero-on-fix`` makes a fix exit 1 as well.
 
-A file is instrumented when it carries the runtime import *and* restoring it changes it: the import's text
-alone also appears in this project's own source, in a string.
+A file is instrumented when it carries the runtime import, or calls of runtime entry points whose import was
+deleted, *and* restoring it changes it: their text alone also appears in this project's own source, in strings.
+Where restore cannot be sure of the original bytes (a deleted import, one a formatter moved), a note says why.
 """
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ import argparse
 import os
 import shlex
 import sys
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
-from .api import RewriteError, is_instrumented, restore_source
+from .api import RewriteError, is_instrumented, restore_report
 from .atomic import write_atomic
 from .files import PYTHON, PathNotFound, discover
 
@@ -45,10 +46,15 @@ def _error(message: str) -> None:
 
 def instrumented_original(source: bytes, path: str) -> Optional[bytes]:
     """The original bytes of an instrumented ``source``, or None when it is not instrumented."""
-    if not is_instrumented(source):  # a substring test: most files stop here without parsing
-        return None
-    original = restore_source(source, path)
-    return None if original == source else original
+    return _restored(source, path)[0]
+
+
+def _restored(source: bytes, path: str) -> Tuple[Optional[bytes], List[str]]:
+    """``instrumented_original``, and restore's notes on where that may not be the original bytes."""
+    if not is_instrumented(source):  # a text test: most files stop here without parsing
+        return None, []
+    original, notes = restore_report(source, path)
+    return (None, []) if original == source else (original, notes)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -64,7 +70,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             with open(entry.path, "rb") as handle:
                 source = handle.read()
             stat = os.stat(entry.path)
-            original = instrumented_original(source, entry.path)
+            original, notes = _restored(source, entry.path)
             if original is None:
                 continue
             found.append(entry.path)
@@ -74,6 +80,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             else:
                 print(f"{entry.path}: instrumented by msprobe-rewrite; restore it with: "
                       f"msprobe-rewrite --restore {shlex.quote(entry.path)}")
+            for note in notes:
+                print(f"{entry.path}: note: {note}")
         except RewriteError as error:
             _error(str(error))
             errors += 1

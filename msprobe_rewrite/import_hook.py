@@ -61,14 +61,19 @@ class InstrumentingLoader(importlib.machinery.SourceFileLoader):
         try:
             code = instrumented_code(source, source_path, self._package, catalogue, self.options.skip_decorators)
         except Exception as error:  # a compiler bug must not stop the user's program either
-            from .api import RewriteError
+            failure = error
+        else:
+            bytecode_cache.write(cached_at, key, code)
+            return code
+        # Outside the handler, so that Python's own SyntaxError for a module it cannot compile is raised exactly
+        # as an import without the hook raises it: no warning, no compiler error chained to it.
+        plain = self.source_to_code(source, source_path)
+        from .api import RewriteError
 
-            reason = error if isinstance(error, RewriteError) else f"{type(error).__name__}: {error}"
-            warnings.warn(f"msprobe-rewrite: {fullname} is imported uninstrumented: {reason}",
-                          RuntimeWarning, stacklevel=2)
-            return self.source_to_code(source, source_path)  # not cached: the warning comes every run
-        bytecode_cache.write(cached_at, key, code)
-        return code
+        reason = failure if isinstance(failure, RewriteError) else f"{type(failure).__name__}: {failure}"
+        warnings.warn(f"msprobe-rewrite: {fullname} is imported uninstrumented: {reason}",
+                      RuntimeWarning, stacklevel=2)
+        return plain  # not cached: the warning comes every run
 
     def exec_module(self, module):
         # The rewrite left the runtime import out (no line to find for it); bind it here instead.

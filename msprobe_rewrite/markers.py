@@ -17,6 +17,10 @@ SKIP_MARKER = re.compile(r"#\s*msprobe:\s*skip\b(?!-)")  # on a def/class: its b
 # `f"{x!r }"`); a file with one is checked whole.
 SPACED_EXCEPT_COLON = re.compile(rb"except\b[^\n:#]*[ \t]:")
 SPACED_CONVERSION = re.compile(rb"![rsa][ \t]+[}:]")
+# A call of a runtime entry point (`__msprobe__.call(`, `__msprobe__.add(`): an instrumented form, which marks
+# a file as instrumented even after its runtime import was deleted.
+_RUNTIME_DOT = RUNTIME_NAME.encode() + b"."
+RUNTIME_FORM = re.compile(rb"(?<![\w.])" + re.escape(RUNTIME_NAME.encode()) + rb"\.[A-Za-z_]\w*\(")
 
 
 def maybe_lossy(source: bytes) -> bool:
@@ -32,8 +36,12 @@ def maybe_lossy(source: bytes) -> bool:
 
 
 def is_instrumented(source: bytes) -> bool:
-    """Whether ``source`` carries the runtime import that ``rewrite_source`` adds."""
-    return RUNTIME_IMPORT.encode() in source
+    """Whether ``source`` may be instrumented: it carries the runtime import that ``rewrite_source`` adds, or a
+    call of a runtime entry point (a form whose import was deleted). A text test, so a string that spells either
+    passes it too; ``restore_source`` parses and says for sure."""
+    if RUNTIME_IMPORT.encode() in source:
+        return True
+    return _RUNTIME_DOT in source and RUNTIME_FORM.search(source) is not None
 
 
 def package_of(path: str) -> Optional[str]:

@@ -17,11 +17,13 @@ import joins a line that is already there, before any instrumented code can run,
 On a line that starts with ``__future__`` imports followed by other statements, the import goes right after
 them: ``from __future__ import annotations; import msprobe_runtime as __msprobe__; import os``.
 
-Each placement has a distinct shape, so ``remove`` knows which one it undoes.
+Each placement has a distinct shape, so ``remove`` knows which one it undoes; it also undoes a formatter's split
+of a shared line (``import msprobe_runtime as __msprobe__`` left on a line of its own before the statement it
+shared a line with), and says where a moved import leaves it unsure of the original lines.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Set
+from typing import List, NamedTuple, Optional, Sequence, Set
 
 import libcst as cst
 
@@ -261,49 +263,93 @@ def place(module: cst.Module) -> cst.Module:
     )
 
 
-def _remove_in_suite(statements: List[cst.BaseStatement]) -> bool:
+# Placements 2 and 5 put the import on a blank or comment line of its own, always the last blank line before a
+# compound statement; placements 1, 3 and 4 put it on a line with other statements, which a formatter (black,
+# ruff) may split into lines of their own. A line of its own followed by a simple statement is such a split: its
+# whole line goes, and the rest is the original bytes (with whatever else the formatter changed). Any other
+# shape that no placement writes is restored the same way, with this note, since the lines around it may
+# differ from the original.
+UNSURE = ("the runtime import stood on a line of its own where msprobe-rewrite never puts it (split off its line "
+          "or moved, by a formatter?); restore removed that line, so blank lines near it may differ from the "
+          "original")
+
+
+class Removal(NamedTuple):
+    module: cst.Module
+    found: bool         # whether a runtime import was taken off
+    notes: List[str]    # why the result may not be the original bytes
+
+
+def _standalone(statements: List[cst.BaseStatement], index: int, module_level: bool,
+                notes: List[str]) -> List[cst.EmptyLine]:
+    """Take off the import that is the only statement of ``statements[index]``; return the lines it leaves for
+    the footer of the suite (when it was the suite's last statement)."""
+    statement = statements[index]
+    following = statements[index + 1] if index + 1 < len(statements) else None
+    commented = statement.trailing_whitespace.comment is not None
+    split = isinstance(following, cst.SimpleStatementLine) and not commented
+    placed = (module_level and following is not None and not isinstance(following, cst.SimpleStatementLine)
+              and all(line.comment is not None for line in following.leading_lines))
+    if not split and not placed:
+        notes.append(UNSURE)
+    # A placed import gives back the blank or comment line it took; a split one, or one no placement put there,
+    # gives back nothing but a comment of the user's.
+    lines = [*statement.leading_lines, *([_empty_line(statement)] if placed or commented else [])]
+    del statements[index]
+    if following is None:
+        return lines
+    statements[index] = following.with_changes(leading_lines=[*lines, *following.leading_lines])
+    return []
+
+
+def _remove_in_suite(statements: List[cst.BaseStatement], notes: List[str],
+                     module_level: bool) -> Optional[List[cst.EmptyLine]]:
+    """Take the runtime import off; None if there is none, else the lines it leaves for the suite's footer."""
     for index, statement in enumerate(statements):
         if isinstance(statement, cst.SimpleStatementLine):
             small = statement.body
             if is_runtime_import(small[0]) and len(small) > 1:  # 1 and 4
                 statements[index] = statement.with_changes(body=small[1:])
-                return True
-            if is_runtime_import(small[0]):  # 2
-                empty = _empty_line(statement)
-                lines = [*statement.leading_lines, empty]
-                if index + 1 < len(statements):
-                    following = statements[index + 1]
-                    statements[index + 1] = following.with_changes(
-                        leading_lines=[*lines, *following.leading_lines])
-                    del statements[index]
-                    return True
-                raise PlacementError("the runtime import is the module's last statement")
+                return []
+            if is_runtime_import(small[0]):  # 2 and 5, or a formatter's split of 1, 3 and 4
+                return _standalone(statements, index, module_level, notes)
             middle = next((i for i in range(1, len(small) - 1) if is_runtime_import(small[i])), None)
             if middle is not None and _future_prefix(statement) == middle:  # 1, after __future__ imports
                 statements[index] = statement.with_changes(body=[*small[:middle], *small[middle + 1:]])
-                return True
+                return []
             if len(small) > 1 and is_runtime_import(small[-1]):  # 3
                 before = list(small[:-1])
                 before[-1] = before[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
                 statements[index] = statement.with_changes(body=before)
-                return True
+                return []
         elif isinstance(statement, cst.Try):
             body = statement.body
             if isinstance(body, cst.SimpleStatementSuite):
                 if is_runtime_import(body.body[0]) and len(body.body) > 1:
                     statements[index] = statement.with_changes(body=body.with_changes(body=body.body[1:]))
-                    return True
+                    return []
             else:
                 inner = list(body.body)
-                if _remove_in_suite(inner):
-                    statements[index] = statement.with_changes(body=body.with_changes(body=inner))
-                    return True
-    return False
+                footer = _remove_in_suite(inner, notes, module_level=False)
+                if footer is not None:
+                    if not inner:
+                        raise PlacementError("the runtime import is the only statement of a try body")
+                    statements[index] = statement.with_changes(
+                        body=body.with_changes(body=inner, footer=[*footer, *body.footer]))
+                    return []
+    return None
+
+
+def remove_import(module: cst.Module) -> Removal:
+    """Take the runtime import off its line, restoring that line exactly where a placement put it (or the line
+    a formatter split it from); ``notes`` says where the result may differ from the original."""
+    body, notes = list(module.body), []
+    footer = _remove_in_suite(body, notes, module_level=True)
+    if footer is None:
+        return Removal(module, False, notes)
+    return Removal(module.with_changes(body=body, footer=[*footer, *module.footer]), True, notes)
 
 
 def remove(module: cst.Module) -> cst.Module:
     """Take the runtime import off its line, restoring that line exactly; unchanged if there is none."""
-    body = list(module.body)
-    if _remove_in_suite(body):
-        return module.with_changes(body=body)
-    return module
+    return remove_import(module).module

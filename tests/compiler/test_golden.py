@@ -946,3 +946,26 @@ def test_untouched_file_is_returned_as_is():
 def test_unparsable_source_is_a_rewrite_error():
     with pytest.raises(RewriteError, match="cannot parse|not valid Python"):
         rewrite_source(b"def f(:\n")
+
+
+def test_restore_after_a_formatter_split_the_import_off_the_first_line_is_exact():
+    # black puts each statement of `import msprobe_runtime as __msprobe__; import torch` on a line of its own;
+    # restore takes that whole line away (no placement ever leaves the import alone before a simple statement).
+    before = dedent("""\
+        \"\"\"Doc.\"\"\"
+        import torch
+        y = torch.relu(x)
+        """)
+    instrumented = dedent("""\
+        \"\"\"Doc.\"\"\"
+        import msprobe_runtime as __msprobe__; import torch
+        y = __msprobe__.call("Torch.relu", torch.relu, x)
+        """)
+    formatted = dedent("""\
+        \"\"\"Doc.\"\"\"
+        import msprobe_runtime as __msprobe__
+        import torch
+        y = __msprobe__.call("Torch.relu", torch.relu, x)
+        """)
+    assert rewrite_source(before.encode()).decode() == instrumented
+    assert restore_source(formatted.encode()).decode() == before

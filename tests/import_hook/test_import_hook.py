@@ -403,3 +403,27 @@ def test_torchrun_starts_it_as_its_program(tree):
     assert result.returncode == 0, result.stderr[-3000:]
     assert [(tree / f"rank{rank}.txt").read_text() for rank in (0, 1)] == [
         "rank 0 [3.0, 3.0] True", "rank 1 [3.0, 3.0] True"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source", ["import torch\ndef f(:\n    pass\n", "import torch\nx = (torch.relu(y),\nz = 2\n",
+                                    "import torch\nx = f(\0)\n"])
+def test_a_syntax_error_under_the_hook_surfaces_as_pythons_own(tree, source):
+    write_tree(tree, {"mypkg/broken.py": source})
+    plain = run("import mypkg.broken", tree)
+    hooked = run("""
+        from msprobe_rewrite import install_import_hook
+        install_import_hook(["mypkg"])
+        import mypkg.broken
+    """, tree)
+    assert plain.returncode == hooked.returncode == 1
+    for noise in ("RuntimeWarning", "RewriteError", "During handling", "imported uninstrumented"):
+        assert noise not in hooked.stderr, hooked.stderr
+
+    def error(stderr):  # the exception as Python prints it: from the module's own frame (if any) to the end
+        lines = stderr.splitlines()
+        start = next((i for i, line in enumerate(lines) if "broken.py" in line), len(lines) - 1)
+        return lines[start:]
+
+    assert error(hooked.stderr) == error(plain.stderr)
+    assert error(plain.stderr)[-1].startswith(("SyntaxError:", "ValueError:"))
