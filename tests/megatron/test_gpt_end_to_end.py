@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.oracle_sites import sites_of_stacks
+from fixtures.oracle_sites import same_api, sites_of_stacks
 
 pytestmark = pytest.mark.slow  # megatron-core trained in fresh interpreters and under torchrun (about 55 s)
 
@@ -144,29 +144,6 @@ def _dump_sites(dump, step):
     return sites_of_stacks(load(dump, step, "stack.json"), TORCH_DIR, _relative)
 
 
-_REFLECTED = {"lt": "gt", "gt": "lt", "le": "ge", "ge": "le"}
-
-
-def _same_api(oracle_name, dump_name):
-    """The oracle names an operator by the method torch reports (``a + b`` is Tensor.add, ``a -= b`` Tensor.sub_);
-    the dump keeps msprobe's dunder names (Tensor.__add__, Tensor.__isub__, Tensor.__rsub__)."""
-    if oracle_name == dump_name:
-        return True
-    prefix, _, api = oracle_name.partition(".")
-    dprefix, _, dapi = dump_name.partition(".")
-    if prefix != dprefix or not (dapi.startswith("__") and dapi.endswith("__")):
-        return False
-    core = dapi.strip("_")
-    candidates = {core}
-    if core.startswith("i"):
-        candidates.add(core[1:] + "_")
-    if core.startswith("r"):
-        candidates |= {core[1:], core}
-    if core in _REFLECTED:
-        candidates.add(_REFLECTED[core])
-    return api in candidates or api in {f"__{c}__" for c in candidates}
-
-
 def coverage(oracle_steps, dump):
     """(seen, recorded, missed, by_design): oracle calls and which of them the dump holds at the same site."""
     seen = recorded = 0
@@ -180,7 +157,7 @@ def coverage(oracle_steps, dump):
                 available = dump_sites.get(_relative(path) + ":" + line, Counter())
                 take = 0
                 for dump_name in list(available):
-                    if _same_api(name, dump_name):
+                    if same_api(name, dump_name):
                         used = min(available[dump_name], count - take)
                         available[dump_name] -= used
                         take += used

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.oracle_sites import sites_of_stacks
+from fixtures.oracle_sites import same_api, sites_of_stacks
 
 pytestmark = pytest.mark.slow
 
@@ -172,34 +172,6 @@ def dump_sites(dump, step):
     """(file:line) -> Counter of forward API names recorded there: the innermost frame outside torch's own code,
     as the oracle attributes its calls."""
     return sites_of_stacks(load(dump, step, "stack.json"), TORCH_DIR, _relative)
-
-
-_REFLECTED = {"lt": "gt", "gt": "lt", "le": "ge", "ge": "le"}
-# operators whose method torch reports under another name than the dunder's (``a / b`` reaches a
-# TorchFunctionMode as Tensor.div, ``a /= b`` as Tensor.div_, ``a % b`` as Tensor.remainder)
-_OPERATOR_METHODS = {"truediv": {"div"}, "itruediv": {"div_"}, "mod": {"remainder"}, "imod": {"remainder_"}}
-
-
-def same_api(oracle_name, dump_name):
-    """The oracle names an operator by the method torch reports (``a + b`` is Tensor.add, ``a -= b`` Tensor.sub_,
-    ``a / b`` Tensor.div); the dump keeps msprobe's dunder names (Tensor.__add__, Tensor.__isub__,
-    Tensor.__truediv__, Tensor.__rsub__). As tests/megatron/test_gpt_end_to_end.py's _same_api, plus
-    _OPERATOR_METHODS."""
-    if oracle_name == dump_name:
-        return True
-    prefix, _, api = oracle_name.partition(".")
-    dprefix, _, dapi = dump_name.partition(".")
-    if prefix != dprefix or not (dapi.startswith("__") and dapi.endswith("__")):
-        return False
-    core = dapi.strip("_")
-    candidates = {core} | _OPERATOR_METHODS.get(core, set())
-    if core.startswith("i"):
-        candidates.add(core[1:] + "_")
-    if core.startswith("r"):
-        candidates |= {core[1:], core} | _OPERATOR_METHODS.get(core[1:], set())
-    if core in _REFLECTED:
-        candidates.add(_REFLECTED[core])
-    return api in candidates or api in {f"__{c}__" for c in candidates}
 
 
 # A catalogued torch function that does not dispatch through __torch_function__ is invisible to the oracle,

@@ -221,3 +221,13 @@ def test_nb_names_are_those_of_the_bytecode():
     binary = _OPERATOR_CODES[1]
     dunders = {row.dunder for row in operators.rows(operators.BINARY, operators.AUGMENTED)}
     assert set(binary.values()) == dunders
+
+
+def test_the_coverage_oracles_pair_operator_names_by_the_table():
+    """fixtures/oracle_sites.same_api, which the real-model coverage tests use, reads the operator table."""
+    from fixtures.oracle_sites import same_api
+
+    assert same_api("Tensor.div", "Tensor.__truediv__") and same_api("Tensor.sub_", "Tensor.__isub__")
+    assert same_api("Tensor.remainder", "Tensor.__mod__") and same_api("Tensor.gt", "Tensor.__gt__")
+    assert same_api("Tensor.add", "Tensor.__radd__") and same_api("Tensor.neg", "Tensor.neg")
+    assert not same_api("Tensor.add", "Tensor.__mul__") and not same_api("Torch.div", "Tensor.__truediv__")
