@@ -90,6 +90,7 @@ class Collector:
         self.identity = identity              # id(callable) -> dump name, for dyn and the mode
         self.tensor_methods = tensor_methods  # method name -> "Tensor.name"
         self.operator_names = operators.dump_names(tensor_methods)  # entry -> (left name, reflected name)
+        self.truth_name = tensor_methods.get("__bool__")  # a truth test's dump name (Tensor.__bool__)
         self.tensor_task = config.task == "tensor"
         self.stats = stats or StatBuffer(config.nan_inf_count)
         modes = set(config.data_mode)
@@ -209,8 +210,8 @@ class Collector:
             return fn(*args, **kwargs)
         record_args = args
         if api_name.startswith("Tensor."):
-            owner = bound_self(fn)
-            if owner is not None and is_subclass(type(owner), _TENSOR):
+            owner = _tensor_owner(fn)
+            if owner is not None:
                 record_args = (owner,) + args
         return self.api(api_name, fn, args, kwargs, record_args, sys._getframe(2))
 
@@ -220,8 +221,8 @@ class Collector:
         name = self.identity.get(id(fn))
         if name is not None:
             return self.api(name, fn, args, kwargs, args, sys._getframe(2))
-        owner = bound_self(fn)
-        if owner is not None and is_subclass(type(owner), _TENSOR):
+        owner = _tensor_owner(fn)
+        if owner is not None:
             name = self.tensor_methods.get(method_name(fn))
             if name is not None:
                 return self.api(name, fn, args, kwargs, (owner,) + args, sys._getframe(2))
@@ -234,7 +235,7 @@ class Collector:
         if is_subclass(type(first), _TENSOR):
             api_name, record_args = self.operator_names[name][0], operands
         elif (len(operands) == 2 and is_subclass(type(operands[1]), _TENSOR)
-              and any(is_subclass(type(first), scalar) for scalar in _PLAIN_SCALARS)):
+              and is_subclass(type(first), _PLAIN_SCALARS)):
             # Python reaches the tensor's reflected method: msprobe records that one, self first
             api_name, record_args = self.operator_names[name][1], (operands[1], first)
         else:
@@ -246,12 +247,10 @@ class Collector:
     def truth(self, value):
         """A truth test: recorded as the tensor's ``__bool__`` (msprobe's ``Tensor.__bool__``, and what the
         observing mode records for ``if t:`` in uninstrumented code); any other value is only tested."""
-        if self.in_api.get(_get_ident()) or not self.level_api or not is_subclass(type(value), _TENSOR):
+        if (self.in_api.get(_get_ident()) or not self.level_api or self.truth_name is None
+                or not is_subclass(type(value), _TENSOR)):
             return bool(value)
-        api_name = self.tensor_methods.get("__bool__")
-        if api_name is None:
-            return bool(value)
-        return self.api(api_name, bool, (value,), {}, (value,), sys._getframe(2))
+        return self.api(self.truth_name, bool, (value,), {}, (value,), sys._getframe(2))
 
     # ----------------------------------------------------------------- APIs
 
@@ -585,6 +584,12 @@ def _local_shard(t):
         dtensor = getattr(module, "DTensor", None) if module is not None else None
         known = _DTENSOR_TYPES[kind] = dtensor is not None and is_subclass(kind, dtensor)
     return t._local_tensor if known else None
+
+
+def _tensor_owner(fn):
+    """The tensor a bound method ``fn`` belongs to, or None (looked at by type only: ``foreign``)."""
+    owner = bound_self(fn)
+    return owner if owner is not None and is_subclass(type(owner), _TENSOR) else None
 
 
 _DTYPE_NAMES = {}

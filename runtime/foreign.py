@@ -24,13 +24,16 @@ _subclass_cache = {}  # (id(base), id(cls)) -> (cls, bool); keyed by id: a metac
 
 
 def is_subclass(cls, base):
-    """``issubclass(cls, base)`` for a class from ``type(obj)``, through the MRO that CPython stores, never a
-    metaclass's ``__subclasscheck__`` or ``__hash__``/``__eq__``."""
+    """``issubclass(cls, base)`` for a class from ``type(obj)`` (``base`` a class or a tuple of them), through
+    the MRO that CPython stores, never a metaclass's ``__subclasscheck__`` or ``__hash__``/``__eq__``."""
+    if cls is base:
+        return True
     key = (id(base), id(cls))
     known = _subclass_cache.get(key)
     if known is not None and known[0] is cls:
         return known[1]
-    answer = any(klass is base for klass in _TYPE_GETATTR(cls, "__mro__"))
+    bases = base if type(base) is tuple else (base,)
+    answer = any(klass is b for klass in _TYPE_GETATTR(cls, "__mro__") for b in bases)
     if len(_subclass_cache) > 4096:
         _subclass_cache.clear()
     _subclass_cache[key] = (cls, answer)  # the class is held, so its id is not reused while cached

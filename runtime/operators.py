@@ -106,7 +106,6 @@ TABLE = _BINARY_ROWS + (
     Operator("setitem", STORE, "", None, None, "__setitem__", None, "__setitem__", None),
 )
 
-BY_ENTRY = {row.entry: row for row in TABLE}
 
 
 def rows(*kinds):
