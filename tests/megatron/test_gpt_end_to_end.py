@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from fixtures.oracle_sites import same_api, sites_of_stacks
+from fixtures.reproducible_env import training_env
 
 pytestmark = pytest.mark.slow  # megatron-core trained in fresh interpreters and under torchrun (about 55 s)
 
@@ -38,10 +39,7 @@ TORCH_DIR = str(Path(importlib.util.find_spec("torch").origin).parent) + os.sep
 
 def train(cwd, *flags, copy=None, launcher=()):
     """Run the fixture; return its ``loss``/``grad`` lines. ``copy``: put the rewritten package first."""
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    env.pop("PYTHONPATH", None)
-    if copy is not None:
-        env["PYTHONPATH"] = str(copy)
+    env = training_env(copy, PYTHONWARNINGS="ignore")
     result = subprocess.run([sys.executable, *launcher, str(SCRIPT), "--where", *flags], cwd=cwd,
                             capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.reproducible_env import training_env
+
 pytestmark = pytest.mark.slow  # megatron-core's training loop in ten fresh interpreters
 
 pytest.importorskip("torch")
@@ -49,11 +51,8 @@ LEVELS = ("L0", "L1", "mix")
 
 def _train(workdir, flags, level, copy):
     """One run of the fixture; ``(result dict or None, error text)``. ``copy``: the rewritten package first."""
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    env.pop("PYTHONPATH", None)
+    env = training_env(copy, PYTHONWARNINGS="ignore")
     env.pop("MASTER_PORT", None)
-    if copy is not None:
-        env["PYTHONPATH"] = str(copy)
     command = [sys.executable, str(SCRIPT), "--where", "--microbatches", str(MICROBATCHES), "--steps", str(STEPS),
                *flags, "--level", level]
     if level != "none":

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.reproducible_env import training_env
+
 pytestmark = pytest.mark.slow
 
 pytest.importorskip("torch")
@@ -93,9 +95,7 @@ class Runs:
                    "--out", str(out)]
         if level != "none":
             command += ["--dump", str(dump)]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-        env["OMP_NUM_THREADS"] = "1"  # two ranks on two cores: one thread each (the same for every run)
+        env = training_env(str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         env.setdefault("TORCHDYNAMO_DISABLE", "1")
         start = time.perf_counter()
         done = subprocess.run(command, capture_output=True, text=True, cwd=str(self.workdir), env=env,

@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from fixtures.oracle_sites import same_api, sites_of_stacks
+from fixtures.reproducible_env import REPRODUCIBLE
 
 pytestmark = pytest.mark.slow
 
@@ -122,7 +123,7 @@ def environment(tmp_path_factory):
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTHONDONTWRITEBYTECODE", "MSPROBE_REWRITE_PACKAGES")}
     env.update(PYTHONPYCACHEPREFIX=str(prefix), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false")
+               TOKENIZERS_PARALLELISM="false", **REPRODUCIBLE)
     return env
 
 
