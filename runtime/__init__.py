@@ -10,7 +10,8 @@ from .shims import attr, aug, call, dyn, item  # noqa: F401  (the instrumented c
 # the operator entry points (add, neg, iadd, ...), one per row of the operator table
 globals().update({_row.entry: getattr(_shims, _row.entry) for _row in _OPERATORS if _row.kind != _STORE})
 truth = bool  # a truth test while no debugger collects; start() points it at shims.truth (shims.set_truth)
-from .debugger import PrecisionDebugger  # noqa: F401  (imports no torch: torch loads at start())
+# imports no torch: torch loads at start()
+from .debugger import PrecisionDebugger, module_dump, module_dump_end  # noqa: F401
 from .seeding import seed_all  # noqa: F401
 
 __version__ = "0.1.0"

@@ -20,6 +20,8 @@ from . import dump_names, operators
 from .foreign import (bound_self, is_subclass, key_text, mapping_items, method_name, own_parameters, parameters,
                       sequence_items, type_name)
 from .records import TensorRecord, describe_builtin
+from .selection import Selection
+from .checksums import MODES as CHECKSUM_MODES, checksum_of
 from .statistics import KIND_EMPTY, StatBuffer, tensor_kind
 
 logger = logging.getLogger("msprobe_runtime")
@@ -92,6 +94,7 @@ class Collector:
         self.operator_names = operators.dump_names(tensor_methods)  # entry -> (left name, reflected name)
         self.truth_name = tensor_methods.get("__bool__")  # a truth test's dump name (Tensor.__bool__)
         self.tensor_task = config.task == "tensor"
+        self.checksum_mode = config.summary_mode if config.summary_mode in CHECKSUM_MODES else None
         self.stats = stats or StatBuffer(config.nan_inf_count)
         modes = set(config.data_mode)
         everything = "all" in modes or not modes
@@ -99,13 +102,14 @@ class Collector:
         self.want_backward = everything or "backward" in modes or not ({"forward", "backward"} & modes)
         self.want_input = everything or "input" in modes or not ({"input", "output"} & modes)
         self.want_output = everything or "output" in modes or not ({"input", "output"} & modes)
-        self.list_filter = tuple(config.list)
-        self.scope = tuple(config.scope)
-        self._in_scope = not self.scope
+        # config.json's scope and list, matched as msprobe does (selection.py); None: everything is recorded
+        self.selection = (Selection(config.scope, config.list, config.level, config.task)
+                          if config.scope or config.list else None)
         self.modules = {}  # id(module) -> (module, "Module.net1.ln1.Linear.")
         for path, module in named_modules:
             self.modules[id(module)] = (module, dump_names.module_prefix(path, type_name(type(module))))
         self.collecting = False
+        self.param_hooks = False  # set by start() when parameter-gradient hooks are installed
         self.token = object()  # replaced at every reset, so stale backward hooks stay silent
         # The session's state of execution, changed only through the methods below: ``in_api`` maps a thread
         # to the depth of the API calls and own work it runs (``busy``, ``own_work``): per thread, so that a
@@ -177,6 +181,9 @@ class Collector:
         self.backward_parents = {}  # backward entry -> parent module's forward entry
         self.pending_backward = {}  # module backward entries still waiting for some of their gradients
         self.param_waiters = {}  # id(parameter) -> callbacks waiting for its gradient's accumulation
+        self.skipped_backward = set()  # backward entries that scope left out, this step
+        if self.selection is not None:
+            self.selection.reset()
 
     def snapshot(self, handover=False):
         """The step's tables for the writer. ``handover``: the caller resets right after, so the tables
@@ -191,6 +198,8 @@ class Collector:
                 for name, entry in self.pending_backward.items():
                     data[name] = _copy(entry)
             tensors, self.tensors = self.tensors, []
+        if self.selection is not None:
+            self.selection.end_step()
         if handover:
             return data, self.stacks, self.construct, tensors
         return data, dict(self.stacks), dict(self.construct), tensors
@@ -255,26 +264,16 @@ class Collector:
     # ----------------------------------------------------------------- APIs
 
     def _begin(self, api_name):
-        with self._lock:  # threads count under one lock: each call its own index
+        """(call name, forward entry selected, backward worth hooking); the name is None when neither is."""
+        selection = self.selection
+        with self._lock:  # threads count under one lock: each call its own index (and scope moves in that order)
             index = self.api_counts.get(api_name, 0)
             self.api_counts[api_name] = index + 1
-        name = dump_names.api_call(api_name, index)
-        if not self._selected(name):
-            return None
-        return name
-
-    def _selected(self, name):
-        if self.scope:
-            if name.startswith(self.scope[0]):
-                self._in_scope = True
-            selected = self._in_scope
-            if len(self.scope) > 1 and name.startswith(self.scope[-1]):
-                self._in_scope = False
-            if not selected:
-                return False
-        if self.list_filter and not any(part in name for part in self.list_filter):
-            return False
-        return True
+            name = dump_names.api_call(api_name, index)
+            if selection is None:
+                return name, True, True
+            forward, backward = selection.api(dump_names.api_forward(name), dump_names.api_backward(name))
+        return (name if forward or backward else None), forward, backward
 
     def api(self, api_name, fn, args, kwargs, record_args, frame, record_kwargs=None):
         """Record one API call around ``fn(*args, **kwargs)``, which runs exactly once.
@@ -285,10 +284,11 @@ class Collector:
         self.enter_own_work()
         try:
             name = entry = None
+            backward = False
             try:
                 with quiet(self):
-                    name = self._begin(api_name)
-                    if name is not None and self.want_forward:
+                    name, forward, backward = self._begin(api_name)
+                    if name is not None and self.want_forward and forward:
                         entry = {}
                         if self.want_input:
                             prefix = dump_names.stem(dump_names.api_forward(name), "input")
@@ -302,14 +302,14 @@ class Collector:
             if name is not None:
                 try:
                     with quiet(self):
-                        self._finish_api(name, entry, result, frame)
+                        self._finish_api(name, entry, result, frame, backward)
                 except Exception as error:
                     self.log_error(f"recording {api_name}", error)
             return result
         finally:
             self.leave_own_work()
 
-    def _finish_api(self, name, entry, result, frame):
+    def _finish_api(self, name, entry, result, frame, backward_selected=True):
         forward = dump_names.api_forward(name)
         if entry is not None:
             if self.want_output:
@@ -319,7 +319,7 @@ class Collector:
             self.stacks[forward] = self._frames(frame)
             if self.construct_apis:
                 self.construct[forward] = self.module_stack[-1] if self.module_stack else None
-        if self.want_backward and torch.is_grad_enabled():
+        if backward_selected and self.want_backward and torch.is_grad_enabled():
             outputs = bw.flat_tensors(result, [])
             if any(t is not None and t.requires_grad for t in outputs):
                 parent = self.module_stack[-1] if (self.construct_apis and self.module_stack) else None
@@ -334,6 +334,13 @@ class Collector:
         if entry is None:
             entry = self.pending_backward.get(name)
         if entry is None:
+            if self.selection is not None:
+                with self._lock:  # backward hooks of several devices may run on several threads
+                    skipped = name in self.skipped_backward or not self.selection.backward(name)
+                    if skipped:
+                        self.skipped_backward.add(name)  # later parts of a module's backward: the same answer
+                if skipped:
+                    return None
             entry = {}
             if self.want_input:
                 entry["input"] = [None] * input_width
@@ -370,10 +377,13 @@ class Collector:
         name = dump_names.module_forward(prefix, index)
         parent = self.module_stack[-1] if self.module_stack else None
         self.module_stack.append(name)
-        if not self._selected(name):
-            return (name, None, parent, None)  # outside scope/list: neither forward nor backward
-        if not self.want_forward:
-            return (name, None, parent, args)
+        forward = backward = True
+        if self.selection is not None:
+            forward, backward = self.selection.module_begin(name, dump_names.module_backward(name))
+        # the record's args also say whether to hook the backward (module_forward_end)
+        backward_args = args if backward else None
+        if not forward or not self.want_forward:
+            return (name, None, parent, backward_args)
         entry = {}
         if self.want_input:
             entry["input_args"] = self.describe_seq(args, dump_names.stem(name, "input"))
@@ -381,14 +391,18 @@ class Collector:
         # the entry joins dump.json when the forward ends, after the calls inside it, as in msprobe's order
         self.construct[name] = parent
         self.stacks[name] = self._frames(None)
-        return (name, entry, parent, args)
+        return (name, entry, parent, backward_args)
 
     def module_forward_abort(self, record):
+        if self.selection is not None:
+            self.selection.module_end(record[0])
         if self.module_stack and self.module_stack[-1] == record[0]:
             self.module_stack.pop()
 
     def module_forward_end(self, record, module, kwargs, result):
         name, entry, parent, args = record
+        if self.selection is not None:
+            self.selection.module_end(name)
         if self.module_stack and self.module_stack[-1] == name:
             self.module_stack.pop()
         if entry is not None:
@@ -411,7 +425,8 @@ class Collector:
                     bw.flat_tensors(kwargs, inputs)
                 backward_name = dump_names.module_backward(name)
                 self.backward_parents[backward_name] = parent
-                params = [p for p in parameters(module) if p.requires_grad]
+                # wait for the parameters' accumulation only where their hooks report it (not for module_dump at L1)
+                params = [p for p in parameters(module) if p.requires_grad] if self.param_hooks else []
                 bw.hook_module_backward(self, backward_name, inputs, outputs, params)
 
     def record_param_grad(self, prefix, param_name, param, grad):
@@ -421,7 +436,7 @@ class Collector:
             index = self.param_counts.get(key, 0)
             self.param_counts[key] = index + 1
         name = dump_names.parameters_grad(prefix, index)
-        if not self._selected(name):
+        if self.selection is not None and not self.selection.parameters_grad(name):
             self.param_accumulated(param)
             return
         entry = self.data.get(name)
@@ -497,8 +512,11 @@ class Collector:
             if local is not None:
                 t = local
         kind = tensor_kind(t)
-        if kind != KIND_EMPTY and not self._has_readable_data(t):
-            kind = KIND_EMPTY  # its record keeps dtype, shape and requires_grad; statistics null
+        readable = None
+        if kind != KIND_EMPTY:
+            readable = self._has_readable_data(t)
+            if not readable:
+                kind = KIND_EMPTY  # its record keeps dtype, shape and requires_grad; statistics null
         slot = counts = None
         if kind != KIND_EMPTY:
             slot, counts = self._slots(t, kind)
@@ -506,8 +524,13 @@ class Collector:
         if self.tensor_task and file_stem is not None and kind != KIND_EMPTY:
             data_name = f"{file_stem}.pt"
             self.tensors.append((data_name, t.detach().clone()))
+        checksum = None
+        if self.checksum_mode is not None:
+            if readable is None:  # empty or complex: no statistics, but bytes to hash where there are any
+                readable = t.numel() == 0 or self._has_readable_data(t)
+            checksum = checksum_of(t, self.checksum_mode, readable, self.stats)
         return TensorRecord("torch.Tensor", _dtype_name(t.dtype), list(t.shape), requires_grad, kind, slot,
-                            counts, data_name)
+                            counts, data_name, checksum)
 
     def _has_readable_data(self, t):
         """Whether the statistics ops can read ``t``'s values: not a meta tensor (no data), nor a sparse,

@@ -1,9 +1,11 @@
-"""PrecisionDebugger: msprobe's API (constructor, start, stop, step) over the collector.
+"""PrecisionDebugger: msprobe's API (constructor, start, stop, step, save, set_init_step, module_dump) over
+the collector.
 
 Construction only reads the configuration: no device is touched, nothing is patched, torch is not imported.
 ``start()`` builds the identity table, installs the global forward module hooks and parameter-gradient hooks,
 and points the shims at the collector; ``stop()`` undoes all of it and flushes; ``step()`` flushes and begins
-the next step.
+the next step. As in msprobe, ``PrecisionDebugger.start()`` (and stop, step, save, set_init_step) called on the
+class reaches the debugger built last, so other modules need no reference to it.
 """
 from __future__ import annotations
 
@@ -13,10 +15,12 @@ import logging
 import multiprocessing.util
 import os
 import sys
+import types
 
-from . import shims
-from .config import load_config
-from .writer import StepJob, Writer
+from . import seeding, shims
+from .config import load_config, read_dump_enable
+from .debug_save import DebugJob, DebugRecords, DumpWriter, valid_variable
+from .writer import StepJob
 
 logger = logging.getLogger("msprobe_runtime")
 
@@ -25,20 +29,67 @@ class DumpPathError(FileExistsError):
     """The dump path already holds a dump from another run; nothing was overwritten."""
 
 
+class _ClassOrInstance:
+    """A method msprobe declares as a classmethod: ``debugger.step()`` runs on that debugger, and
+    ``PrecisionDebugger.step()`` (from any module) on the one built last."""
+
+    def __init__(self, function):
+        self.function = function
+        self.__doc__ = function.__doc__
+        self.__name__ = function.__name__
+
+    def __get__(self, instance, owner):
+        if instance is None:
+            instance = owner._instance
+            if instance is None:
+                return types.MethodType(_not_built, self.function.__name__)
+        return types.MethodType(self.function, instance)
+
+
+def _not_built(name, *args, **kwargs):
+    raise RuntimeError(f"msprobe_runtime: PrecisionDebugger.{name}() needs a PrecisionDebugger built first "
+                       f"(PrecisionDebugger(config_path=..., dump_path=...))")
+
+
 class PrecisionDebugger:
     """Collect msprobe-compatible dumps from instrumented code (see docs/contract.md)."""
 
+    _instance = None  # the debugger built last: the one class-level calls and module_dump reach
+    _built = False
+
+    def __new__(cls, *args, **kwargs):
+        # msprobe's debugger is a singleton, and scripts reach it from another file as ``PrecisionDebugger()``:
+        # with no argument at all, that is the debugger already built. With arguments, a new one is built (and
+        # becomes the one class-level calls reach), so two debuggers in one process stay independent.
+        current = cls._instance
+        if current is not None and not args and all(value is None for value in kwargs.values()):
+            return current
+        return super().__new__(cls)
+
     def __init__(self, config_path=None, task=None, dump_path=None, level=None, step=None):
+        if self._built:
+            return
         self.config = load_config(config_path, task, dump_path, level, step)
+        seeding.apply_config(self.config)  # config.json's seed / is_deterministic, as msprobe's seed_all
         self.current_step = 0
         self._collector = None
         self._tracker = None
         self._param_handles = []
         self._session_mode = None
-        self._writer = Writer()
+        self._writer = DumpWriter()
         self._checked = False
         self._model = None
         self._dirty = False
+        self._debug = DebugRecords()
+        self._rank_id = None  # start(rank_id=...): the rank msprobe names the directory after
+        self._tokens = None  # start(token_range=...): the window of root-model forwards that is collected
+        self._module_dump = None  # (module, name, saved state) while module_dump() is in force
+        # dump_enable hot reload, as msprobe: only when the file had the key at construction
+        self._reload_path = self.config.config_path if self.config.dump_enable is not None else None
+        self._reload_signature = _signature(self._reload_path)
+        self._built = True
+        PrecisionDebugger._instance = self
+        _eager_save()  # made now (when torch.compile is loaded), not first inside a compiled region
         atexit.register(self._writer.wait)
         # multiprocessing children (mp.spawn) leave through os._exit, which skips atexit; its own exit
         # function still runs these finalizers, so the last flushed step reaches the disk there too
@@ -46,22 +97,36 @@ class PrecisionDebugger:
 
     # ------------------------------------------------------------------ public API
 
-    def start(self, model=None):
-        """Begin (or resume) collecting in the current step."""
+    @_ClassOrInstance
+    def start(self, model=None, token_range=None, rank_id=None):
+        """Begin (or resume) collecting in the current step.
+
+        ``token_range=[a, b]``: collect only during forwards ``a`` to ``b`` (counted from 0 at each start) of
+        the model (its first chunk), msprobe's inference option. ``rank_id``: the rank to name the directory
+        after and to filter on, for a process whose rank torch.distributed does not know."""
+        _check_token_range(token_range)
+        _check_rank_id(rank_id)
+        self._reload_dump_enable()
         config = self.config
+        if config.dump_enable is False:
+            return
         if self._collector is not None and self._collector.collecting:
             return
         if not config.wants_step(self.current_step):
             return
-        rank = _rank()
+        if rank_id is not None:
+            self._rank_id = rank_id
+        rank = self._rank()
         if not config.wants_rank(rank):
             return
+        if config.level == "debug":
+            return  # msprobe's debug level records only save()
         if config.level in ("L0", "mix") and model is None and self._model is None:
             raise ValueError(f"msprobe_runtime: level {config.level} records modules; pass the model to start()")
-        if not self._checked:
-            self._refuse_existing_dump(rank)
-            _check_writable(self.config.dump_path)
-            self._checked = True
+        if token_range is not None and not _chunks(model if model is not None else self._model):
+            raise ValueError("msprobe_runtime: token_range counts the model's forwards; pass the model to start()")
+        self._prepare_dump_path(rank)
+        _eager_save()
         if model is not None and not _same_model(model, self._model):
             _check_model(model)
             self._model = model
@@ -81,6 +146,9 @@ class PrecisionDebugger:
             collector.start_in(False)
             self._session_mode = ObserveMode(collector)
             collector.push_mode(self._session_mode)
+        if token_range is not None:
+            # before the tracker's hooks, so the window opens (or closes) before the root's own call is seen
+            self._tokens = _TokenWindow(collector, _chunks(self._model)[0][1], token_range)
         if collector.level_module or collector.level_api:
             self._tracker = ModuleTracker(collector)
             self._tracker.install()
@@ -88,19 +156,36 @@ class PrecisionDebugger:
             from .backward import hook_parameters
 
             self._param_handles = hook_parameters(collector)
+            collector.param_hooks = True
+        if self._module_dump is not None:
+            self._apply_module_dump()
         collector.collecting = True
         self._dirty = True
         shims._collector = collector
         shims.set_truth(True)
 
+    @_ClassOrInstance
     def stop(self):
         """Stop collecting and write this step's files (in the background)."""
+        if self._end_collection():
+            self._flush()
+        elif self._debug.dirty:
+            self._flush(dump=False)
+        self._reload_dump_enable()
+
+    def _end_collection(self):
+        """Unhook everything start() hooked; whether collection was on."""
         collector = self._collector
         if collector is None or not collector.collecting:
-            return
+            return False
         shims._collector = None
         shims.set_truth(False)
         collector.collecting = False
+        if self._tokens is not None:
+            self._tokens.remove()
+            self._tokens = None
+        if self._module_dump is not None and self._module_dump[2] is not None:
+            self._undo_module_dump()
         if self._tracker is not None:
             self._tracker.remove()
             self._tracker = None
@@ -110,23 +195,111 @@ class PrecisionDebugger:
         if self._session_mode is not None:
             collector.pop_mode(self._session_mode)
             self._session_mode = None
-        self._flush()
+        return True
 
+    @_ClassOrInstance
     def step(self):
         """Flush this step, then count the next one (call indices restart)."""
         collector = self._collector
         if collector is not None:
-            if collector.collecting or self._dirty:
-                self._flush(handover=True)
+            if collector.collecting or self._dirty or self._debug.dirty:
+                self._flush(handover=True, dump=collector.collecting or self._dirty)
             collector.reset()
+        self._debug.snapshot(handover=True)  # anything left (nothing to write without a collector) is dropped
         self._dirty = False
         self.current_step += 1
+        self._reload_dump_enable()
         if collector is not None and collector.collecting and not self.config.wants_step(self.current_step):
             self.stop()
+
+    @_ClassOrInstance
+    def save(self, variable, name, save_backward=True):
+        """Record ``variable`` (a tensor, int, float or str, or lists, tuples and dicts of them) as
+        ``{name}.{n}.debug`` in debug.json, and with ``save_backward`` its gradient as ``{name}_grad.{n}.debug``,
+        msprobe's debug-level layout. For values no API call shows: the loss, ``main_grad``, a value inside a
+        ``@jit_fuser`` body. Works at every level, between start() and stop() or not, in the steps and ranks
+        the config selects. A variable of another type is skipped with a warning, as msprobe does."""
+        # a @jit_fuser body is compiled by torch.compile: run save eagerly there (one graph break) rather than
+        # let dynamo trace the runtime into the user's graph
+        _eager_save()(self, variable, name, save_backward)
+
+    def _save(self, variable, name, save_backward):
+        import torch
+
+        if type(name) is not str or type(save_backward) is not bool or not valid_variable(variable, torch.Tensor):
+            logger.warning("msprobe_runtime: save() takes a tensor, int, float or str (or lists, tuples and "
+                           "dicts with str keys of them), a str name and a bool save_backward; this call is skipped")
+            return
+        if self.config.dump_enable is False or not self.config.wants_step(self.current_step):
+            return
+        rank = self._rank()
+        if not self.config.wants_rank(rank):
+            return
+        self._prepare_dump_path(rank)
+        try:
+            if self._collector is None:
+                self._collector = self._build_collector()
+            self._debug.save(self._collector, variable, name, save_backward)
+        except Exception as error:  # never into the training loop: the value is not recorded
+            logger.warning("msprobe_runtime: save(%r) failed (%s: %s); the value is not recorded",
+                           name, type(error).__name__, error)
+
+    @_ClassOrInstance
+    def set_init_step(self, step):
+        """Number the current step ``step`` (a resumed job's first step); later steps count on from it."""
+        if type(step) is not int or step < 0:
+            raise ValueError(f"msprobe_runtime: set_init_step takes an int >= 0, got {step!r}")
+        self.current_step = step
 
     def wait(self):
         """Block until every flushed step is on disk (the training loop never needs this)."""
         self._writer.wait()
+
+    # ------------------------------------------------------------------ module_dump
+
+    def module_dump(self, module, name):
+        """Record ``module``'s calls as ``Module.{name}.{Class}.forward.{n}`` (and backward) and none of the
+        API calls inside them, until ``module_dump_end()``: msprobe's module_dump, for level L1."""
+        if self.config.level != "L1":
+            logger.info("msprobe_runtime: module_dump() is for level L1 (at %s the modules are recorded "
+                        "already); ignored", self.config.level)
+            return
+        if self._module_dump is not None:
+            self.module_dump_end()
+        self._module_dump = [module, name, None]
+        collector = self._collector
+        if collector is not None and collector.collecting:
+            self._apply_module_dump()
+
+    def module_dump_end(self):
+        if self._module_dump is None:
+            return
+        if self._module_dump[2] is not None:
+            self._undo_module_dump()
+        self._module_dump = None
+
+    def _apply_module_dump(self):
+        from . import dump_names
+        from .foreign import type_name
+
+        module, name, _ = self._module_dump
+        collector = self._collector
+        prefix = dump_names.module_prefix(name, type_name(type(module)))
+        # the module alone is recorded as a module (not its children), the APIs inside it not at all
+        self._module_dump[2] = (collector.modules, collector.level_module, collector.level_api, prefix)
+        collector.modules = {id(module): (module, prefix)}
+        collector.level_module = True
+        collector.level_api = False
+
+    def _undo_module_dump(self):
+        collector = self._collector
+        modules, level_module, level_api, prefix = self._module_dump[2]
+        self._module_dump[2] = None
+        collector.modules = modules
+        collector.level_module = level_module
+        collector.level_api = level_api
+        for entry in [entry for entry in collector.construct if entry.startswith(prefix)]:
+            del collector.construct[entry]  # construct.json stays {} at L1, as msprobe writes it
 
     # ------------------------------------------------------------------ internals
 
@@ -143,33 +316,86 @@ class PrecisionDebugger:
                 named.append((prefix + path, module))
         return Collector(self.config, identity, tensor_methods, named)
 
+    def _rank(self):
+        return self._rank_id if self._rank_id is not None else _rank()
+
     def _step_dir(self, step):
-        rank = _rank()
+        rank = self._rank()
         leaf = f"rank{rank}" if rank is not None else f"proc{os.getpid()}"
         return os.path.join(self.config.dump_path, f"step{step}", leaf)
 
-    def _flush(self, handover=False):
+    def _prepare_dump_path(self, rank):
+        if not self._checked:
+            self._refuse_existing_dump(rank)
+            _check_writable(self.config.dump_path)
+            self._checked = True
+
+    def _flush(self, handover=False, dump=True):
+        """Hand this step's records to the writer: dump.json, stack.json and construct.json (``dump``; never at
+        level debug), and debug.json when save() recorded anything."""
         collector = self._collector
-        data, stacks, construct, tensors = collector.snapshot(handover)
+        dump = dump and self.config.level != "debug"
+        if dump:
+            data, stacks, construct, tensors = collector.snapshot(handover)
+        else:
+            with collector._lock:
+                tensors, collector.tensors = collector.tensors, []
+        debug = self._debug.snapshot(handover) if self._debug.dirty else None
         # our own ops: never recorded as the user's calls, even while the session's mode is pushed
         try:
             with collector.own_work:
                 collector.stats.take()
         except Exception as error:  # never into the training loop: the step's statistics are written null
             collector.log_error("collecting the step's statistics", error)
-        header = {"task": self.config.task, "level": self.config.level, "framework": "pytorch",
-                  "dump_data_dir": None}
-        self._writer.submit(StepJob(self._step_dir(self.current_step), header, data, stacks, construct, tensors))
-        self._dirty = False
+        directory = self._step_dir(self.current_step)
+        if dump:
+            header = {"task": self.config.task, "level": self.config.level, "framework": "pytorch",
+                      "dump_data_dir": None}
+            self._writer.submit(StepJob(directory, header, data, stacks, construct, tensors))
+            tensors = []  # written with the dump, in the same folder
+        if debug is not None:
+            tensor_dir = os.path.join(directory, "dump_tensor_data")
+            header = {"task": self.config.task, "level": "debug", "framework": "pytorch",
+                      "dump_data_dir": tensor_dir if self.config.task == "tensor" else None}
+            self._writer.submit(DebugJob(directory, header, debug, tensors, tensor_dir))
+        if dump:
+            self._dirty = False
 
     def _refuse_existing_dump(self, rank):
         root = self.config.dump_path
         leaf = f"rank{rank}" if rank is not None else "*"
-        existing = sorted(glob.glob(os.path.join(glob.escape(root), "step*", leaf, "dump.json")))
+        existing = sorted(glob.glob(os.path.join(glob.escape(root), "step*", leaf, "dump.json"))
+                          + glob.glob(os.path.join(glob.escape(root), "step*", leaf, "debug.json")))
         if existing:
             raise DumpPathError(
                 f"msprobe_runtime: {root!r} already holds a dump ({os.path.relpath(existing[0], root)}); "
                 f"nothing was overwritten. Choose a new dump_path or remove the old dump.")
+
+    def _reload_dump_enable(self):
+        """msprobe's hot reload of ``dump_enable``: when the config file changed since it was last read, read the
+        key again, so a running job can be switched on (or off) between steps by editing the file. Costs one
+        ``stat`` per call; the file is parsed only when its size or modification time changed."""
+        path = self._reload_path
+        if path is None:
+            return
+        signature = _signature(path)
+        if signature is None or signature == self._reload_signature:
+            return
+        self._reload_signature = signature
+        try:
+            value = read_dump_enable(path)
+        except Exception as error:  # a half-written file: keep the last value, try again at the next change
+            logger.warning("msprobe_runtime: re-reading dump_enable from %s failed (%s); it stays %s",
+                           path, error, self.config.dump_enable)
+            return
+        if value is None or value == self.config.dump_enable:
+            return  # msprobe: removing the key keeps the last state
+        logger.warning("msprobe_runtime: dump_enable is now %s (%s changed) at step %d",
+                       value, path, self.current_step)
+        self.config.dump_enable = value
+        collector = self._collector
+        if not value and self._end_collection() and (collector.data or collector.pending_backward):
+            self._flush()  # what this step collected so far is written (not an empty step begun by step())
 
 
 class DumpPathNotWritable(OSError):
@@ -234,3 +460,113 @@ def _rank():
     except Exception:
         return None
     return None
+
+
+def _signature(path):
+    if path is None:
+        return None
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_mtime_ns, info.st_size, info.st_ino
+
+
+def _check_token_range(token_range):
+    """msprobe's checks: a list or tuple of two ints, 0 <= start <= end."""
+    if token_range is None:
+        return
+    if type(token_range) not in (list, tuple) or len(token_range) != 2:
+        raise ValueError(f"msprobe_runtime: token_range must be a list or tuple [start, end], got {token_range!r}")
+    start, end = token_range
+    if type(start) is not int or type(end) is not int or not 0 <= start <= end:
+        raise ValueError(f"msprobe_runtime: token_range takes two ints with 0 <= start <= end, got {token_range!r}")
+
+
+def _check_rank_id(rank_id):
+    if rank_id is not None and (type(rank_id) is not int or rank_id < 0):
+        raise ValueError(f"msprobe_runtime: rank_id must be an int >= 0, got {rank_id!r}")
+
+
+class _TokenWindow:
+    """start(token_range=[a, b]): collection pauses outside forwards a..b of the root model, counted from 0 at
+    each start(). Counted by a global forward pre-hook (no hook on the user's model); pausing is the runtime's
+    own-work state on this thread, in which every routed call, observed call and module call passes through."""
+
+    def __init__(self, collector, root, token_range):
+        from torch.nn.modules import module as nn_module
+
+        self.collector = collector
+        self.root = root
+        self.first, self.last = token_range
+        self.count = 0
+        self.paused = False
+        self._pause()  # nothing before the first counted forward
+        self.handle = nn_module.register_module_forward_pre_hook(self._pre)
+
+    def _pre(self, module, args):
+        if module is not self.root:
+            return None
+        index = self.count
+        self.count += 1
+        if self.first <= index <= self.last:
+            self._resume()
+        else:
+            self._pause()
+        return None
+
+    def _pause(self):
+        if not self.paused:
+            self.collector.enter_own_work()
+            self.paused = True
+
+    def _resume(self):
+        if self.paused:
+            self.collector.leave_own_work()
+            self.paused = False
+
+    def remove(self):
+        self.handle.remove()
+        self._resume()
+
+
+def module_dump(module, dump_name):
+    """msprobe's ``module_dump``: record ``module`` as ``Module.{dump_name}.{Class}`` without the API calls
+    inside it, until ``module_dump_end()``; reaches the debugger built last."""
+    import torch
+
+    from .foreign import is_subclass, type_name
+
+    if not is_subclass(type(module), torch.nn.Module):
+        raise TypeError(f"msprobe_runtime: module_dump takes a torch.nn.Module, got a {type_name(type(module))}")
+    if type(dump_name) is not str:
+        raise TypeError("msprobe_runtime: module_dump's dump_name must be a str")
+    _current("module_dump").module_dump(module, dump_name)
+
+
+def module_dump_end():
+    """End ``module_dump``: API calls are recorded again."""
+    _current("module_dump_end").module_dump_end()
+
+
+def _current(name):
+    debugger = PrecisionDebugger._instance
+    if debugger is None:
+        _not_built(name)
+    return debugger
+
+
+_EAGER_SAVE = []
+
+
+def _eager_save():
+    """``PrecisionDebugger._save`` behind dynamo's ``disable``, once dynamo is loaded (nothing is compiled
+    before; importing it here would cost seconds)."""
+    if _EAGER_SAVE:
+        return _EAGER_SAVE[0]
+    dynamo = sys.modules.get("torch._dynamo")
+    disable = getattr(dynamo, "disable", None) if dynamo is not None else None
+    if disable is None:
+        return PrecisionDebugger._save
+    _EAGER_SAVE.append(disable(PrecisionDebugger._save))
+    return _EAGER_SAVE[0]

@@ -43,7 +43,7 @@ class ObserveMode(TorchFunctionMode):
         if kwargs is None:
             kwargs = {}
         collector = self.collector
-        if not collector.busy() and collector.in_uninstrumented_code():
+        if collector.level_api and not collector.busy() and collector.in_uninstrumented_code():
             name = collector.identity.get(id(func))
             if name is not None:
                 if name.startswith("Tensor.") and _OPERATOR_CODES:

@@ -13,9 +13,10 @@ MAX_DEPTH = 32
 class TensorRecord:
     """A tensor seen at record time; ``to_json`` runs on the writer thread once the statistics landed."""
 
-    __slots__ = ("dtype", "shape", "requires_grad", "kind", "slot", "counts", "data_name", "type")
+    __slots__ = ("dtype", "shape", "requires_grad", "kind", "slot", "counts", "data_name", "type", "checksum")
 
-    def __init__(self, type_name, dtype, shape, requires_grad, kind, slot, counts, data_name=None):
+    def __init__(self, type_name, dtype, shape, requires_grad, kind, slot, counts, data_name=None,
+                 checksum=None):
         self.type = type_name
         self.dtype = dtype
         self.shape = shape
@@ -24,6 +25,7 @@ class TensorRecord:
         self.slot = slot        # statistics.Slot, or None for an empty tensor
         self.counts = counts    # statistics.Slot of the NaN and Inf counts, or None
         self.data_name = data_name
+        self.checksum = checksum  # checksums.Checksum (summary_mode md5 or fingerprint), or None
 
     def to_json(self):
         from .statistics import KIND_BOOL, KIND_FLOAT, KIND_NO_MEAN, KIND_SCALAR
@@ -47,6 +49,8 @@ class TensorRecord:
         if counts is not None:
             out["NaN_count"] = int(counts[0])
             out["Inf_count"] = int(counts[1])
+        if self.checksum is not None:
+            out[self.checksum.key] = self.checksum.value()
         if self.data_name is not None:
             out["data_name"] = self.data_name
         return out

@@ -157,6 +157,13 @@ class StatBuffer:
                 self._pending.append(counts)
         return slot, counts
 
+    def add_values(self, values, width):
+        """A slot for ``width`` numbers already launched on the device (a checksum's parts)."""
+        slot = Slot(values, width)
+        with self._lock:
+            self._pending.append(slot)
+        return slot
+
     def _stage(self, t):
         """Copy a small tensor into its stage (a copy, since the user may change it in place before the
         flush); None where the staging memory is used up."""
@@ -239,7 +246,7 @@ class StatBuffer:
                 host, event = flat, None
             else:
                 host = flat.to("cpu", non_blocking=True)
-                event = _record_event(device)
+                event = record_event(device)
             batch = Batch(host, event)
             for slot in slots:
                 slot.batch = batch
@@ -266,7 +273,7 @@ def _dense_view(t):
     return t, repeat
 
 
-def _record_event(device):
+def record_event(device):
     """An event on ``device``'s current stream, through torch's device-generic API (nothing CUDA-only)."""
     import torch
 

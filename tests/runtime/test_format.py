@@ -512,7 +512,7 @@ def test_scope_and_rank_filters(tmp_path, debuggers):
     x = torch.ones(2)
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"dump_path": str(tmp_path / "d"), "level": "L1",
-                                  "statistics": {"scope": ["Torch.tanh.0", "Torch.sigmoid.0"]}}))
+                                  "statistics": {"scope": ["Torch.tanh.0.forward", "Torch.sigmoid.0.forward"]}}))
     debugger = debuggers(config_path=str(config))
     debugger.start()
     for fn in (torch.relu, torch.tanh, torch.exp, torch.sigmoid, torch.neg):
