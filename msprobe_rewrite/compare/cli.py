@@ -46,12 +46,18 @@ def build_parser() -> argparse.ArgumentParser:
                         help="decision threshold for a dtype (float32, bfloat16, ... or 'default'); repeatable. "
                              "Defaults: float32 1e-3, float16 5e-3, bfloat16 2e-2, float64 1e-6, integers exact")
     parser.add_argument("--top", type=int, default=10, metavar="N", help="divergences listed per pair (10)")
+    parser.add_argument("--bit-exact", action="store_true",
+                        help="compare bit for bit (dumps collected with summary_mode md5, msprobe's, or "
+                             "fingerprint): name the first operator whose inputs are identical in both runs "
+                             "and whose outputs are not")
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.bit_exact:
+        return _bit_exact(args)
     thresholds: Dict[str, float] = dict(args.threshold)
     try:
         summary = compare_runs(args.run_a, args.run_b, args.out, thresholds, max(args.top, 0), Progress())
@@ -63,3 +69,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.out:
             print(f"reports in {args.out}: {SUMMARY_FILE}, {HTML_FILE}, compare_result_*.csv")
     return 1 if summary["first_divergence"] is not None else 0
+
+
+def _bit_exact(args) -> int:
+    from .bit_exact import compare_runs_bit_exact, terminal_summary as bit_exact_summary
+
+    try:
+        summary = compare_runs_bit_exact(args.run_a, args.run_b, args.out, Progress())
+    except CompareError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    if not args.quiet:
+        print(bit_exact_summary(summary))
+        if args.out:
+            print(f"reports in {args.out}: {SUMMARY_FILE}, compare_result_*.csv")
+    return 1 if summary["first_difference"] is not None else 0

@@ -112,8 +112,11 @@ def compare_tensors(a: Optional[Tensor], b: Optional[Tensor], thresholds: Thresh
     if a is None or b is None:
         result.message = "No bench data matched." if b is None else "No target data matched."
         return result
+    # msprobe's md5 (or our fingerprint) on both sides: other bits are a divergence, as msprobe's compare says
+    checksum_differs = (a.checksum is not None and b.checksum is not None and a.checksum[0] == b.checksum[0]
+                        and a.checksum[1] != b.checksum[1])
     if a.stats == b.stats and a.shape == b.shape and a.nan == b.nan and a.inf == b.inf \
-            and not result.nonfinite_a:
+            and not result.nonfinite_a and not checksum_differs:
         # the common case before any divergence: equal records (NaN never equals itself, hence the guard)
         result.diff = [None if v is None else 0.0 for v in a.stats]
         result.rel = list(result.diff)
@@ -144,6 +147,11 @@ def compare_tensors(a: Optional[Tensor], b: Optional[Tensor], thresholds: Thresh
             else "NaN or Inf counts differ. "
     if result.worst > limit:
         result.exceeds = True
+    if checksum_differs:
+        result.exceeds = True
+        result.message += f"{a.checksum[0]} differs. "
+        if result.worst_stat is None:
+            result.worst_stat = a.checksum[0]
     return result
 
 

@@ -17,7 +17,8 @@ _NONFINITE_TEXT = {"nan", "inf", "-inf", "+inf", "infinity", "-infinity"}  # how
 class Tensor:
     """One tensor record, reduced to what the comparison reads."""
 
-    __slots__ = ("suffix", "role", "dtype", "shape", "stats", "requires_grad", "nan", "inf", "data_name")
+    __slots__ = ("suffix", "role", "dtype", "shape", "stats", "requires_grad", "nan", "inf", "data_name",
+                 "checksum")
 
     def __init__(self, suffix: str, role: str, record: dict):
         self.suffix = suffix
@@ -29,6 +30,7 @@ class Tensor:
         self.nan = record.get("NaN_count")
         self.inf = record.get("Inf_count")
         self.data_name = record.get("data_name")
+        self.checksum = checksum_of(record)
 
     @property
     def numel(self) -> Optional[int]:
@@ -49,6 +51,18 @@ class Tensor:
             return False
         return any((isinstance(v, float) and not math.isfinite(v))
                    or (isinstance(v, str) and v.strip().lower() in _NONFINITE_TEXT) for v in self.stats)
+
+
+CHECKSUM_KEYS = ("md5", "fingerprint")  # msprobe's summary_mode md5 (a CRC32), and ours
+
+
+def checksum_of(record: dict) -> Optional[Tuple[str, str]]:
+    """``(key, value)`` of a record's bit-level checksum, or None where it has none."""
+    for key in CHECKSUM_KEYS:
+        value = record.get(key)
+        if isinstance(value, str):
+            return key, value
+    return None
 
 
 def _is_tensor(value: Any) -> bool:

@@ -1,7 +1,7 @@
 """No host sync from the runtime during forward and backward.
 
 Tensor.item, .cpu, .tolist, .numpy, __bool__, __float__ and __int__ are wrapped (in a fresh interpreter) while
-instrumented models step with collection at every level; no call may happen inside the forward+backward
+instrumented models step with collection at every level, task and summary_mode (md5 and fingerprint too); no call may happen inside the forward+backward
 window, and none may come from the runtime's files at any time on the training thread.
 """
 import os
@@ -41,11 +41,18 @@ DRIVER = textwrap.dedent('''
 
     torch.manual_seed(0)
     cases = [(bignet.BigNet(), torch.randn(3, 32), bignet_loss), (nested.Nested(), torch.randn(6, 8), nested_loss)]
+    configs = {}
+    for mode in ("statistics", "md5", "fingerprint"):
+        configs[mode] = os.path.join(sys.argv[2], f"{mode}.json")
+        os.makedirs(sys.argv[2], exist_ok=True)
+        with open(configs[mode], "w") as handle:
+            json.dump({"statistics": {"summary_mode": mode}}, handle)
     for level in ("L0", "L1", "mix"):
-        for task in ("statistics", "tensor"):
+        for task, mode in (("statistics", "statistics"), ("tensor", "statistics"), ("statistics", "md5"),
+                           ("statistics", "fingerprint")):
             for index, (model, data, loss_of) in enumerate(cases):
-                dump = os.path.join(sys.argv[2], f"{level}-{task}-{index}")
-                debugger = PrecisionDebugger(dump_path=dump, level=level, task=task)
+                dump = os.path.join(sys.argv[2], f"{level}-{task}-{mode}-{index}")
+                debugger = PrecisionDebugger(configs[mode], dump_path=dump, level=level, task=task)
                 for step in range(2):
                     debugger.start(model)
                     window[0] = True

@@ -1,9 +1,8 @@
 """Format compatibility, judged by msprobe itself: its compare tool reads our dumps and matches every row.
 
-Needs mindstudio-probe 26.2.0 in a separate interpreter (it patches torch when used, so it never shares a
-process with the runtime). The interpreter is taken from $MSPROBE_PYTHON, or an existing /tmp/msprobe-venv
-or /tmp/msvenv, or created as /tmp/msprobe-venv (a venv over this torch, plus mindstudio-probe from PyPI); when
-none can be had, the tests are skipped with the reason (MSPROBE_COMPARE=0 skips them outright).
+Needs mindstudio-probe 26.2.0 in a separate interpreter (fixtures/msprobe_env.py: $MSPROBE_PYTHON, or
+/tmp/msprobe-venv, made on first use); when none can be had, the tests are skipped with the reason
+(MSPROBE_COMPARE=0 skips them outright).
 """
 import csv
 import glob
@@ -15,35 +14,16 @@ import textwrap
 
 import pytest
 
+from fixtures import msprobe_env
+
 pytestmark = pytest.mark.slow  # a venv with mindstudio-probe from PyPI and msprobe in subprocesses
-
-VENV = "/tmp/msprobe-venv"
-
 
 @pytest.fixture(scope="session")
 def msprobe_python():
-    if os.environ.get("MSPROBE_COMPARE") == "0":
-        pytest.skip("MSPROBE_COMPARE=0")
-    candidates = [os.environ.get("MSPROBE_PYTHON"), f"{VENV}/bin/python", "/tmp/msvenv/bin/python"]
-    for python in candidates:
-        if python and os.path.exists(python) and _has_msprobe(python):
-            return python
     try:
-        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", VENV], check=True,
-                       capture_output=True, timeout=300)
-        subprocess.run([f"{VENV}/bin/python", "-m", "pip", "install", "-q", "--retries", "1", "--timeout", "30",
-                        "mindstudio-probe==26.2.0"],
-                       check=True, capture_output=True, timeout=900)
-    except (subprocess.SubprocessError, OSError) as error:
-        pytest.skip(f"mindstudio-probe could not be installed: {error}")
-    if not _has_msprobe(f"{VENV}/bin/python"):
-        pytest.skip("mindstudio-probe installed but not importable")
-    return f"{VENV}/bin/python"
-
-
-def _has_msprobe(python):
-    done = subprocess.run([python, "-c", "import msprobe.pytorch"], capture_output=True, timeout=300)
-    return done.returncode == 0
+        return msprobe_env.msprobe_python()
+    except msprobe_env.Unavailable as reason:
+        pytest.skip(str(reason))
 
 
 def compare(python, target, golden, out):
@@ -119,3 +99,80 @@ def test_our_dump_matches_msprobes_own_dump(msprobe_python, instrument, run_scri
     diffs = [abs(float(row[column])) for row in rows for column in ("Max diff", "Min diff", "Mean diff")
              if row[column] not in ("N/A", "")]
     assert max(diffs) == 0.0 if level == "L1" else max(diffs) < 1e-6
+
+
+MSPROBE_MD5_DRIVER = MSPROBE_DRIVER.replace(
+    'PrecisionDebugger(dump_path=sys.argv[2], level=sys.argv[3], task="statistics")',
+    'PrecisionDebugger(config_path=sys.argv[4], dump_path=sys.argv[2], level=sys.argv[3], task="statistics")')
+
+
+def _md5_config(tmp_path):
+    path = tmp_path / "md5.json"
+    path.write_text(json.dumps({"task": "statistics", "level": "L1", "dump_path": str(tmp_path / "unused"),
+                                "statistics": {"summary_mode": "md5"}}))
+    return str(path)
+
+
+def _md5_values(value):
+    if isinstance(value, dict):
+        if "md5" in value:
+            yield value["md5"]
+        else:
+            for item in value.values():
+                yield from _md5_values(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _md5_values(item)
+
+
+def test_our_md5_is_msprobes_md5(msprobe_python, instrument, run_script, root, tmp_path):
+    """The same BigNet step at L1 with summary_mode md5, by msprobe and by us: every tensor's md5 equal, in
+    the same order (L1 changes no bit of the computation, for either tool)."""
+    config = _md5_config(tmp_path)
+    driver = tmp_path / "drive_msprobe.py"
+    driver.write_text(MSPROBE_MD5_DRIVER)
+    done = subprocess.run([msprobe_python, str(driver), os.path.join(root, "fixtures", "bignet"),
+                           str(tmp_path / "theirs"), "L1", config], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    script = instrument("fixtures/bignet/bignet.py")
+    run_script(script, "--steps", "1", "--level", "L1", "--dump", str(tmp_path / "ours"), "--config", config)
+    with open(only_dump(tmp_path / "theirs")) as handle:
+        theirs = json.load(handle)["data"]
+    with open(only_dump(tmp_path / "ours")) as handle:
+        ours = json.load(handle)["data"]
+    assert list(ours) == list(theirs)
+    for name in theirs:
+        expected = list(_md5_values(theirs[name]))
+        assert expected and list(_md5_values(ours[name])) == expected, name
+    # and our bit-exact compare reads msprobe's md5 dump: the two runs are bit-identical
+    from msprobe_rewrite.compare.bit_exact import compare_runs_bit_exact
+
+    summary = compare_runs_bit_exact(str(tmp_path / "theirs"), str(tmp_path / "ours"))
+    assert summary["pairs"][0]["checksum"] == "md5" and summary["pairs"][0]["tensors_compared"] > 50
+    assert summary["first_difference"] is None
+
+
+def test_msprobes_compare_reads_our_md5_dumps_and_flags_a_changed_one(msprobe_python, instrument, run_script,
+                                                                       tmp_path):
+    config = _md5_config(tmp_path)
+    script = instrument("fixtures/bignet/bignet.py")
+    for name in ("a", "b"):
+        run_script(script, "--steps", "1", "--level", "L1", "--dump", str(tmp_path / name), "--config", config)
+    rows = compare(msprobe_python, only_dump(tmp_path / "a"), only_dump(tmp_path / "b"), tmp_path / "same")
+    assert rows and {row["Result"] for row in rows} == {"pass"}
+    assert all(row["NPU MD5"] == row["BENCH MD5"] for row in rows)
+    hashed = [row for row in rows if row["NPU MD5"] != "N/A"]  # N/A: a backward output that is None
+    assert len(hashed) > 0.9 * len(rows) and all(len(row["NPU MD5"]) == 8 for row in hashed)
+    path = only_dump(tmp_path / "a")
+    with open(path) as handle:
+        document = json.load(handle)
+    first = next(iter(document["data"]))
+    document["data"][first]["output"][0]["md5"] = "deadbeef"
+    with open(path, "w") as handle:
+        json.dump(document, handle)
+    rows = compare(msprobe_python, path, only_dump(tmp_path / "b"), tmp_path / "changed")
+    flagged = [row["NPU Name"] for row in rows if row["Result"] != "pass"]
+    assert flagged == [f"{first}.output.0"], flagged
+    from msprobe_rewrite.compare import compare_runs
+
+    assert compare_runs(str(tmp_path / "a"), str(tmp_path / "b"))["first_divergence"]["entry"] == first
