@@ -208,11 +208,9 @@ def test_config_module_imports_no_torch():
 
 
 @pytest.mark.slow
-def test_schema_snapshot_matches_installed_msprobe():
+def test_schema_snapshot_matches_installed_msprobe(msprobe_python):
     """The committed schema.json is what the installed mindstudio-probe's config classes read today."""
-    python = os.environ.get("MSPROBE_PYTHON") or "/tmp/msprobe-venv/bin/python"
-    if not os.path.exists(python):
-        pytest.skip(f"no msprobe interpreter at {python} (set MSPROBE_PYTHON)")
+    python = msprobe_python
     import torch
 
     env = dict(os.environ)

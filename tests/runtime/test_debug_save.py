@@ -187,13 +187,10 @@ MSPROBE_DRIVER = textwrap.dedent('''
 
 @pytest.mark.slow
 @pytest.mark.parametrize("task", ["statistics", "tensor"])
-def test_layout_matches_msprobes_own_save(tmp_path, task):
+def test_layout_matches_msprobes_own_save(tmp_path, task, msprobe_python):
     """msprobe 26.2 (in its own interpreter: it patches torch) runs the same program at its debug level:
     the same file set, the same entry names in the same order, the same records."""
-    python = os.environ.get("MSPROBE_PYTHON", "/tmp/msprobe-venv/bin/python")
-    if not os.path.exists(python) or subprocess.run([python, "-c", "import msprobe.pytorch"],
-                                                     capture_output=True, timeout=300).returncode:
-        pytest.skip("mindstudio-probe 26.2 is not installed in a separate interpreter")
+    python = msprobe_python
     driver = tmp_path / "drive.py"
     driver.write_text(MSPROBE_DRIVER + PROGRAM + "\nprogram(debugger, torch)\n")
     env = dict(os.environ)  # that interpreter may see no torch of its own: lend it this one's

@@ -9,22 +9,11 @@ import glob
 import json
 import os
 import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from fixtures import msprobe_env
-
 pytestmark = pytest.mark.slow  # a venv with mindstudio-probe from PyPI and msprobe in subprocesses
-
-@pytest.fixture(scope="session")
-def msprobe_python():
-    try:
-        return msprobe_env.msprobe_python()
-    except msprobe_env.Unavailable as reason:
-        pytest.skip(str(reason))
-
 
 def compare(python, target, golden, out):
     """Run ``msprobe compare`` on two dump.json files; the rows of its CSV."""
@@ -141,15 +130,26 @@ def test_our_md5_is_msprobes_md5(msprobe_python, instrument, run_script, root, t
     with open(only_dump(tmp_path / "ours")) as handle:
         ours = json.load(handle)["data"]
     assert list(ours) == list(theirs)
+    raced = set()
     for name in theirs:
-        expected = list(_md5_values(theirs[name]))
-        assert expected and list(_md5_values(ours[name])) == expected, name
-    # and our bit-exact compare reads msprobe's md5 dump: the two runs are bit-identical
+        expected, got = list(_md5_values(theirs[name])), list(_md5_values(ours[name]))
+        assert expected and len(got) == len(expected), name
+        if got != expected and name.split(".")[1].endswith("_"):
+            # msprobe hashes a CPU input from a thread, without a copy, after the in-place op may have run: its
+            # "input" md5 can be the output's. Ours is taken from a copy made at the call.
+            outputs = list(_md5_values(theirs[name].get("output")))
+            assert all(g == e or e in outputs for g, e in zip(got, expected)), name
+            raced.add(name)
+            continue
+        assert got == expected, name
+    # and our bit-exact compare reads msprobe's md5 dump: no operator computes other bits
     from msprobe_rewrite.compare.bit_exact import compare_runs_bit_exact
 
     summary = compare_runs_bit_exact(str(tmp_path / "theirs"), str(tmp_path / "ours"))
     assert summary["pairs"][0]["checksum"] == "md5" and summary["pairs"][0]["tensors_compared"] > 50
-    assert summary["first_difference"] is None
+    assert summary["culprit"] is None
+    first = summary["first_difference"]
+    assert first is None or (first["kind"] == "inputs" and first["entry"] in raced), first
 
 
 def test_msprobes_compare_reads_our_md5_dumps_and_flags_a_changed_one(msprobe_python, instrument, run_script,

@@ -119,16 +119,12 @@ def test_model_selection_as_msprobe(tmp_path, model_module, level, section, expe
 
 @pytest.mark.slow
 @pytest.mark.parametrize("level, section, expected", MODEL_CASES, ids=CASE_IDS)
-def test_model_cases_are_what_msprobe_dumps(level, section, expected):
-    python = os.environ.get("MSPROBE_PYTHON") or "/tmp/msprobe-venv/bin/python"
-    if not os.path.exists(python):
-        pytest.skip(f"no msprobe interpreter at {python} (set MSPROBE_PYTHON)")
+def test_model_cases_are_what_msprobe_dumps(level, section, expected, msprobe_python):
+    python = msprobe_python
     env = dict(os.environ)
     env["PYTHONPATH"] = os.path.dirname(os.path.dirname(torch.__file__))  # msprobe's venv may lack torch
     done = subprocess.run([python, os.path.join(FIXTURE, "msprobe_names.py"), level, json.dumps(section)],
                           capture_output=True, text=True, env=env, timeout=300)
-    if done.returncode != 0 and "No module named 'msprobe'" in done.stderr:
-        pytest.skip(f"{python} has no msprobe")
     assert done.returncode == 0, done.stderr[-2000:]
     assert sorted(json.loads(done.stdout.strip().splitlines()[-1])) == sorted(expected)
 

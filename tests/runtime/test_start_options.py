@@ -149,11 +149,8 @@ def test_module_dump_is_for_l1(tmp_path, caplog):
 
 
 @pytest.mark.slow
-def test_module_dump_matches_msprobe(tmp_path):
-    python = os.environ.get("MSPROBE_PYTHON", "/tmp/msprobe-venv/bin/python")
-    if not os.path.exists(python) or subprocess.run([python, "-c", "import msprobe.pytorch"],
-                                                     capture_output=True, timeout=300).returncode:
-        pytest.skip("mindstudio-probe 26.2 is not installed in a separate interpreter")
+def test_module_dump_matches_msprobe(tmp_path, msprobe_python):
+    python = msprobe_python
     driver = tmp_path / "drive.py"
     driver.write_text(textwrap.dedent('''
         import sys, torch
