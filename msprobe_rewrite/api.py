@@ -9,7 +9,7 @@ import libcst as cst
 
 from msprobe_runtime.catalogue import Catalogue, load_catalogue
 
-from . import runtime_import
+from . import runtime_import, text_restore
 from .gc_pause import paused_gc
 from .markers import (RUNTIME_IMPORT, RUNTIME_MODULE, RUNTIME_NAME, SKIP_FILE_MARKER,  # noqa: F401 (re-exported)
                       is_instrumented, maybe_lossy, package_of)
@@ -143,7 +143,23 @@ MOVED_IMPORT = ("its runtime import is not on a line msprobe-rewrite puts it on,
 
 
 def restore_report(source: bytes, path: str = "<string>") -> Tuple[bytes, List[str]]:
-    """``restore_source``'s result, and its notes on what may not be the original bytes (without the path)."""
+    """``restore_source``'s result, and its notes on what may not be the original bytes (without the path).
+
+    The forms are inverted on the text (``text_restore``), which needs a fraction of the memory of a libcst
+    tree; where that cannot be sure of the result, the libcst restore gives it (counted in
+    ``text_restore.FALLBACKS``)."""
+    if not is_instrumented(source):
+        return source, []
+    try:
+        restored = text_restore.restore(source)
+    except text_restore.Undecided as why:
+        text_restore.FALLBACKS[str(why)] += 1
+        return restore_report_cst(source, path)
+    return _notes(source, restored.source, restored.found, list(restored.notes))
+
+
+def restore_report_cst(source: bytes, path: str = "<string>") -> Tuple[bytes, List[str]]:
+    """``restore_report`` through a libcst tree: the reference the text restore is tested against."""
     if not is_instrumented(source):
         return source, []
     module = _parse(source, path)
@@ -153,8 +169,13 @@ def restore_report(source: bytes, path: str = "<string>") -> Tuple[bytes, List[s
         raise RewriteError(f"{path}: too deeply nested for libcst (an expression of thousands of terms)") from None
     except runtime_import.PlacementError as error:
         raise RewriteError(f"{path}: cannot restore: {error}") from None
-    restored, notes = removal.module.bytes, list(removal.notes)
-    if not removal.found:
+    return _notes(source, removal.module.bytes, removal.found, list(removal.notes))
+
+
+def _notes(source: bytes, restored: bytes, found: bool, notes: List[str]) -> Tuple[bytes, List[str]]:
+    """The result of a restore, given whether it found the runtime import: a module without it is either not
+    instrumented at all (left as it is) or had its import deleted or moved (restored, with a note)."""
+    if not found:
         if restored == source:
             return source, []  # the import's text or a form's in a string: not instrumented
         binding = _runtime_name_binding(source)

@@ -53,8 +53,8 @@ class Options:
     catalogue: object = None
     cache: Optional[ResultCache] = None
     verify: bool = True         # refuse a rewritten file that does not compile
-    # libcst holds about 1 GB per MB of source while it parses (a 5 MB generated module took 4.9 GB to
-    # rewrite and 11 GB to restore): past this size a file is skipped and said, never attempted; None: no limit
+    # A rewrite holds about 0.75 GB per MB of source, as libcst's tree does (restore, on text, a third of that;
+    # bench/rewrite_memory.py): past this size a file is skipped and said, never attempted; None: no limit
     max_bytes: Optional[int] = DEFAULT_MAX_BYTES
 
 

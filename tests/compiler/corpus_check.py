@@ -15,6 +15,7 @@ from typing import List, NamedTuple, Optional, Tuple
 
 from msprobe_rewrite.api import RUNTIME_IMPORT, RewriteError, default_catalogue, restore_source, rewrite_source
 from msprobe_rewrite.ast_transformer import rewrite_to_ast
+from restore_agreement import restore_disagreement
 
 OK, UNCHANGED, REFUSED, INVALID, FAILED = "ok", "unchanged", "refused", "invalid", "failed"
 SAME, FALLBACK, BEYOND = "same", "fallback", "beyond"
@@ -139,6 +140,7 @@ def check_source(source: bytes, path: str) -> Result:
                 problems.append("restore(rewrite(s)) != s")
         except Exception as error:
             problems.append(f"restore crashed: {type(error).__name__}: {error}")
+        problems.extend(restore_disagreement(out, path, may_fall_back=True))
         if problems:
             return Result(path, FAILED, f"invalid input ({invalid}): " + "; ".join(problems), seconds)
         return Result(path, INVALID, f"rewritten although Python rejects it: {invalid}", seconds)
@@ -163,6 +165,7 @@ def check_source(source: bytes, path: str) -> Result:
             problems.append("restore(rewrite(s)) != s" + _first_difference(restore_source(out, path=path), source))
     except Exception as error:
         problems.append(f"restore crashed: {type(error).__name__}: {error}")
+    problems.extend(restore_disagreement(out, path))
     try:
         if rewrite_source(out, path=path) != out:
             problems.append("rewrite(rewrite(s)) != rewrite(s)")

@@ -2,9 +2,10 @@
 
 Per file, in one pass (``corpus_check.check_source``): the import hook's ast path gives the same tree as the
 libcst output without its runtime import (or leaves the file to libcst); the output compiles; ``rewrite(rewrite(s)) ==
-rewrite(s)``; ``restore(rewrite(s)) == s`` byte for byte; the output has the same lines, every statement starts
-and ends on the same lines (and columns, but for the line that carries the runtime import), every def/class
-keeps its name and line, and every name of the original is still on its line.
+rewrite(s)``; ``restore(rewrite(s)) == s`` byte for byte, and the restore on text gives what the libcst
+restore gives, without falling back to it (``restore_agreement``); the output has the same lines, every
+statement starts and ends on the same lines (and columns, but for the line that carries the runtime import),
+every def/class keeps its name and line, and every name of the original is still on its line.
 
 A file Python itself rejects (the standard library's intentionally broken test data) must be refused with
 ``RewriteError``, never crash; only errors that Python's parser lets through and its compiler finds (a

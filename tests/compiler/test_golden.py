@@ -1,10 +1,12 @@
 """Golden tests of the transformer: each case is the source before and the exact source after.
 
 Every case also checks the invariants: the output compiles, rewriting it again changes nothing, and
-restoring it gives back the input byte for byte; and the import hook's ast path gives the tree of the
-output without its runtime import, or leaves the case to libcst where ``AST_PATH_DEFERS`` says it may.
+restoring it gives back the input byte for byte, on text exactly as through libcst (``restore_agreement``);
+and the import hook's ast path gives the tree of the output without its runtime import, or leaves the case
+to libcst where ``AST_PATH_DEFERS`` says it may.
 """
 import ast
+import os
 import re
 import sys
 from textwrap import dedent
@@ -14,6 +16,9 @@ import pytest
 from msprobe_rewrite.api import RewriteError, default_catalogue, restore_source, rewrite_source
 from msprobe_rewrite.ast_transformer import rewrite_to_ast
 from msprobe_runtime.catalogue import load_catalogue
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from restore_agreement import restore_disagreement  # noqa: E402
 
 PREAMBLE = "import msprobe_runtime as __msprobe__; "
 
@@ -25,6 +30,7 @@ def check(before: str, after: str, **options) -> None:
     compile(rewritten, "<golden>", "exec")
     assert rewrite_source(rewritten.encode(), **options).decode() == rewritten
     assert restore_source(rewritten.encode()).decode() == before
+    assert restore_disagreement(rewritten.encode(), "<golden>") == []  # the text restore is libcst's, exactly
     check_ast_path(before, **options)
 
 
