@@ -12,12 +12,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SMALL = [
     ("overhead.py", ["--steps", "5", "--rounds", "2"]),
     ("rewrite_throughput.py", ["--limit", "40"]),
+    ("rewrite_memory.py", []),
     ("import_time.py", ["--repeat", "1", "--module", "megatron.core.transformer.mlp"]),
     ("compare_dumps.py", ["--entries", "5000"]),
     ("megatron_step.py", ["--steps", "3", "--rounds", "1"]),
     ("llama_step.py", ["--small"]),
+    ("checksums.py", ["--sizes", "1024,262144", "--steps", "3", "--rounds", "1"]),
+    ("precheck_replay.py", ["--calls", "100", "--tokens", "64", "--hidden", "128"]),
 ]
-FULL = [(script, []) for script, _ in SMALL]
+FULL_OPTIONS = {"rewrite_memory.py": ["--full"]}  # its own default is the small sizes
+FULL = [(script, FULL_OPTIONS.get(script, [])) for script, _ in SMALL]
 
 
 def main() -> int:

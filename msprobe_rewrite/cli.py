@@ -357,6 +357,7 @@ SUBCOMMANDS: Dict[str, Callable[[Sequence[str]], int]] = {
     "check": _check_main,
     "guard": _guard_main,
     "compare": _compare_main,
+    "precheck": lambda argv: __import__("msprobe_rewrite.precheck.cli", fromlist=["main"]).main(argv),
 }
 
 

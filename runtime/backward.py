@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 
+from . import dump_names
 from .foreign import is_subclass, mapping_items, own_parameters, sequence_items
 
 
@@ -78,12 +79,17 @@ def _api_post_hook(collector, token, name, width, positions):
         if entry is None:
             return
         describe = collector.describe
+        # file stems as msprobe names them ({name}.input.0.pt, {name}.output.0.pt): with task 'tensor' the
+        # gradients are saved too, so that the API pre-check can replay the backward from the dump
         if "input" in entry:
             for position, output_nr in positions:
                 if output_nr < len(grad_outputs):
-                    entry["input"][position] = describe(grad_outputs[output_nr], None)
+                    entry["input"][position] = describe(grad_outputs[output_nr],
+                                                        dump_names.stem(name, "input", str(position)))
         if "output" in entry:
-            entry["output"].extend(describe(g, None) for g in grad_inputs)
+            start = len(entry["output"])
+            entry["output"].extend(describe(g, dump_names.stem(name, "output", str(start + i)))
+                                   for i, g in enumerate(grad_inputs))
 
     return _observer(collector, token, "API backward hook", observe)
 
