@@ -3,8 +3,9 @@
 Modules: ``loading`` finds and streams dumps, ``names`` splits entry names, ``records`` flattens an entry's
 tensors, ``align`` pairs entries by sequence alignment, ``metrics`` decides what diverges, ``elementwise``
 adds task=tensor metrics (the only user of torch), ``engine`` runs the two passes over one pair of dumps,
-``summary``/``report_csv``/``report_html`` write the results, ``cli`` is the command line; the progress line
-is the package-wide ``msprobe_rewrite.progress``.
+``propagation`` and ``noise`` name the suspects when every entry differs a little, ``summary``,
+``report_csv``, ``report_html`` and ``report_propagation`` write the results, ``cli`` is the command line;
+the progress line is the package-wide ``msprobe_rewrite.progress``.
 
 Neither libcst nor (for statistics dumps) torch is imported: the comparison runs anywhere Python does.
 """
@@ -21,6 +22,7 @@ from .metrics import Thresholds
 from ..progress import Progress
 from .report_csv import CsvSink
 from .report_html import render
+from .report_propagation import write_csv as write_suspects
 from .summary import run_summary
 
 SUMMARY_FILE = "compare_summary.json"
@@ -59,6 +61,9 @@ def compare_runs(run_a: str, run_b: str, out_dir: Optional[str] = None,
             json.dump(summary, handle, indent=1)
         with open(os.path.join(out_dir, HTML_FILE), "w", encoding="utf-8") as handle:
             handle.write(render(summary, results, limits.of("torch.float32")))
+        for (dump_a, _), pair in zip(pairs, summary["pairs"]):
+            tag = (dump_a.label or "dump").replace("/", "_")
+            write_suspects(os.path.join(out_dir, f"compare_suspects_{tag}.csv"), pair["suspects"])
     return summary
 
 

@@ -14,8 +14,7 @@ import json
 import os
 from typing import Any, Dict, List, Optional
 
-from .align import align
-from .engine import _Reader, _coarse, check_compatible, index_side, pair_modules_by_name
+from .engine import EntryReader, align_sides, check_compatible, index_side
 from .errors import CompareError
 from .loading import iter_entries, pair_runs
 from ..progress import Progress
@@ -51,9 +50,9 @@ def compare_pair_bit_exact(dump_a, dump_b, progress: Progress, writer=None) -> D
     check_compatible(dump_a, dump_b)
     side_a = index_side(dump_a, progress)
     side_b = index_side(dump_b, progress)
-    merged = pair_modules_by_name(align(side_a.keys, side_b.keys, _coarse), side_a.names, side_b.names)
-    reader_a = _Reader(iter(iter_entries(dump_a)), side_a)
-    reader_b = _Reader(iter(iter_entries(dump_b)), side_b)
+    merged = align_sides(side_a, side_b)
+    reader_a = EntryReader(iter(iter_entries(dump_a)), side_a)
+    reader_b = EntryReader(iter(iter_entries(dump_b)), side_b)
     kinds_a, kinds_b = set(), set()
     entries: List[_Entry] = []
     tensors = differ = 0

@@ -27,6 +27,23 @@ def _load(path: str):
     return value
 
 
+def _ulps(diff, b, dtype) -> Dict[str, float]:
+    """The distribution of |a - b| in units in the last place of b (its dtype's spacing at |b|): median,
+    99th percentile and max, for the propagation view's evidence (two devices differ by a few ulp)."""
+    import torch
+
+    info = torch.finfo(dtype)
+    exponent = torch.floor(torch.log2(b.abs().clamp(min=info.tiny)))
+    ulps = diff / (torch.exp2(exponent) * info.eps)
+    ulps = ulps[torch.isfinite(ulps)]
+    if ulps.numel() == 0:
+        return {}
+    ordered = ulps.sort().values
+    return {"_ulp_median": float(ordered[ordered.numel() // 2]),
+            "_ulp_p99": float(ordered[min(ordered.numel() - 1, int(0.99 * ordered.numel()))]),
+            "_ulp_max": float(ordered[-1])}
+
+
 def tensor_metrics(dir_a: str, name_a: Optional[str], dir_b: str, name_b: Optional[str]) -> Dict[str, object]:
     """The metrics of one pair of saved tensors; ``Err_message`` says why a metric is missing."""
     if not name_a or not name_b:
@@ -44,10 +61,13 @@ def tensor_metrics(dir_a: str, name_a: Optional[str], dir_b: str, name_b: Option
         return {"Err_message": "Shape of NPU and bench tensor do not match."}
     if a.numel() == 0:
         return {"Err_message": "This is an empty tensor, can not calculate."}
+    dtype = b.dtype
     a = a.detach().reshape(-1).to(torch.float64)
     b = b.detach().reshape(-1).to(torch.float64)
     out: Dict[str, object] = {}
     diff = (a - b).abs()
+    if dtype.is_floating_point:
+        out.update(_ulps(diff, b, dtype))
     norm_a, norm_b = float(a.norm()), float(b.norm())
     eps = float(torch.finfo(torch.float64).eps)
     if norm_a <= eps and norm_b <= eps:

@@ -19,6 +19,7 @@ from .loading import RankDump, iter_entries, read_call_sites, read_construct, re
 from .metrics import Thresholds, TensorDiff, apply_elementwise, compare_tensors
 from .names import forward_name, is_module, split_name
 from ..progress import Progress
+from .propagation import Tracker
 from .records import INPUT, OUTPUT, STATS, pair_tensors, tensors_of
 
 CHAIN_LIMIT = 20
@@ -101,6 +102,7 @@ class PairResult:
         self.nan_onset: Dict[str, Optional[Dict[str, Any]]] = {"a": None, "b": None}
         self.tensors_compared = 0
         self.tensors_diverged = 0
+        self.propagation: Dict[str, Any] = {"noise_floor": {}, "suspects": [], "series": None}  # Tracker.finish
 
     @property
     def label(self) -> str:
@@ -148,7 +150,7 @@ def _nonfinite_flags(entry: Any) -> int:
     return flags
 
 
-class _Reader:
+class EntryReader:
     """One side's entries in the second pass, streamed; an entry asked for ahead of the stream's position
     leaves the ones read past in a buffer until they are asked for (only module entries paired out of order
     are, see ``pair_modules_by_name``), so memory holds just the entries between the two orders."""
@@ -199,18 +201,25 @@ def pair_modules_by_name(merged: List[Pair], names_a: List[str], names_b: List[s
     return out
 
 
+def align_sides(a: Side, b: Side) -> List[Pair]:
+    """The matched and unmatched entries of two indexed dumps, in merged order (see ``align`` and
+    ``pair_modules_by_name``)."""
+    return pair_modules_by_name(align(a.keys, b.keys, _coarse), a.names, b.names)
+
+
 def compare_pair(dump_a: RankDump, dump_b: RankDump, thresholds: Thresholds, progress: Progress,
                  csv_sink=None) -> PairResult:
     task, level = check_compatible(dump_a, dump_b)
     side_a = index_side(dump_a, progress)
     side_b = index_side(dump_b, progress)
     result = PairResult(side_a, side_b, task, level)
-    result.merged = pair_modules_by_name(align(side_a.keys, side_b.keys, _coarse), side_a.names, side_b.names)
+    result.merged = align_sides(side_a, side_b)
     tensor_task = task == "tensor"
-    reader_a = _Reader(iter(iter_entries(dump_a)), side_a)
-    reader_b = _Reader(iter(iter_entries(dump_b)), side_b)
+    reader_a = EntryReader(iter(iter_entries(dump_a)), side_a)
+    reader_b = EntryReader(iter(iter_entries(dump_b)), side_b)
     nan = math.nan
     total = len(result.merged)
+    tracker = Tracker()
     for position, (i, j) in enumerate(result.merged):
         entry_a = reader_a.get(i) if i is not None else None
         entry_b = reader_b.get(j) if j is not None else None
@@ -243,6 +252,7 @@ def compare_pair(dump_a: RankDump, dump_b: RankDump, thresholds: Thresholds, pro
                 result.tensors_compared += 1
                 result.tensors_diverged += diff.exceeds
         flags_a, flags_b = _entry_flags(diffs)
+        tracker.add(position, side_a.names[i], diffs)
         side_a.flags[i] = flags_a & (NONFINITE_IN | NONFINITE_OUT)
         side_b.flags[j] = flags_b
         result.flags.append(flags_a)
@@ -264,6 +274,7 @@ def compare_pair(dump_a: RankDump, dump_b: RankDump, thresholds: Thresholds, pro
     reader_b.drain()
     progress.clear()
     _find_divergence(result)
+    result.propagation = tracker.finish(result)
     return result
 
 

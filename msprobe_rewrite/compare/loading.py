@@ -186,10 +186,13 @@ def _sibling(dump: RankDump, name: str) -> Optional[str]:
 
 
 _FRAME = re.compile(r"^File (?P<file>.*?), line (?P<line>\d+), in (?P<func>[^,]*)")
-# frames of the tools and of torch's module-call machinery say nothing about the user's call site
+# frames of the tools and of torch's module-call and dispatch machinery say nothing about the user's call site
 _NOISE = (os.sep + "msprobe" + os.sep, os.sep + "msprobe_runtime" + os.sep,
           os.sep + "torch" + os.sep + "nn" + os.sep + "modules" + os.sep + "module.py",
-          os.sep + "torch" + os.sep + "utils" + os.sep + "hooks.py")
+          os.sep + "torch" + os.sep + "utils" + os.sep + "hooks.py",
+          # a Python-level functional (F.softmax) seen by a TorchFunctionMode has these two innermost
+          os.sep + "torch" + os.sep + "overrides.py",
+          os.sep + "torch" + os.sep + "nn" + os.sep + "functional.py")
 
 
 def call_site(frames: Any) -> Optional[str]:

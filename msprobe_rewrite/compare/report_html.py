@@ -1,6 +1,7 @@
 """A self-contained HTML report: the summary, and per pair of dumps an inline SVG plot of each statistic's
-error along execution order (log scale), the threshold and the first divergence marked. No script, no
-external stylesheet: the file opens anywhere, offline, and can be attached to an issue.
+error along execution order (log scale), the threshold and the first divergence marked, then the
+error-propagation view (``report_propagation``). No script, no external stylesheet: the file opens anywhere,
+offline, and can be attached to an issue.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from .engine import PairResult
 from .records import STATS
+from .report_propagation import STYLE as PROPAGATION_STYLE, fmt as _number, section as propagation_section
 
 WIDTH, HEIGHT, LEFT, RIGHT, TOP, BOTTOM = 960, 320, 60, 20, 20, 40
 MAX_POINTS = 1500  # longer runs are drawn as the maximum of each bucket of positions
@@ -96,6 +98,15 @@ def render(summary: Dict[str, Any], results: List[PairResult], threshold: float)
     body = ["<h1>msprobe-rewrite compare</h1>",
             f"<p>A: <code>{html.escape(str(summary['run_a']))}</code><br>"
             f"B: <code>{html.escape(str(summary['run_b']))}</code></p>"]
+    suspect = summary.get("first_suspect")
+    if suspect is None:
+        body.append("<p class=ok><b>First suspect: none.</b></p>")
+    else:
+        body.append(f"<p class=bad><b>First suspect:</b> <code>{html.escape(suspect['entry'])}</code> in "
+                    f"{html.escape(str(suspect['pair']))}: output error {_number(suspect['output_error'])}, "
+                    f"input error {_number(suspect['input_error'])}, noise floor {_number(suspect['noise_floor'])}"
+                    + (f" at <code>{html.escape(str(suspect.get('call_site')))}</code>" if suspect.get("call_site")
+                       else "") + "</p>")
     if first is None:
         body.append("<p class=ok><b>First divergence: none.</b></p>")
     else:
@@ -103,12 +114,13 @@ def render(summary: Dict[str, Any], results: List[PairResult], threshold: float)
                     f"{html.escape(str(first['pair']))} ({html.escape(first['kind'])} diverge)"
                     + (f" at <code>{html.escape(str(first.get('call_site')))}</code>" if first.get("call_site")
                        else "") + "</p>")
-    for result, pair in zip(results, summary["pairs"]):
+    for index, (result, pair) in enumerate(zip(results, summary["pairs"])):
         body.append(f"<h2>{html.escape(pair['pair'])}</h2>")
         body.append(f"<p>{pair['matched']} entries matched, {pair['unmatched_a_count']} only in A, "
                     f"{pair['unmatched_b_count']} only in B; {pair['diverged_entries']} entries diverge.</p>")
         body.append("<p>Decision error of each output statistic, |A - B| / max(|A|, |B|, rms), per entry:</p>")
         body.append(plot(result, threshold))
+        body.append(propagation_section(result, pair, index))
         if pair["top_divergences"]:
             body.append("<table><tr><th>entry</th><th>tensor</th><th>statistic</th><th>A</th><th>B</th>"
                         "<th>error</th><th>call site</th></tr>")
@@ -126,6 +138,6 @@ def render(summary: Dict[str, Any], results: List[PairResult], threshold: float)
                 + html.escape(json.dumps(summary, indent=1)) + "</pre></details>")
     style = ("body{font-family:sans-serif;margin:2em;max-width:1000px}table{border-collapse:collapse;"
              "font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}.bad{color:#a00}.ok{color:#070}"
-             "pre{font-size:11px;overflow:auto}")
+             "pre{font-size:11px;overflow:auto}" + PROPAGATION_STYLE)
     return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>msprobe-rewrite compare</title>"
             f"<style>{style}</style></head><body>{''.join(body)}</body></html>")

@@ -6,6 +6,7 @@ import math
 from typing import Any, Dict, List, Optional
 
 from .engine import IN_DIFF, OUT_DIFF, UNMATCHED_LIMIT, PairResult, detail
+from .propagation import pair_suspects
 
 
 def _clean(value: Any) -> Any:
@@ -56,6 +57,7 @@ def pair_summary(result: PairResult, top: int) -> Dict[str, Any]:
         "first_divergence": result.first_divergence,
         "nan_onset": result.nan_onset,
         "top_divergences": top_divergences(result, top),
+        **pair_suspects(result),
     }
 
 
@@ -67,11 +69,17 @@ def run_summary(run_a: str, run_b: str, results: List[PairResult], thresholds: D
         if pair["first_divergence"] is not None:
             first = dict(pair["first_divergence"], pair=pair["pair"], step=pair["step"], rank=pair["rank"])
             break
+    suspect: Optional[Dict[str, Any]] = None
+    for pair in pairs:  # the same order: the earliest step's first suspect
+        if pair["suspects"]:
+            suspect = dict(pair["suspects"][0], pair=pair["pair"], step=pair["step"], rank=pair["rank"])
+            break
     return _clean({
         "run_a": run_a,
         "run_b": run_b,
         "thresholds": thresholds,
         "first_divergence": first,
+        "first_suspect": suspect,
         "pairs": pairs,
     })
 
@@ -80,6 +88,13 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
+
+
+def _suspect_line(item: Dict[str, Any], name: bool = True) -> str:
+    head = f"{item['entry']:<50} " if name else ""
+    return (f"{head}{item['tensor']} {item['statistic']}: output error {_fmt(item['output_error'])}, "
+            f"input error {_fmt(item['input_error'])} (gain {_fmt(item['gain'])}, {item['op_class']} allows "
+            f"{_fmt(item['allowance'])}), noise floor {_fmt(item['noise_floor'])}")
 
 
 def terminal_summary(summary: Dict[str, Any], top: int) -> str:
@@ -98,12 +113,25 @@ def terminal_summary(summary: Dict[str, Any], top: int) -> str:
             if onset:
                 lines.append(f"  NaN/Inf first appears in {side.upper()} at {onset['entry']}"
                              + (f" ({onset['call_site']})" if onset.get("call_site") else ""))
+        suspects = pair.get("suspects") or []
+        if suspects:
+            lines.append("  suspects (output error beyond what the inputs' error and the noise floor explain), "
+                         "in execution order:")
+            for item in suspects[:top]:
+                lines.append("    " + _suspect_line(item))
         tops = pair["top_divergences"][:top]
         if tops:
             lines.append("  top divergences (decision error of the worst output statistic):")
             for item in tops:
                 lines.append(f"    {item['entry']:<50} {item['tensor']:<12} {_fmt(item.get('statistic'))}: "
                              f"A={_fmt(item.get('a'))} B={_fmt(item.get('b'))} error={_fmt(item.get('error'))}")
+    suspect = summary.get("first_suspect")
+    if suspect is None:
+        lines.append("first suspect: none (every output error is explained by its inputs' error and the noise)")
+    else:
+        lines.append(f"first suspect: {suspect['entry']} in {suspect['pair']}"
+                     + (f" at {suspect['call_site']}" if suspect.get("call_site") else ""))
+        lines.append("  " + _suspect_line(suspect, name=False))
     first = summary["first_divergence"]
     if first is None:
         lines.append("first divergence: none")
