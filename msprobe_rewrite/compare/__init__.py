@@ -17,7 +17,7 @@ from typing import Any, Dict, Optional
 
 from .engine import check_compatible, compare_pair
 from .errors import CompareError
-from .loading import pair_runs
+from .loading import make_out_dir, pair_runs
 from .metrics import Thresholds
 from ..progress import Progress
 from .report_csv import CsvSink
@@ -39,10 +39,7 @@ def compare_runs(run_a: str, run_b: str, out_dir: Optional[str] = None,
     pairs = pair_runs(run_a, run_b)
     tasks = [check_compatible(dump_a, dump_b)[0] for dump_a, dump_b in pairs]  # every error before any file
     if out_dir is not None:
-        try:
-            os.makedirs(out_dir, exist_ok=True)
-        except OSError as error:
-            raise CompareError(f"{out_dir}: cannot create ({error.strerror})") from None
+        make_out_dir(out_dir)
     results = []
     for (dump_a, dump_b), task in zip(pairs, tasks):
         sink = None

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional
 
 from .engine import EntryReader, align_sides, check_compatible, index_side
 from .errors import CompareError
-from .loading import iter_entries, pair_runs
+from .loading import iter_entries, make_out_dir, pair_runs
 from ..progress import Progress
 from .records import INPUT, pair_tensors, tensors_of
 
@@ -134,10 +134,7 @@ def compare_runs_bit_exact(run_a: str, run_b: str, out_dir: Optional[str] = None
     for dump_a, dump_b in pairs:
         check_compatible(dump_a, dump_b)  # every error before any file
     if out_dir is not None:
-        try:
-            os.makedirs(out_dir, exist_ok=True)
-        except OSError as error:
-            raise CompareError(f"{out_dir}: cannot create ({error.strerror})") from None
+        make_out_dir(out_dir)
     results = []
     for dump_a, dump_b in pairs:
         handle = writer = None

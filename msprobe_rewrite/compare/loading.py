@@ -256,3 +256,11 @@ def read_construct(dump: RankDump) -> Dict[str, Optional[str]]:
                   file=sys.stderr)
             return {}
     return table
+
+
+def make_out_dir(out_dir: str) -> None:
+    """Create the report directory, or raise a CompareError that says why not."""
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as error:
+        raise CompareError(f"{out_dir}: cannot create ({error.strerror})") from None
