@@ -18,6 +18,8 @@ SMALL = [
     ("megatron_step.py", ["--steps", "3", "--rounds", "1"]),
     ("llama_step.py", ["--small"]),
     ("checksums.py", ["--sizes", "1024,262144", "--steps", "3", "--rounds", "1"]),
+    ("statistics_pass.py", []),
+    ("statistics_share.py", ["--steps", "5"]),
     ("precheck_replay.py", ["--calls", "100", "--tokens", "64", "--hidden", "128"]),
 ]
 FULL_OPTIONS = {"rewrite_memory.py": ["--full"]}  # its own default is the small sizes

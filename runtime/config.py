@@ -93,10 +93,11 @@ _SECTION_KEYS = {
                                 "run task 'tensor' with list set to those APIs", neutral=(None, [])),
     "bench_path": Key(REFUSED, "used only by msprobe's benchmark comparison, which is not supported; "
                                "use 'msprobe-rewrite compare' on two dumps", neutral=(None, "")),
-    # ours: exact NaN and Inf counts per floating tensor (msprobe has none). Off by default because counting
-    # costs two more passes over every tensor (about 3x the collection overhead on CPU); Max and Min already
-    # show NaN (Max is NaN) and +-Inf without them.
-    "nan_inf_count": Key(OURS, "a bool: exact NaN and Inf counts per floating tensor"),
+    # ours: exact NaN and Inf counts per floating tensor (msprobe has none). On by default: the native
+    # statistics pass (native_stats.py) counts them at no measurable cost (a tensor is read a second time
+    # only where it holds a NaN or an Inf; docs/benchmarks.md). Where that op cannot be built the torch-op
+    # fallback pays two more passes per tensor; false turns them off.
+    "nan_inf_count": Key(OURS, "a bool, default true: exact NaN and Inf counts per floating tensor"),
 }
 
 # msprobe 26.2's section keys per task (its pt_config classes); sections of tasks we do not run are only
@@ -133,7 +134,7 @@ REFUSED_TASKS = {
                  "devices and compare the dumps",
     "structure": "use task 'statistics': construct.json is written with every dump",
     "diff_check": "dump both runs with task 'statistics' and compare them with 'msprobe-rewrite compare'",
-    "nan_check": "use task 'statistics': NaN shows in Max/Min, and nan_inf_count: true counts NaN and Inf",
+    "nan_check": "use task 'statistics': NaN shows in Max/Min, and NaN and Inf are counted (nan_inf_count)",
 }
 REFUSED_LEVELS = {
     "L2": "kernel dumps need the NPU runtime's own dump; use L1 for APIs",
@@ -168,7 +169,7 @@ class DebuggerConfig:
     list: List[str] = field(default_factory=list)
     data_mode: List[str] = field(default_factory=lambda: ["all"])
     summary_mode: str = "statistics"
-    nan_inf_count: bool = False
+    nan_inf_count: bool = True
     seed: Optional[int] = None
     is_deterministic: bool = False
     config_path: Optional[str] = None
@@ -442,6 +443,6 @@ def config_from_dict(raw, task=None, dump_path=None, level=None, step=None, conf
         refused = {"xor": "its XOR of 64-bit words misses swapped words; use 'fingerprint' (a position-aware "
                           "hash on the device, docs/bit-exact.md) or 'md5' (msprobe's CRC32)"}
         config.summary_mode = _choice(section["summary_mode"], f"{where}.summary_mode", SUMMARY_MODES, refused)
-    config.nan_inf_count = _bool(section.get("nan_inf_count", False), f"{where}.nan_inf_count")
+    config.nan_inf_count = _bool(section.get("nan_inf_count", True), f"{where}.nan_inf_count")
     config.dump_path = os.path.abspath(os.path.expanduser(config.dump_path))
     return config

@@ -2,8 +2,11 @@
 
 ``add`` launches the reductions for one tensor on its device (Max, Min, Mean, Norm as one small stacked
 tensor; NaN and Inf counts as another) and returns a ``Slot``; a small tensor is copied into a staging row
-instead and reduced with the others of its size at the flush. Nothing is read back on the training thread:
-``take`` concatenates every pending slot of a device into one device buffer (a cast and a concatenation per
+instead and reduced with the others of its size at the flush. A float32, float16 or bfloat16 CPU tensor is
+read once by the native op of ``native_stats`` (every statistic and both counts in one pass), whose numbers
+are ready when ``add`` returns, so its slots never wait for a flush; the torch ops above are the fallback
+where the op cannot be built, and serve every other dtype and device. Nothing is read back on the training
+thread: ``take`` concatenates every pending slot of a device into one device buffer (a cast and a concatenation per
 dtype, then one more concatenation) and starts one non-blocking copy to the host; the writer thread waits on
 the copy's event and reads the numbers. A slot learns its batch and offset at ``take`` time.
 """
@@ -77,6 +80,13 @@ class Slot:
         self.width = width
         self.members = members
 
+    @classmethod
+    def ready(cls, numbers):
+        """A slot whose numbers are already on the host (the native op's)."""
+        slot = cls(None, len(numbers))
+        slot.batch = _Ready(numbers)
+        return slot
+
     def values(self):
         """The numbers (writer thread only); None if the slot was never flushed."""
         batch = self.batch
@@ -84,6 +94,18 @@ class Slot:
             return None
         flat = batch.values()
         return flat[self.offset:self.offset + self.width]
+
+
+class _Ready:
+    """The batch of a slot computed on the host: its numbers, at offset 0."""
+
+    __slots__ = ("numbers",)
+
+    def __init__(self, numbers):
+        self.numbers = numbers
+
+    def values(self):
+        return self.numbers
 
 
 class _Stage:
@@ -109,8 +131,20 @@ _STAGE_FIRST_ROWS = 32
 class StatBuffer:
     """Pending slots of the current step, handed over as one device buffer per device at each flush."""
 
-    def __init__(self, nan_inf_count=True):
+    def __init__(self, nan_inf_count=True, native=None):
         self.nan_inf_count = nan_inf_count
+        # the fused op, built or loaded here (the first start() of a run), so one run uses one path throughout
+        if native is None:
+            from . import native_stats
+
+            native = native_stats.load()
+        self._native = native or None  # native=False: the torch ops only
+        self._native_types = ()
+        if self._native is not None:
+            import torch
+
+            # plain tensors only (the op also refuses any tensor whose data is not its own memory)
+            self._native_types = frozenset((torch.Tensor, torch.nn.Parameter))
         self._lock = threading.Lock()
         self._pending = []
         self._stages = {}  # (device, dtype, numel) -> [_Stage], the last one filling
@@ -118,6 +152,16 @@ class StatBuffer:
 
     def add(self, t, kind):
         """Launch the statistics of ``t``; returns ``(slot, count_slot or None)``."""
+        if (kind == KIND_FLOAT or kind == KIND_SCALAR) and type(t) in self._native_types:
+            # one pass in C++, which checks device, dtype and layout itself: no tensor attribute is read here,
+            # since each read is a Python call while a TorchFunctionMode is pushed
+            try:
+                values = self._native.stats(t, self.nan_inf_count)
+            except Exception:  # a layout it could not copy: the torch ops below serve (or say why)
+                values = None
+            if values:
+                slot = Slot.ready(values[:4] if kind == KIND_FLOAT else values[:1])
+                return slot, (Slot.ready(values[4:]) if self.nan_inf_count else None)
         import torch
 
         t = t.detach()

@@ -19,7 +19,9 @@ def test_a_failing_statistics_flush_leaves_training_alone(monkeypatch, tmp_path,
 
     monkeypatch.setattr(statistics.StatBuffer, "take", broken)
     debugger = PrecisionDebugger(dump_path=str(tmp_path / "dump"), level="L1")
-    x = torch.ones(3, requires_grad=True)
+    # float64: reduced by torch ops at the flush (a float32 CPU tensor's numbers come from the native op at
+    # the call, so a failing flush cannot spoil them)
+    x = torch.ones(3, dtype=torch.float64, requires_grad=True)
     with caplog.at_level(logging.WARNING, logger="msprobe_runtime"):
         debugger.start()
         y = torch.relu(x).sum()

@@ -120,7 +120,8 @@ def test_record_fields(debuggers, model_module, tmp_path):
     record = linear["input_args"][0]
     assert list(record)[:8] == ["type", "dtype", "shape", "Max", "Min", "Mean", "Norm", "requires_grad"]
     assert record["type"] == "torch.Tensor" and record["dtype"] == "torch.float32" and record["shape"] == [2, 4]
-    assert "NaN_count" not in record  # exact counts are opt-in (statistics.nan_inf_count)
+    # exact counts are on by default (statistics.nan_inf_count), after msprobe's fields
+    assert list(record)[8:] == ["NaN_count", "Inf_count"] and (record["NaN_count"], record["Inf_count"]) == (0, 0)
     assert set(linear["parameters"]) == {"weight", "bias"}
     backward = data["Functional.gelu.0.backward"]
     assert set(backward) == {"input", "output"} and len(backward["input"]) == 1

@@ -1,0 +1,340 @@
+"""The fused statistics pass: one read of a CPU tensor gives Max, Min, Mean, Norm and the NaN and Inf counts.
+
+A native op (C++, ``torch.utils.cpp_extension``) compiled once on the user's machine, on first use, and cached
+under ``$MSPROBE_CACHE_DIR`` (default ``$XDG_CACHE_HOME/msprobe_rewrite``, else ``~/.cache/msprobe_rewrite``) in
+a folder keyed by the source, the compiler flags, the CPU, torch and Python; a cached build is imported
+directly, without ninja (a few milliseconds). ``MSPROBE_NATIVE_STATS=0`` turns it off. Without a compiler or
+ninja, ``load`` warns once and returns None, and ``statistics.StatBuffer`` keeps its torch-op path.
+
+When it is built: ``load`` is called when a ``StatBuffer`` is made, that is at the debugger's first ``start()``,
+before any record of the run, and it blocks there, with one log line saying so (measured: 38-50 s for the
+first build on two busy cores; 1 ms to import a cached one). A build in a background thread, with the
+torch-op path until it is ready, was rejected: the two paths round Mean and Norm differently in the last
+float32 bit (Max, Min and the counts are equal), and which steps used which would depend on timing, so two
+identical runs could write different dumps. Here a run uses one path from its first record to its last.
+Concurrent ranks share one build through torch's lock file in the build folder; a ``ready`` marker, written
+after the build, lets later processes import the library without taking the lock.
+
+The loop (``SOURCE``): 16 float lanes that -O3 vectorises (a plain scalar loop is about 7 times slower than
+torch's four ops, because float reductions are not reassociated without explicit lanes); sums and sums of
+squares accumulate in double lanes, so a 100 M-element tensor's mean stays accurate to far better than float32
+rounding; Max and Min skip NaN (``v > m ? v : m``) and become NaN when the sum of squares is NaN, which happens
+exactly when a NaN is present (as ``torch.amax`` propagates NaN). The NaN and Inf counts cost nothing on a
+clean tensor: a finite float's square cannot overflow a double, so a block's sum of squares is finite exactly
+when the block holds neither NaN nor Inf, and only a block whose sum is not finite is read a second time to
+count them (``v != v``, ``|v| == inf``). Tensors of more than 64 K elements are cut into fixed blocks of 64 K
+elements, reduced by ``at::parallel_for`` and combined in block order, so values do not depend on the thread
+count. Mean and Norm are rounded to the tensor's dtype, as torch's ``mean`` and ``vector_norm`` give them.
+The op also takes the layout work off the Python side (every attribute read of a tensor is a Python call while
+a TorchFunctionMode is pushed): it refuses what it cannot read (another device or dtype, a tensor subclass
+or wrapper without its own memory) with an empty list, reads a broadcast dimension once, and reads a
+transposed or permuted tensor that fills one block of memory in place; other layouts are copied first. It
+keeps the GIL: releasing it for large tensors measured no faster on bench/overhead.py's MLP, and handing the
+GIL back and forth with the writer thread can only delay the training thread.
+
+float32, float16 and bfloat16 go through the op; float64 and integer tensors keep the torch ops (their Mean
+and Norm are null anyway). CUDA and NPU tensors keep the torch-op path (a Triton kernel is not written yet).
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import platform
+import sys
+import threading
+
+logger = logging.getLogger("msprobe_runtime")
+
+SOURCE = r"""
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr int L = 16;                 // float lanes
+constexpr int64_t BLOCK = 1 << 16;    // elements per parallel block (fixed: results never depend on threads)
+
+struct Partial {
+  float mx, mn;
+  double s, q;
+  int64_t nan, inf;
+};
+
+inline float load(const float* p, int64_t i) { return p[i]; }
+inline float load(const c10::BFloat16* p, int64_t i) {
+  uint16_t raw;
+  std::memcpy(&raw, reinterpret_cast<const char*>(p) + 2 * i, 2);
+  uint32_t bits = static_cast<uint32_t>(raw) << 16;
+  float v;
+  std::memcpy(&v, &bits, 4);
+  return v;
+}
+inline float load(const c10::Half* p, int64_t i) {  // branch-free, so the loop vectorises
+  uint16_t raw;
+  std::memcpy(&raw, reinterpret_cast<const char*>(p) + 2 * i, 2);
+  const uint32_t h = raw;
+  const uint32_t em = h & 0x7fffu;
+  uint32_t bits = em << 13;
+  float v;
+  std::memcpy(&v, &bits, 4);
+  v *= 0x1p112f;  // rebias the exponent (15 -> 127); exact, and right for subnormal halves too
+  std::memcpy(&bits, &v, 4);
+  const uint32_t special = (em << 13) | 0x7f800000u;  // Inf and NaN keep their payload
+  bits = em >= 0x7c00u ? special : bits;
+  bits |= (h & 0x8000u) << 16;
+  std::memcpy(&v, &bits, 4);
+  return v;
+}
+
+template <typename T>
+Partial reduce_block(const T* p, int64_t n, bool counts) {
+  const float INF = std::numeric_limits<float>::infinity();
+  float mx[L], mn[L];
+  double s[L], q[L];
+  for (int j = 0; j < L; ++j) {
+    mx[j] = -INF; mn[j] = INF; s[j] = 0.0; q[j] = 0.0;
+  }
+  int64_t i = 0;
+  for (; i + L <= n; i += L) {
+    for (int j = 0; j < L; ++j) {
+      float v = load(p, i + j);
+      mx[j] = v > mx[j] ? v : mx[j];  // skips NaN
+      mn[j] = v < mn[j] ? v : mn[j];
+      double d = static_cast<double>(v);
+      s[j] += d;
+      q[j] += d * d;
+    }
+  }
+  for (int j = 0; i < n; ++i, ++j) {  // the tail, into lanes 0..
+    float v = load(p, i);
+    mx[j] = v > mx[j] ? v : mx[j];
+    mn[j] = v < mn[j] ? v : mn[j];
+    double d = static_cast<double>(v);
+    s[j] += d;
+    q[j] += d * d;
+  }
+  Partial out{-INF, INF, 0.0, 0.0, 0, 0};
+  for (int j = 0; j < L; ++j) {
+    out.mx = mx[j] > out.mx ? mx[j] : out.mx;
+    out.mn = mn[j] < out.mn ? mn[j] : out.mn;
+    out.s += s[j];
+    out.q += q[j];
+  }
+  // A finite float's square cannot overflow a double, nor can a block's sum of them: the sum of squares is
+  // finite exactly when the block holds no NaN and no Inf. Only then is a second, counting pass skipped.
+  if (counts && !std::isfinite(out.q)) {
+    int64_t cn = 0, ci = 0;
+    for (int64_t k = 0; k < n; ++k) {
+      float v = load(p, k);
+      cn += (v != v);
+      ci += (std::fabs(v) == INF);
+    }
+    out.nan = cn;
+    out.inf = ci;
+  }
+  return out;
+}
+
+template <typename T>
+Partial reduce_all(const T* p, int64_t n, bool counts) {
+  if (n <= BLOCK) return reduce_block<T>(p, n, counts);
+  const int64_t blocks = (n + BLOCK - 1) / BLOCK;
+  std::vector<Partial> parts(blocks);
+  at::parallel_for(0, blocks, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t start = b * BLOCK;
+      parts[b] = reduce_block<T>(p + start, std::min(BLOCK, n - start), counts);
+    }
+  });
+  Partial out = parts[0];
+  for (int64_t b = 1; b < blocks; ++b) {  // block order: deterministic
+    const Partial& x = parts[b];
+    out.mx = x.mx > out.mx ? x.mx : out.mx;
+    out.mn = x.mn < out.mn ? x.mn : out.mn;
+    out.s += x.s;
+    out.q += x.q;
+    out.nan += x.nan;
+    out.inf += x.inf;
+  }
+  return out;
+}
+
+template <typename T>
+double round_to(double x) { return static_cast<double>(static_cast<float>(static_cast<T>(static_cast<float>(x)))); }
+template <>
+double round_to<float>(double x) { return static_cast<double>(static_cast<float>(x)); }
+
+template <typename T>
+std::vector<double> stats_of(const at::Tensor& t, bool counts, double repeat) {
+  const T* p = t.data_ptr<T>();
+  const int64_t n = t.numel();
+  Partial r = reduce_all<T>(p, n, counts);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const bool has_nan = std::isnan(r.q);
+  std::vector<double> out(counts ? 6 : 4);
+  out[0] = has_nan ? nan : static_cast<double>(r.mx);
+  out[1] = has_nan ? nan : static_cast<double>(r.mn);
+  out[2] = round_to<T>(r.s / static_cast<double>(n));
+  out[3] = round_to<T>(std::sqrt(r.q * repeat));
+  if (counts) {
+    out[4] = static_cast<double>(r.nan) * repeat;
+    out[5] = static_cast<double>(r.inf) * repeat;
+  }
+  return out;
+}
+
+bool readable(const at::Tensor& t) {
+  if (!t.defined() || t.layout() != at::kStrided || !t.device().is_cpu() || t.is_quantized() || t.is_nested() ||
+      !t.has_storage())
+    return false;
+  const c10::DispatchKeySet keys = t.key_set();
+  // a tensor whose data is somewhere else (a Python subclass, functionalization, functorch's wrappers)
+  if (keys.has(c10::DispatchKey::Python) || keys.has(c10::DispatchKey::Functionalize) ||
+      keys.has(c10::DispatchKey::FuncTorchBatched) || keys.has(c10::DispatchKey::FuncTorchGradWrapper) ||
+      keys.has(c10::DispatchKey::ZeroTensor))
+    return false;
+  const at::ScalarType type = t.scalar_type();
+  return type == at::kFloat || type == at::kBFloat16 || type == at::kHalf;
+}
+
+}  // namespace
+
+// Max, Min, Mean, Norm, then (with ``counts``) the NaN and Inf counts of a non-empty CPU tensor of float32,
+// float16 or bfloat16, read once; an empty list for any other tensor (the caller's torch ops serve it).
+// Every statistic is independent of element order, so a broadcast (stride-0) dimension is read once and
+// counted ``size`` times, and a tensor whose elements fill one block of memory (transposed or permuted) is
+// read as that block; only other layouts are copied first.
+std::vector<double> stats(const at::Tensor& input, bool counts) {
+  if (!readable(input) || input.numel() == 0) return {};
+  at::NoGradGuard no_grad;
+  at::Tensor t = input;
+  if (t.is_neg()) t = t.resolve_neg();
+  double repeat = 1.0;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.stride(d) == 0 && t.size(d) > 1) {
+      repeat *= static_cast<double>(t.size(d));
+      t = t.narrow(d, 0, 1);
+    }
+  }
+  if (!t.is_non_overlapping_and_dense()) t = t.contiguous();
+  if (t.data_ptr() == nullptr) return {};
+  const at::ScalarType type = t.scalar_type();
+  if (type == at::kFloat) return stats_of<float>(t, counts, repeat);
+  if (type == at::kBFloat16) return stats_of<c10::BFloat16>(t, counts, repeat);
+  return stats_of<c10::Half>(t, counts, repeat);
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("stats", &stats, "Max, Min, Mean, Norm, NaN and Inf counts of a CPU float tensor in one pass");
+}
+"""
+
+NAME = "msprobe_stats"
+# built on the machine that runs it, for its CPU; the cache key names the CPU (a home shared by other machines)
+FLAGS = ["-O3"] + {"x86_64": ["-march=native"], "AMD64": ["-march=native"],
+                   "aarch64": ["-mcpu=native"], "arm64": ["-mcpu=native"]}.get(platform.machine(), [])
+
+_lock = threading.Lock()
+_state = {"done": False, "module": None}
+
+
+def enabled():
+    return os.environ.get("MSPROBE_NATIVE_STATS", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def cache_root():
+    root = os.environ.get("MSPROBE_CACHE_DIR")
+    if not root:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        root = os.path.join(base, "msprobe_rewrite")
+    return root
+
+
+def _cpu_id():
+    """The CPU model and its flags: a build with -march=native must not run on another CPU (a shared home)."""
+    try:
+        with open("/proc/cpuinfo", "r", encoding="utf-8", errors="replace") as handle:
+            lines = handle.read().split("\n\n", 1)[0].splitlines()
+        keep = [line for line in lines if line.split(":", 1)[0].strip() in ("vendor_id", "model name", "flags",
+                                                                           "Features", "CPU part")]
+        return "\n".join(keep)
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def build_directory():
+    import torch
+
+    key = hashlib.sha256("\0".join([SOURCE, " ".join(FLAGS), _cpu_id(), torch.__version__,
+                                    sys.version, platform.machine()]).encode()).hexdigest()[:16]
+    return os.path.join(cache_root(), f"stats-torch{torch.__version__.replace('+', '_')}-{key}")
+
+
+def _import(path):
+    spec = importlib.util.spec_from_file_location(NAME, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _build(directory):
+    """Compile the op into ``directory`` (torch's file lock keeps concurrent ranks to one build)."""
+    from torch.utils import cpp_extension
+
+    os.makedirs(directory, exist_ok=True)
+    module = cpp_extension.load_inline(NAME, cpp_sources=[SOURCE], extra_cflags=FLAGS, build_directory=directory,
+                                       verbose=False)
+    marker = os.path.join(directory, "ready")
+    temporary = f"{marker}.{os.getpid()}"
+    with open(temporary, "w") as handle:
+        handle.write(getattr(module, "__file__", "") or "")
+    os.replace(temporary, marker)  # the .so is complete: later processes import it without ninja
+    return module
+
+
+def load():
+    """The compiled module (with ``stats``), or None: turned off, or it cannot be built here (warned once)."""
+    if _state["done"]:
+        return _state["module"]
+    with _lock:
+        if _state["done"]:
+            return _state["module"]
+        module = None
+        if enabled():
+            try:
+                module = _load()
+            except Exception as error:  # no compiler, no ninja, a failed build: the torch ops serve
+                message = str(error).strip().splitlines()
+                logger.warning("msprobe_runtime: the native statistics op cannot be built (%s); statistics use "
+                               "torch ops (slower; Mean and Norm may differ in the last float32 bit)",
+                               message[-1] if message else type(error).__name__)
+                module = None
+        _state["module"] = module
+        _state["done"] = True
+        return module
+
+
+def _load():
+    import torch  # noqa: F401  (the op's library links against torch's)
+
+    directory = build_directory()
+    library = os.path.join(directory, f"{NAME}.so")
+    if os.path.exists(os.path.join(directory, "ready")) and os.path.exists(library):
+        return _import(library)
+    logger.warning("msprobe_runtime: building the native statistics op once (about a minute) into %s", directory)
+    return _build(directory)
+
+
+def reset():
+    """Forget the loaded state (tests)."""
+    with _lock:
+        _state["done"] = False
+        _state["module"] = None

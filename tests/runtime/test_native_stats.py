@@ -1,0 +1,280 @@
+"""The fused native statistics op against the torch-op fallback (runtime/native_stats.py, statistics.py).
+
+Max, Min and the NaN/Inf counts must be equal; Mean and Norm equal within the rounding of the tensor's dtype
+(the fallback's float32 dot product is itself off by a few float32 ulps on large tensors, the op is not).
+Skipped where the op cannot be built (no compiler or ninja), unless MSPROBE_REQUIRE_NATIVE=1.
+"""
+import glob
+import json
+import logging
+import math
+import os
+
+import pytest
+import torch
+
+import msprobe_runtime as rt
+from msprobe_runtime import PrecisionDebugger, native_stats
+from msprobe_runtime.statistics import KIND_EMPTY, StatBuffer, tensor_kind
+
+
+@pytest.fixture(scope="module")
+def native():
+    module = native_stats.load()
+    if module is None:
+        if os.environ.get("MSPROBE_REQUIRE_NATIVE") == "1":
+            pytest.fail("the native statistics op could not be built")
+        pytest.skip("the native statistics op cannot be built here (no compiler or ninja)")
+    return module
+
+
+def both(t, native, counts=True):
+    """(native numbers, fallback numbers) of ``t``: [Max, Min, Mean, Norm] (or [value]) + [NaN, Inf]."""
+    out = []
+    for module in (native, False):
+        stats = StatBuffer(nan_inf_count=counts, native=module)
+        slot, count_slot = stats.add(t, tensor_kind(t))
+        if module is not False and t.dtype in DTYPES:
+            assert slot.batch is not None, "the native op did not serve this tensor"  # ready before take
+        stats.take()
+        out.append(slot.values() + (count_slot.values() if count_slot is not None else []))
+    return out
+
+
+ULP = {torch.float32: 2.0 ** -23, torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}
+
+
+def assert_same(mine, theirs, dtype, t=None, ulps=4):
+    """Max/Min (and counts) exact, NaN where NaN; Mean/Norm within a few ulps of ``dtype``, of the result or,
+    for a Mean that cancels, of the mean of absolute values (a float sum's error is relative to that)."""
+    assert len(mine) == len(theirs)
+    scale = 0.0
+    if t is not None and t.numel():
+        magnitudes = t.double().abs()
+        scale = magnitudes[magnitudes.isfinite()].mean().item() if magnitudes.isfinite().any() else 0.0
+    for index, (a, b) in enumerate(zip(mine, theirs)):
+        if math.isnan(b):
+            assert math.isnan(a), (index, mine, theirs)
+        elif index in (2, 3) and len(mine) != 3 and math.isfinite(b):
+            bound = ulps * ULP[dtype] * max(abs(b), scale if index == 2 else 0.0, 1e-30)
+            assert abs(a - b) <= bound, (index, mine, theirs)
+        else:
+            assert a == b, (index, mine, theirs)
+
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+SIZES = [1, 7, 16, 17, 512, 4096, 4097, 70_000, 3 * 65_536 + 5]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("numel", SIZES)
+def test_equal_to_fallback(native, dtype, numel):
+    torch.manual_seed(numel)
+    t = (torch.randn(numel) * 3 + 0.5).to(dtype)
+    mine, theirs = both(t, native)
+    assert_same(mine, theirs, dtype, t)
+    assert mine[4:] == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_zero_d_and_layouts(native, dtype):
+    torch.manual_seed(1)
+    base = torch.randn(64, 48).to(dtype)
+    cases = {
+        "0-d": torch.tensor(-2.5, dtype=dtype),
+        "0-d nan": torch.tensor(float("nan"), dtype=dtype),
+        "transposed": base.t(),
+        "strided": base[::3, 1::2],
+        "permuted": torch.randn(4, 5, 6).to(dtype).permute(2, 0, 1),
+        "broadcast": torch.randn(1, 48).to(dtype).expand(64, 48),
+        "broadcast 0-d": torch.tensor(1.5, dtype=dtype).expand(10, 3),
+        "offset view": base.view(-1)[5:1000],
+        "negative view": torch._neg_view(base),
+        "broadcast transposed": base[:1].t().expand(48, 5),
+        "requires grad": torch.randn(33, 7).to(dtype).requires_grad_(),
+        "parameter": torch.nn.Parameter(base.clone()),
+        "inference transposed": _inference(base).t(),
+    }
+    for name, t in cases.items():
+        mine, theirs = both(t, native)
+        assert_same(mine, theirs, dtype, t), name
+
+
+def _inference(t):
+    with torch.inference_mode():
+        return t.clone()
+
+
+def test_in_inference_mode(native):
+    t = torch.randn(40, 30)
+    with torch.inference_mode():
+        mine, theirs = both(t.t(), native)
+    assert_same(mine, theirs, torch.float32, t)
+
+
+def test_tensors_it_cannot_read_go_to_the_torch_ops(native):
+    assert native.stats(torch.randn(4, dtype=torch.float64), True) == []
+    assert native.stats(torch.arange(4), True) == []
+    assert native.stats(torch.empty(0), True) == []
+    assert native.stats(torch.empty(3, device="meta"), True) == []
+    assert native.stats(torch.eye(3).to_sparse(), True) == []
+    assert native.stats(torch._efficientzerotensor(3), True) == []
+
+
+def test_empty_has_no_slot():
+    assert tensor_kind(torch.empty(0, 3)) == KIND_EMPTY
+    assert tensor_kind(torch.empty(0, dtype=torch.bfloat16)) == KIND_EMPTY
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_nan_and_inf(native, dtype):
+    inf, nan = float("inf"), float("nan")
+    cases = [
+        [1.0, nan, 3.0],
+        [nan] * 40,
+        [1.0, inf, -2.0],
+        [-inf, 1.0, -2.0],
+        [inf, -inf, 0.5],
+        [nan, inf, -inf, 2.0] * 9,
+    ]
+    for values in cases:
+        t = torch.tensor(values, dtype=dtype)
+        mine, theirs = both(t, native)
+        assert_same(mine, theirs, dtype, t)
+    # a NaN and an Inf deep inside a large tensor, inside a later parallel block
+    t = torch.randn(300_000).to(dtype)
+    t[200_001] = nan
+    t[250_000] = -inf
+    t[12] = inf
+    mine, theirs = both(t, native)
+    assert_same(mine, theirs, dtype, t)
+    assert mine[4:] == [1.0, 2.0]
+
+
+def test_without_counts(native):
+    t = torch.tensor([1.0, float("nan")])
+    mine, theirs = both(t, native, counts=False)
+    assert len(mine) == 4 and math.isnan(mine[0]) and math.isnan(theirs[0])
+
+
+def test_value_at_the_call(native):
+    """A tensor changed in place after its call is reported with the value it had at the call."""
+    for module in (native, False):
+        for numel in (10, 100_000):
+            stats = StatBuffer(nan_inf_count=True, native=module)
+            t = torch.ones(numel)
+            slot, counts = stats.add(t, tensor_kind(t))
+            t.mul_(-3).fill_(float("nan"))
+            stats.take()
+            assert slot.values() == [1.0, 1.0, 1.0, float(torch.tensor(math.sqrt(numel)))]
+            assert counts.values() == [0.0, 0.0]
+
+
+def test_mean_stays_accurate_on_large_tensors(native):
+    t = torch.full((1 << 22,), 0.1)
+    exact = t.double().mean().item()
+    values = native.stats(t, False)
+    assert values[2] == float(torch.tensor(exact, dtype=torch.float32))
+    assert abs(values[3] - t.double().norm().item()) <= 2 ** -23 * values[3]
+
+
+def test_independent_of_thread_count(native):
+    torch.manual_seed(3)
+    t = torch.randn(1 << 20)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = native.stats(t, True)
+        torch.set_num_threads(max(2, threads))
+        many = native.stats(t, True)
+    finally:
+        torch.set_num_threads(threads)
+    assert one == many
+
+
+def test_no_compiler_falls_back_with_one_warning(monkeypatch, tmp_path, caplog):
+    def no_compiler(directory):
+        raise RuntimeError("Ninja is required to load C++ extensions")
+
+    monkeypatch.setenv("MSPROBE_CACHE_DIR", str(tmp_path))  # nothing cached there: a build is tried
+    monkeypatch.setattr(native_stats, "_build", no_compiler)
+    native_stats.reset()
+    try:
+        with caplog.at_level(logging.WARNING, logger="msprobe_runtime"):
+            assert native_stats.load() is None
+            stats = StatBuffer()
+            assert native_stats.load() is None
+        warnings = [r for r in caplog.records if "cannot be built" in r.getMessage()]
+        assert len(warnings) == 1 and "Ninja is required" in warnings[0].getMessage()
+        t = torch.tensor([1.0, -2.0, 4.0])
+        slot, counts = stats.add(t, tensor_kind(t))  # the torch ops serve
+        stats.take()
+        assert slot.values()[:2] == [4.0, -2.0] and counts.values() == [0.0, 0.0]
+    finally:
+        native_stats.reset()
+
+
+def test_turned_off_by_environment(monkeypatch):
+    monkeypatch.setenv("MSPROBE_NATIVE_STATS", "0")
+    native_stats.reset()
+    try:
+        assert native_stats.load() is None
+    finally:
+        native_stats.reset()
+
+
+def _dump(tmp_path, name, inputs):
+    config = tmp_path / f"{name}.json"
+    config.write_text(json.dumps({"dump_path": str(tmp_path / name), "level": "L1",
+                                  "statistics": {"nan_inf_count": True}}))
+    debugger = PrecisionDebugger(config_path=str(config))
+    debugger.start()
+    for tensor in inputs:
+        rt.call("Torch.clone", torch.clone, tensor)
+    debugger.stop()
+    debugger.wait()
+    [directory] = glob.glob(os.path.join(str(tmp_path / name), "step0", "*"))
+    with open(os.path.join(directory, "dump.json")) as handle:
+        return json.load(handle)["data"]
+
+
+def test_dump_equal_on_every_dtype(native, monkeypatch, tmp_path):
+    """Through the debugger: a dump made with the op equals one made with the torch ops, on every dtype."""
+    torch.manual_seed(0)
+    inputs = [torch.randn(3, 5).to(dtype) for dtype in (torch.float32, torch.float16, torch.bfloat16,
+                                                        torch.float64)]
+    inputs += [torch.randint(-5, 5, (7,), dtype=dtype) for dtype in (torch.int8, torch.int32, torch.int64)]
+    inputs += [torch.randint(0, 9, (7,), dtype=torch.uint8)]
+    inputs += [torch.tensor([True, False]), torch.empty(0, 3), torch.empty(0, dtype=torch.bfloat16),
+               torch.tensor(2.5), torch.tensor([1.0, float("nan"), float("inf")], dtype=torch.bfloat16),
+               torch.randn(5000), torch.randn(64, 64).t(), torch.randn(8).expand(4, 8)]
+    mine = _dump(tmp_path, "native", inputs)
+    monkeypatch.setattr(native_stats, "load", lambda: None)
+    theirs = _dump(tmp_path, "fallback", inputs)
+    assert list(mine) == list(theirs)
+    for name in mine:
+        a, b = mine[name]["input_args"][0], theirs[name]["input_args"][0]
+        dtype = getattr(torch, a["dtype"].split(".")[1])
+        assert {k: v for k, v in a.items() if k not in ("Mean", "Norm", "Max", "Min")} == \
+               {k: v for k, v in b.items() if k not in ("Mean", "Norm", "Max", "Min")}, name
+        row_a = [a[k] for k in ("Max", "Min", "Mean", "Norm")]
+        row_b = [b[k] for k in ("Max", "Min", "Mean", "Norm")]
+        if a["Mean"] is None or not dtype.is_floating_point or dtype is torch.float64:
+            assert row_a == row_b, name
+        else:
+            assert_same([float(v) for v in row_a], [float(v) for v in row_b], dtype, inputs[int(name.split(".")[2])])
+
+
+@pytest.mark.slow  # a fresh interpreter
+def test_a_cached_build_is_imported_without_building(native):
+    import subprocess
+    import sys
+
+    code = ("import logging, time; logging.basicConfig(); from msprobe_runtime import native_stats; "
+            "start = time.perf_counter(); module = native_stats.load(); "
+            "print(module is not None, time.perf_counter() - start)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    loaded, seconds = done.stdout.split()
+    assert loaded == "True" and "building" not in done.stderr, done.stderr
+    assert float(seconds) < 5
