@@ -58,7 +58,7 @@ def test_msprobe_default_config_loads(load, tmp_path):
     ({"task": "tensor", "tensor": {"bench_path": "/b"}}, "tensor.bench_path", "compare"),
     ({"statistics": {"diff_nums": 5}}, "statistics.diff_nums", "compare"),
     ({"statistics": {"summary_mode": "xor"}}, "statistics.summary_mode", "xor"),
-    ({"task": "acc_check"}, "task", "run task 'tensor'"),
+    ({"task": "acc_check"}, "task", "msprobe-rewrite precheck"),
     ({"level": "L2"}, "level", "use L1"),
 ])
 def test_msprobe_keys_not_supported_are_refused_by_name(load, tmp_path, raw, field, hint):
