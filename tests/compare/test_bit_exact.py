@@ -91,6 +91,7 @@ def test_the_first_operator_with_equal_inputs_and_different_outputs_is_named(mak
     assert any(row.startswith("Torch.tanh.0.forward,") and row.endswith(",differs") for row in rows), rows[:5]
 
 
+@pytest.mark.slow  # two more training runs in fresh interpreters
 def test_statistics_dumps_are_refused_with_what_to_do(make_dump, configs):
     code, stdout, stderr = run_compare("--bit-exact", make_dump(), make_dump("--config", configs["statistics"]))
     assert code == 2

@@ -105,6 +105,7 @@ def test_reports_tell_the_story(attention, tmp_path):
     assert rows[0]["entry"] == truth and float(rows[0]["gain"]) > 50
 
 
+@pytest.mark.slow  # tensor dumps of two runs in fresh interpreters
 def test_tensor_dumps(tmp_path):
     _generate(tmp_path / "base", "attention", 0, task="tensor")
     truth = _generate(tmp_path / "bad", "attention", 2, "softmax:Functional.softmax:0", task="tensor")
