@@ -15,7 +15,7 @@ from typing import List, NamedTuple, Optional, Tuple
 
 from msprobe_rewrite.api import RUNTIME_IMPORT, RewriteError, default_catalogue, restore_source, rewrite_source
 from msprobe_rewrite.ast_transformer import rewrite_to_ast
-from restore_agreement import restore_disagreement
+from restore_agreement import first_difference, restore_disagreement
 
 OK, UNCHANGED, REFUSED, INVALID, FAILED = "ok", "unchanged", "refused", "invalid", "failed"
 SAME, FALLBACK, BEYOND = "same", "fallback", "beyond"
@@ -162,7 +162,7 @@ def check_source(source: bytes, path: str) -> Result:
         problems.append("changed without the runtime import")
     try:
         if restore_source(out, path=path) != source:
-            problems.append("restore(rewrite(s)) != s" + _first_difference(restore_source(out, path=path), source))
+            problems.append("restore(rewrite(s)) != s" + first_difference(restore_source(out, path=path), source))
     except Exception as error:
         problems.append(f"restore crashed: {type(error).__name__}: {error}")
     problems.extend(restore_disagreement(out, path))
@@ -212,14 +212,6 @@ def ast_path_check(source: bytes, path: str, out: Optional[bytes], refusal: str)
             return SAME, (f"the ast path differs at line {a.lineno}: {ast.unparse(a)[:120]!r} != "
                           f"{ast.unparse(b)[:120]!r}")
     return SAME, "the ast path gives another tree"
-
-
-def _first_difference(got: bytes, want: bytes) -> str:
-    got_lines, want_lines = got.splitlines(True), want.splitlines(True)
-    for number, (a, b) in enumerate(zip(got_lines, want_lines), 1):
-        if a != b:
-            return f" (line {number}: {b!r} came back as {a!r})"
-    return f" ({len(want_lines)} lines came back as {len(got_lines)})"
 
 
 def check_file(path: str) -> Result:

@@ -24,12 +24,13 @@ def restore_disagreement(out: bytes, path: str, may_fall_back: bool = False) -> 
         problems.append(f"the text restore fell back to libcst: {sorted(text_restore.FALLBACKS)}")
     if text != reference:
         problems.append("the text restore differs from the libcst restore"
-                        + (_first_difference(text[0], reference[0]) if text[0] != reference[0] else
+                        + (first_difference(text[0], reference[0]) if text[0] != reference[0] else
                            f": notes {text[1]} != {reference[1]}"))
     return problems
 
 
-def _first_difference(got: bytes, want: bytes) -> str:
+def first_difference(got: bytes, want: bytes) -> str:
+    """Where ``got`` first differs from ``want``, as a suffix for a message."""
     got_lines, want_lines = got.splitlines(True), want.splitlines(True)
     for number, (a, b) in enumerate(zip(got_lines, want_lines), 1):
         if a != b:
