@@ -151,24 +151,16 @@ class Fingerprint:
 class HostCopy:
     """A tensor's bytes on their way to the host, hashed with CRC32 on the writer thread (msprobe's md5)."""
 
-    __slots__ = ("host", "event", "_value", "_lock")
+    __slots__ = ("batch",)
     key = MD5_KEY
 
     def __init__(self, host, event):
-        self.host = host
-        self.event = event
-        self._value = None
-        self._lock = threading.Lock()
+        from .statistics import Batch
+
+        self.batch = Batch(host, event, crc32_hex)
 
     def value(self):
-        from .statistics import wait_event
-
-        with self._lock:
-            if self.host is not None:
-                wait_event(self.event)
-                self._value = crc32_hex(self.host)
-                self.host = self.event = None
-            return self._value
+        return self.batch.values()
 
 
 def checksum_of(t, mode, readable, stats):

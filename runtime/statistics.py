@@ -48,22 +48,24 @@ def tensor_kind(t):
 
 
 class Batch:
-    """One flush of one device: the host copy, its event, and (once read on the writer thread) the numbers."""
+    """A copy on its way to the host, its event, and (once ``read`` on the writer thread) what it holds: one
+    flush of one device (the numbers of its slots), or one tensor's bytes (checksums.HostCopy)."""
 
-    __slots__ = ("host", "event", "_flat", "_lock")
+    __slots__ = ("host", "event", "read", "_flat", "_lock")
 
-    def __init__(self, host, event):
+    def __init__(self, host, event, read=None):
         self.host = host
         self.event = event
+        self.read = read or host_rows
         self._flat = None
         self._lock = threading.Lock()
 
     def values(self):
         with self._lock:
-            if self._flat is None:
+            if self.host is not None:
                 wait_event(self.event)
-                self._flat = host_rows(self.host)
-                self.host = None
+                self._flat = self.read(self.host)
+                self.host = self.event = None
             return self._flat
 
 
