@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 
-from . import dump_names
 from .foreign import is_subclass, mapping_items, own_parameters, sequence_items
 
 
@@ -85,10 +84,10 @@ def _api_post_hook(collector, token, name, width, positions):
             for position, output_nr in positions:
                 if output_nr < len(grad_outputs):
                     entry["input"][position] = describe(grad_outputs[output_nr],
-                                                        dump_names.stem(name, "input", str(position)))
+                                                        collector.file_stem(name, "input", str(position)))
         if "output" in entry:
             start = len(entry["output"])
-            entry["output"].extend(describe(g, dump_names.stem(name, "output", str(start + i)))
+            entry["output"].extend(describe(g, collector.file_stem(name, "output", str(start + i)))
                                    for i, g in enumerate(grad_inputs))
 
     return _observer(collector, token, "API backward hook", observe)

@@ -7,9 +7,7 @@ is never repeated and never sees the error.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import sys
 import threading
 
@@ -19,6 +17,7 @@ from . import backward as bw
 from . import dump_names, operators
 from .foreign import (bound_self, is_subclass, key_text, mapping_items, method_name, own_parameters, parameters,
                       sequence_items, type_name)
+from .call_stacks import capture as capture_stack
 from .records import TensorRecord, describe_builtin
 from .selection import Selection
 from .checksums import MODES as CHECKSUM_MODES, checksum_of
@@ -26,9 +25,6 @@ from .statistics import KIND_EMPTY, StatBuffer, tensor_kind
 
 logger = logging.getLogger("msprobe_runtime")
 
-_RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__))
-_MODULE_PY = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "nn", "modules", "module.py")
-_MAX_FRAMES = 64
 _RECENT = 4  # tensors remembered for reuse of their statistics (output of one call, input of the next)
 _REUSE_MIN = 4096  # smaller tensors are cheaper to recompute than to look up
 
@@ -40,21 +36,14 @@ _DEVICE = torch.device
 _MEMORY_FORMAT = torch.memory_format
 _STRIDED = torch.strided
 _NO_TORCH_FUNCTION = torch._C.DisableTorchFunction
-_NOTHING = contextlib.nullcontext()
+_grad_enabled = torch.is_grad_enabled
 _get_ident = threading.get_ident
-
-
-def quiet(collector):
-    """Around the collector's own tensor work while the observing ``TorchFunctionMode`` is pushed: without
-    it, every metadata read and statistics op of ours would take a Python round trip through the mode
-    (about twenty per recorded tensor). Never around the user's call."""
-    return _NO_TORCH_FUNCTION() if collector.mode_depth else _NOTHING
 
 
 class _OwnWork:
     """``with collector.own_work:`` around the runtime's own work (hooks, flushes): a routed call that arrives
     meanwhile on this thread passes straight through (``busy``), and torch function handling is off while an observing
-    mode is pushed (``quiet``). Reentrant; one instance per collector, so entering allocates nothing but the
+    mode is pushed (as in ``Collector.api``). Reentrant; one instance per collector, so entering allocates nothing but the
     guard."""
 
     __slots__ = ("collector", "guards")
@@ -96,6 +85,8 @@ class Collector:
         self.tensor_task = config.task == "tensor"
         self.checksum_mode = config.summary_mode if config.summary_mode in CHECKSUM_MODES else None
         self.stats = stats or StatBuffer(config.nan_inf_count)
+        # statistics only (no tensor file, no checksum): the native op, where it serves, is a record's only read
+        self.native_first = not self.tensor_task and self.checksum_mode is None
         modes = set(config.data_mode)
         everything = "all" in modes or not modes
         self.want_forward = everything or "forward" in modes or not ({"forward", "backward"} & modes)
@@ -177,7 +168,8 @@ class Collector:
         self.stacks = {}
         self.construct = {}
         self.tensors = []
-        self._recent = {}
+        self._recent = {}  # _reuse's tables: StatBuffer.add's slots, and the native op's numbers
+        self._recent_native = {}
         self.backward_parents = {}  # backward entry -> parent module's forward entry
         self.pending_backward = {}  # module backward entries still waiting for some of their gradients
         self.param_waiters = {}  # id(parameter) -> callbacks waiting for its gradient's accumulation
@@ -279,53 +271,78 @@ class Collector:
         """Record one API call around ``fn(*args, **kwargs)``, which runs exactly once.
 
         ``in_api`` stays raised throughout: calls nested inside the API, and our own statistics ops, are not
-        recorded as the user's calls.
+        recorded as the user's calls. While an observing ``TorchFunctionMode`` is pushed, torch function
+        handling is off around our own work: without it, every metadata read and statistics op of ours would
+        take a Python round trip through the mode (about twenty per recorded tensor). Never around the user's
+        call. Written as two branches rather than one ``with`` over a null context: this runs at every entry.
         """
         self.enter_own_work()
         try:
-            name = entry = None
-            backward = False
             try:
-                with quiet(self):
-                    name, forward, backward = self._begin(api_name)
-                    if name is not None and self.want_forward and forward:
-                        entry = {}
-                        if self.want_input:
-                            prefix = dump_names.stem(dump_names.api_forward(name), "input")
-                            entry["input_args"] = self.describe_seq(record_args, prefix)
-                            entry["input_kwargs"] = self.describe_map(
-                                kwargs if record_kwargs is None else record_kwargs, prefix)
+                if record_kwargs is None:
+                    record_kwargs = kwargs
+                if self.mode_depth:
+                    with _NO_TORCH_FUNCTION():
+                        begun = self._begin_api(api_name, record_args, record_kwargs)
+                else:
+                    begun = self._begin_api(api_name, record_args, record_kwargs)
             except Exception as error:
                 self.log_error(f"recording {api_name}", error)
-                name = None
+                begun = None
             result = fn(*args, **kwargs)
-            if name is not None:
+            if begun is not None:
                 try:
-                    with quiet(self):
-                        self._finish_api(name, entry, result, frame, backward)
+                    if self.mode_depth:
+                        with _NO_TORCH_FUNCTION():
+                            self._finish_api(begun, result, frame)
+                    else:
+                        self._finish_api(begun, result, frame)
                 except Exception as error:
                     self.log_error(f"recording {api_name}", error)
             return result
         finally:
             self.leave_own_work()
 
-    def _finish_api(self, name, entry, result, frame, backward_selected=True):
-        forward = dump_names.api_forward(name)
+    def _begin_api(self, api_name, record_args, record_kwargs):
+        """Before the call: (call name, forward entry name, entry or None, backward selected), or None when
+        neither direction is recorded. The entry holds the inputs' records."""
+        name, forward, backward = self._begin(api_name)
+        if name is None:
+            return None
+        forward_name = dump_names.api_forward(name)
+        entry = None
+        if forward and self.want_forward:
+            entry = {}
+            if self.want_input:
+                prefix = self.file_stem(forward_name, "input")
+                entry["input_args"] = self.describe_seq(record_args, prefix)
+                # kwargs is the dict Python packed for the call (or fold_keywords' copy): ours to test
+                entry["input_kwargs"] = self.describe_map(record_kwargs, prefix) if record_kwargs else {}
+        return name, forward_name, entry, backward
+
+    def _finish_api(self, begun, result, frame):
+        name, forward, entry, backward_selected = begun
         if entry is not None:
             if self.want_output:
-                entry["output"] = self.describe_output(result, dump_names.stem(forward, "output"))
+                entry["output"] = self.describe_output(result, self.file_stem(forward, "output"))
             with self._lock:
                 self.data[forward] = entry
-            self.stacks[forward] = self._frames(frame)
+            self.stacks[forward] = capture_stack(frame if frame is not None else sys._getframe(1))
             if self.construct_apis:
                 self.construct[forward] = self.module_stack[-1] if self.module_stack else None
-        if backward_selected and self.want_backward and torch.is_grad_enabled():
-            outputs = bw.flat_tensors(result, [])
-            if any(t is not None and t.requires_grad for t in outputs):
-                parent = self.module_stack[-1] if (self.construct_apis and self.module_stack) else None
-                backward = dump_names.api_backward(name)
-                self.backward_parents[backward] = parent
-                bw.hook_api_backward(self, backward, outputs)
+        if backward_selected and self.want_backward and _grad_enabled():
+            if type(result) is _TENSOR:  # the common case, without flattening
+                if not result.requires_grad:
+                    return
+                outputs = [result]
+            else:
+                outputs = bw.flat_tensors(result, [])
+                if not any(t is not None and t.requires_grad for t in outputs):
+                    return
+            parent = self.module_stack[-1] if (self.construct_apis and self.module_stack) else None
+            backward = dump_names.api_backward(name)
+            self.backward_parents[backward] = parent
+            bw.hook_api_backward(self, backward, outputs)
 
     def backward_entry(self, name, input_width, output_width, deferred=False):
         """The backward entry ``name``, created the first time a hook reaches it. A deferred entry (a module's)
@@ -386,11 +403,11 @@ class Collector:
             return (name, None, parent, backward_args)
         entry = {}
         if self.want_input:
-            entry["input_args"] = self.describe_seq(args, dump_names.stem(name, "input"))
+            entry["input_args"] = self.describe_seq(args, self.file_stem(name, "input"))
             entry["input_kwargs"] = {}
         # the entry joins dump.json when the forward ends, after the calls inside it, as in msprobe's order
         self.construct[name] = parent
-        self.stacks[name] = self._frames(None)
+        self.stacks[name] = capture_stack(sys._getframe(1))
         return (name, entry, parent, backward_args)
 
     def module_forward_abort(self, record):
@@ -407,12 +424,12 @@ class Collector:
             self.module_stack.pop()
         if entry is not None:
             if self.want_input and kwargs:
-                entry["input_kwargs"] = self.describe_map(kwargs, dump_names.stem(name, "input"))
+                entry["input_kwargs"] = self.describe_map(kwargs, self.file_stem(name, "input"))
             if self.want_output:
-                entry["output"] = self.describe_output(result, dump_names.stem(name, "output"))
+                entry["output"] = self.describe_output(result, self.file_stem(name, "output"))
             params = {}
             for param_name, param in own_parameters(module):
-                params[param_name] = self.describe(param, dump_names.stem(name, "parameters", param_name))
+                params[param_name] = self.describe(param, self.file_stem(name, "parameters", param_name))
             if params:
                 entry["parameters"] = params
             with self._lock:
@@ -444,7 +461,7 @@ class Collector:
             entry = {}
             with self._lock:
                 self.data[name] = entry
-        entry[param_name] = self.describe(grad, dump_names.stem(name, param_name))
+        entry[param_name] = self.describe(grad, self.file_stem(name, param_name))
         self.param_accumulated(param)
 
     def param_accumulated(self, param):
@@ -458,21 +475,34 @@ class Collector:
 
     # ----------------------------------------------------------------- describing values
 
+    def file_stem(self, entry, *fields):
+        """The stem of a record's tensor files (``dump_names.stem``), or None where no file is written: the
+        names are built only for task ``tensor``, and None passes down through ``describe``."""
+        return dump_names.stem(entry, *fields) if self.tensor_task else None
+
     def describe_output(self, value, prefix):
         """msprobe's output field: always a list (a tuple's items, or the single value)."""
+        if type(value) is _TENSOR:
+            return [self._tensor(value, f"{prefix}.0" if prefix is not None else None)]
         items = sequence_items(value)
+        if prefix is None:
+            if items is not None:
+                return [self.describe(v, None, 1) for v in items]
+            return [self.describe(value, None, 1)]
         if items is not None:
             return [self.describe(v, f"{prefix}.{i}", 1) for i, v in enumerate(items)]
         return [self.describe(value, f"{prefix}.0", 1)]
 
     def describe_seq(self, values, prefix):
+        if prefix is None:
+            return [self._tensor(v, None) if type(v) is _TENSOR else self.describe(v, None, 1) for v in values]
         return [self.describe(v, f"{prefix}.{i}", 1) for i, v in enumerate(values)]
 
     def describe_map(self, values, prefix):
         out = {}
         for k, v in mapping_items(values):
             text = key_text(k)
-            out[text] = self.describe(v, f"{prefix}.{text}", 1)
+            out[text] = self.describe(v, f"{prefix}.{text}" if prefix is not None else None, 1)
         return out
 
     def describe(self, value, file_stem, depth=0):
@@ -511,6 +541,14 @@ class Collector:
             local = _local_shard(t)
             if local is not None:
                 t = local
+        if self.native_first:
+            # the native op checks dtype, device, layout and data itself: a tensor it serves needs none of the
+            # reads below (each a Python call, several while an observing mode is pushed)
+            done = (self.stats.native(t) if t.numel() < _REUSE_MIN
+                    else self._reuse(t, self._recent_native, self.stats.native))
+            if done is not None:
+                return TensorRecord("torch.Tensor", _dtype_name(t.dtype), list(t.shape), requires_grad, done[0],
+                                    done[1], done[2])
         kind = tensor_kind(t)
         readable = None
         if kind != KIND_EMPTY:
@@ -552,40 +590,30 @@ class Collector:
         return False
 
     def _slots(self, t, kind):
-        """Statistics slots of ``t``, shared with an earlier record of the same unchanged tensor.
+        """Statistics slots of ``t`` (``StatBuffer.add``), shared with an earlier record of the same tensor."""
+        return self._reuse(t, self._recent, self.stats.add, kind)
+
+    def _reuse(self, t, recent, compute, *args):
+        """``compute(t, *args)``, or its result for an earlier record of the same unchanged tensor.
 
         A call's output is usually the next call's input, and in backward one node's input gradient is the
-        next node's output gradient. The last few such tensors are remembered (with their version counter,
-        so an in-place change is seen) to skip a second pass over the same data; they are held strongly
-        because a gradient's Python object dies between two hooks, and only a handful at a time.
+        next node's output gradient. The last few such tensors are remembered in ``recent`` (with their
+        version counter, so an in-place change is seen) to skip a second pass over the same data; they are held
+        strongly because a gradient's Python object dies between two hooks, and only a handful at a time.
         """
         if t.numel() < _REUSE_MIN or t.is_inference():
-            return self.stats.add(t, kind)
+            return compute(t, *args)
         key = id(t)
-        recent = self._recent
         known = recent.get(key)
         version = t._version
         if known is not None and known[0] is t and known[1] == version:
             return known[2]
-        slots = self.stats.add(t, kind)
+        result = compute(t, *args)
         with self._lock:  # another thread may be trimming the same table
-            recent[key] = (t, version, slots)
+            recent[key] = (t, version, result)
             if len(recent) > _RECENT:
                 del recent[next(iter(recent))]
-        return slots
-
-    def _frames(self, frame):
-        """The call stack as (file, line, function) tuples, innermost first, without the runtime's frames."""
-        if frame is None:
-            frame = sys._getframe(1)
-        frames = []
-        while frame is not None and len(frames) < _MAX_FRAMES:
-            code = frame.f_code
-            filename = code.co_filename
-            if not filename.startswith(_RUNTIME_DIR) and filename != _MODULE_PY:
-                frames.append((filename, frame.f_lineno, code.co_name))
-            frame = frame.f_back
-        return tuple(frames)
+        return result
 
 
 _DTENSOR_TYPES = {}  # tensor subclass -> whether it is a DTensor

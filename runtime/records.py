@@ -22,17 +22,17 @@ class TensorRecord:
         self.shape = shape
         self.requires_grad = requires_grad
         self.kind = kind
-        self.slot = slot        # statistics.Slot, or None for an empty tensor
-        self.counts = counts    # statistics.Slot of the NaN and Inf counts, or None
+        self.slot = slot        # statistics.Slot or the numbers themselves (statistics.slot_values); None: empty
+        self.counts = counts    # the NaN and Inf counts, as ``slot``, or None
         self.data_name = data_name
         self.checksum = checksum  # checksums.Checksum (summary_mode md5 or fingerprint), or None
 
     def to_json(self):
-        from .statistics import KIND_BOOL, KIND_FLOAT, KIND_NO_MEAN, KIND_SCALAR
+        from .statistics import KIND_BOOL, KIND_FLOAT, KIND_NO_MEAN, KIND_SCALAR, slot_values
 
         out = {"type": self.type, "dtype": self.dtype, "shape": self.shape}
         kind = self.kind
-        row = self.slot.values() if self.slot is not None else None
+        row = slot_values(self.slot) if self.slot is not None else None
         if row is None:
             out.update(Max=None, Min=None, Mean=None, Norm=None)
         elif kind == KIND_BOOL:
@@ -45,7 +45,7 @@ class TensorRecord:
         elif kind == KIND_NO_MEAN:
             out.update(Max=_num(row[0], self.dtype), Min=_num(row[1], self.dtype), Mean=None, Norm=None)
         out["requires_grad"] = self.requires_grad
-        counts = self.counts.values() if self.counts is not None else None
+        counts = slot_values(self.counts) if self.counts is not None else None
         if counts is not None:
             out["NaN_count"] = int(counts[0])
             out["Inf_count"] = int(counts[1])

@@ -82,13 +82,6 @@ class Slot:
         self.width = width
         self.members = members
 
-    @classmethod
-    def ready(cls, numbers):
-        """A slot whose numbers are already on the host (the native op's)."""
-        slot = cls(None, len(numbers))
-        slot.batch = _Ready(numbers)
-        return slot
-
     def values(self):
         """The numbers (writer thread only); None if the slot was never flushed."""
         batch = self.batch
@@ -98,16 +91,10 @@ class Slot:
         return flat[self.offset:self.offset + self.width]
 
 
-class _Ready:
-    """The batch of a slot computed on the host: its numbers, at offset 0."""
-
-    __slots__ = ("numbers",)
-
-    def __init__(self, numbers):
-        self.numbers = numbers
-
-    def values(self):
-        return self.numbers
+def slot_values(slot):
+    """The numbers of a record's statistics (writer thread only): a ``Slot``'s once flushed (None before),
+    or the list itself where the native op computed them on the host at record time."""
+    return slot if type(slot) is list else slot.values()
 
 
 class _Stage:
@@ -152,18 +139,31 @@ class StatBuffer:
         self._stages = {}  # (device, dtype, numel) -> [_Stage], the last one filling
         self._staged_bytes = 0
 
+    def native(self, t):
+        """``(kind, numbers, counts or None)`` of ``t`` computed by the native op in one pass, or None where
+        it does not serve (no op, another type, device or dtype, no readable data, no elements). The op
+        checks device, dtype and layout itself, so the caller need not read any attribute first: for a
+        tensor it serves, the kind is decided here from its dimension alone (float16, bfloat16, float32)."""
+        if type(t) not in self._native_types:
+            return None
+        try:
+            values = self._native.stats(t, self.nan_inf_count)
+        except Exception:  # a layout it could not copy: the torch ops serve (or say why)
+            return None
+        if not values:
+            return None
+        counts = values[4:] if self.nan_inf_count else None
+        if t.dim() == 0:
+            return KIND_SCALAR, values[:1], counts
+        return KIND_FLOAT, values[:4], counts
+
     def add(self, t, kind):
-        """Launch the statistics of ``t``; returns ``(slot, count_slot or None)``."""
-        if (kind == KIND_FLOAT or kind == KIND_SCALAR) and type(t) in self._native_types:
-            # one pass in C++, which checks device, dtype and layout itself: no tensor attribute is read here,
-            # since each read is a Python call while a TorchFunctionMode is pushed
-            try:
-                values = self._native.stats(t, self.nan_inf_count)
-            except Exception:  # a layout it could not copy: the torch ops below serve (or say why)
-                values = None
-            if values:
-                slot = Slot.ready(values[:4] if kind == KIND_FLOAT else values[:1])
-                return slot, (Slot.ready(values[4:]) if self.nan_inf_count else None)
+        """Launch the statistics of ``t``; returns ``(slot, count_slot or None)``: ``Slot`` objects that a
+        flush fills, or lists of numbers where the native op computed them already."""
+        if kind == KIND_FLOAT or kind == KIND_SCALAR:
+            done = self.native(t)
+            if done is not None:
+                return done[1], done[2]
         import torch
 
         t = t.detach()

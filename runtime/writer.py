@@ -14,6 +14,7 @@ import queue
 import sys
 import threading
 
+from .call_stacks import Resolver
 from .records import resolve
 
 logger = logging.getLogger("msprobe_runtime")
@@ -75,6 +76,7 @@ class Writer:
         self.errors = []  # every failed step's error; the first of a kind is logged, loudly, the rest counted
         self._reported = set()
         self._failing = False
+        self._resolver = None  # call_stacks.Resolver, made at the first write (torch is imported by then)
 
     def submit(self, job):
         if self._thread is None:
@@ -137,9 +139,16 @@ class Writer:
                 except BaseException:
                     _remove_quietly(tmp)
                     raise
-        # stack.json groups forward entries that share one call stack, as msprobe does
+        # stack.json groups forward entries that share one call stack, as msprobe does; the training thread
+        # captured each raw (call_stacks.capture), and the same raw stack is resolved once
         groups = {}
-        for name, frames in job.stacks.items():
+        resolved = {}
+        for name, raw in job.stacks.items():
+            frames = resolved.get(raw)
+            if frames is None:
+                if self._resolver is None:
+                    self._resolver = Resolver()
+                frames = resolved[raw] = self._resolver.resolve(raw)
             groups.setdefault(frames, []).append(name)
         stack = {str(i): [names, format_stack(frames)] for i, (frames, names) in enumerate(groups.items())}
         atomic_write_json(os.path.join(job.directory, "stack.json"), stack)

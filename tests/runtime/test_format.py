@@ -386,10 +386,11 @@ def test_tensor_task_saves_tensors(debuggers, model_module, tmp_path):
 def test_error_inside_collection_is_logged_once_and_skipped(debuggers, tmp_path, caplog, monkeypatch):
     from msprobe_runtime import statistics
 
-    def broken(self, t, kind):
+    def broken(self, t, kind=None):
         raise RuntimeError("statistics exploded")
 
     monkeypatch.setattr(statistics.StatBuffer, "add", broken)
+    monkeypatch.setattr(statistics.StatBuffer, "native", broken)  # the native op's path, where it serves
     calls = []
 
     def api(x):

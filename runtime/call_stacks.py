@@ -1,0 +1,92 @@
+"""Call stacks for stack.json: captured raw on the training thread, made into msprobe's lines by the writer.
+
+``capture`` runs once per recorded entry, so it keeps only what each frame cannot give later: its code object
+and the offset of the instruction it is executing (``f_lasti``, an integer read). The line number, the file
+and function names, and the filtering of the runtime's own frames are worked out by ``resolve`` on the writer
+thread, from the code object's line table, once per distinct stack. Reading ``f_lineno`` for every frame, as
+the training thread did before, walks that table there, frame by frame, entry by entry.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+MAX_FRAMES = 64       # stack.json's lines per entry, innermost first
+_MAX_RAW = 4 * MAX_FRAMES  # frames walked before the runtime's and nn.Module's call frames are dropped
+
+_RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__))
+# f_lasti is a byte offset into the code, and co_lines maps those offsets to lines, from Python 3.10;
+# before that the line itself is taken on the training thread
+_OFFSETS = sys.version_info >= (3, 10)
+
+
+def capture(frame):
+    """The stack from ``frame`` outwards as a flat tuple ``(code, position, code, position, ...)``."""
+    raw = []
+    append = raw.append
+    count = 0
+    if _OFFSETS:
+        while frame is not None and count < _MAX_RAW:
+            append(frame.f_code)
+            append(frame.f_lasti)
+            frame = frame.f_back
+            count += 1
+    else:
+        while frame is not None and count < _MAX_RAW:
+            append(frame.f_code)
+            append(frame.f_lineno)
+            frame = frame.f_back
+            count += 1
+    return tuple(raw)
+
+
+class Resolver:
+    """``resolve(raw)``: the (file, line, function) frames of a captured stack, without the runtime's own
+    frames or nn.Module's call machinery, innermost first. Caches lines per (code, offset); one per writer."""
+
+    def __init__(self, skip_files=None):
+        self.skip_files = frozenset(_module_call_files() if skip_files is None else skip_files)
+        self._lines = {}   # code -> {offset: line}
+        self._kept = {}    # code -> whether its frames are kept
+
+    def resolve(self, raw):
+        frames = []
+        for index in range(0, len(raw), 2):
+            code = raw[index]
+            kept = self._kept.get(code)
+            if kept is None:
+                filename = code.co_filename
+                kept = self._kept[code] = not filename.startswith(_RUNTIME_DIR) and filename not in self.skip_files
+            if kept:
+                frames.append((code.co_filename, self._line(code, raw[index + 1]), code.co_name))
+                if len(frames) == MAX_FRAMES:
+                    break
+        return tuple(frames)
+
+    def _line(self, code, position):
+        if not _OFFSETS:
+            return position
+        lines = self._lines.get(code)
+        if lines is None:
+            lines = self._lines[code] = {}
+        line = lines.get(position)
+        if line is None:
+            line = lines[position] = _line_at(code, position)
+        return line
+
+
+def _module_call_files():
+    """nn.Module's own file, whose ``_call_impl`` frames msprobe's stacks do not show (torch is imported by
+    the time a stack is resolved: the collector that captured it imported it)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return ()
+    return (os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "nn", "modules", "module.py"),)
+
+
+def _line_at(code, offset):
+    """The line of the instruction at byte ``offset`` (what ``frame.f_lineno`` reads), None where none is."""
+    for start, end, line in code.co_lines():
+        if start <= offset < end:
+            return line
+    return None
