@@ -20,24 +20,68 @@ _RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__))
 _OFFSETS = sys.version_info >= (3, 10)
 
 
-def capture(frame):
-    """The stack from ``frame`` outwards as a flat tuple ``(code, position, code, position, ...)``."""
+def capture(frame, anchor=None, outer=()):
+    """The stack from ``frame`` outwards as a flat tuple ``(code, position, code, position, ...)``.
+
+    ``anchor``: a frame known to be on this stack whose own outer part is already captured as ``outer``
+    (``Anchors``); the walk stops there. A frame is compared by identity, and only while it runs, so a
+    stack that does not pass through ``anchor`` (another thread's) is walked to its end."""
     raw = []
     append = raw.append
     count = 0
-    if _OFFSETS:
-        while frame is not None and count < _MAX_RAW:
-            append(frame.f_code)
-            append(frame.f_lasti)
-            frame = frame.f_back
-            count += 1
-    else:
-        while frame is not None and count < _MAX_RAW:
-            append(frame.f_code)
-            append(frame.f_lineno)
-            frame = frame.f_back
-            count += 1
+    lasti = _OFFSETS
+    while frame is not None and count < _MAX_RAW:
+        append(frame.f_code)
+        append(frame.f_lasti if lasti else frame.f_lineno)
+        if frame is anchor:
+            return tuple(raw) + outer
+        frame = frame.f_back
+        count += 1
     return tuple(raw)
+
+
+class Anchors:
+    """The stacks of the module calls running now, so that an API call inside one walks only its own frames.
+
+    nn.Module's ``_call_impl`` calls the global forward pre-hook; that frame (the anchor) and every frame
+    outside it stay where they are until the module's forward returns, so the stack outside it is the same for
+    every call made inside. It is captured once, on first use, itself up to the enclosing module's anchor.
+    ``push`` and ``pop`` follow the module tracker's hooks; the frames are held only while they run."""
+
+    __slots__ = ("_open",)
+
+    def __init__(self):
+        self._open = []  # [anchor frame or None, its outer stack or None until first used]
+
+    def push(self, anchor):
+        self._open.append([anchor, None])
+
+    def pop(self):
+        if self._open:
+            self._open.pop()
+
+    def capture(self, frame):
+        """``capture(frame)``, through the innermost running module call's anchor."""
+        index = len(self._open) - 1
+        while index >= 0 and self._open[index][0] is None:
+            index -= 1
+        if index < 0:
+            return capture(frame)
+        anchor, outer = self._outer(index)
+        return capture(frame, anchor, outer)
+
+    def _outer(self, index):
+        entry = self._open[index]
+        if entry[1] is None:
+            parent = index - 1
+            while parent >= 0 and self._open[parent][0] is None:
+                parent -= 1
+            start = entry[0].f_back
+            if parent < 0:
+                entry[1] = capture(start)
+            else:
+                entry[1] = capture(start, *self._outer(parent))
+        return entry[0], entry[1]
 
 
 class Resolver:

@@ -17,7 +17,7 @@ from . import backward as bw
 from . import dump_names, operators
 from .foreign import (bound_self, is_subclass, key_text, mapping_items, method_name, own_parameters, parameters,
                       sequence_items, type_name)
-from .call_stacks import capture as capture_stack
+from .call_stacks import Anchors
 from .records import TensorRecord, describe_builtin
 from .selection import Selection
 from .checksums import MODES as CHECKSUM_MODES, checksum_of
@@ -111,6 +111,7 @@ class Collector:
         self.mode_depth = 0
         self.own_work = _OwnWork(self)
         self.module_frames = []
+        self.anchors = Anchors()  # module calls running now, where call stacks are cut short
         self.module_stack = []
         self._lock = threading.Lock()
         self._logged = set()
@@ -327,7 +328,7 @@ class Collector:
                 entry["output"] = self.describe_output(result, self.file_stem(forward, "output"))
             with self._lock:
                 self.data[forward] = entry
-            self.stacks[forward] = capture_stack(frame if frame is not None else sys._getframe(1))
+            self.stacks[forward] = self.anchors.capture(frame if frame is not None else sys._getframe(1))
             if self.construct_apis:
                 self.construct[forward] = self.module_stack[-1] if self.module_stack else None
         if backward_selected and self.want_backward and _grad_enabled():
@@ -407,7 +408,7 @@ class Collector:
             entry["input_kwargs"] = {}
         # the entry joins dump.json when the forward ends, after the calls inside it, as in msprobe's order
         self.construct[name] = parent
-        self.stacks[name] = capture_stack(sys._getframe(1))
+        self.stacks[name] = self.anchors.capture(sys._getframe(1))
         return (name, entry, parent, backward_args)
 
     def module_forward_abort(self, record):

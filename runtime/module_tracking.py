@@ -136,6 +136,9 @@ def _mode_active():
     return False
 
 
+_MODULE_FILE = torch.nn.Module._call_impl.__code__.co_filename  # nn.Module's call machinery calls the hooks
+
+
 class ModuleTracker:
     """Installs the global forward hooks; keeps the instrumented/uninstrumented context stack."""
 
@@ -181,6 +184,10 @@ class ModuleTracker:
         except Exception as error:
             collector.log_error("module forward pre-hook", error)
         collector.module_frames.append(frame)
+        caller = sys._getframe(1)
+        # nn.Module's call frame (``_call_impl``'s ``inner``), where the stacks of the calls inside this module
+        # leave it (call_stacks.Anchors); held, so that no other frame can take its identity
+        collector.anchors.push(caller if caller.f_code.co_filename == _MODULE_FILE else None)
         return None
 
     def _post(self, module, args, *rest):
@@ -189,6 +196,7 @@ class ModuleTracker:
             mode, record, pushed = collector.module_frames.pop()
         except IndexError:
             return None
+        collector.anchors.pop()
         try:
             if pushed:
                 collector.leave_code()

@@ -1,7 +1,10 @@
 """Stacks captured raw on the training thread and resolved on the writer's equal what frames said at the call."""
+import os
 import sys
 
 from msprobe_runtime import call_stacks
+
+RUNTIME = os.path.dirname(os.path.abspath(call_stacks.__file__)) + os.sep
 
 
 def _live(frame):
@@ -50,3 +53,83 @@ def test_runtime_and_skipped_files_are_dropped_and_the_rest_capped():
     assert len(call_stacks.Resolver(skip_files=()).resolve(deep[0][1])) == call_stacks.MAX_FRAMES
     runtime_frame = (call_stacks.capture.__code__, 0)
     assert call_stacks.Resolver(skip_files=()).resolve(runtime_frame + raw[:2]) == live[:1]
+
+
+MODEL = '''
+import torch
+from torch import nn
+
+
+class Inner(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return __msprobe__.call("Functional.relu", torch.relu, self.fc(x))
+
+
+class Outer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = Inner()
+        self.seq = nn.Sequential(nn.Linear(4, 4), Inner())
+
+    def forward(self, x):
+        y = __msprobe__.call("Torch.sigmoid", torch.sigmoid, self.inner(x))
+        return helper(self.seq(y))
+
+
+def helper(y):
+    return __msprobe__.call("Torch.tanh", torch.tanh, y)
+'''
+
+
+def _stacks(tmp_path, name, monkeypatch=None):
+    import glob
+    import json
+    import os
+
+    import torch
+
+    import msprobe_runtime
+    from msprobe_runtime import PrecisionDebugger
+
+    namespace = {"__msprobe__": msprobe_runtime, "__name__": "anchored_model"}
+    exec(compile(MODEL, "anchored_model.py", "exec"), namespace)
+    torch.manual_seed(0)
+    model = namespace["Outer"]()
+    debugger = PrecisionDebugger(dump_path=str(tmp_path / name), task="statistics", level="mix")
+    debugger.start(model)
+    model(torch.randn(2, 4)).sum().backward()
+    debugger.stop()
+    debugger.wait()
+    [directory] = glob.glob(os.path.join(str(tmp_path / name), "step0", "*"))
+    with open(os.path.join(directory, "stack.json")) as handle:
+        return {entry: lines for names, lines in json.load(handle).values() for entry in names}
+
+
+def test_stacks_through_module_anchors_equal_full_walks(tmp_path, monkeypatch):
+    runs, through_anchor = {}, []
+    capture = call_stacks.capture
+
+    def spy(frame, anchor=None, outer=()):
+        through_anchor.append(anchor is not None)
+        return capture(frame, anchor, outer)
+
+    for name in ("anchored", "walked"):
+        if name == "anchored":
+            monkeypatch.setattr(call_stacks, "capture", spy)
+        else:
+            monkeypatch.setattr(call_stacks, "capture", capture)
+            monkeypatch.setattr(call_stacks.Anchors, "capture", lambda self, frame: capture(frame))
+        runs[name] = _stacks(tmp_path, name)  # one line: the outermost frames are the same
+    assert through_anchor.count(True) > through_anchor.count(False)  # the anchors were used
+    anchored = runs["anchored"]
+    assert anchored == runs["walked"]
+    # the calls inside nested modules, and a module inside a Sequential, are all there, with our frames gone
+    for name in ("Functional.relu.1.forward", "Torch.tanh.0.forward", "Module.seq.1.Inner.forward.0",
+                 "Functional.linear.1.forward"):
+        assert anchored[name] and not any(line.startswith(f"File {RUNTIME}") for line in anchored[name]), name
+    assert "in helper" in anchored["Torch.tanh.0.forward"][0]
+    assert "in forward" in anchored["Functional.relu.1.forward"][0]
