@@ -9,7 +9,9 @@ from .shims import attr, aug, call, dyn, item  # noqa: F401  (the instrumented c
 
 # the operator entry points (add, neg, iadd, ...), one per row of the operator table
 globals().update({_row.entry: getattr(_shims, _row.entry) for _row in _OPERATORS if _row.kind != _STORE})
-truth = bool  # a truth test while no debugger collects; start() points it at shims.truth (shims.set_truth)
+truth = _shims.truth
+# while no debugger collects, truth, dyn and the operators are the plain operations (start() swaps them)
+_shims.set_collecting(False)
 # imports no torch: torch loads at start()
 from .debugger import PrecisionDebugger, module_dump, module_dump_end  # noqa: F401
 from .seeding import seed_all  # noqa: F401

@@ -162,7 +162,7 @@ class PrecisionDebugger:
         collector.collecting = True
         self._dirty = True
         shims._collector = collector
-        shims.set_truth(True)
+        shims.set_collecting(True)
 
     @_ClassOrInstance
     def stop(self):
@@ -179,7 +179,7 @@ class PrecisionDebugger:
         if collector is None or not collector.collecting:
             return False
         shims._collector = None
-        shims.set_truth(False)
+        shims.set_collecting(False)
         collector.collecting = False
         if self._tokens is not None:
             self._tokens.remove()

@@ -30,15 +30,21 @@ def dyn(fn, /, *args, **kwargs):
 def truth(value, /):
     """``bool(value)`` for a truth test (``if value:``), recorded while collecting. Instrumented code reaches
     it as ``__msprobe__.truth``, which is the builtin ``bool`` itself while no debugger collects (see
-    ``set_truth``): a test costs a C call, not a Python frame."""
+    ``set_collecting``): a test costs a C call, not a Python frame."""
     if _collector is None:
         return bool(value)
     return _collector.truth(value)
 
 
-def set_truth(collecting):
-    """Point the package's ``truth`` entry at the recorder (collecting) or at ``bool`` (not)."""
-    sys.modules[__package__].truth = truth if collecting else bool
+def set_collecting(collecting):
+    """Point the package's entries at the recorders below (collecting) or at the plain operations they
+    forward to (not): ``truth`` at ``bool``, each operator entry at its ``operator`` function, and ``dyn`` at
+    ``operator.call`` (Python 3.11+). Instrumented code looks each entry up on the package at every call, so
+    with no debugger collecting a routed operator or call costs a C call, not a Python frame as well."""
+    package = sys.modules[__package__]
+    here = globals()
+    for name, plain in PLAIN.items():
+        setattr(package, name, here[name] if collecting else plain)
 
 
 def _binary(name, python_op):
@@ -67,6 +73,13 @@ for _row in operators.rows(operators.BINARY, operators.COMPARISON, operators.AUG
     globals()[_row.entry] = _binary(_row.entry, getattr(_op, _row.entry))
 for _row in operators.rows(operators.UNARY):
     globals()[_row.entry] = _unary(_row.entry, getattr(_op, _row.entry))
+
+# entry -> what it is while no debugger collects (set_collecting); the others stay Python functions
+PLAIN = {"truth": bool}
+PLAIN.update((_row.entry, getattr(_op, _row.entry)) for _row in operators.rows(
+    operators.BINARY, operators.COMPARISON, operators.AUGMENTED, operators.UNARY))
+if hasattr(_op, "call"):  # Python 3.11+
+    PLAIN["dyn"] = _op.call
 del _row
 
 

@@ -94,9 +94,19 @@ def test_the_rows_define_every_shim_and_nothing_else():
     assert len(entries) == len(set(entries))
     import msprobe_runtime
 
-    for row in operators.TABLE:
-        if row.kind != operators.STORE:
-            assert getattr(msprobe_runtime, row.entry) is getattr(shims, row.entry)
+    routed = [row.entry for row in operators.TABLE if row.kind != operators.STORE]
+    # no debugger collecting: each entry is the operator function itself (a C call); collecting: the shim
+    for entry in routed:
+        assert getattr(msprobe_runtime, entry) is getattr(operator, entry)
+    shims.set_collecting(True)
+    try:
+        for entry in routed:
+            assert getattr(msprobe_runtime, entry) is getattr(shims, entry)
+        assert msprobe_runtime.dyn is shims.dyn and msprobe_runtime.truth is shims.truth
+    finally:
+        shims.set_collecting(False)
+    assert msprobe_runtime.truth is bool
+    assert msprobe_runtime.dyn is getattr(operator, "call", shims.dyn)
 
 
 def test_every_operator_has_a_catalogued_name_where_torch_reports_one():
