@@ -1,0 +1,207 @@
+"""Host time per recorded entry at L1, and its parts, on one CPU thread.
+
+A call of one small tensor in and one out (``torch.relu`` on 16 floats, so the op itself costs about a
+microsecond) is made ``--calls`` times from code that looks rewritten (its globals hold ``__msprobe__``, so no
+observing mode is pushed), with collection off and on; the difference, per call, is what one entry costs the
+training thread. Each figure is also given as a multiple of the plain call measured in the same run.
+
+Scenarios: a shallow stack; ``--depth`` more Python frames under the call (a Megatron layer's API call sits
+about 40 deep); the same depth outside a module whose forward makes the calls (the stack outside a running
+module call is captured once: call_stacks.Anchors); an input that requires grad (the backward hook is
+attached); and the backward entry that such a call later records, timed over ``loss.backward()`` of a chain
+of calls.
+
+Parts (the current runtime's own functions, called alone on a collecting collector): naming, the input and
+output records (metadata, and the statistics by the native op where it serves), the call stack's capture at
+``--depth``, and the backward attachment; "the rest" is the total less the parts (entry dicts, locks,
+``in_api`` bookkeeping, the shim and the call itself).
+
+    python bench/per_entry.py [--calls 2000] [--rounds 7] [--depth 40] [--json FILE]
+"""
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+
+SOURCE = '''
+def calls(x, n):
+    relu = torch.relu
+    for _ in range(n):
+        __msprobe__.call("Functional.relu", relu, x)
+
+
+def nested(depth, x, n):
+    if depth == 0:
+        return calls(x, n)
+    return nested(depth - 1, x, n)
+
+
+class Layer(torch.nn.Module):
+    def forward(self, x, n):
+        return calls(x, n)
+
+
+def in_module(depth, layer, x, n):
+    if depth == 0:
+        return layer(x, n)
+    return in_module(depth - 1, layer, x, n)
+
+
+def chain(x, n):
+    relu = torch.relu
+    for _ in range(n):
+        x = __msprobe__.call("Functional.relu", relu, x)
+    return x.sum()
+
+
+def start(debugger):
+    debugger.start()
+
+
+def finish(debugger):
+    debugger.stop()
+    debugger.step()
+'''
+
+
+def best_seconds(fn, rounds):
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--depth", type=int, default=40)
+    parser.add_argument("--json", help="write the figures here")
+    args = parser.parse_args()
+    import torch
+
+    import msprobe_runtime
+    from msprobe_runtime import PrecisionDebugger
+
+    torch.set_num_threads(1)
+    code = {"__msprobe__": msprobe_runtime, "torch": torch}
+    exec(compile(SOURCE, "<instrumented>", "exec"), code)
+    calls, nested, chain, start, finish = (code[name] for name in ("calls", "nested", "chain", "start", "finish"))
+    in_module, layer = code["in_module"], code["Layer"]()
+    dump = tempfile.mkdtemp(prefix="per-entry-")
+    n = args.calls
+    x = torch.randn(16)
+    xg = torch.randn(16, requires_grad=True)
+
+    def collected(body):
+        """Seconds of ``body`` while collecting: a fresh step each round, its files written after."""
+        def run():
+            debugger = PrecisionDebugger(dump_path=tempfile.mkdtemp(dir=dump), task="statistics", level="L1")
+            start(debugger)
+            began = time.perf_counter()
+            body()
+            elapsed = time.perf_counter() - began
+            finish(debugger)
+            debugger.wait()
+            return elapsed
+        return min(run() for _ in range(args.rounds))
+
+    def backward_seconds(collecting):
+        def run():
+            debugger = None
+            if collecting:
+                debugger = PrecisionDebugger(dump_path=tempfile.mkdtemp(dir=dump), task="statistics", level="L1")
+                start(debugger)
+            loss = chain(xg, n)
+            began = time.perf_counter()
+            loss.backward()
+            elapsed = time.perf_counter() - began
+            if debugger is not None:
+                finish(debugger)
+                debugger.wait()
+            xg.grad = None
+            return elapsed
+        return min(run() for _ in range(args.rounds))
+
+    plain_call = best_seconds(lambda: calls(x, n), args.rounds) / n
+    scenarios = {
+        "shallow stack": (lambda: calls(x, n), lambda: calls(x, n)),
+        f"{args.depth} frames deeper": (lambda: nested(args.depth, x, n), lambda: nested(args.depth, x, n)),
+        f"in a module {args.depth} frames down": (lambda: in_module(args.depth, layer, x, n),
+                                                 lambda: in_module(args.depth, layer, x, n)),
+        "input requires grad": (lambda: calls(xg, n), lambda: calls(xg, n)),
+    }
+    entry = {}
+    for name, (plain_body, collected_body) in scenarios.items():
+        plain = best_seconds(plain_body, args.rounds)
+        entry[name] = (collected(collected_body) - plain) / n
+    entry["its backward entry"] = (backward_seconds(True) - backward_seconds(False)) / n
+
+    parts = measure_parts(torch, msprobe_runtime, PrecisionDebugger, start, finish, dump, args)
+    shutil.rmtree(dump, ignore_errors=True)
+    print(f"one plain call (collection off, shim included): {plain_call * 1e6:.2f} us\n")
+    print(f"{'host time added per recorded entry':40s} {'us':>7s} {'x plain call':>13s}")
+    for name, seconds in entry.items():
+        print(f"  {name:38s} {seconds * 1e6:7.1f} {seconds / plain_call:13.1f}")
+    if parts:
+        total = entry["input requires grad"]
+        print(f"\nparts of an entry whose input requires grad, stack {args.depth} frames deeper")
+        total += parts.get("call stack", 0.0) - parts.get("call stack (shallow)", 0.0)
+        for name, seconds in parts.items():
+            if name != "call stack (shallow)":
+                print(f"  {name:38s} {seconds * 1e6:7.1f} {seconds / plain_call:13.1f}")
+        rest = total - sum(v for k, v in parts.items() if k != "call stack (shallow)")
+        print(f"  {'the rest':38s} {rest * 1e6:7.1f} {rest / plain_call:13.1f}")
+        print(f"  {'total':38s} {total * 1e6:7.1f} {total / plain_call:13.1f}")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"plain_call_us": plain_call * 1e6, "entry_us": {k: v * 1e6 for k, v in entry.items()},
+                       "parts_us": {k: v * 1e6 for k, v in parts.items()}}, handle, indent=2)
+    return 0
+
+
+def measure_parts(torch, runtime, PrecisionDebugger, start, finish, dump, args):
+    """Seconds per call of each part, on the collector of a started debugger; {} where this runtime has no
+    such functions (an older one, measured for its total only)."""
+    try:
+        from msprobe_runtime import backward, call_stacks, shims
+    except ImportError:
+        return {}
+    debugger = PrecisionDebugger(dump_path=tempfile.mkdtemp(dir=dump), task="statistics", level="L1")
+    start(debugger)
+    collector = shims._collector
+    x = torch.randn(16, requires_grad=True)
+    y = torch.relu(x)
+
+    def deep(depth):
+        return sys._getframe() if depth == 0 else deep(depth - 1)
+
+    frame, shallow = deep(args.depth), sys._getframe()
+    n = args.calls
+    bodies = {
+        "naming": lambda: collector._begin("Functional.relu"),
+        "input record": lambda: collector.describe_seq((x,), None),
+        "output record": lambda: collector.describe_output(y, None),
+        "call stack": lambda: call_stacks.capture(frame),
+        "call stack (shallow)": lambda: call_stacks.capture(shallow),
+        "backward attachment": lambda: backward.hook_api_backward(collector, "Functional.relu.0.backward", [y]),
+    }
+    parts = {}
+    try:
+        for name, body in bodies.items():
+            def loop(body=body):
+                for _ in range(n):
+                    body()
+            parts[name] = best_seconds(loop, args.rounds) / n
+    finally:
+        finish(debugger)
+        debugger.wait()
+    return parts
+
+
+if __name__ == "__main__":
+    sys.exit(main())
