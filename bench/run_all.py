@@ -20,6 +20,7 @@ SMALL = [
     ("checksums.py", ["--sizes", "1024,262144", "--steps", "3", "--rounds", "1"]),
     ("statistics_pass.py", []),
     ("statistics_share.py", ["--steps", "5"]),
+    ("per_entry.py", ["--calls", "300", "--rounds", "3"]),
     ("precheck_replay.py", ["--calls", "100", "--tokens", "64", "--hidden", "128"]),
 ]
 FULL_OPTIONS = {"rewrite_memory.py": ["--full"]}  # its own default is the small sizes
