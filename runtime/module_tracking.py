@@ -136,6 +136,21 @@ def _mode_active():
     return False
 
 
+def _set_aside(collector):
+    """Pop the observing mode on top of the torch function stack for an instrumented module's call, and return
+    it (None where the top is not ours). Inside, the shims record every call and the mode records nothing (its
+    context says instrumented), yet each torch call, each tensor method and attribute, would still take a
+    Python round trip through it. The module's forward hook pushes it back."""
+    depth = torch._C._len_torch_function_stack()
+    if depth == 0:
+        return None
+    top = torch._C._get_function_stack_at(depth - 1)
+    if type(top) is not ObserveMode:
+        return None
+    collector.pop_mode(top)
+    return top
+
+
 _MODULE_FILE = torch.nn.Module._call_impl.__code__.co_filename  # nn.Module's call machinery calls the hooks
 
 
@@ -168,12 +183,14 @@ class ModuleTracker:
 
     def _pre(self, module, args):
         collector = self.collector
-        frame = [None, None, False]  # pushed mode, forward record, whether a context was pushed
+        frame = [None, None, False, None]  # pushed mode, forward record, whether a context was pushed, mode set aside
         try:
             instrumented = self._type_instrumented(type(module))
             collector.enter_code(instrumented)
             frame[2] = True
-            if (not instrumented and collector.level_api and not collector.busy()
+            if instrumented and collector.mode_depth:
+                frame[3] = _set_aside(collector)
+            elif (not instrumented and collector.level_api and not collector.busy()
                     and (collector.mode_depth == 0 or not _mode_active())):
                 mode = ObserveMode(collector)
                 collector.push_mode(mode)
@@ -193,7 +210,7 @@ class ModuleTracker:
     def _post(self, module, args, *rest):
         collector = self.collector
         try:
-            mode, record, pushed = collector.module_frames.pop()
+            mode, record, pushed, aside = collector.module_frames.pop()
         except IndexError:
             return None
         collector.anchors.pop()
@@ -202,6 +219,8 @@ class ModuleTracker:
                 collector.leave_code()
             if mode is not None:
                 collector.pop_mode(mode)
+            if aside is not None:
+                collector.push_mode(aside)
             if record is not None:
                 with collector.own_work:
                     if len(rest) == 2:
