@@ -86,36 +86,55 @@ class Anchors:
 
 class Resolver:
     """``resolve(raw)``: the (file, line, function) frames of a captured stack, without the runtime's own
-    frames or nn.Module's call machinery, innermost first. Caches lines per (code, offset); one per writer."""
+    frames or nn.Module's call machinery, innermost first. One per writer; it remembers what it resolved
+    across steps, since the same call sites come back every step.
+
+    Code objects are looked up by ``id``, never hashed: a code object's hash is computed from its contents
+    at every call (hundreds of nanoseconds for a large function), and this thread shares the GIL with
+    training. Every table keeps the code objects it names alive, so no id is taken by another meanwhile."""
+
+    _LIMIT = 100_000  # stacks remembered; past it the table starts over
 
     def __init__(self, skip_files=None):
         self.skip_files = frozenset(_module_call_files() if skip_files is None else skip_files)
-        self._lines = {}   # code -> {offset: line}
-        self._kept = {}    # code -> whether its frames are kept
+        self._codes = {}   # id(code) -> (code, kept, {position: line})
+        self._stacks = {}  # (code ids, positions) -> (raw, frames)
 
     def resolve(self, raw):
+        codes, positions = raw[0::2], raw[1::2]
+        key = (tuple(map(id, codes)), positions)
+        known = self._stacks.get(key)
+        if known is not None:
+            return known[1]
         frames = []
-        for index in range(0, len(raw), 2):
-            code = raw[index]
-            kept = self._kept.get(code)
-            if kept is None:
-                filename = code.co_filename
-                kept = self._kept[code] = not filename.startswith(_RUNTIME_DIR) and filename not in self.skip_files
-            if kept:
-                frames.append((code.co_filename, self._line(code, raw[index + 1]), code.co_name))
+        for code, position in zip(codes, positions):
+            info = self._code(code)
+            if info[1]:
+                frames.append((code.co_filename, self._line(info, position), code.co_name))
                 if len(frames) == MAX_FRAMES:
                     break
-        return tuple(frames)
+        frames = tuple(frames)
+        if len(self._stacks) >= self._LIMIT:
+            self._stacks.clear()
+        self._stacks[key] = (raw, frames)
+        return frames
 
-    def _line(self, code, position):
+    def _code(self, code):
+        info = self._codes.get(id(code))
+        if info is None:
+            filename = code.co_filename
+            kept = not filename.startswith(_RUNTIME_DIR) and filename not in self.skip_files
+            info = self._codes[id(code)] = (code, kept, {})
+        return info
+
+    @staticmethod
+    def _line(info, position):
         if not _OFFSETS:
             return position
-        lines = self._lines.get(code)
-        if lines is None:
-            lines = self._lines[code] = {}
+        lines = info[2]
         line = lines.get(position)
         if line is None:
-            line = lines[position] = _line_at(code, position)
+            line = lines[position] = _line_at(info[0], position)
         return line
 
 

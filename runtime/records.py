@@ -6,6 +6,7 @@ the slot where its statistics are being computed on the device. The writer threa
 from __future__ import annotations
 
 from .foreign import is_subclass, type_name
+from .statistics import KIND_BOOL, KIND_FLOAT, KIND_NO_MEAN, KIND_SCALAR, slot_values
 
 MAX_DEPTH = 32
 
@@ -28,22 +29,22 @@ class TensorRecord:
         self.checksum = checksum  # checksums.Checksum (summary_mode md5 or fingerprint), or None
 
     def to_json(self):
-        from .statistics import KIND_BOOL, KIND_FLOAT, KIND_NO_MEAN, KIND_SCALAR, slot_values
-
-        out = {"type": self.type, "dtype": self.dtype, "shape": self.shape}
         kind = self.kind
         row = slot_values(self.slot) if self.slot is not None else None
+        top = low = mean = norm = None
         if row is None:
-            out.update(Max=None, Min=None, Mean=None, Norm=None)
-        elif kind == KIND_BOOL:
-            out.update(Max=bool(row[0]), Min=bool(row[1]), Mean=None, Norm=None)
+            pass
         elif kind == KIND_FLOAT:
-            out.update(Max=row[0], Min=row[1], Mean=row[2], Norm=row[3])
+            top, low, mean, norm = row
+        elif kind == KIND_BOOL:
+            top, low = bool(row[0]), bool(row[1])
         elif kind == KIND_SCALAR:
-            value = _num(row[0], self.dtype)
-            out.update(Max=value, Min=value, Mean=value, Norm=value)
+            top = low = mean = norm = _num(row[0], self.dtype)
         elif kind == KIND_NO_MEAN:
-            out.update(Max=_num(row[0], self.dtype), Min=_num(row[1], self.dtype), Mean=None, Norm=None)
+            top, low = _num(row[0], self.dtype), _num(row[1], self.dtype)
+        # one literal, in msprobe's key order
+        out = {"type": self.type, "dtype": self.dtype, "shape": self.shape, "Max": top, "Min": low,
+               "Mean": mean, "Norm": norm}
         out["requires_grad"] = self.requires_grad
         counts = slot_values(self.counts) if self.counts is not None else None
         if counts is not None:
@@ -67,12 +68,14 @@ def _num(value, dtype):
 
 
 def resolve(obj):
-    """Replace every TensorRecord inside ``obj`` (lists and dicts) by its JSON form."""
-    if isinstance(obj, TensorRecord):
+    """Replace every TensorRecord inside ``obj`` (the lists and dicts of an entry, all the collector's own) by
+    its JSON form."""
+    kind = type(obj)
+    if kind is TensorRecord:
         return obj.to_json()
-    if isinstance(obj, list):
+    if kind is list:
         return [resolve(o) for o in obj]
-    if isinstance(obj, dict):
+    if kind is dict:
         return {k: resolve(v) for k, v in obj.items()}
     return obj
 

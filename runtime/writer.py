@@ -77,6 +77,7 @@ class Writer:
         self._reported = set()
         self._failing = False
         self._resolver = None  # call_stacks.Resolver, made at the first write (torch is imported by then)
+        self._formatted = {}   # frames -> stack.json's lines, across steps (the same sites come back)
 
     def submit(self, job):
         if self._thread is None:
@@ -122,6 +123,14 @@ class Writer:
                      "(further failures of this kind are not reported one by one).",
                      getattr(job, "directory", job), error)
 
+    def _lines(self, frames):
+        lines = self._formatted.get(frames)
+        if lines is None:
+            if len(self._formatted) >= 100_000:
+                self._formatted.clear()
+            lines = self._formatted[frames] = format_stack(frames)
+        return lines
+
     def _write(self, job):
         """A step's files, dump.json last: a step folder with a dump.json holds the whole step."""
         os.makedirs(job.directory, exist_ok=True)
@@ -140,17 +149,14 @@ class Writer:
                     _remove_quietly(tmp)
                     raise
         # stack.json groups forward entries that share one call stack, as msprobe does; the training thread
-        # captured each raw (call_stacks.capture), and the same raw stack is resolved once
+        # captured each raw (call_stacks.capture), and the resolver remembers stacks it has seen
+        if self._resolver is None:
+            self._resolver = Resolver()
+        stack_of = self._resolver.resolve
         groups = {}
-        resolved = {}
         for name, raw in job.stacks.items():
-            frames = resolved.get(raw)
-            if frames is None:
-                if self._resolver is None:
-                    self._resolver = Resolver()
-                frames = resolved[raw] = self._resolver.resolve(raw)
-            groups.setdefault(frames, []).append(name)
-        stack = {str(i): [names, format_stack(frames)] for i, (frames, names) in enumerate(groups.items())}
+            groups.setdefault(stack_of(raw), []).append(name)
+        stack = {str(i): [names, self._lines(frames)] for i, (frames, names) in enumerate(groups.items())}
         atomic_write_json(os.path.join(job.directory, "stack.json"), stack)
         atomic_write_json(os.path.join(job.directory, "construct.json"), job.construct)
         dump = dict(job.header)
