@@ -99,9 +99,10 @@ def ours(args):
                               rewritten.collected_step(debugger, model, x))
     # Diagnostic: L1 and mix with every statistics op skipped (records, names, stacks and hooks only), to
     # show how much of the overhead is the reductions themselves and how much is Python bookkeeping.
-    from msprobe_runtime.statistics import Slot
+    from msprobe_runtime.statistics import KIND_FLOAT, Slot
 
     nothing = Slot(None, 4)
+    no_numbers = (KIND_FLOAT, [0.0] * 4, None)  # what the native op's path takes instead of a pass
     for level in ("L1", "mix"):
         config = os.path.join(root, f"{level}-nostats.json")
         with open(config, "w") as handle:
@@ -111,6 +112,7 @@ def ours(args):
         model = rewritten.MLP()
         rewritten.collected_step(debugger, model, x)  # builds the collector, whose statistics are then skipped
         debugger._collector.stats.add = lambda t, kind: (nothing, None)
+        debugger._collector.stats.native = lambda t: no_numbers
         variants[f"ours {level}, no statistics ops"] = (lambda debugger=debugger, model=model:
                                                         rewritten.collected_step(debugger, model, x))
     try:

@@ -1,0 +1,55 @@
+"""A large tensor recorded twice unchanged is read once; once its version counter moves, it is read again."""
+import glob
+import json
+import os
+
+import pytest
+import torch
+
+import msprobe_runtime as rt
+from msprobe_runtime import PrecisionDebugger, native_stats, statistics
+
+
+STEP = """
+def step(debugger, big):
+    debugger.start()
+    __msprobe__.call("Torch.clone", torch.clone, big)   # 0: read
+    __msprobe__.call("Torch.clone", torch.clone, big)   # 1: the same tensor, unchanged: reused
+    big.mul_(3)                                         # its version counter moves
+    __msprobe__.call("Torch.clone", torch.clone, big)   # 2: read again
+    big.data.mul_(5)                                    # .data shares the data, not the version counter...
+    big.add_(0)                                         # ...so an in-place op moves it, as training would
+    __msprobe__.call("Torch.clone", torch.clone, big)   # 3: read again
+    debugger.stop()
+    debugger.wait()
+"""
+
+
+@pytest.mark.parametrize("path", ["native", "torch ops"])
+def test_reuse_serves_no_stale_value(tmp_path, monkeypatch, path):
+    if path == "torch ops":
+        monkeypatch.setattr(native_stats, "load", lambda: None)
+    elif native_stats.load() is None:
+        pytest.skip("the native statistics op cannot be built here")
+    reads = []
+    reader = "native" if path == "native" else "add"  # where the data of a float32 CPU tensor is read
+    original = getattr(statistics.StatBuffer, reader)
+
+    def spy(self, t, *rest):
+        reads.append(t.numel())
+        return original(self, t, *rest)
+
+    monkeypatch.setattr(statistics.StatBuffer, reader, spy)
+    big = torch.ones(8192)
+    debugger = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L1")
+    # run as instrumented code (its globals hold the runtime): no observing mode records the in-place ops
+    namespace = {"__msprobe__": rt, "torch": torch}
+    exec(compile(STEP, "<instrumented>", "exec"), namespace)
+    namespace["step"](debugger, big)
+    [directory] = glob.glob(os.path.join(str(tmp_path / "d"), "step0", "*"))
+    with open(os.path.join(directory, "dump.json")) as handle:
+        data = json.load(handle)["data"]
+    maxima = [data[f"Torch.clone.{i}.forward"]["input_args"][0]["Max"] for i in range(4)]
+    assert maxima == [1.0, 1.0, 3.0, 15.0]
+    # inputs of calls 0, 2 and 3 and the four outputs (each a new tensor) were read; call 1's input was not
+    assert reads.count(8192) == 7
