@@ -17,9 +17,14 @@ output records (metadata, and the statistics by the native op where it serves), 
 ``in_api`` bookkeeping, the shim and the call itself).
 
     python bench/per_entry.py [--calls 2000] [--rounds 7] [--depth 40] [--json FILE]
+                              [--before FILE --svg docs/per_entry.svg]
+
+``--before FILE``: a ``--json`` of another runtime (run with that runtime first on ``PYTHONPATH``), drawn
+beside this run's figures in ``--svg``, each as a multiple of its own run's plain call.
 """
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -81,6 +86,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--depth", type=int, default=40)
     parser.add_argument("--json", help="write the figures here")
+    parser.add_argument("--before", help="figures of an earlier runtime (its --json), for --svg")
+    parser.add_argument("--svg", help="a bar chart of the added time per entry, beside --before's")
     args = parser.parse_args()
     import torch
 
@@ -157,11 +164,47 @@ def main():
         rest = total - sum(v for k, v in parts.items() if k != "call stack (shallow)")
         print(f"  {'the rest':38s} {rest * 1e6:7.1f} {rest / plain_call:13.1f}")
         print(f"  {'total':38s} {total * 1e6:7.1f} {total / plain_call:13.1f}")
+    figures = {"plain_call_us": plain_call * 1e6, "entry_us": {k: v * 1e6 for k, v in entry.items()},
+               "parts_us": {k: v * 1e6 for k, v in parts.items()}}
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump({"plain_call_us": plain_call * 1e6, "entry_us": {k: v * 1e6 for k, v in entry.items()},
-                       "parts_us": {k: v * 1e6 for k, v in parts.items()}}, handle, indent=2)
+            json.dump(figures, handle, indent=2)
+    if args.svg:
+        before = None
+        if args.before:
+            with open(args.before) as handle:
+                before = json.load(handle)
+        svg(figures, before, args.svg)
     return 0
+
+
+def svg(after, before, path):
+    """Horizontal bars: µs added per entry, each scenario before (grey) and after (green)."""
+    rows = []
+    for name, value in after["entry_us"].items():
+        if before is not None and name in before["entry_us"]:
+            rows.append((f"{name}, before", before["entry_us"][name], before["plain_call_us"], "#999"))
+        rows.append((f"{name}" + (", after" if before is not None else ""), value, after["plain_call_us"], "#4a7"))
+    width, left, bar, gap = 760, 300, 16, 6
+    scale = (width - left - 110) / max(value for _, value, _, _ in rows)
+    height = 40 + len(rows) * (bar + gap) + 30
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             'font-family="sans-serif" font-size="12">',
+             f'<text x="{left}" y="18" font-weight="bold">host time added per recorded entry, L1 (CPU, µs)</text>']
+    y = 34
+    for label, value, plain, colour in rows:
+        parts.append(f'<text x="{left - 8}" y="{y + bar - 4}" text-anchor="end">{label}</text>')
+        parts.append(f'<rect x="{left}" y="{y}" width="{value * scale:.1f}" height="{bar}" fill="{colour}"/>')
+        parts.append(f'<text x="{left + value * scale + 4:.1f}" y="{y + bar - 4}">{value:.1f} µs '
+                     f'({value / plain:.0f} plain calls)</text>')
+        y += bar + gap
+    target = 20.0
+    x = left + target * scale
+    parts.append(f'<line x1="{x:.1f}" y1="28" x2="{x:.1f}" y2="{y}" stroke="#333" stroke-dasharray="3,3"/>')
+    parts.append(f'<text x="{x:.1f}" y="{y + 14}" text-anchor="middle">20 µs (target)</text>')
+    parts.append("</svg>")
+    with open(path, "w") as handle:
+        handle.write("\n".join(parts) + "\n")
 
 
 def measure_parts(torch, runtime, PrecisionDebugger, start, finish, dump, args):
@@ -171,6 +214,8 @@ def measure_parts(torch, runtime, PrecisionDebugger, start, finish, dump, args):
         from msprobe_runtime import backward, call_stacks, shims
     except ImportError:
         return {}
+    if os.path.dirname(call_stacks.__file__) != os.path.dirname(runtime.__file__):
+        return {}  # an older runtime on PYTHONPATH, whose package has no call_stacks: the installed one answered
     debugger = PrecisionDebugger(dump_path=tempfile.mkdtemp(dir=dump), task="statistics", level="L1")
     start(debugger)
     collector = shims._collector
