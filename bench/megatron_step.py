@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 
+from charts import bar_chart
 from timing import measure_interleaved
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -195,32 +196,16 @@ def run_worker(python, group, config, args, pythonpath=None):
 
 
 def svg(table, path, title="tiny megatron-core GPT"):
-    """A horizontal bar chart of the ratios (matplotlib is not needed)."""
-    rows = [(f"{config}: {name}", value) for config, results in table.items() for name, value in results.items()]
-    width, left, bar, gap = 760, 300, 16, 6
-    scale_max = max([v for _, v in rows if isinstance(v, float)] + [2.0])
-    scale = (width - left - 80) / scale_max
-    height = 40 + len(rows) * (bar + gap) + 30
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             'font-family="sans-serif" font-size="12">',
-             f'<text x="{left}" y="18" font-weight="bold">step time / plain step ({title}, CPU)</text>']
-    y = 34
-    for label, value in rows:
-        parts.append(f'<text x="{left - 8}" y="{y + bar - 4}" text-anchor="end">{label}</text>')
-        if isinstance(value, float):
-            colour = "#4a7" if label.split(": ", 1)[1].startswith(("ours", "rewritten")) else "#999"
-            parts.append(f'<rect x="{left}" y="{y}" width="{value * scale:.1f}" height="{bar}" fill="{colour}"/>')
-            parts.append(f'<text x="{left + value * scale + 4:.1f}" y="{y + bar - 4}">{value:.2f}x</text>')
-        else:
-            parts.append(f'<text x="{left + 4}" y="{y + bar - 4}" fill="#c33">{value[:70]}</text>')
-        y += bar + gap
-    for mark in (1.0, 1.5):
-        x = left + mark * scale
-        parts.append(f'<line x1="{x:.1f}" y1="28" x2="{x:.1f}" y2="{y}" stroke="#333" stroke-dasharray="3,3"/>')
-        parts.append(f'<text x="{x:.1f}" y="{y + 14}" text-anchor="middle">{mark:g}x</text>')
-    parts.append("</svg>")
-    with open(path, "w") as handle:
-        handle.write("\n".join(parts) + "\n")
+    """A horizontal bar chart of the ratios (bench/charts.py)."""
+    rows = []
+    for config, results in table.items():
+        for name, value in results.items():
+            if isinstance(value, float):
+                colour = "#4a7" if name.startswith(("ours", "rewritten")) else "#999"
+                rows.append((f"{config}: {name}", value, f"{value:.2f}x", colour))
+            else:
+                rows.append((f"{config}: {name}", None, value[:70], None))
+    bar_chart(rows, f"step time / plain step ({title}, CPU)", [(1.0, "1x"), (1.5, "1.5x")], path)
 
 
 def main():

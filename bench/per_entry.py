@@ -30,6 +30,8 @@ import sys
 import tempfile
 import time
 
+from charts import bar_chart
+
 SOURCE = '''
 def calls(x, n):
     relu = torch.relu
@@ -182,29 +184,13 @@ def svg(after, before, path):
     """Horizontal bars: µs added per entry, each scenario before (grey) and after (green)."""
     rows = []
     for name, value in after["entry_us"].items():
-        if before is not None and name in before["entry_us"]:
-            rows.append((f"{name}, before", before["entry_us"][name], before["plain_call_us"], "#999"))
-        rows.append((f"{name}" + (", after" if before is not None else ""), value, after["plain_call_us"], "#4a7"))
-    width, left, bar, gap = 760, 300, 16, 6
-    scale = (width - left - 110) / max(value for _, value, _, _ in rows)
-    height = 40 + len(rows) * (bar + gap) + 30
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             'font-family="sans-serif" font-size="12">',
-             f'<text x="{left}" y="18" font-weight="bold">host time added per recorded entry, L1 (CPU, µs)</text>']
-    y = 34
-    for label, value, plain, colour in rows:
-        parts.append(f'<text x="{left - 8}" y="{y + bar - 4}" text-anchor="end">{label}</text>')
-        parts.append(f'<rect x="{left}" y="{y}" width="{value * scale:.1f}" height="{bar}" fill="{colour}"/>')
-        parts.append(f'<text x="{left + value * scale + 4:.1f}" y="{y + bar - 4}">{value:.1f} µs '
-                     f'({value / plain:.0f} plain calls)</text>')
-        y += bar + gap
-    target = 20.0
-    x = left + target * scale
-    parts.append(f'<line x1="{x:.1f}" y1="28" x2="{x:.1f}" y2="{y}" stroke="#333" stroke-dasharray="3,3"/>')
-    parts.append(f'<text x="{x:.1f}" y="{y + 14}" text-anchor="middle">20 µs (target)</text>')
-    parts.append("</svg>")
-    with open(path, "w") as handle:
-        handle.write("\n".join(parts) + "\n")
+        for label, figures, colour in (("before", before, "#999"), ("after", after, "#4a7")):
+            if figures is None or name not in figures["entry_us"]:
+                continue
+            us = figures["entry_us"][name]
+            rows.append((f"{name}, {label}" if before is not None else name, us,
+                         f"{us:.1f} µs ({us / figures['plain_call_us']:.0f} plain calls)", colour))
+    bar_chart(rows, "host time added per recorded entry, L1 (CPU, µs)", [(20.0, "20 µs (target)")], path)
 
 
 def measure_parts(torch, runtime, PrecisionDebugger, start, finish, dump, args):
