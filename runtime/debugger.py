@@ -193,7 +193,12 @@ class PrecisionDebugger:
             handle.remove()
         self._param_handles = []
         if self._session_mode is not None:
-            collector.pop_mode(self._session_mode)
+            from .module_tracking import on_top
+
+            # not on top: stop() was called inside an instrumented module's forward, whose call set the mode
+            # aside (module_tracking._set_aside); with the tracker gone, nothing pushes it back
+            if on_top(self._session_mode):
+                collector.pop_mode(self._session_mode)
             self._session_mode = None
         return True
 

@@ -136,6 +136,12 @@ def _mode_active():
     return False
 
 
+def on_top(mode):
+    """Whether ``mode`` is the innermost torch function mode now."""
+    depth = torch._C._len_torch_function_stack()
+    return depth > 0 and torch._C._get_function_stack_at(depth - 1) is mode
+
+
 def _set_aside(collector):
     """Pop the observing mode on top of the torch function stack for an instrumented module's call, and return
     it (None where the top is not ours). Inside, the shims record every call and the mode records nothing (its
