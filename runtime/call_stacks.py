@@ -60,6 +60,11 @@ class Anchors:
         if self._open:
             self._open.pop()
 
+    def clear(self):
+        """Forget every anchor (a new session: a call left open by the last one, stopped inside a forward,
+        would otherwise hold its frame, and the frame its locals)."""
+        self._open.clear()
+
     def capture(self, frame):
         """``capture(frame)``, through the innermost running module call's anchor."""
         index = len(self._open) - 1

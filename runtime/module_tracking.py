@@ -171,6 +171,10 @@ class ModuleTracker:
     def install(self):
         from torch.nn.modules import module as nn_module
 
+        # module calls a previous session left open (stopped inside a forward) are not this session's
+        self.collector.module_frames.clear()
+        self.collector.anchors.clear()
+
         self._handles.append(nn_module.register_module_forward_pre_hook(self._pre))
         self._handles.append(nn_module.register_module_forward_hook(self._post, with_kwargs=True,
                                                                     always_call=True))

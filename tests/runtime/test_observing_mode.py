@@ -61,3 +61,8 @@ def test_stop_inside_an_instrumented_forward_leaves_no_mode_behind(tmp_path):
     assert torch._C._len_torch_function_stack() == 0
     debugger.wait()
     assert _entries(tmp_path / "d") == ["Torch.tanh.0.forward"]
+    # the call left open by that session holds no frame into the next one
+    assert debugger._collector.anchors._open
+    debugger.start()
+    assert not debugger._collector.anchors._open and not debugger._collector.module_frames
+    debugger.stop()
