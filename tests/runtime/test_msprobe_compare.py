@@ -138,6 +138,10 @@ def _md5_values(value):
             yield from _md5_values(item)
 
 
+# inputs an op writes in place, by position among a record's md5 values (input_args first)
+UPDATED_IN_PLACE = {"Functional.batch_norm": (1, 2)}  # running_mean, running_var
+
+
 def test_our_md5_is_msprobes_md5(msprobe_python, instrument, run_script, root, tmp_path):
     """The same BigNet step at L1 with summary_mode md5, by msprobe and by us: every tensor's md5 equal, in
     the same order (L1 changes no bit of the computation, for either tool)."""
@@ -163,6 +167,13 @@ def test_our_md5_is_msprobes_md5(msprobe_python, instrument, run_script, root, t
             # "input" md5 can be the output's. Ours is taken from a copy made at the call.
             outputs = list(_md5_values(theirs[name].get("output")))
             assert all(g == e or e in outputs for g, e in zip(got, expected)), name
+            raced.add(name)
+            continue
+        written = UPDATED_IN_PLACE.get(name.rsplit(".", 2)[0], ())
+        if got != expected and written:
+            # the same race on inputs the op itself updates (batch_norm's running statistics in training):
+            # msprobe's md5 may be of the value after the update; every other tensor must agree
+            assert all(g == e for i, (g, e) in enumerate(zip(got, expected)) if i not in written), name
             raced.add(name)
             continue
         assert got == expected, name
