@@ -18,7 +18,7 @@ import torch  # noqa: E402
 
 from timing import measure_interleaved  # noqa: E402  (bench/ is sys.path[0])
 from msprobe_runtime import checksums  # noqa: E402
-from msprobe_runtime.statistics import KIND_FLOAT, StatBuffer  # noqa: E402
+from msprobe_runtime.statistics import KIND_FLOAT, StatBuffer, slot_values  # noqa: E402
 
 
 def msprobe_xor(tensor):
@@ -40,7 +40,7 @@ def variants(t):
         stats = StatBuffer(nan_inf_count=False)
         slot, _ = stats.add(t, KIND_FLOAT)
         stats.take()
-        return slot.values()
+        return slot_values(slot)
 
     def fingerprint():
         stats = StatBuffer(nan_inf_count=False)
