@@ -67,25 +67,24 @@ class Anchors:
 
     def capture(self, frame):
         """``capture(frame)``, through the innermost running module call's anchor."""
-        index = len(self._open) - 1
-        while index >= 0 and self._open[index][0] is None:
-            index -= 1
+        index = self._anchored(len(self._open) - 1)
         if index < 0:
             return capture(frame)
-        anchor, outer = self._outer(index)
-        return capture(frame, anchor, outer)
+        return capture(frame, *self._outer(index))
+
+    def _anchored(self, index):
+        """The nearest open call at or below ``index`` that has an anchor; -1 where none has."""
+        while index >= 0 and self._open[index][0] is None:
+            index -= 1
+        return index
 
     def _outer(self, index):
+        """(anchor, the stack outside it) of open call ``index``, captured on first use."""
         entry = self._open[index]
         if entry[1] is None:
-            parent = index - 1
-            while parent >= 0 and self._open[parent][0] is None:
-                parent -= 1
+            parent = self._anchored(index - 1)
             start = entry[0].f_back
-            if parent < 0:
-                entry[1] = capture(start)
-            else:
-                entry[1] = capture(start, *self._outer(parent))
+            entry[1] = capture(start) if parent < 0 else capture(start, *self._outer(parent))
         return entry[0], entry[1]
 
 

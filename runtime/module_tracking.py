@@ -136,10 +136,14 @@ def _mode_active():
     return False
 
 
+def _innermost_mode():
+    depth = torch._C._len_torch_function_stack()
+    return torch._C._get_function_stack_at(depth - 1) if depth else None
+
+
 def on_top(mode):
     """Whether ``mode`` is the innermost torch function mode now."""
-    depth = torch._C._len_torch_function_stack()
-    return depth > 0 and torch._C._get_function_stack_at(depth - 1) is mode
+    return _innermost_mode() is mode
 
 
 def _set_aside(collector):
@@ -147,10 +151,7 @@ def _set_aside(collector):
     it (None where the top is not ours). Inside, the shims record every call and the mode records nothing (its
     context says instrumented), yet each torch call, each tensor method and attribute, would still take a
     Python round trip through it. The module's forward hook pushes it back."""
-    depth = torch._C._len_torch_function_stack()
-    if depth == 0:
-        return None
-    top = torch._C._get_function_stack_at(depth - 1)
+    top = _innermost_mode()
     if type(top) is not ObserveMode:
         return None
     collector.pop_mode(top)
