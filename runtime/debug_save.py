@@ -8,11 +8,10 @@ returns None, so gradients stay bit-identical.
 from __future__ import annotations
 
 import logging
-import os
 
 from .foreign import is_subclass, key_text, mapping_items, sequence_items
 from .records import resolve
-from .writer import Writer, atomic_write_json
+from .writer import Writer
 
 logger = logging.getLogger("msprobe_runtime")
 
@@ -162,20 +161,6 @@ class DumpWriter(Writer):
     def _write(self, job):
         if type(job) is not DebugJob:
             return super()._write(job)
-        os.makedirs(job.directory, exist_ok=True)
-        if job.tensors:
-            import torch
-
-            os.makedirs(job.tensor_dir, exist_ok=True)
-            for name, tensor in job.tensors:
-                path = os.path.join(job.tensor_dir, name)
-                try:
-                    torch.save(tensor.to("cpu"), path + ".tmp")
-                    os.replace(path + ".tmp", path)
-                except BaseException:
-                    if os.path.exists(path + ".tmp"):  # a full disk leaves no partial file behind
-                        os.unlink(path + ".tmp")
-                    raise
         out = dict(job.header)
         out["data"] = {name: resolve(entry) for name, entry in job.data.items()}
-        atomic_write_json(os.path.join(job.directory, "debug.json"), out)
+        self.write_files(job.directory, [("debug.json", out)], job.tensors, job.tensor_dir)

@@ -347,16 +347,25 @@ class PrecisionDebugger:
                 tensors, collector.tensors = collector.tensors, []
         debug = self._debug.snapshot(handover) if self._debug.dirty else None
         # our own ops: never recorded as the user's calls, even while the session's mode is pushed
+        on_host = False
         try:
             with collector.own_work:
-                collector.stats.take()
+                on_host = collector.stats.take()
         except Exception as error:  # never into the training loop: the step's statistics are written null
             collector.log_error("collecting the step's statistics", error)
         directory = self._step_dir(self.current_step)
         if dump:
             header = {"task": self.config.task, "level": self.config.level, "framework": "pytorch",
                       "dump_data_dir": None}
-            self._writer.submit(StepJob(directory, header, data, stacks, construct, tensors))
+            job = StepJob(directory, header, data, stacks, construct, tensors)
+            if on_host and collector.checksum_mode is None:
+                # every number is here: made into files now, in one go (writer.py says why not on its thread)
+                try:
+                    with collector.own_work:
+                        job = self._writer.prepare(job)
+                except Exception as error:  # the writer thread tries it again, and reports what fails
+                    collector.log_error("preparing the step's files", error)
+            self._writer.submit(job)
             tensors = []  # written with the dump, in the same folder
         if debug is not None:
             tensor_dir = os.path.join(directory, "dump_tensor_data")

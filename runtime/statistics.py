@@ -261,7 +261,9 @@ class StatBuffer:
         return groups, kept
 
     def take(self):
-        """Start the transfer of every pending slot: one buffer and one non-blocking copy per device."""
+        """Start the transfer of every pending slot: one buffer and one non-blocking copy per device. Returns
+        whether every number is on the host already (CPU tensors only), so that reading them waits for
+        nothing."""
         import torch
 
         with self._lock:
@@ -274,6 +276,7 @@ class StatBuffer:
                 self._stages.setdefault(key, [keep])
             self._staged_bytes = sum(stage.buffer.numel() * stage.buffer.element_size()
                                      for stages in self._stages.values() for stage in stages)
+        on_host = True
         by_device = {}
         for slot in pending:
             by_device.setdefault(slot.pending.device, {}).setdefault(slot.pending.dtype, []).append(slot)
@@ -293,6 +296,7 @@ class StatBuffer:
             else:
                 host = flat.to("cpu", non_blocking=True)
                 event = record_event(device)
+                on_host = False
             batch = Batch(host, event)
             for slot in slots:
                 slot.batch = batch
@@ -302,6 +306,7 @@ class StatBuffer:
                         if member is not None:
                             member.batch = batch
                             member.offset = slot.offset + index * member.width
+        return on_host
 
 
 def _dense_view(t):

@@ -1,12 +1,17 @@
 """The writer thread: turns a flushed step into dump.json, stack.json and construct.json, atomically.
 
 The training thread only enqueues; this thread waits for the device-to-host copy, resolves statistics slots
-into numbers, formats call stacks and writes each file through a temporary file and ``os.replace``, so a reader
-never sees a half-written file and a crash loses at most the step not yet flushed.
+into numbers, formats call stacks and hands the files to the writing process (``writing_process``), which
+encodes and writes each through a temporary file and ``os.replace``, so a reader never sees a half-written
+file and a crash loses at most the step not yet flushed. Where no writing process serves, this thread writes
+them (``json_files``).
+
+A step whose numbers are all on the host already (CPU tensors, no checksum to compute) is prepared by the
+training thread itself at the flush (``prepare``): done in one go there, it costs the training thread less than
+the same Python work done here, where every torch op that released the GIL had to wait to get it back.
 """
 from __future__ import annotations
 
-import json
 import linecache
 import logging
 import os
@@ -14,34 +19,12 @@ import queue
 import sys
 import threading
 
+from . import json_files, writing_process
 from .call_stacks import Resolver
 from .records import resolve
 
 logger = logging.getLogger("msprobe_runtime")
 _WRITER_SWITCH_INTERVAL = 0.0002
-
-
-def atomic_write_json(path, obj):
-    """Write ``obj`` as JSON to ``path`` through a temporary file in the same directory; a failure (a full
-    disk, a folder made read-only) leaves no temporary file behind and ``path`` as it was."""
-    directory = os.path.dirname(path)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            # no indent: only then does json use its C encoder, and this thread shares the GIL with training
-            handle.write(json.dumps(obj, ensure_ascii=False))
-        os.replace(tmp, path)
-    except BaseException:
-        _remove_quietly(tmp)
-        raise
-
-
-def _remove_quietly(path):
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
 
 def format_stack(frames):
     """msprobe's stack lines: ``File {path}, line {n}, in {func}, \\n {source}``, innermost first."""
@@ -66,6 +49,17 @@ class StepJob:
         self.tensors = tensors      # [(file name, device tensor clone)] for task=tensor
 
 
+class PreparedJob:
+    """A step whose files the training thread made already (``Writer.prepare``): only writing is left."""
+
+    __slots__ = ("directory", "files", "tensors")
+
+    def __init__(self, directory, files, tensors):
+        self.directory = directory
+        self.files = files          # [(file name, JSON-ready object)], in writing order
+        self.tensors = tensors
+
+
 class Writer:
     """One background thread per debugger; jobs are written in order."""
 
@@ -78,6 +72,7 @@ class Writer:
         self._failing = False
         self._resolver = None  # call_stacks.Resolver, made at the first write (torch is imported by then)
         self._formatted = {}   # frames -> stack.json's lines, across steps (the same sites come back)
+        self._files_lock = threading.Lock()  # the resolver and its caches: this thread, or the training one
 
     def submit(self, job):
         if self._thread is None:
@@ -131,36 +126,53 @@ class Writer:
             lines = self._formatted[frames] = format_stack(frames)
         return lines
 
+    def prepare(self, job):
+        """``job`` (a StepJob whose numbers are on the host) made into its files, on the calling thread."""
+        return PreparedJob(job.directory, self._step_files(job), job.tensors)
+
     def _write(self, job):
         """A step's files, dump.json last: a step folder with a dump.json holds the whole step."""
-        os.makedirs(job.directory, exist_ok=True)
-        if job.tensors:
+        files = job.files if type(job) is PreparedJob else self._step_files(job)
+        self.write_files(job.directory, files, job.tensors)
+
+    def _step_files(self, job):
+        # stack.json groups forward entries that share one call stack, as msprobe does; the training thread
+        # captured each raw (call_stacks.capture), and the resolver remembers stacks it has seen
+        with self._files_lock:
+            if self._resolver is None:
+                self._resolver = Resolver()
+            stack_of = self._resolver.resolve
+            groups = {}
+            for name, raw in job.stacks.items():
+                groups.setdefault(stack_of(raw), []).append(name)
+            stack = {str(i): [names, self._lines(frames)] for i, (frames, names) in enumerate(groups.items())}
+        dump = dict(job.header)
+        if job.tensors or job.header.get("task") == "tensor":
+            dump["dump_data_dir"] = os.path.join(job.directory, "dump_tensor_data")
+        dump["data"] = {name: resolve(entry) for name, entry in job.data.items()}
+        return [("stack.json", stack), ("construct.json", job.construct), ("dump.json", dump)]
+
+    def write_files(self, directory, files, tensors=(), tensor_dir=None):
+        """The tensors of task ``tensor`` (here: torch), then the JSON files in order (the writing process)."""
+        if tensors:
             import torch
 
-            tensor_dir = os.path.join(job.directory, "dump_tensor_data")
+            tensor_dir = tensor_dir or os.path.join(directory, "dump_tensor_data")
             os.makedirs(tensor_dir, exist_ok=True)
-            for name, tensor in job.tensors:
+            for name, tensor in tensors:
                 path = os.path.join(tensor_dir, name)
                 tmp = path + ".tmp"
                 try:
                     torch.save(tensor.to("cpu"), tmp)
                     os.replace(tmp, path)
                 except BaseException:
-                    _remove_quietly(tmp)
+                    json_files.remove_quietly(tmp)
                     raise
-        # stack.json groups forward entries that share one call stack, as msprobe does; the training thread
-        # captured each raw (call_stacks.capture), and the resolver remembers stacks it has seen
-        if self._resolver is None:
-            self._resolver = Resolver()
-        stack_of = self._resolver.resolve
-        groups = {}
-        for name, raw in job.stacks.items():
-            groups.setdefault(stack_of(raw), []).append(name)
-        stack = {str(i): [names, self._lines(frames)] for i, (frames, names) in enumerate(groups.items())}
-        atomic_write_json(os.path.join(job.directory, "stack.json"), stack)
-        atomic_write_json(os.path.join(job.directory, "construct.json"), job.construct)
-        dump = dict(job.header)
-        if job.tensors or job.header.get("task") == "tensor":
-            dump["dump_data_dir"] = os.path.join(job.directory, "dump_tensor_data")
-        dump["data"] = {name: resolve(entry) for name, entry in job.data.items()}
-        atomic_write_json(os.path.join(job.directory, "dump.json"), dump)
+        try:
+            writing_process.shared().send(directory, files)
+            return
+        except writing_process.Unavailable:
+            pass
+        except ValueError:  # something marshal cannot carry (never expected: records are plain data)
+            pass
+        json_files.write_files(directory, files)

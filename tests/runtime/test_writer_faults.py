@@ -1,16 +1,18 @@
 """The writer under a failing disk: the steps already written stay valid, no temporary file is left, one
-clear message is given for the first failure of a kind, and collection resumes once writing works again."""
+clear message is given for the first failure of a kind, and collection resumes once writing works again.
+Both where the writing process writes the files and where the writer thread does (no process, or it died)."""
 import errno
 import glob
 import json
 import logging
 import os
+import signal
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from msprobe_runtime import PrecisionDebugger, writer  # noqa: E402
+from msprobe_runtime import PrecisionDebugger, json_files, writing_process  # noqa: E402
 
 
 class _Failing:
@@ -40,7 +42,10 @@ def test_failing_writes_leave_the_written_steps_valid_and_nothing_behind(monkeyp
         handle = real_open(path, *args, **kwargs)
         return _Failing(handle, code) if failing["on"] else handle
 
-    monkeypatch.setattr(writer, "open", fake_open, raising=False)
+    # the writer thread's own writing (the files are written in this process, where the fault is injected)
+    monkeypatch.setenv("MSPROBE_WRITER_PROCESS", "0")
+    writing_process.close_shared()
+    monkeypatch.setattr(json_files, "open", fake_open, raising=False)
     dump = tmp_path / "dump"
     debugger = PrecisionDebugger(dump_path=str(dump), level="L1")
     x = torch.ones(3)
@@ -66,3 +71,76 @@ def test_failing_writes_leave_the_written_steps_valid_and_nothing_behind(monkeyp
     assert os.strerror(code) in failures[0].getMessage()
     assert "works again" in caplog.text
     assert len(debugger._writer.errors) == 3
+
+
+def _run_steps(debugger, steps, before_step=lambda step: None):
+    x = torch.ones(3)
+    for step in range(steps):
+        before_step(step)
+        debugger.start()
+        torch.relu(x)
+        debugger.stop()
+        debugger.step()
+        debugger.wait()
+
+
+def _written_steps(dump):
+    return sorted(int(os.path.basename(os.path.dirname(os.path.dirname(p)))[4:])
+                  for p in glob.glob(str(dump / "step*" / "*" / "dump.json")))
+
+
+def test_the_writing_process_writes_the_files_and_reports_its_failures(monkeypatch, tmp_path, caplog):
+    """A failure in the writing process (here a step folder that cannot be made: a file is in its place) is
+    the writer thread's failure, said once, and later steps are written again."""
+    monkeypatch.delenv("MSPROBE_WRITER_PROCESS", raising=False)
+    writing_process.close_shared()
+    dump = tmp_path / "dump"
+    debugger = PrecisionDebugger(dump_path=str(dump), level="L1")
+
+    def block(step):
+        if step == 1:
+            for blocked in (1, 2, 3):
+                (dump / f"step{blocked}").write_text("not a folder")
+        if step == 4:
+            for blocked in (1, 2, 3):
+                (dump / f"step{blocked}").unlink()
+
+    with caplog.at_level(logging.WARNING, logger="msprobe_runtime"):
+        _run_steps(debugger, 5, block)
+    assert writing_process.shared().pid() is not None  # the process wrote them, and serves on
+    assert _written_steps(dump) == [0, 4]
+    failures = [r for r in caplog.records if "writing the dump of" in r.getMessage()]
+    assert len(failures) == 1 and failures[0].levelno == logging.ERROR
+    assert "step1" in failures[0].getMessage()
+    assert "works again" in caplog.text
+    assert len(debugger._writer.errors) == 3 and all(isinstance(e, OSError) for e in debugger._writer.errors)
+    leftovers = [p for p in glob.glob(str(dump / "**" / ".*"), recursive=True)]
+    assert leftovers == []
+
+
+def test_a_writing_process_that_dies_loses_no_step(monkeypatch, tmp_path, caplog):
+    monkeypatch.delenv("MSPROBE_WRITER_PROCESS", raising=False)
+    writing_process.close_shared()
+    dump = tmp_path / "dump"
+    debugger = PrecisionDebugger(dump_path=str(dump), level="L1")
+
+    def kill(step):
+        if step == 2:
+            os.kill(writing_process.shared().pid(), signal.SIGKILL)
+
+    with caplog.at_level(logging.WARNING, logger="msprobe_runtime"):
+        _run_steps(debugger, 4, kill)
+    assert _written_steps(dump) == [0, 1, 2, 3]
+    assert debugger._writer.errors == []
+    assert len([r for r in caplog.records if "writing process ended" in r.getMessage()]) == 1
+    assert writing_process.shared().pid() is None
+    writing_process.close_shared()  # the next test starts one again
+
+
+def test_without_the_writing_process_the_writer_thread_writes(monkeypatch, tmp_path):
+    monkeypatch.setenv("MSPROBE_WRITER_PROCESS", "0")
+    writing_process.close_shared()
+    dump = tmp_path / "dump"
+    _run_steps(PrecisionDebugger(dump_path=str(dump), level="L1"), 2)
+    assert _written_steps(dump) == [0, 1]
+    assert writing_process.shared().pid() is None

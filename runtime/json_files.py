@@ -1,0 +1,111 @@
+"""A step's JSON files, written atomically: by the writing process, or by the writer thread where there is none.
+
+Run as a script (``python -I -S json_files.py``, with only the standard library), this module is the writing
+process that ``writing_process.WritingProcess`` starts: it reads jobs from its stdin, writes their files, and
+answers each job on its stdout. Encoding the JSON (most of all Python's ``float.__repr__`` of every
+statistic) is the largest part of writing a step; in the training process it held the GIL, which the
+training thread then waited for after each torch op. In a process of its own it runs on another core.
+
+A job is ``(directory, [(file name, object), ...])``, marshalled (the records are plain lists, dicts, strings
+and numbers by then) behind an 8-byte length. The answer is ``(errno or -1 or 0, message)``: 0 when every
+file is written, otherwise the error, which the writer thread raises as its own (docs: one loud message, the
+step not written, later steps tried again).
+"""
+from __future__ import annotations
+
+import json
+import marshal
+import os
+import struct
+import sys
+import threading
+
+_LENGTH = struct.Struct("<Q")
+MARSHAL_VERSION = 4
+
+
+def atomic_write_json(path, obj):
+    """Write ``obj`` as JSON to ``path`` through a temporary file in the same directory; a failure (a full
+    disk, a folder made read-only) leaves no temporary file behind and ``path`` as it was."""
+    directory = os.path.dirname(path)
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            # no indent: only then does json use its C encoder
+            handle.write(json.dumps(obj, ensure_ascii=False))
+        os.replace(tmp, path)
+    except BaseException:
+        remove_quietly(tmp)
+        raise
+
+
+def remove_quietly(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def write_files(directory, files):
+    """Make ``directory`` and write each ``(name, object)`` of ``files`` into it, in order."""
+    os.makedirs(directory, exist_ok=True)
+    for name, obj in files:
+        atomic_write_json(os.path.join(directory, name), obj)
+
+
+def encode(message):
+    """``message`` marshalled behind its length (ValueError for an object marshal cannot hold)."""
+    payload = marshal.dumps(message, MARSHAL_VERSION)
+    return _LENGTH.pack(len(payload)) + payload
+
+
+def read_message(stream):
+    """The next message of ``stream``, or None at its end (a cut message is its end too)."""
+    head = _read_exactly(stream, _LENGTH.size)
+    if head is None:
+        return None
+    payload = _read_exactly(stream, _LENGTH.unpack(head)[0])
+    return None if payload is None else marshal.loads(payload)
+
+
+def _read_exactly(stream, size):
+    chunks, left = [], size
+    while left:
+        chunk = stream.read(left)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def serve(source, answers):
+    """Write every job read from ``source`` and answer each on ``answers``, until ``source`` ends."""
+    while True:
+        job = read_message(source)
+        if job is None:
+            return
+        directory, files = job
+        try:
+            write_files(directory, files)
+            answer = (0, "")
+        except OSError as error:
+            answer = (error.errno or -1, f"{error.strerror or error}" + (f": {error.filename!r}"
+                                                                          if error.filename else ""))
+        except Exception as error:  # noqa: BLE001 - said to the writer thread, which reports it
+            answer = (-1, f"{type(error).__name__}: {error}")
+        answers.write(encode(answer))
+        answers.flush()
+
+
+def main():
+    import signal
+
+    # Ctrl-C reaches the whole process group: this process finishes what it was given and ends when the
+    # training process closes its stdin (at exit, or when it dies)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    serve(sys.stdin.buffer, sys.stdout.buffer)
+
+
+if __name__ == "__main__":
+    main()
