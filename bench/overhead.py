@@ -102,7 +102,7 @@ def ours(args):
     from msprobe_runtime.statistics import KIND_FLOAT, Slot
 
     nothing = Slot(None, 4)
-    no_numbers = (KIND_FLOAT, [0.0] * 4, None)  # what the native op's path takes instead of a pass
+    no_numbers = (KIND_FLOAT, [0.0] * 4)  # what the native op's path takes instead of a pass
     for level in ("L1", "mix"):
         config = os.path.join(root, f"{level}-nostats.json")
         with open(config, "w") as handle:

@@ -547,9 +547,9 @@ class Collector:
             # reads below (each a Python call, several while an observing mode is pushed)
             done = (self.stats.native(t) if t.numel() < _REUSE_MIN
                     else self._reuse(t, self._recent_native, self.stats.native))
-            if done is not None:
-                return TensorRecord("torch.Tensor", _dtype_name(t.dtype), list(t.shape), requires_grad, done[0],
-                                    done[1], done[2])
+            if done is not None:  # the row whole, with its counts (statistics.split_row): one list, see native()
+                return TensorRecord("torch.Tensor", _dtype_name(t.dtype), tuple(t.shape), requires_grad, done[0],
+                                    done[1], None)
         kind = tensor_kind(t)
         readable = None
         if kind != KIND_EMPTY:
@@ -568,7 +568,7 @@ class Collector:
             if readable is None:  # empty or complex: no statistics, but bytes to hash where there are any
                 readable = t.numel() == 0 or self._has_readable_data(t)
             checksum = checksum_of(t, self.checksum_mode, readable, self.stats)
-        return TensorRecord("torch.Tensor", _dtype_name(t.dtype), list(t.shape), requires_grad, kind, slot,
+        return TensorRecord("torch.Tensor", _dtype_name(t.dtype), tuple(t.shape), requires_grad, kind, slot,
                             counts, data_name, checksum)
 
     def _has_readable_data(self, t):

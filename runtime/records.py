@@ -6,7 +6,7 @@ the slot where its statistics are being computed on the device. The writer threa
 from __future__ import annotations
 
 from .foreign import is_subclass, type_name
-from .statistics import KIND_BOOL, KIND_FLOAT, KIND_NO_MEAN, KIND_SCALAR, slot_values
+from .statistics import KIND_BOOL, KIND_FLOAT, KIND_NO_MEAN, KIND_SCALAR, slot_values, split_row
 
 MAX_DEPTH = 32
 
@@ -20,17 +20,21 @@ class TensorRecord:
                  checksum=None):
         self.type = type_name
         self.dtype = dtype
-        self.shape = shape
+        self.shape = shape      # a tuple of ints: untracked by the garbage collector, unlike a list
         self.requires_grad = requires_grad
         self.kind = kind
-        self.slot = slot        # statistics.Slot or the numbers themselves (statistics.slot_values); None: empty
-        self.counts = counts    # the NaN and Inf counts, as ``slot``, or None
+        self.slot = slot        # statistics.Slot, or the numbers themselves (a native row may go on with the
+        #                         NaN and Inf counts: statistics.split_row); None: empty
+        self.counts = counts    # the NaN and Inf counts, as ``slot``, or None (for a native row: in it)
         self.data_name = data_name
         self.checksum = checksum  # checksums.Checksum (summary_mode md5 or fingerprint), or None
 
     def to_json(self):
         kind = self.kind
         row = slot_values(self.slot) if self.slot is not None else None
+        counts = slot_values(self.counts) if self.counts is not None else None
+        if counts is None and row is not None and len(row) > 4:
+            row, counts = split_row(kind, row)
         top = low = mean = norm = None
         if row is None:
             pass
@@ -43,10 +47,9 @@ class TensorRecord:
         elif kind == KIND_NO_MEAN:
             top, low = _num(row[0], self.dtype), _num(row[1], self.dtype)
         # one literal, in msprobe's key order
-        out = {"type": self.type, "dtype": self.dtype, "shape": self.shape, "Max": top, "Min": low,
+        out = {"type": self.type, "dtype": self.dtype, "shape": list(self.shape), "Max": top, "Min": low,
                "Mean": mean, "Norm": norm}
         out["requires_grad"] = self.requires_grad
-        counts = slot_values(self.counts) if self.counts is not None else None
         if counts is not None:
             out["NaN_count"] = int(counts[0])
             out["Inf_count"] = int(counts[1])
