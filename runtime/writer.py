@@ -52,11 +52,12 @@ class StepJob:
 class PreparedJob:
     """A step whose files the training thread made already (``Writer.prepare``): only writing is left."""
 
-    __slots__ = ("directory", "files", "tensors")
+    __slots__ = ("directory", "files", "message", "tensors")
 
-    def __init__(self, directory, files, tensors):
+    def __init__(self, directory, files, message, tensors):
         self.directory = directory
         self.files = files          # [(file name, JSON-ready object)], in writing order
+        self.message = message      # the same for the writing process (json_files.encode), or None
         self.tensors = tensors
 
 
@@ -128,12 +129,15 @@ class Writer:
 
     def prepare(self, job):
         """``job`` (a StepJob whose numbers are on the host) made into its files, on the calling thread."""
-        return PreparedJob(job.directory, self._step_files(job), job.tensors)
+        files = self._step_files(job)
+        return PreparedJob(job.directory, files, _encoded(job.directory, files), job.tensors)
 
     def _write(self, job):
         """A step's files, dump.json last: a step folder with a dump.json holds the whole step."""
-        files = job.files if type(job) is PreparedJob else self._step_files(job)
-        self.write_files(job.directory, files, job.tensors)
+        if type(job) is PreparedJob:
+            self.write_files(job.directory, job.files, job.tensors, message=job.message)
+        else:
+            self.write_files(job.directory, self._step_files(job), job.tensors)
 
     def _step_files(self, job):
         # stack.json groups forward entries that share one call stack, as msprobe does; the training thread
@@ -152,7 +156,7 @@ class Writer:
         dump["data"] = {name: resolve(entry) for name, entry in job.data.items()}
         return [("stack.json", stack), ("construct.json", job.construct), ("dump.json", dump)]
 
-    def write_files(self, directory, files, tensors=(), tensor_dir=None):
+    def write_files(self, directory, files, tensors=(), tensor_dir=None, message=None):
         """The tensors of task ``tensor`` (here: torch), then the JSON files in order (the writing process)."""
         if tensors:
             import torch
@@ -168,11 +172,23 @@ class Writer:
                 except BaseException:
                     json_files.remove_quietly(tmp)
                     raise
-        try:
-            writing_process.shared().send(directory, files)
-            return
-        except writing_process.Unavailable:
-            pass
-        except ValueError:  # something marshal cannot carry (never expected: records are plain data)
-            pass
+        if message is None:
+            message = _encoded(directory, files)
+        if message is not None:
+            try:
+                writing_process.shared().send(message)
+                return
+            except writing_process.Unavailable:
+                pass
         json_files.write_files(directory, files)
+
+
+def _encoded(directory, files):
+    """The files as the writing process reads them, or None where marshal cannot hold them (a type it does
+    not know; never expected, as records are plain data) or no process is wanted: this thread writes them."""
+    if not writing_process.enabled():
+        return None
+    try:
+        return json_files.encode((directory, files))
+    except ValueError:
+        return None

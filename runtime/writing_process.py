@@ -40,11 +40,10 @@ class WritingProcess:
         self._child = None
         self._failed = False  # it could not start, or died: never tried again in this process
 
-    def send(self, directory, files):
-        """Write ``files`` into ``directory`` in the child; returns once they are on disk. Raises OSError as
-        the write raised it there, ValueError when ``files`` holds what marshal cannot carry, and
-        ``Unavailable`` when no child serves."""
-        message = json_files.encode((directory, files))
+    def send(self, message):
+        """Have the child write the files of ``message`` (``json_files.encode((directory, files))``); returns
+        once they are on disk. Raises OSError as the write raised it there, and ``Unavailable`` when no child
+        serves."""
         with self._lock:
             child = self._running()
             try:
