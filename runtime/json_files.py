@@ -59,6 +59,11 @@ def encode(message):
     return _LENGTH.pack(len(payload)) + payload
 
 
+def decode(message):
+    """What ``encode`` made ``message`` from."""
+    return marshal.loads(message[_LENGTH.size:])
+
+
 def read_message(stream):
     """The next message of ``stream``, or None at its end (a cut message is its end too)."""
     head = _read_exactly(stream, _LENGTH.size)

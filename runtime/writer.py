@@ -12,6 +12,7 @@ the same Python work done here, where every torch op that released the GIL had t
 """
 from __future__ import annotations
 
+import gc
 import linecache
 import logging
 import os
@@ -56,7 +57,7 @@ class PreparedJob:
 
     def __init__(self, directory, files, message, tensors):
         self.directory = directory
-        self.files = files          # [(file name, JSON-ready object)], in writing order
+        self.files = files          # [(file name, JSON-ready object)], in writing order; None: in ``message``
         self.message = message      # the same for the writing process (json_files.encode), or None
         self.tensors = tensors
 
@@ -128,9 +129,21 @@ class Writer:
         return lines
 
     def prepare(self, job):
-        """``job`` (a StepJob whose numbers are on the host) made into its files, on the calling thread."""
-        files = self._step_files(job)
-        return PreparedJob(job.directory, files, _encoded(job.directory, files), job.tensors)
+        """``job`` (a StepJob whose numbers are on the host) made into its files, on the calling thread.
+
+        With the garbage collector paused: the files are thousands of new lists and dicts, which die as soon
+        as they are marshalled; a collection in between would move them, and every record of the step that
+        they point to, to an older generation, and bring the next full collection nearer."""
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            files = self._step_files(job)
+            message = _encoded(job.directory, files)
+        finally:
+            if enabled:
+                gc.enable()
+        # the message alone, where there is one (the files are read back from it if the process cannot serve)
+        return PreparedJob(job.directory, None if message is not None else files, message, job.tensors)
 
     def _write(self, job):
         """A step's files, dump.json last: a step folder with a dump.json holds the whole step."""
@@ -180,6 +193,8 @@ class Writer:
                 return
             except writing_process.Unavailable:
                 pass
+        if files is None:
+            directory, files = json_files.decode(message)
         json_files.write_files(directory, files)
 
 
