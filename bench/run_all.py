@@ -21,6 +21,7 @@ SMALL = [
     ("statistics_pass.py", []),
     ("statistics_share.py", ["--steps", "5"]),
     ("per_entry.py", ["--calls", "300", "--rounds", "3"]),
+    ("gc_share.py", ["--steps", "10"]),
     ("precheck_replay.py", ["--calls", "100", "--tokens", "64", "--hidden", "128"]),
 ]
 FULL_OPTIONS = {"rewrite_memory.py": ["--full"]}  # its own default is the small sizes

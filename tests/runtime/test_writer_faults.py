@@ -144,3 +144,30 @@ def test_without_the_writing_process_the_writer_thread_writes(monkeypatch, tmp_p
     _run_steps(PrecisionDebugger(dump_path=str(dump), level="L1"), 2)
     assert _written_steps(dump) == [0, 1]
     assert writing_process.shared().pid() is None
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_flush_leaves_the_garbage_collector_as_it_found_it(tmp_path, enabled):
+    """The training thread prepares a host-only step with the collector paused; the user's setting stays."""
+    import gc
+
+    debugger = PrecisionDebugger(dump_path=str(tmp_path / "dump"), level="L1")
+    paused = []
+    real_files = debugger._writer._step_files
+
+    def watching(job):
+        paused.append(gc.isenabled())
+        return real_files(job)
+
+    debugger._writer._step_files = watching
+    was = gc.isenabled()
+    try:
+        if not enabled:
+            gc.disable()
+        _run_steps(debugger, 2)
+        assert gc.isenabled() is enabled
+    finally:
+        if was:
+            gc.enable()
+    assert paused == [False, False]  # prepared on the training thread, with the collector paused
+    assert _written_steps(tmp_path / "dump") == [0, 1]
