@@ -18,7 +18,7 @@ from . import dump_names, operators
 from .foreign import (bound_self, is_subclass, key_text, mapping_items, method_name, own_parameters, parameters,
                       sequence_items, type_name)
 from .call_stacks import Anchors
-from .records import TensorRecord, describe_builtin
+from .records import TensorRecord, describe_builtin, native_record
 from .selection import Selection
 from .checksums import MODES as CHECKSUM_MODES, checksum_of
 from .statistics import KIND_EMPTY, StatBuffer, tensor_kind
@@ -547,9 +547,8 @@ class Collector:
             # reads below (each a Python call, several while an observing mode is pushed)
             done = (self.stats.native(t) if t.numel() < _REUSE_MIN
                     else self._reuse(t, self._recent_native, self.stats.native))
-            if done is not None:  # the row whole, with its counts (statistics.split_row): one list, see native()
-                return TensorRecord("torch.Tensor", _dtype_name(t.dtype), tuple(t.shape), requires_grad, done[0],
-                                    done[1], None)
+            if done is not None:  # a tuple, which the garbage collector soon stops tracking (records.py)
+                return native_record(_dtype_name(t.dtype), tuple(t.shape), requires_grad, done[0], done[1])
         kind = tensor_kind(t)
         readable = None
         if kind != KIND_EMPTY:

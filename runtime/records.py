@@ -2,6 +2,9 @@
 
 Describing a value never reads a tensor's data: a tensor becomes a ``TensorRecord`` holding its metadata and
 the slot where its statistics are being computed on the device. The writer thread resolves slots into numbers.
+A tensor the native op read at record time becomes a plain tuple instead (``native_record``), of strings and
+numbers only: the garbage collector stops tracking such a tuple at its first pass, so the records a step keeps
+until its flush do not pile up in its oldest generation, where they brought on full collections.
 """
 from __future__ import annotations
 
@@ -23,41 +26,54 @@ class TensorRecord:
         self.shape = shape      # a tuple of ints: untracked by the garbage collector, unlike a list
         self.requires_grad = requires_grad
         self.kind = kind
-        self.slot = slot        # statistics.Slot, or the numbers themselves (a native row may go on with the
-        #                         NaN and Inf counts: statistics.split_row); None: empty
-        self.counts = counts    # the NaN and Inf counts, as ``slot``, or None (for a native row: in it)
+        self.slot = slot        # statistics.Slot or the numbers themselves (statistics.slot_values); None: empty
+        self.counts = counts    # the NaN and Inf counts, as ``slot``, or None
         self.data_name = data_name
         self.checksum = checksum  # checksums.Checksum (summary_mode md5 or fingerprint), or None
 
     def to_json(self):
-        kind = self.kind
         row = slot_values(self.slot) if self.slot is not None else None
         counts = slot_values(self.counts) if self.counts is not None else None
-        if counts is None and row is not None and len(row) > 4:
-            row, counts = split_row(kind, row)
-        top = low = mean = norm = None
-        if row is None:
-            pass
-        elif kind == KIND_FLOAT:
-            top, low, mean, norm = row
-        elif kind == KIND_BOOL:
-            top, low = bool(row[0]), bool(row[1])
-        elif kind == KIND_SCALAR:
-            top = low = mean = norm = _num(row[0], self.dtype)
-        elif kind == KIND_NO_MEAN:
-            top, low = _num(row[0], self.dtype), _num(row[1], self.dtype)
-        # one literal, in msprobe's key order
-        out = {"type": self.type, "dtype": self.dtype, "shape": list(self.shape), "Max": top, "Min": low,
-               "Mean": mean, "Norm": norm}
-        out["requires_grad"] = self.requires_grad
-        if counts is not None:
-            out["NaN_count"] = int(counts[0])
-            out["Inf_count"] = int(counts[1])
-        if self.checksum is not None:
-            out[self.checksum.key] = self.checksum.value()
-        if self.data_name is not None:
-            out["data_name"] = self.data_name
-        return out
+        return _json(self.type, self.dtype, self.shape, self.requires_grad, self.kind, row, counts,
+                     self.checksum, self.data_name)
+
+
+def native_record(dtype, shape, requires_grad, kind, row):
+    """The record of a tensor whose statistics the native op computed: ``(dtype name, shape tuple,
+    requires_grad, kind, row tuple)``, the row as ``StatBuffer.native`` gives it (counts at its end)."""
+    return (dtype, shape, requires_grad, kind, row)
+
+
+def native_json(record):
+    dtype, shape, requires_grad, kind, row = record
+    numbers, counts = split_row(kind, row)
+    return _json("torch.Tensor", dtype, shape, requires_grad, kind, numbers, counts, None, None)
+
+
+def _json(type_name, dtype, shape, requires_grad, kind, row, counts, checksum, data_name):
+    top = low = mean = norm = None
+    if row is None:
+        pass
+    elif kind == KIND_FLOAT:
+        top, low, mean, norm = row
+    elif kind == KIND_BOOL:
+        top, low = bool(row[0]), bool(row[1])
+    elif kind == KIND_SCALAR:
+        top = low = mean = norm = _num(row[0], dtype)
+    elif kind == KIND_NO_MEAN:
+        top, low = _num(row[0], dtype), _num(row[1], dtype)
+    # one literal, in msprobe's key order
+    out = {"type": type_name, "dtype": dtype, "shape": list(shape), "Max": top, "Min": low, "Mean": mean,
+           "Norm": norm}
+    out["requires_grad"] = requires_grad
+    if counts is not None:
+        out["NaN_count"] = int(counts[0])
+        out["Inf_count"] = int(counts[1])
+    if checksum is not None:
+        out[checksum.key] = checksum.value()
+    if data_name is not None:
+        out["data_name"] = data_name
+    return out
 
 
 _INT_DTYPES = frozenset({"torch.int8", "torch.int16", "torch.int32", "torch.int64", "torch.uint8",
@@ -76,6 +92,8 @@ def resolve(obj):
     kind = type(obj)
     if kind is TensorRecord:
         return obj.to_json()
+    if kind is tuple:  # nothing else in a record is a tuple
+        return native_json(obj)
     if kind is list:
         return [resolve(o) for o in obj]
     if kind is dict:

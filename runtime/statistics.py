@@ -153,9 +153,9 @@ class StatBuffer:
         itself, so the caller need not read any attribute first: for a tensor it serves, the kind is decided
         here from its dimension alone (float16, bfloat16, float32).
 
-        One list per tensor, kept whole in its record: every list a record holds lives until the step is
-        written, so the garbage collector moves it to its oldest generation, and full collections (90 ms on
-        the tiny GPT's heap) come as often as such objects pile up."""
+        A tuple of floats, kept whole in the record (``records.native_record``): the garbage collector stops
+        tracking it at its first pass, where a list would live on in its oldest generation until the step is
+        written, and bring full collections (90 ms on the tiny GPT's heap) nearer."""
         if type(t) not in self._native_types:
             return None
         try:
@@ -164,7 +164,7 @@ class StatBuffer:
             return None
         if not values:
             return None
-        return (KIND_SCALAR if t.dim() == 0 else KIND_FLOAT), values
+        return (KIND_SCALAR if t.dim() == 0 else KIND_FLOAT), tuple(values)
 
     def add(self, t, kind):
         """Launch the statistics of ``t``; returns ``(slot, count_slot or None)``: ``Slot`` objects that a
@@ -172,7 +172,8 @@ class StatBuffer:
         if kind == KIND_FLOAT or kind == KIND_SCALAR:
             done = self.native(t)
             if done is not None:
-                return split_row(done[0], done[1])
+                numbers, counts = split_row(done[0], done[1])
+                return list(numbers), (list(counts) if counts is not None else None)
         import torch
 
         t = t.detach()
