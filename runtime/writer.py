@@ -139,11 +139,14 @@ class Writer:
         try:
             files = self._step_files(job)
             message = _encoded(job.directory, files)
+            if message is not None:
+                # the message alone (the files are read back from it if the process cannot serve); the files
+                # are freed here, before the collector runs again, and its counts go back to where they were
+                files = None
+            return PreparedJob(job.directory, files, message, job.tensors)
         finally:
             if enabled:
                 gc.enable()
-        # the message alone, where there is one (the files are read back from it if the process cannot serve)
-        return PreparedJob(job.directory, None if message is not None else files, message, job.tensors)
 
     def _write(self, job):
         """A step's files, dump.json last: a step folder with a dump.json holds the whole step."""
