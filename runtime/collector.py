@@ -25,11 +25,12 @@ from .statistics import KIND_EMPTY, StatBuffer, tensor_kind
 
 logger = logging.getLogger("msprobe_runtime")
 
-_RECENT = 4  # tensors remembered for reuse of their statistics (output of one call, input of the next)
+_RECENT = 8  # tensors remembered for reuse of their statistics (output of one call, input of the next)
 _REUSE_MIN = 4096  # smaller tensors are cheaper to recompute than to look up
 
 _PLAIN_SCALARS = (bool, int, float, complex)
 _TENSOR = torch.Tensor
+_PARAMETER = torch.nn.Parameter
 _SIZE = torch.Size
 _DTYPE = torch.dtype
 _DEVICE = torch.device
@@ -600,6 +601,12 @@ class Collector:
         next node's output gradient. The last few such tensors are remembered in ``recent`` (with their
         version counter, so an in-place change is seen) to skip a second pass over the same data; they are held
         strongly because a gradient's Python object dies between two hooks, and only a handful at a time.
+
+        A view with exactly the elements of a remembered tensor (a transpose, a reshape, a ``view``, a
+        ``detach``: the same block of memory, ``_place``) is served too, since no statistic depends on the
+        order: views share their base's version counter, so one that moved is seen, and the remembered tensor
+        keeps that memory from being freed and taken by another. On the wide GPT a third of the passes were
+        such views (megatron's transposes of activations and weights).
         """
         if t.numel() < _REUSE_MIN or t.is_inference():
             return compute(t, *args)
@@ -608,12 +615,43 @@ class Collector:
         version = t._version
         if known is not None and known[0] is t and known[1] == version:
             return known[2]
-        result = compute(t, *args)
+        place = _place(t)
+        result = None
+        if place is not None:
+            for held, held_version, held_result, held_place in tuple(recent.values()):
+                if held_place == place and held_version == version and held._version == version:
+                    result = held_result
+                    break
+        if result is None:
+            result = compute(t, *args)
         with self._lock:  # another thread may be trimming the same table
-            recent[key] = (t, version, result)
+            recent[key] = (t, version, result, place)
             if len(recent) > _RECENT:
                 del recent[next(iter(recent))]
         return result
+
+
+def _place(t):
+    """``(address, elements, dtype)`` of the one block of memory that holds exactly ``t``'s elements, each
+    once, or None (a broadcast or a strided slice, a negative view, another kind of tensor): two tensors with
+    one place hold the same values, perhaps in another order. Metadata only."""
+    kind = type(t)
+    if kind is not _TENSOR and kind is not _PARAMETER:
+        return None
+    try:
+        if t.is_neg():
+            return None
+        if not t.is_contiguous():
+            expected = 1
+            for stride, size in sorted(zip(t.stride(), t.shape)):
+                if size == 1:
+                    continue
+                if stride != expected:
+                    return None
+                expected *= size
+        return (t.data_ptr(), t.numel(), t.dtype)
+    except Exception:  # no storage (a meta or sparse tensor): no place
+        return None
 
 
 _DTENSOR_TYPES = {}  # tensor subclass -> whether it is a DTensor

@@ -53,3 +53,52 @@ def test_reuse_serves_no_stale_value(tmp_path, monkeypatch, path):
     assert maxima == [1.0, 1.0, 3.0, 15.0]
     # inputs of calls 0, 2 and 3 and the four outputs (each a new tensor) were read; call 1's input was not
     assert reads.count(8192) == 7
+
+
+VIEWS = """
+def step(debugger, big):
+    debugger.start()
+    __msprobe__.call("Torch.clone", torch.clone, big)             # 0: read
+    t = big.t()                                                   # the same elements, transposed
+    __msprobe__.call("Torch.clone", torch.clone, t)               # 1: served from 0
+    __msprobe__.call("Torch.clone", torch.clone, big.view(-1))    # 2: served from 0
+    __msprobe__.call("Torch.clone", torch.clone, big[:, ::2])     # 3: half of them: read
+    __msprobe__.call("Torch.clone", torch.clone, torch._neg_view(big))  # 4: same memory, other values: read
+    big.mul_(2)                                                   # the base's counter moves, and so its views'
+    __msprobe__.call("Torch.clone", torch.clone, t)               # 5: read again
+    debugger.stop()
+    debugger.wait()
+"""
+
+
+def test_a_view_of_the_same_elements_is_served_and_nothing_else(tmp_path, monkeypatch):
+    if native_stats.load() is None:
+        pytest.skip("the native statistics op cannot be built here")
+    reads = []
+    original = statistics.StatBuffer.native
+
+    def spy(self, t):
+        reads.append(tuple(t.shape))
+        return original(self, t)
+
+    monkeypatch.setattr(statistics.StatBuffer, "native", spy)
+    big = torch.arange(128 * 64, dtype=torch.float32).reshape(128, 64) - 100.0
+    debugger = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L1")
+    namespace = {"__msprobe__": rt, "torch": torch}
+    exec(compile(VIEWS, "<instrumented>", "exec"), namespace)
+    namespace["step"](debugger, big)
+    [directory] = glob.glob(os.path.join(str(tmp_path / "d"), "step0", "*"))
+    with open(os.path.join(directory, "dump.json")) as handle:
+        data = json.load(handle)["data"]
+    inputs = [data[f"Torch.clone.{i}.forward"]["input_args"][0] for i in range(6)]
+    assert [i["shape"] for i in inputs] == [[128, 64], [64, 128], [8192], [128, 32], [128, 64], [64, 128]]
+    top = 128 * 64 - 101.0
+    assert [(i["Max"], i["Min"]) for i in inputs] == [(top, -100.0), (top, -100.0), (top, -100.0),
+                                                      (top - 1.0, -100.0), (100.0, -top),
+                                                      (2 * top, -200.0)]
+    assert inputs[1]["Norm"] == inputs[0]["Norm"] == inputs[2]["Norm"]
+    # the inputs of calls 0, 3, 4 and 5 were read, and each call's output (a clone: new memory, in the
+    # input's layout); the inputs of 1 and 2 were not
+    inputs_read = [(128, 64), (128, 32), (128, 64), (64, 128)]
+    outputs_read = [(128, 64), (64, 128), (8192,), (128, 32), (128, 64), (64, 128)]
+    assert sorted(reads) == sorted(inputs_read + outputs_read)
