@@ -5,8 +5,8 @@ answer without the GIL, so a step is on disk, in order, when the writer's queue 
 One process serves every debugger of this process (tests make hundreds); it is started on first use and ends
 when the training process closes its stdin, at exit or at death.
 
-Where it cannot start (``MSPROBE_WRITER_PROCESS=0``, no usable ``sys.executable``, a platform without
-``subprocess``) or dies, ``send`` raises ``Unavailable`` and the writer thread writes the files itself, as it
+Where it cannot start (``MSPROBE_WRITER_PROCESS=0``, a ``sys.executable`` that is not a Python interpreter:
+a frozen application or a program that embeds Python; a platform without ``subprocess``) or dies, ``send`` raises ``Unavailable`` and the writer thread writes the files itself, as it
 always did: slower for training, never lost. A forked child of the training process (a DataLoader worker)
 never writes through its parent's pipe: it starts its own process if it needs one.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import re
 import sys
 import threading
 
@@ -66,10 +67,10 @@ class WritingProcess:
         if self._failed or not enabled():
             raise Unavailable()
         executable = sys.executable
-        if not executable or not os.path.exists(executable):
+        if not _is_python(executable):
             self._failed = True
-            logger.info("msprobe_runtime: no Python executable to start the writing process with; the writer "
-                        "thread writes the dumps")
+            logger.info("msprobe_runtime: no Python executable to start the writing process with (%r); the "
+                        "writer thread writes the dumps", executable)
             raise Unavailable()
         try:
             import subprocess
@@ -103,6 +104,15 @@ class WritingProcess:
             child, self._child = self._child, None
         if child is not None:
             _close(child)
+
+
+def _is_python(executable):
+    """Whether ``executable`` is a Python interpreter to run the child with: not a frozen application nor a
+    program that embeds Python (uWSGI, a C++ host), whose ``sys.executable`` is the program itself, which
+    started with our arguments would run something else entirely."""
+    if not executable or getattr(sys, "frozen", False) or not os.path.isfile(executable):
+        return False
+    return re.fullmatch(r"python[0-9.]*(\.exe)?", os.path.basename(executable), re.IGNORECASE) is not None
 
 
 def _close(child):

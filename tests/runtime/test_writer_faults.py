@@ -171,3 +171,23 @@ def test_the_flush_leaves_the_garbage_collector_as_it_found_it(tmp_path, enabled
             gc.enable()
     assert paused == [False, False]  # prepared on the training thread, with the collector paused
     assert _written_steps(tmp_path / "dump") == [0, 1]
+
+
+def test_a_program_that_is_not_python_is_never_started_as_the_writing_process(monkeypatch, tmp_path):
+    """A frozen application or a program that embeds Python has itself as ``sys.executable``: started with the
+    writing process's arguments it would run something else, so the writer thread writes instead."""
+    import sys
+
+    monkeypatch.delenv("MSPROBE_WRITER_PROCESS", raising=False)
+    writing_process.close_shared()
+    started = []
+    import subprocess
+
+    real_popen = subprocess.Popen
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: started.append(a) or real_popen(*a, **k))
+    monkeypatch.setattr(sys, "executable", "/bin/true")
+    dump = tmp_path / "dump"
+    _run_steps(PrecisionDebugger(dump_path=str(dump), level="L1"), 2)
+    assert _written_steps(dump) == [0, 1]
+    assert started == [] and writing_process.shared().pid() is None
+    writing_process.close_shared()
