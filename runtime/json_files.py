@@ -7,7 +7,9 @@ statistic) is the largest part of writing a step; in the training process it hel
 training thread then waited for after each torch op. In a process of its own it runs on another core.
 
 A job is ``(directory, [(file name, object), ...])``, marshalled (the records are plain lists, dicts, strings
-and numbers by then) behind an 8-byte length. The answer is ``(errno or -1 or 0, message)``: 0 when every
+and numbers by then) behind an 8-byte length. A record of a tensor that the native op read is still the tuple
+the training thread made (``records.native_record``): it becomes msprobe's record here (``expand``), in the
+process that writes, which is most of what turning a step's records into JSON used to cost the training thread. The answer is ``(errno or -1 or 0, message)``: 0 when every
 file is written, otherwise the error, which the writer thread raises as its own (docs: one loud message, the
 step not written, later steps tried again).
 """
@@ -47,10 +49,44 @@ def remove_quietly(path):
 
 
 def write_files(directory, files):
-    """Make ``directory`` and write each ``(name, object)`` of ``files`` into it, in order."""
+    """Make ``directory`` and write each ``(name, object)`` of ``files`` into it, in order (``expand``ed)."""
     os.makedirs(directory, exist_ok=True)
     for name, obj in files:
-        atomic_write_json(os.path.join(directory, name), obj)
+        atomic_write_json(os.path.join(directory, name), expand(obj))
+
+
+def tensor_json(type_name, dtype, shape, requires_grad, top, low, mean, norm, counts):
+    """msprobe's record of a tensor, in its key order (the one literal for it: ``records`` adds the optional
+    checksum and file name)."""
+    out = {"type": type_name, "dtype": dtype, "shape": list(shape), "Max": top, "Min": low, "Mean": mean,
+           "Norm": norm}
+    out["requires_grad"] = requires_grad
+    if counts is not None:
+        out["NaN_count"] = int(counts[0])
+        out["Inf_count"] = int(counts[1])
+    return out
+
+
+def native_json(record):
+    """The record of ``records.native_record``'s tuple ``(dtype, shape, requires_grad, scalar, row)``: ``row``
+    is Max, Min, Mean, Norm (a 0-d tensor's: its value first), then the NaN and Inf counts if any."""
+    dtype, shape, requires_grad, scalar, row = record
+    counts = row[4:6] if len(row) > 4 else None
+    if scalar:
+        return tensor_json("torch.Tensor", dtype, shape, requires_grad, row[0], row[0], row[0], row[0], counts)
+    return tensor_json("torch.Tensor", dtype, shape, requires_grad, row[0], row[1], row[2], row[3], counts)
+
+
+def expand(obj):
+    """``obj`` with every native record (the only tuples in a record) made into its dict."""
+    kind = type(obj)
+    if kind is tuple:
+        return native_json(obj)
+    if kind is list:
+        return [expand(o) for o in obj]
+    if kind is dict:
+        return {k: expand(v) for k, v in obj.items()}
+    return obj
 
 
 def encode(message):

@@ -4,12 +4,14 @@ Describing a value never reads a tensor's data: a tensor becomes a ``TensorRecor
 the slot where its statistics are being computed on the device. The writer thread resolves slots into numbers.
 A tensor the native op read at record time becomes a plain tuple instead (``native_record``), of strings and
 numbers only: the garbage collector stops tracking such a tuple at its first pass, so the records a step keeps
-until its flush do not pile up in its oldest generation, where they brought on full collections.
+until its flush do not pile up in its oldest generation, where they brought on full collections. It stays a
+tuple until the writing process makes it into msprobe's record (``json_files.native_json``).
 """
 from __future__ import annotations
 
 from .foreign import is_subclass, type_name
-from .statistics import KIND_BOOL, KIND_FLOAT, KIND_NO_MEAN, KIND_SCALAR, slot_values, split_row
+from .json_files import tensor_json
+from .statistics import KIND_BOOL, KIND_FLOAT, KIND_NO_MEAN, KIND_SCALAR, slot_values
 
 MAX_DEPTH = 32
 
@@ -40,14 +42,9 @@ class TensorRecord:
 
 def native_record(dtype, shape, requires_grad, kind, row):
     """The record of a tensor whose statistics the native op computed: ``(dtype name, shape tuple,
-    requires_grad, kind, row tuple)``, the row as ``StatBuffer.native`` gives it (counts at its end)."""
-    return (dtype, shape, requires_grad, kind, row)
-
-
-def native_json(record):
-    dtype, shape, requires_grad, kind, row = record
-    numbers, counts = split_row(kind, row)
-    return _json("torch.Tensor", dtype, shape, requires_grad, kind, numbers, counts, None, None)
+    requires_grad, 0-d, row tuple)``, the row as ``StatBuffer.native`` gives it (counts at its end). Left as it
+    is by ``resolve``: the writing process makes it into msprobe's record (``json_files.native_json``)."""
+    return (dtype, shape, requires_grad, kind == KIND_SCALAR, row)
 
 
 def _json(type_name, dtype, shape, requires_grad, kind, row, counts, checksum, data_name):
@@ -62,13 +59,7 @@ def _json(type_name, dtype, shape, requires_grad, kind, row, counts, checksum, d
         top = low = mean = norm = _num(row[0], dtype)
     elif kind == KIND_NO_MEAN:
         top, low = _num(row[0], dtype), _num(row[1], dtype)
-    # one literal, in msprobe's key order
-    out = {"type": type_name, "dtype": dtype, "shape": list(shape), "Max": top, "Min": low, "Mean": mean,
-           "Norm": norm}
-    out["requires_grad"] = requires_grad
-    if counts is not None:
-        out["NaN_count"] = int(counts[0])
-        out["Inf_count"] = int(counts[1])
+    out = tensor_json(type_name, dtype, shape, requires_grad, top, low, mean, norm, counts)
     if checksum is not None:
         out[checksum.key] = checksum.value()
     if data_name is not None:
@@ -88,12 +79,12 @@ def _num(value, dtype):
 
 def resolve(obj):
     """Replace every TensorRecord inside ``obj`` (the lists and dicts of an entry, all the collector's own) by
-    its JSON form."""
+    its JSON form; native records stay tuples (``json_files.expand`` makes them into theirs)."""
     kind = type(obj)
     if kind is TensorRecord:
         return obj.to_json()
-    if kind is tuple:  # nothing else in a record is a tuple
-        return native_json(obj)
+    if kind is tuple:  # a native record: made into its dict where it is written (json_files.expand)
+        return obj
     if kind is list:
         return [resolve(o) for o in obj]
     if kind is dict:
