@@ -25,30 +25,40 @@ def step(debugger, big):
 """
 
 
+def _spy_reads(monkeypatch, reader, what):
+    """Each tensor whose data ``StatBuffer.<reader>`` reads, as ``what(t)``."""
+    reads = []
+    original = getattr(statistics.StatBuffer, reader)
+
+    def spy(self, t, *rest):
+        reads.append(what(t))
+        return original(self, t, *rest)
+
+    monkeypatch.setattr(statistics.StatBuffer, reader, spy)
+    return reads
+
+
+def _run_instrumented(source, tmp_path, big):
+    """``source``'s step run as instrumented code (its globals hold the runtime: no observing mode records the
+    in-place ops); the step's dump.json data."""
+    debugger = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L1")
+    namespace = {"__msprobe__": rt, "torch": torch}
+    exec(compile(source, "<instrumented>", "exec"), namespace)
+    namespace["step"](debugger, big)
+    [directory] = glob.glob(os.path.join(str(tmp_path / "d"), "step0", "*"))
+    with open(os.path.join(directory, "dump.json")) as handle:
+        return json.load(handle)["data"]
+
+
 @pytest.mark.parametrize("path", ["native", "torch ops"])
 def test_reuse_serves_no_stale_value(tmp_path, monkeypatch, path):
     if path == "torch ops":
         monkeypatch.setattr(native_stats, "load", lambda: None)
     elif native_stats.load() is None:
         pytest.skip("the native statistics op cannot be built here")
-    reads = []
-    reader = "native" if path == "native" else "add"  # where the data of a float32 CPU tensor is read
-    original = getattr(statistics.StatBuffer, reader)
-
-    def spy(self, t, *rest):
-        reads.append(t.numel())
-        return original(self, t, *rest)
-
-    monkeypatch.setattr(statistics.StatBuffer, reader, spy)
-    big = torch.ones(8192)
-    debugger = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L1")
-    # run as instrumented code (its globals hold the runtime): no observing mode records the in-place ops
-    namespace = {"__msprobe__": rt, "torch": torch}
-    exec(compile(STEP, "<instrumented>", "exec"), namespace)
-    namespace["step"](debugger, big)
-    [directory] = glob.glob(os.path.join(str(tmp_path / "d"), "step0", "*"))
-    with open(os.path.join(directory, "dump.json")) as handle:
-        data = json.load(handle)["data"]
+    # where the data of a float32 CPU tensor is read
+    reads = _spy_reads(monkeypatch, "native" if path == "native" else "add", lambda t: t.numel())
+    data = _run_instrumented(STEP, tmp_path, torch.ones(8192))
     maxima = [data[f"Torch.clone.{i}.forward"]["input_args"][0]["Max"] for i in range(4)]
     assert maxima == [1.0, 1.0, 3.0, 15.0]
     # inputs of calls 0, 2 and 3 and the four outputs (each a new tensor) were read; call 1's input was not
@@ -74,22 +84,9 @@ def step(debugger, big):
 def test_a_view_of_the_same_elements_is_served_and_nothing_else(tmp_path, monkeypatch):
     if native_stats.load() is None:
         pytest.skip("the native statistics op cannot be built here")
-    reads = []
-    original = statistics.StatBuffer.native
-
-    def spy(self, t):
-        reads.append(tuple(t.shape))
-        return original(self, t)
-
-    monkeypatch.setattr(statistics.StatBuffer, "native", spy)
+    reads = _spy_reads(monkeypatch, "native", lambda t: tuple(t.shape))
     big = torch.arange(128 * 64, dtype=torch.float32).reshape(128, 64) - 100.0
-    debugger = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L1")
-    namespace = {"__msprobe__": rt, "torch": torch}
-    exec(compile(VIEWS, "<instrumented>", "exec"), namespace)
-    namespace["step"](debugger, big)
-    [directory] = glob.glob(os.path.join(str(tmp_path / "d"), "step0", "*"))
-    with open(os.path.join(directory, "dump.json")) as handle:
-        data = json.load(handle)["data"]
+    data = _run_instrumented(VIEWS, tmp_path, big)
     inputs = [data[f"Torch.clone.{i}.forward"]["input_args"][0] for i in range(6)]
     assert [i["shape"] for i in inputs] == [[128, 64], [64, 128], [8192], [128, 32], [128, 64], [64, 128]]
     top = 128 * 64 - 101.0

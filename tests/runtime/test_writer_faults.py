@@ -89,12 +89,19 @@ def _written_steps(dump):
                   for p in glob.glob(str(dump / "step*" / "*" / "dump.json")))
 
 
-def test_the_writing_process_writes_the_files_and_reports_its_failures(monkeypatch, tmp_path, caplog):
-    """A failure in the writing process (here a step folder that cannot be made: a file is in its place) is
-    the writer thread's failure, said once, and later steps are written again."""
+@pytest.fixture
+def fresh_process(monkeypatch, tmp_path):
+    """A writing process wanted (whatever the environment says), none started yet; the dump folder's path."""
     monkeypatch.delenv("MSPROBE_WRITER_PROCESS", raising=False)
     writing_process.close_shared()
-    dump = tmp_path / "dump"
+    yield tmp_path / "dump"
+    writing_process.close_shared()  # a process this test broke is not the next test's
+
+
+def test_the_writing_process_writes_the_files_and_reports_its_failures(fresh_process, caplog):
+    """A failure in the writing process (here a step folder that cannot be made: a file is in its place) is
+    the writer thread's failure, said once, and later steps are written again."""
+    dump = fresh_process
     debugger = PrecisionDebugger(dump_path=str(dump), level="L1")
 
     def block(step):
@@ -118,10 +125,8 @@ def test_the_writing_process_writes_the_files_and_reports_its_failures(monkeypat
     assert leftovers == []
 
 
-def test_a_writing_process_that_dies_loses_no_step(monkeypatch, tmp_path, caplog):
-    monkeypatch.delenv("MSPROBE_WRITER_PROCESS", raising=False)
-    writing_process.close_shared()
-    dump = tmp_path / "dump"
+def test_a_writing_process_that_dies_loses_no_step(fresh_process, caplog):
+    dump = fresh_process
     debugger = PrecisionDebugger(dump_path=str(dump), level="L1")
 
     def kill(step):
@@ -134,7 +139,6 @@ def test_a_writing_process_that_dies_loses_no_step(monkeypatch, tmp_path, caplog
     assert debugger._writer.errors == []
     assert len([r for r in caplog.records if "writing process ended" in r.getMessage()]) == 1
     assert writing_process.shared().pid() is None
-    writing_process.close_shared()  # the next test starts one again
 
 
 def test_without_the_writing_process_the_writer_thread_writes(monkeypatch, tmp_path):
@@ -173,21 +177,17 @@ def test_the_flush_leaves_the_garbage_collector_as_it_found_it(tmp_path, enabled
     assert _written_steps(tmp_path / "dump") == [0, 1]
 
 
-def test_a_program_that_is_not_python_is_never_started_as_the_writing_process(monkeypatch, tmp_path):
+def test_a_program_that_is_not_python_is_never_started_as_the_writing_process(monkeypatch, fresh_process):
     """A frozen application or a program that embeds Python has itself as ``sys.executable``: started with the
     writing process's arguments it would run something else, so the writer thread writes instead."""
     import sys
 
-    monkeypatch.delenv("MSPROBE_WRITER_PROCESS", raising=False)
-    writing_process.close_shared()
     started = []
     import subprocess
 
     real_popen = subprocess.Popen
     monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: started.append(a) or real_popen(*a, **k))
     monkeypatch.setattr(sys, "executable", "/bin/true")
-    dump = tmp_path / "dump"
-    _run_steps(PrecisionDebugger(dump_path=str(dump), level="L1"), 2)
-    assert _written_steps(dump) == [0, 1]
+    _run_steps(PrecisionDebugger(dump_path=str(fresh_process), level="L1"), 2)
+    assert _written_steps(fresh_process) == [0, 1]
     assert started == [] and writing_process.shared().pid() is None
-    writing_process.close_shared()
