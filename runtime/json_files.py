@@ -77,16 +77,24 @@ def native_json(record):
     return tensor_json("torch.Tensor", dtype, shape, requires_grad, row[0], row[1], row[2], row[3], counts)
 
 
-def expand(obj):
-    """``obj`` with every native record (the only tuples in a record) made into its dict."""
+def convert(obj, converters):
+    """``obj``, its lists and dicts copied, each other value whose exact type ``converters`` names replaced by
+    what that function makes of it (records hold only the runtime's own objects: no user type is asked)."""
     kind = type(obj)
-    if kind is tuple:
-        return native_json(obj)
     if kind is list:
-        return [expand(o) for o in obj]
+        return [convert(o, converters) for o in obj]
     if kind is dict:
-        return {k: expand(v) for k, v in obj.items()}
-    return obj
+        return {k: convert(v, converters) for k, v in obj.items()}
+    make = converters.get(kind)
+    return obj if make is None else make(obj)
+
+
+_NATIVE = {tuple: native_json}  # a native record is the only tuple in a record
+
+
+def expand(obj):
+    """``obj`` with every native record made into its dict."""
+    return convert(obj, _NATIVE)
 
 
 def encode(message):

@@ -10,7 +10,7 @@ tuple until the writing process makes it into msprobe's record (``json_files.nat
 from __future__ import annotations
 
 from .foreign import is_subclass, type_name
-from .json_files import tensor_json
+from .json_files import convert, tensor_json
 from .statistics import KIND_BOOL, KIND_FLOAT, KIND_NO_MEAN, KIND_SCALAR, slot_values
 
 MAX_DEPTH = 32
@@ -34,10 +34,26 @@ class TensorRecord:
         self.checksum = checksum  # checksums.Checksum (summary_mode md5 or fingerprint), or None
 
     def to_json(self):
+        kind, dtype = self.kind, self.dtype
         row = slot_values(self.slot) if self.slot is not None else None
         counts = slot_values(self.counts) if self.counts is not None else None
-        return _json(self.type, self.dtype, self.shape, self.requires_grad, self.kind, row, counts,
-                     self.checksum, self.data_name)
+        top = low = mean = norm = None
+        if row is None:
+            pass
+        elif kind == KIND_FLOAT:
+            top, low, mean, norm = row
+        elif kind == KIND_BOOL:
+            top, low = bool(row[0]), bool(row[1])
+        elif kind == KIND_SCALAR:
+            top = low = mean = norm = _num(row[0], dtype)
+        elif kind == KIND_NO_MEAN:
+            top, low = _num(row[0], dtype), _num(row[1], dtype)
+        out = tensor_json(self.type, dtype, self.shape, self.requires_grad, top, low, mean, norm, counts)
+        if self.checksum is not None:
+            out[self.checksum.key] = self.checksum.value()
+        if self.data_name is not None:
+            out["data_name"] = self.data_name
+        return out
 
 
 def native_record(dtype, shape, requires_grad, kind, row):
@@ -45,26 +61,6 @@ def native_record(dtype, shape, requires_grad, kind, row):
     requires_grad, 0-d, row tuple)``, the row as ``StatBuffer.native`` gives it (counts at its end). Left as it
     is by ``resolve``: the writing process makes it into msprobe's record (``json_files.native_json``)."""
     return (dtype, shape, requires_grad, kind == KIND_SCALAR, row)
-
-
-def _json(type_name, dtype, shape, requires_grad, kind, row, counts, checksum, data_name):
-    top = low = mean = norm = None
-    if row is None:
-        pass
-    elif kind == KIND_FLOAT:
-        top, low, mean, norm = row
-    elif kind == KIND_BOOL:
-        top, low = bool(row[0]), bool(row[1])
-    elif kind == KIND_SCALAR:
-        top = low = mean = norm = _num(row[0], dtype)
-    elif kind == KIND_NO_MEAN:
-        top, low = _num(row[0], dtype), _num(row[1], dtype)
-    out = tensor_json(type_name, dtype, shape, requires_grad, top, low, mean, norm, counts)
-    if checksum is not None:
-        out[checksum.key] = checksum.value()
-    if data_name is not None:
-        out["data_name"] = data_name
-    return out
 
 
 _INT_DTYPES = frozenset({"torch.int8", "torch.int16", "torch.int32", "torch.int64", "torch.uint8",
@@ -79,17 +75,12 @@ def _num(value, dtype):
 
 def resolve(obj):
     """Replace every TensorRecord inside ``obj`` (the lists and dicts of an entry, all the collector's own) by
-    its JSON form; native records stay tuples (``json_files.expand`` makes them into theirs)."""
-    kind = type(obj)
-    if kind is TensorRecord:
-        return obj.to_json()
-    if kind is tuple:  # a native record: made into its dict where it is written (json_files.expand)
-        return obj
-    if kind is list:
-        return [resolve(o) for o in obj]
-    if kind is dict:
-        return {k: resolve(v) for k, v in obj.items()}
-    return obj
+    its JSON form; native records stay tuples (``json_files.expand`` makes them into theirs where they are
+    written)."""
+    return convert(obj, _RESOLVE)
+
+
+_RESOLVE = {TensorRecord: TensorRecord.to_json}
 
 
 def describe_builtin(value):

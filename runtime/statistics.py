@@ -91,13 +91,6 @@ class Slot:
         return flat[self.offset:self.offset + self.width]
 
 
-def split_row(kind, row):
-    """A native row as ``(numbers, counts or None)``: Max, Min, Mean, Norm (a 0-d tensor: its value), then
-    the NaN and Inf counts where the row has them."""
-    counts = row[4:6] if len(row) > 4 else None
-    return (row[:1] if kind == KIND_SCALAR else row[:4]), counts
-
-
 def slot_values(slot):
     """The numbers of a record's statistics (writer thread only): a ``Slot``'s once flushed (None before),
     or the list itself where the native op computed them on the host at record time."""
@@ -149,7 +142,7 @@ class StatBuffer:
     def native(self, t):
         """``(kind, row)`` of ``t`` computed by the native op in one pass, or None where it does not serve (no
         op, another type, device or dtype, no readable data, no elements): ``row`` is Max, Min, Mean, Norm,
-        then the NaN and Inf counts when they are on (``split_row``). The op checks device, dtype and layout
+        then the NaN and Inf counts when they are on. The op checks device, dtype and layout
         itself, so the caller need not read any attribute first: for a tensor it serves, the kind is decided
         here from its dimension alone (float16, bfloat16, float32).
 
@@ -171,9 +164,10 @@ class StatBuffer:
         flush fills, or lists of numbers where the native op computed them already."""
         if kind == KIND_FLOAT or kind == KIND_SCALAR:
             done = self.native(t)
-            if done is not None:
-                numbers, counts = split_row(done[0], done[1])
-                return list(numbers), (list(counts) if counts is not None else None)
+            if done is not None:  # the row split into the slot's numbers and the count slot's
+                row = done[1]
+                return list(row[:1] if done[0] == KIND_SCALAR else row[:4]), (list(row[4:6]) if len(row) > 4
+                                                                              else None)
         import torch
 
         t = t.detach()

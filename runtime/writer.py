@@ -203,8 +203,8 @@ class Writer:
 
 def _encoded(directory, files):
     """The files as the writing process reads them, or None where marshal cannot hold them (a type it does
-    not know; never expected, as records are plain data) or no process is wanted: this thread writes them."""
-    if not writing_process.enabled():
+    not know; never expected, as records are plain data) or no process serves: this thread writes them."""
+    if not writing_process.shared().serves():
         return None
     try:
         return json_files.encode((directory, files))

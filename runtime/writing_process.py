@@ -61,10 +61,14 @@ class WritingProcess:
         if code:
             raise OSError(code if code > 0 else None, text)
 
+    def serves(self):
+        """Whether a child serves or may yet be started (a step's message is worth making)."""
+        return not self._failed and enabled()
+
     def _running(self):
         if self._child is not None:
             return self._child
-        if self._failed or not enabled():
+        if not self.serves():
             raise Unavailable()
         executable = sys.executable
         if not _is_python(executable):
@@ -124,11 +128,10 @@ def _close(child):
         child.wait(timeout=30)
     except Exception:  # noqa: BLE001 - a hung child is left to the system
         pass
-    for stream in (child.stdout,):
-        try:
-            stream.close()
-        except OSError:
-            pass
+    try:
+        child.stdout.close()
+    except OSError:
+        pass
 
 
 _shared = {"process": None, "pid": None}
