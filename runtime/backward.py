@@ -101,6 +101,9 @@ def _observe_api(collector, name, width, positions, grad_inputs, grad_outputs):
                 entry["input"][position] = describe(grad_outputs[output_nr],
                                                     collector.file_stem(name, "input", str(position)))
     if "output" in entry:
+        if not collector.tensor_task:  # no file names: the native op describes them in one call
+            entry["output"].extend(collector.describe_seq(grad_inputs, None))
+            return
         start = len(entry["output"])
         entry["output"].extend(describe(g, collector.file_stem(name, "output", str(start + i)))
                                for i, g in enumerate(grad_inputs))

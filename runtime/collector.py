@@ -21,7 +21,7 @@ from .call_stacks import Anchors
 from .records import TensorRecord, describe_builtin, native_record
 from .selection import Selection
 from .checksums import MODES as CHECKSUM_MODES, checksum_of
-from .statistics import KIND_EMPTY, StatBuffer, tensor_kind
+from .statistics import KIND_EMPTY, LATER, StatBuffer, tensor_kind
 
 logger = logging.getLogger("msprobe_runtime")
 
@@ -90,6 +90,8 @@ class Collector:
         self.stats = stats or StatBuffer(config.nan_inf_count)
         # statistics only (no tensor file, no checksum): the native op, where it serves, is a record's only read
         self.native_first = not self.tensor_task and self.checksum_mode is None
+        # a call's arguments and outputs described in one native call where it serves (describe_seq)
+        self._native_records = self.stats.native_records(_REUSE_MIN) if self.native_first else None
         modes = set(config.data_mode)
         everything = "all" in modes or not modes
         self.want_forward = everything or "forward" in modes or not ({"forward", "backward"} & modes)
@@ -487,18 +489,30 @@ class Collector:
     def describe_output(self, value, prefix):
         """msprobe's output field: always a list (a tuple's items, or the single value)."""
         if type(value) is _TENSOR:
-            return [self._tensor(value, f"{prefix}.0" if prefix is not None else None)]
+            if prefix is None:
+                return self.describe_seq((value,), None)
+            return [self._tensor(value, f"{prefix}.0")]
         items = sequence_items(value)
         if prefix is None:
             if items is not None:
-                return [self.describe(v, None, 1) for v in items]
+                return self.describe_seq(items, None)
             return [self.describe(value, None, 1)]
         if items is not None:
             return [self.describe(v, f"{prefix}.{i}", 1) for i, v in enumerate(items)]
         return [self.describe(value, f"{prefix}.0", 1)]
 
     def describe_seq(self, values, prefix):
+        """The records of a tuple's or list's items (``describe``); without file names, the native op makes
+        those it can in one call, and the rest are described here."""
         if prefix is None:
+            native = self._native_records
+            if native is not None and (type(values) is tuple or type(values) is list):
+                records, todo = native(values)
+                if todo:
+                    for i, record in enumerate(records):
+                        if record is LATER:
+                            records[i] = self.describe(values[i], None, 1)
+                return records
             return [self._tensor(v, None) if type(v) is _TENSOR else self.describe(v, None, 1) for v in values]
         return [self.describe(v, f"{prefix}.{i}", 1) for i, v in enumerate(values)]
 

@@ -49,6 +49,8 @@ logger = logging.getLogger("msprobe_runtime")
 
 SOURCE = r"""
 #include <torch/extension.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -232,8 +234,94 @@ std::vector<double> stats(const at::Tensor& input, bool counts) {
   return stats_of<c10::Half>(t, counts, repeat);
 }
 
+namespace {
+
+PyObject* dtype_name(at::ScalarType type) {  // str(dtype), "torch.float32", made once per dtype
+  static PyObject* names[static_cast<int>(at::ScalarType::NumOptions)] = {};
+  PyObject*& name = names[static_cast<int>(type)];
+  if (name == nullptr) {
+    name = PyObject_Str(reinterpret_cast<PyObject*>(torch::getTHPDtype(type)));
+    if (name == nullptr) throw py::error_already_set();
+  }
+  Py_INCREF(name);
+  return name;
+}
+
+// records.native_record's tuple for a plain tensor the op serves, else nullptr (no Python error set)
+PyObject* tensor_record(PyObject* item, bool counts, int64_t below) {
+  const at::Tensor& t = THPVariable_Unpack(item);
+  if (!readable(t)) return nullptr;
+  const int64_t n = t.numel();
+  if (n == 0 || n >= below) return nullptr;
+  const std::vector<double> row = stats(t, counts);
+  if (row.empty()) return nullptr;
+  const int64_t dim = t.dim();
+  PyObject* shape = PyTuple_New(dim);
+  if (shape == nullptr) throw py::error_already_set();
+  for (int64_t d = 0; d < dim; ++d) PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(t.size(d)));
+  PyObject* values = PyTuple_New(static_cast<Py_ssize_t>(row.size()));
+  for (size_t k = 0; k < row.size(); ++k) PyTuple_SET_ITEM(values, k, PyFloat_FromDouble(row[k]));
+  PyObject* out = PyTuple_New(5);
+  PyTuple_SET_ITEM(out, 0, dtype_name(t.scalar_type()));
+  PyTuple_SET_ITEM(out, 1, shape);
+  PyTuple_SET_ITEM(out, 2, PyBool_FromLong(t.requires_grad()));
+  PyTuple_SET_ITEM(out, 3, PyBool_FromLong(dim == 0));
+  PyTuple_SET_ITEM(out, 4, values);
+  return out;
+}
+
+PyObject* builtin_record(PyObject* item) {  // records.describe_builtin's {"type", "value"} for exact types
+  const char* type;
+  if (PyBool_Check(item)) type = "bool";
+  else if (PyLong_CheckExact(item)) type = "int";
+  else if (PyFloat_CheckExact(item)) type = "float";
+  else if (PyUnicode_CheckExact(item)) type = "str";
+  else return nullptr;
+  PyObject* out = PyDict_New();
+  PyObject* name = PyUnicode_InternFromString(type);
+  PyDict_SetItemString(out, "type", name);
+  Py_DECREF(name);
+  PyDict_SetItemString(out, "value", item);
+  return out;
+}
+
+}  // namespace
+
+// The records of a tuple or list of values (a call's arguments, or its outputs), as Collector.describe gives
+// them with no file names: a plain tensor under ``below`` elements that the op serves, None, and an exact bool,
+// int, float or str. Each other item is ``later`` in the list, for the caller to describe; the second item
+// of the result counts them. Looks at each value's type only, never at its attributes.
+py::tuple records(py::handle values, bool counts, int64_t below, py::handle later) {
+  PyObject* seq = values.ptr();
+  if (!PyTuple_CheckExact(seq) && !PyList_CheckExact(seq)) throw py::type_error("a tuple or a list");
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  py::list out(n);
+  Py_ssize_t todo = 0;
+  at::NoGradGuard no_grad;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* item = PySequence_Fast_GET_ITEM(seq, i);
+    PyObject* record = nullptr;
+    if (item == Py_None) {
+      Py_INCREF(Py_None);
+      record = Py_None;
+    } else if (THPVariable_CheckExact(item)) {
+      record = tensor_record(item, counts, below);
+    } else {
+      record = builtin_record(item);
+    }
+    if (record == nullptr) {
+      record = later.ptr();
+      Py_INCREF(record);
+      ++todo;
+    }
+    PyList_SET_ITEM(out.ptr(), i, record);
+  }
+  return py::make_tuple(out, todo);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("stats", &stats, "Max, Min, Mean, Norm, NaN and Inf counts of a CPU float tensor in one pass");
+  m.def("records", &records, "Records of a call's arguments or outputs: plain tensors, None and builtins");
 }
 """
 

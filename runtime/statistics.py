@@ -117,6 +117,9 @@ _STAGE_MAX_BYTES = 64 << 20
 _STAGE_FIRST_ROWS = 32
 
 
+LATER = object()  # an item StatBuffer.native_records left for the caller to describe
+
+
 class StatBuffer:
     """Pending slots of the current step, handed over as one device buffer per device at each flush."""
 
@@ -158,6 +161,15 @@ class StatBuffer:
         if not values:
             return None
         return (KIND_SCALAR if t.dim() == 0 else KIND_FLOAT), tuple(values)
+
+    def native_records(self, below):
+        """``records(values)``: the native op's records of a tuple or list of values, ``(list, todo)`` (see
+        ``native_stats.SOURCE``), for plain tensors of fewer than ``below`` elements, None and exact builtins;
+        each other item is ``LATER`` in the list, and ``todo`` counts them. None where there is no op."""
+        if self._native is None:
+            return None
+        native, counts = self._native.records, self.nan_inf_count
+        return lambda values: native(values, counts, below, LATER)
 
     def add(self, t, kind):
         """Launch the statistics of ``t``; returns ``(slot, count_slot or None)``: ``Slot`` objects that a

@@ -390,7 +390,9 @@ def test_error_inside_collection_is_logged_once_and_skipped(debuggers, tmp_path,
         raise RuntimeError("statistics exploded")
 
     monkeypatch.setattr(statistics.StatBuffer, "add", broken)
-    monkeypatch.setattr(statistics.StatBuffer, "native", broken)  # the native op's path, where it serves
+    monkeypatch.setattr(statistics.StatBuffer, "native", broken)  # the native op's paths, where it serves
+    monkeypatch.setattr(statistics.StatBuffer, "native_records",
+                        lambda self, below: lambda values: broken(self, values))
     calls = []
 
     def api(x):

@@ -4,6 +4,7 @@ Max, Min and the NaN/Inf counts must be equal; Mean and Norm equal within the ro
 (the fallback's float32 dot product is itself off by a few float32 ulps on large tensors, the op is not).
 Skipped where the op cannot be built (no compiler or ninja), unless MSPROBE_REQUIRE_NATIVE=1.
 """
+import enum
 import glob
 import json
 import logging
@@ -286,3 +287,48 @@ def test_a_cached_build_is_imported_without_building(native):
     loaded, seconds = done.stdout.split()
     assert loaded == "True" and "building" not in done.stderr, done.stderr
     assert float(seconds) < 5
+
+
+class _Level(enum.IntEnum):
+    HIGH = 3
+
+
+def test_records_in_one_call_equal_those_made_one_by_one(native, monkeypatch, tmp_path):
+    """A call's arguments and outputs described in one native call (``StatBuffer.native_records``) give the
+    dump that describing them one by one gives: the same op's numbers, so equal to the bit, and every value
+    it leaves to the caller (large tensors, other dtypes, subclasses, containers, enums) described as before."""
+    torch.manual_seed(0)
+    values = (torch.randn(3, 5), None, 7, 2.5, True, "mean", torch.tensor(1.5), torch.randn(5000),
+              torch.arange(6), torch.randn(4, dtype=torch.float64), torch.empty(0, 2), torch.randn(8).expand(3, 8),
+              torch.randn(6, 4).t(), torch.nn.Parameter(torch.randn(3)), torch.randn(4).as_subclass(_Subclass),
+              [torch.randn(2), 3], {"k": torch.randn(2)}, torch.float16, _Level.HIGH, torch.Size([2, 3]),
+              torch.randn(5, requires_grad=True), torch.tensor([1.0, float("nan"), float("inf")]).half())
+    calls = []
+    original = StatBuffer.native_records
+
+    def counting(self, below):
+        records = original(self, below)
+        return lambda values: calls.append(len(values)) or records(values)
+
+    def run(name):
+        config = tmp_path / f"{name}.json"
+        config.write_text(json.dumps({"dump_path": str(tmp_path / name), "level": "L1",
+                                      "statistics": {"nan_inf_count": True}}))
+        debugger = PrecisionDebugger(config_path=str(config))
+        debugger.start()
+        rt.call("Torch.broadcast_tensors", lambda *args: tuple(v for v in args if type(v) is torch.Tensor), *values)
+        debugger.stop()
+        debugger.wait()
+        [directory] = glob.glob(os.path.join(str(tmp_path / name), "step0", "*"))
+        with open(os.path.join(directory, "dump.json")) as handle:
+            return json.load(handle)["data"]
+
+    monkeypatch.setattr(StatBuffer, "native_records", counting)
+    mine = run("one call")
+    assert calls == [len(values), sum(type(v) is torch.Tensor for v in values)]  # inputs, outputs: one call each
+    monkeypatch.setattr(StatBuffer, "native_records", lambda self, below: None)
+    theirs = run("one by one")
+    assert mine == theirs
+    [entry] = mine.values()
+    assert len(entry["input_args"]) == len(values) and entry["input_args"][2] == {"type": "int", "value": 7}
+    assert entry["input_args"][0]["Max"] is not None and entry["output"][0] == entry["input_args"][0]
