@@ -20,12 +20,14 @@ _RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__))
 _OFFSETS = sys.version_info >= (3, 10)
 
 
-def capture(frame, anchor=None, outer=()):
-    """The stack from ``frame`` outwards as a flat tuple ``(code, position, code, position, ...)``.
+def capture(frame, anchor=None, outer=None):
+    """The stack from ``frame`` outwards as a pair ``((code, position, code, position, ...), outer)``.
 
     ``anchor``: a frame known to be on this stack whose own outer part is already captured as ``outer``
-    (``Anchors``); the walk stops there. A frame is compared by identity, and only while it runs, so a
-    stack that does not pass through ``anchor`` (another thread's) is walked to its end."""
+    (``Anchors``, a pair of the same form); the walk stops there, and the pair refers to ``outer`` rather
+    than copying it, so every call inside one module shares its outer part, and the resolver reads it once.
+    A frame is compared by identity, and only while it runs, so a stack that does not pass through
+    ``anchor`` (another thread's) is walked to its end (``outer`` None)."""
     raw = []
     append = raw.append
     count = 0
@@ -34,10 +36,10 @@ def capture(frame, anchor=None, outer=()):
         append(frame.f_code)
         append(frame.f_lasti if lasti else frame.f_lineno)
         if frame is anchor:
-            return tuple(raw) + outer
+            return tuple(raw), outer
         frame = frame.f_back
         count += 1
-    return tuple(raw)
+    return tuple(raw), None
 
 
 class Anchors:
@@ -84,32 +86,53 @@ class Anchors:
         if entry[1] is None:
             parent = self._anchored(index - 1)
             start = entry[0].f_back
-            entry[1] = capture(start) if parent < 0 else capture(start, *self._outer(parent))
+            entry[1] = capture(start) if parent < 0 else capture(start, *self._outer(parent))  # a pair
         return entry[0], entry[1]
 
 
 class Resolver:
-    """``resolve(raw)``: the (file, line, function) frames of a captured stack, without the runtime's own
+    """``resolve(stack)``: the (file, line, function) frames of a captured stack, without the runtime's own
     frames or nn.Module's call machinery, innermost first. One per writer; it remembers what it resolved
     across steps, since the same call sites come back every step.
 
-    Code objects are looked up by ``id``, never hashed: a code object's hash is computed from its contents
-    at every call (hundreds of nanoseconds for a large function), and this thread shares the GIL with
-    training. Every table keeps the code objects it names alive, so no id is taken by another meanwhile."""
+    Code objects and outer parts are looked up by ``id``, never hashed: a code object's hash is computed from
+    its contents at every call (hundreds of nanoseconds for a large function), and a stack's from its every
+    frame. Every table keeps what it names by id alive, so no id is taken by another meanwhile. Equal stacks
+    resolve to one tuple (interned), so a caller may group entries by the tuple's id; the tables start over
+    only in ``trim``, between steps, so that holds throughout a step."""
 
-    _LIMIT = 100_000  # stacks remembered; past it the table starts over
+    _LIMIT = 100_000  # stacks remembered; past it the tables start over
+    _OUTER_LIMIT = 4096  # outer parts remembered: new ones come with every step's module calls
 
     def __init__(self, skip_files=None):
         self.skip_files = frozenset(_module_call_files() if skip_files is None else skip_files)
-        self._codes = {}   # id(code) -> (code, kept, {position: line})
-        self._stacks = {}  # (code ids, positions) -> (raw, frames)
+        self._codes = {}     # id(code) -> (code, kept, {position: line})
+        self._stacks = {}    # (code ids, positions, id(outer frames)) -> (raw, outer frames, frames)
+        self._outers = {}    # id(outer pair) -> (outer pair, frames): one module call's outer part
+        self._interned = {}  # frames -> frames
 
-    def resolve(self, raw):
+    def trim(self):
+        """Start over where the tables grew past their limits (called between steps)."""
+        if len(self._outers) >= self._OUTER_LIMIT:
+            self._outers.clear()  # a key of ``_stacks`` names resolved frames, which ``_interned`` holds
+        if len(self._stacks) >= self._LIMIT:
+            self._stacks.clear()
+            self._interned.clear()
+
+    def resolve(self, stack):
+        raw, outer = stack
+        if outer is None:
+            outer_frames = ()
+        else:
+            known = self._outers.get(id(outer))
+            if known is None or known[0] is not outer:
+                known = self._outers[id(outer)] = (outer, self.resolve(outer))
+            outer_frames = known[1]
         codes, positions = raw[0::2], raw[1::2]
-        key = (tuple(map(id, codes)), positions)
+        key = (tuple(map(id, codes)), positions, id(outer_frames))
         known = self._stacks.get(key)
         if known is not None:
-            return known[1]
+            return known[2]
         frames = []
         for code, position in zip(codes, positions):
             info = self._code(code)
@@ -117,10 +140,9 @@ class Resolver:
                 frames.append((code.co_filename, self._line(info, position), code.co_name))
                 if len(frames) == MAX_FRAMES:
                     break
-        frames = tuple(frames)
-        if len(self._stacks) >= self._LIMIT:
-            self._stacks.clear()
-        self._stacks[key] = (raw, frames)
+        frames = (tuple(frames) + outer_frames)[:MAX_FRAMES]
+        frames = self._interned.setdefault(frames, frames)
+        self._stacks[key] = (raw, outer_frames, frames)
         return frames
 
     def _code(self, code):

@@ -73,7 +73,7 @@ class Writer:
         self._reported = set()
         self._failing = False
         self._resolver = None  # call_stacks.Resolver, made at the first write (torch is imported by then)
-        self._formatted = {}   # frames -> stack.json's lines, across steps (the same sites come back)
+        self._formatted = {}   # id(frames) -> (frames, stack.json's lines), across steps (the same sites come back)
         self._files_lock = threading.Lock()  # the resolver and its caches: this thread, or the training one
 
     def submit(self, job):
@@ -121,12 +121,13 @@ class Writer:
                      getattr(job, "directory", job), error)
 
     def _lines(self, frames):
-        lines = self._formatted.get(frames)
-        if lines is None:
+        # by id: the resolver gives equal stacks as one tuple, which this table holds alive
+        known = self._formatted.get(id(frames))
+        if known is None or known[0] is not frames:
             if len(self._formatted) >= 100_000:
                 self._formatted.clear()
-            lines = self._formatted[frames] = format_stack(frames)
-        return lines
+            known = self._formatted[id(frames)] = (frames, format_stack(frames))
+        return known[1]
 
     def prepare(self, job):
         """``job`` (a StepJob whose numbers are on the host) made into its files, on the calling thread.
@@ -161,11 +162,16 @@ class Writer:
         with self._files_lock:
             if self._resolver is None:
                 self._resolver = Resolver()
+            self._resolver.trim()
             stack_of = self._resolver.resolve
-            groups = {}
+            groups = {}  # by id: equal stacks are one tuple (Resolver)
             for name, raw in job.stacks.items():
-                groups.setdefault(stack_of(raw), []).append(name)
-            stack = {str(i): [names, self._lines(frames)] for i, (frames, names) in enumerate(groups.items())}
+                frames = stack_of(raw)
+                group = groups.get(id(frames))
+                if group is None:
+                    group = groups[id(frames)] = (frames, [])
+                group[1].append(name)
+            stack = {str(i): [names, self._lines(frames)] for i, (frames, names) in enumerate(groups.values())}
         dump = dict(job.header)
         if job.tensors or job.header.get("task") == "tensor":
             dump["dump_data_dir"] = os.path.join(job.directory, "dump_tensor_data")

@@ -52,7 +52,7 @@ def test_runtime_and_skipped_files_are_dropped_and_the_rest_capped():
     _nested(call_stacks.MAX_FRAMES + 10, deep)
     assert len(call_stacks.Resolver(skip_files=()).resolve(deep[0][1])) == call_stacks.MAX_FRAMES
     runtime_frame = (call_stacks.capture.__code__, 0)
-    assert call_stacks.Resolver(skip_files=()).resolve(runtime_frame + raw[:2]) == live[:1]
+    assert call_stacks.Resolver(skip_files=()).resolve((runtime_frame + raw[0][:2], None)) == live[:1]
 
 
 MODEL = '''
@@ -113,7 +113,7 @@ def test_stacks_through_module_anchors_equal_full_walks(tmp_path, monkeypatch):
     runs, through_anchor = {}, []
     capture = call_stacks.capture
 
-    def spy(frame, anchor=None, outer=()):
+    def spy(frame, anchor=None, outer=None):
         through_anchor.append(anchor is not None)
         return capture(frame, anchor, outer)
 
