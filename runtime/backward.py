@@ -19,7 +19,10 @@ def flat_tensors(value, out, depth=0):
     import torch
 
     kind = type(value)
-    if kind is torch.Tensor or is_subclass(kind, torch.Tensor):
+    if kind is torch.Tensor or value is None:
+        out.append(value)
+        return out
+    if is_subclass(kind, torch.Tensor):
         out.append(value)
         return out
     if depth < 8:

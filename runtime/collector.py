@@ -15,7 +15,7 @@ import torch
 
 from . import backward as bw
 from . import dump_names, operators
-from .foreign import (bound_self, is_subclass, key_text, mapping_items, method_name, own_parameters, parameters,
+from .foreign import (bound_self, children, is_subclass, key_text, mapping_items, method_name, own_parameters,
                       sequence_items, type_name)
 from .call_stacks import Anchors
 from .records import TensorRecord, describe_builtin, native_record
@@ -180,6 +180,7 @@ class Collector:
         self.pending_backward = {}  # module backward entries still waiting for some of their gradients
         self.param_waiters = {}  # id(parameter) -> callbacks waiting for its gradient's accumulation
         self.skipped_backward = set()  # backward entries that scope left out, this step
+        self._module_parameters = {}  # id(module) -> (module, its parameters, recursively): _parameters
         if self.selection is not None:
             self.selection.reset()
 
@@ -433,11 +434,15 @@ class Collector:
                 entry["input_kwargs"] = self.describe_map(kwargs, self.file_stem(name, "input"))
             if self.want_output:
                 entry["output"] = self.describe_output(result, self.file_stem(name, "output"))
-            params = {}
-            for param_name, param in own_parameters(module):
-                params[param_name] = self.describe(param, self.file_stem(name, "parameters", param_name))
-            if params:
-                entry["parameters"] = params
+            own = own_parameters(module)
+            if own:
+                if self.tensor_task:
+                    entry["parameters"] = {param_name: self.describe(param, self.file_stem(name, "parameters",
+                                                                                           param_name))
+                                           for param_name, param in own}
+                else:
+                    entry["parameters"] = dict(zip([param_name for param_name, _ in own],
+                                                   self.describe_seq([param for _, param in own], None)))
             with self._lock:
                 self.data[name] = entry
         if args is not None and self.want_backward and torch.is_grad_enabled():
@@ -449,8 +454,27 @@ class Collector:
                 backward_name = dump_names.module_backward(name)
                 self.backward_parents[backward_name] = parent
                 # wait for the parameters' accumulation only where their hooks report it (not for module_dump at L1)
-                params = [p for p in parameters(module) if p.requires_grad] if self.param_hooks else []
+                params = [p for p in self._parameters(module) if p.requires_grad] if self.param_hooks else []
                 bw.hook_module_backward(self, backward_name, inputs, outputs, params)
+
+    def _parameters(self, module):
+        """``module.parameters()`` (recursive, each parameter once, read by ``foreign``), made from its children's
+        lists where this step made them already (a module's forward ends after those of the modules it calls),
+        so the tree is walked once a step."""
+        known = self._module_parameters.get(id(module))
+        if known is not None and known[0] is module:
+            return known[1]
+        found, seen = [], set()
+        self._module_parameters[id(module)] = (module, found)  # held: no other module takes its id this step;
+        for _, param in own_parameters(module):                # and a module inside itself adds nothing twice
+            seen.add(id(param))
+            found.append(param)
+        for child in children(module):
+            for param in self._parameters(child):
+                if id(param) not in seen:
+                    seen.add(id(param))
+                    found.append(param)
+        return found
 
     def record_param_grad(self, prefix, param_name, param, grad):
         """One post-accumulate-grad hook call: ``{prefix}parameters_grad.{n}[param_name]``."""
@@ -517,6 +541,11 @@ class Collector:
         return [self.describe(v, f"{prefix}.{i}", 1) for i, v in enumerate(values)]
 
     def describe_map(self, values, prefix):
+        if prefix is None and self._native_records is not None:
+            items = mapping_items(values)
+            if items is not None:
+                items = list(items)
+                return dict(zip([key_text(k) for k, _ in items], self.describe_seq([v for _, v in items], None)))
         out = {}
         for k, v in mapping_items(values):
             text = key_text(k)

@@ -137,19 +137,6 @@ def own_parameters(module):
     return found
 
 
-def parameters(module):
-    """``module.parameters()`` (recursive, each parameter once), read from ``_modules`` and ``_parameters``."""
-    found, seen_modules, seen = [], set(), set()
-    stack = [module]
-    while stack:
-        current = stack.pop()
-        if id(current) in seen_modules:
-            continue
-        seen_modules.add(id(current))
-        for _, param in own_parameters(current):
-            if id(param) not in seen:
-                seen.add(id(param))
-                found.append(param)
-        children = mapping_items(instance_attribute(current, "_modules"))
-        stack.extend(reversed([child for _, child in children or () if child is not None]))
-    return found
+def children(module):
+    """``module.children()``, read from its ``_modules`` dict (unset entries left out)."""
+    return [child for _, child in mapping_items(instance_attribute(module, "_modules")) or () if child is not None]

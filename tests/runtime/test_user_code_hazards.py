@@ -167,3 +167,45 @@ def test_start_refuses_what_is_not_a_module(tmp_path):
         from fixtures.user_code_hazards.hazards import Keyed  # the plain fixture: only its class is needed
 
         debugger.start([torch.nn.Linear(2, 2), Keyed()])
+
+
+def test_a_modules_parameters_are_read_as_torch_lists_them(tmp_path):
+    """The parameters a module backward entry waits for (``Collector._parameters``, made bottom-up from the
+    lists of the modules inside, once a step) are ``nn.Module.parameters()``: recursive, each once, in its
+    order, with a shared submodule, a tied weight, an unset parameter and a module inside itself; read without
+    the module's methods (here ``parameters`` and ``__getattr__`` raise)."""
+
+    class Closed(torch.nn.Module):
+        armed = False  # set once the model is built (nn.Module's own set-up asks __getattr__)
+
+        def parameters(self, recurse=True):
+            raise AssertionError("the module's own parameters() ran")
+
+        def __getattr__(self, name):
+            if type(self).armed:
+                raise AssertionError(f"the module's __getattr__ ran for {name}")
+            return torch.nn.Module.__getattr__(self, name)
+
+    shared = torch.nn.Linear(3, 3)
+    outer = torch.nn.Sequential(torch.nn.Linear(3, 3), shared, torch.nn.Sequential(shared, torch.nn.ReLU()))
+    outer[0].register_parameter("unset", None)
+    tied = torch.nn.Linear(3, 3)
+    tied.weight = outer[0].weight
+    outer.append(tied)
+    outer.append(outer[2])  # the same container twice
+    outer[2].add_module("itself", outer[2])
+    closed = Closed()
+    closed.inner = outer
+    closed.own = torch.nn.Parameter(torch.randn(2))
+    expected = {id(m): [id(p) for p in torch.nn.Module.parameters(m)] for m in (closed, *outer.modules())}
+    Closed.armed = True
+    debugger = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="mix")
+    debugger.start(model=torch.nn.Linear(2, 2))
+    collector = debugger._collector
+    try:
+        # children first, as forwards end, then the outermost, whose list is made from theirs
+        for module in (*reversed(list(outer.modules())), closed):
+            assert [id(p) for p in collector._parameters(module)] == expected[id(module)]
+        assert collector._parameters(closed) is collector._parameters(closed)  # made once a step
+    finally:
+        debugger.stop()
