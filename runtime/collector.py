@@ -91,7 +91,7 @@ class Collector:
         # statistics only (no tensor file, no checksum): the native op, where it serves, is a record's only read
         self.native_first = not self.tensor_task and self.checksum_mode is None
         # a call's arguments and outputs described in one native call where it serves (describe_seq)
-        self._native_records = self.stats.native_records(_REUSE_MIN) if self.native_first else None
+        self._recorder = self.stats.native_recorder(_REUSE_MIN, _RECENT) if self.native_first else None
         modes = set(config.data_mode)
         everything = "all" in modes or not modes
         self.want_forward = everything or "forward" in modes or not ({"forward", "backward"} & modes)
@@ -176,6 +176,8 @@ class Collector:
         self.tensors = []
         self._recent = {}  # _reuse's tables: StatBuffer.add's slots, and the native op's numbers
         self._recent_native = {}
+        if self._recorder is not None:
+            self._recorder.clear()  # the native records' own table (describe_seq)
         self.backward_parents = {}  # backward entry -> parent module's forward entry
         self.pending_backward = {}  # module backward entries still waiting for some of their gradients
         self.param_waiters = {}  # id(parameter) -> callbacks waiting for its gradient's accumulation
@@ -529,19 +531,22 @@ class Collector:
         """The records of a tuple's or list's items (``describe``); without file names, the native op makes
         those it can in one call, and the rest are described here."""
         if prefix is None:
-            native = self._native_records
-            if native is not None and (type(values) is tuple or type(values) is list):
-                records, todo = native(values)
+            recorder = self._recorder
+            if recorder is not None and (type(values) is tuple or type(values) is list):
+                records, todo = recorder.records(values)
                 if todo:
                     for i, record in enumerate(records):
                         if record is LATER:
-                            records[i] = self.describe(values[i], None, 1)
+                            value = values[i]
+                            kind = type(value)
+                            records[i] = (self._tensor(value, None, False) if kind is _TENSOR or kind is _PARAMETER
+                                          else self.describe(value, None, 1))
                 return records
             return [self._tensor(v, None) if type(v) is _TENSOR else self.describe(v, None, 1) for v in values]
         return [self.describe(v, f"{prefix}.{i}", 1) for i, v in enumerate(values)]
 
     def describe_map(self, values, prefix):
-        if prefix is None and self._native_records is not None:
+        if prefix is None and self._recorder is not None:
             items = mapping_items(values)
             if items is not None:
                 items = list(items)
@@ -582,7 +587,14 @@ class Collector:
             return {"type": "torch.memory_format", "format": str(value)}
         return describe_builtin(value)
 
-    def _tensor(self, t, file_stem):
+    def _tensor(self, t, file_stem, native_records=True):
+        """The record of tensor ``t``; ``native_records``: the native Recorder may make it (not where it
+        declined it already)."""
+        recorder = self._recorder if native_records else None
+        if recorder is not None and (type(t) is _TENSOR or type(t) is _PARAMETER):
+            records, todo = recorder.records((t,))  # as describe_seq: the native op's record, and its reuse
+            if not todo:
+                return records[0]
         requires_grad = t.requires_grad
         if type(t) is not _TENSOR:
             local = _local_shard(t)

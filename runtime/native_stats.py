@@ -247,26 +247,18 @@ PyObject* dtype_name(at::ScalarType type) {  // str(dtype), "torch.float32", mad
   return name;
 }
 
-// records.native_record's tuple for a plain tensor the op serves, else nullptr (no Python error set)
-PyObject* tensor_record(PyObject* item, bool counts, int64_t below) {
-  const at::Tensor& t = THPVariable_Unpack(item);
-  if (!readable(t)) return nullptr;
-  const int64_t n = t.numel();
-  if (n == 0 || n >= below) return nullptr;
-  const std::vector<double> row = stats(t, counts);
-  if (row.empty()) return nullptr;
+PyObject* new_record(const at::Tensor& t, PyObject* row, bool scalar) {  // records.native_record's tuple
   const int64_t dim = t.dim();
   PyObject* shape = PyTuple_New(dim);
   if (shape == nullptr) throw py::error_already_set();
   for (int64_t d = 0; d < dim; ++d) PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(t.size(d)));
-  PyObject* values = PyTuple_New(static_cast<Py_ssize_t>(row.size()));
-  for (size_t k = 0; k < row.size(); ++k) PyTuple_SET_ITEM(values, k, PyFloat_FromDouble(row[k]));
   PyObject* out = PyTuple_New(5);
   PyTuple_SET_ITEM(out, 0, dtype_name(t.scalar_type()));
   PyTuple_SET_ITEM(out, 1, shape);
   PyTuple_SET_ITEM(out, 2, PyBool_FromLong(t.requires_grad()));
-  PyTuple_SET_ITEM(out, 3, PyBool_FromLong(dim == 0));
-  PyTuple_SET_ITEM(out, 4, values);
+  PyTuple_SET_ITEM(out, 3, PyBool_FromLong(scalar));
+  Py_INCREF(row);
+  PyTuple_SET_ITEM(out, 4, row);
   return out;
 }
 
@@ -285,43 +277,146 @@ PyObject* builtin_record(PyObject* item) {  // records.describe_builtin's {"type
   return out;
 }
 
+// A tensor recently read, as Collector._reuse remembers one: held, with its version counter then, where its
+// elements lie (when they fill one block of memory exactly once), and the row read.
+struct Recent {
+  at::Tensor tensor;
+  int64_t version;
+  bool placed;
+  const void* data;
+  int64_t numel;
+  at::ScalarType dtype;
+  py::object row;
+  bool scalar;
+};
+
 }  // namespace
 
-// The records of a tuple or list of values (a call's arguments, or its outputs), as Collector.describe gives
-// them with no file names: a plain tensor under ``below`` elements that the op serves, None, and an exact bool,
-// int, float or str. Each other item is ``later`` in the list, for the caller to describe; the second item
-// of the result counts them. Looks at each value's type only, never at its attributes.
-py::tuple records(py::handle values, bool counts, int64_t below, py::handle later) {
-  PyObject* seq = values.ptr();
-  if (!PyTuple_CheckExact(seq) && !PyList_CheckExact(seq)) throw py::type_error("a tuple or a list");
-  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-  py::list out(n);
-  Py_ssize_t todo = 0;
-  at::NoGradGuard no_grad;
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject* item = PySequence_Fast_GET_ITEM(seq, i);
-    PyObject* record = nullptr;
-    if (item == Py_None) {
-      Py_INCREF(Py_None);
-      record = Py_None;
-    } else if (THPVariable_CheckExact(item)) {
-      record = tensor_record(item, counts, below);
-    } else {
-      record = builtin_record(item);
+// Records of a call's arguments or outputs, as Collector.describe gives them with no file names: a plain
+// tensor that the op serves, None, and an exact bool, int, float or str. Each other item is ``later`` in the
+// list, for the caller to describe; the second item of the result counts them. Looks at each value's type
+// only, never at its attributes. A tensor of ``below`` elements or more is first looked for among the last
+// ``keep`` such tensors (Collector._reuse's rule: the same tensor at the same version, or one whose elements
+// are exactly the same block of memory at the same version: a transpose, a view, a detach), and its row
+// reused; ``clear`` forgets them (a new step). ``reads`` counts the tensors read, not those served again.
+class Recorder {
+ public:
+  Recorder(bool counts, int64_t below, size_t keep, py::object later)
+      : counts_(counts), below_(below), keep_(keep), later_(std::move(later)) {}
+
+  py::tuple records(py::handle values) {
+    PyObject* seq = values.ptr();
+    if (!PyTuple_CheckExact(seq) && !PyList_CheckExact(seq)) throw py::type_error("a tuple or a list");
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    py::list out(n);
+    Py_ssize_t todo = 0;
+    at::NoGradGuard no_grad;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      PyObject* item = PySequence_Fast_GET_ITEM(seq, i);
+      PyObject* record = nullptr;
+      if (item == Py_None) {
+        Py_INCREF(Py_None);
+        record = Py_None;
+      } else if (THPVariable_CheckExact(item)) {
+        try {
+          record = tensor_record(THPVariable_Unpack(item));
+        } catch (const py::error_already_set&) {
+          throw;
+        } catch (const std::exception&) {  // a layout it could not copy: the caller's torch ops serve it
+          record = nullptr;
+        }
+      } else {
+        record = builtin_record(item);
+      }
+      if (record == nullptr) {
+        record = later_.ptr();
+        Py_INCREF(record);
+        ++todo;
+      }
+      PyList_SET_ITEM(out.ptr(), i, record);
     }
-    if (record == nullptr) {
-      record = later.ptr();
-      Py_INCREF(record);
-      ++todo;
-    }
-    PyList_SET_ITEM(out.ptr(), i, record);
+    return py::make_tuple(out, todo);
   }
-  return py::make_tuple(out, todo);
-}
+
+  void clear() { recent_.clear(); }
+
+  int64_t reads() const { return reads_; }
+
+ private:
+  PyObject* read(const at::Tensor& t, py::object* row, bool* scalar) {
+    const std::vector<double> values = stats(t, counts_);
+    if (values.empty()) return nullptr;
+    ++reads_;
+    PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(values.size()));
+    if (tuple == nullptr) throw py::error_already_set();
+    for (size_t k = 0; k < values.size(); ++k) PyTuple_SET_ITEM(tuple, k, PyFloat_FromDouble(values[k]));
+    *row = py::reinterpret_steal<py::object>(tuple);
+    *scalar = t.dim() == 0;
+    return new_record(t, row->ptr(), *scalar);
+  }
+
+  PyObject* tensor_record(const at::Tensor& t) {
+    if (!readable(t)) return nullptr;
+    const int64_t n = t.numel();
+    if (n == 0) return nullptr;
+    py::object row;
+    bool scalar = false;
+    if (n < below_ || t.is_inference()) return read(t, &row, &scalar);
+    const int64_t version = t._version();
+    Recent* same = nullptr;
+    for (Recent& held : recent_) {
+      if (held.tensor.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+        if (held.version == version) return new_record(t, held.row.ptr(), held.scalar);
+        same = &held;
+        break;
+      }
+    }
+    const bool placed = !t.is_neg() && t.is_non_overlapping_and_dense();
+    const void* data = placed ? t.data_ptr() : nullptr;
+    const Recent* match = nullptr;
+    if (placed) {
+      for (const Recent& held : recent_) {
+        if (held.placed && held.data == data && held.numel == n && held.dtype == t.scalar_type() &&
+            held.version == version && held.tensor._version() == version) {
+          match = &held;
+          break;
+        }
+      }
+    }
+    PyObject* record;
+    if (match != nullptr) {
+      row = match->row;
+      scalar = match->scalar;
+      record = new_record(t, row.ptr(), scalar);
+    } else {
+      record = read(t, &row, &scalar);
+      if (record == nullptr) return nullptr;
+    }
+    Recent entry{t, version, placed, data, n, t.scalar_type(), row, scalar};
+    if (same != nullptr) {
+      *same = std::move(entry);  // where it was: the oldest goes first, as in a dict
+    } else {
+      recent_.push_back(std::move(entry));
+      if (recent_.size() > keep_) recent_.erase(recent_.begin());
+    }
+    return record;
+  }
+
+  bool counts_;
+  int64_t below_;
+  size_t keep_;
+  py::object later_;
+  std::vector<Recent> recent_;
+  int64_t reads_ = 0;
+};
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("stats", &stats, "Max, Min, Mean, Norm, NaN and Inf counts of a CPU float tensor in one pass");
-  m.def("records", &records, "Records of a call's arguments or outputs: plain tensors, None and builtins");
+  py::class_<Recorder>(m, "Recorder")
+      .def(py::init<bool, int64_t, size_t, py::object>())
+      .def("records", &Recorder::records, "Records of a call's arguments or outputs: plain tensors, None, builtins")
+      .def("clear", &Recorder::clear, "Forget the tensors read (a new step)")
+      .def_property_readonly("reads", &Recorder::reads, "Tensors read so far (not those served again)");
 }
 """
 

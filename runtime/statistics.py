@@ -117,7 +117,7 @@ _STAGE_MAX_BYTES = 64 << 20
 _STAGE_FIRST_ROWS = 32
 
 
-LATER = object()  # an item StatBuffer.native_records left for the caller to describe
+LATER = object()  # an item the native Recorder left for the caller to describe (StatBuffer.native_recorder)
 
 
 class StatBuffer:
@@ -162,14 +162,15 @@ class StatBuffer:
             return None
         return (KIND_SCALAR if t.dim() == 0 else KIND_FLOAT), tuple(values)
 
-    def native_records(self, below):
-        """``records(values)``: the native op's records of a tuple or list of values, ``(list, todo)`` (see
-        ``native_stats.SOURCE``), for plain tensors of fewer than ``below`` elements, None and exact builtins;
-        each other item is ``LATER`` in the list, and ``todo`` counts them. None where there is no op."""
+    def native_recorder(self, below, keep):
+        """The native op's ``Recorder``, or None where there is no op. ``recorder.records(values)`` gives the
+        records of a tuple or list of values as ``(list, todo)``: plain tensors it serves, None and exact
+        builtins; each other item is ``LATER`` in the list, and ``todo`` counts them. A tensor of ``below``
+        elements or more is looked for among the last ``keep`` it read, as ``Collector._reuse`` does;
+        ``recorder.clear()`` forgets them. See ``native_stats.SOURCE``."""
         if self._native is None:
             return None
-        native, counts = self._native.records, self.nan_inf_count
-        return lambda values: native(values, counts, below, LATER)
+        return self._native.Recorder(self.nan_inf_count, below, keep, LATER)
 
     def add(self, t, kind):
         """Launch the statistics of ``t``; returns ``(slot, count_slot or None)``: ``Slot`` objects that a

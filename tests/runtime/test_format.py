@@ -391,8 +391,15 @@ def test_error_inside_collection_is_logged_once_and_skipped(debuggers, tmp_path,
 
     monkeypatch.setattr(statistics.StatBuffer, "add", broken)
     monkeypatch.setattr(statistics.StatBuffer, "native", broken)  # the native op's paths, where it serves
-    monkeypatch.setattr(statistics.StatBuffer, "native_records",
-                        lambda self, below: lambda values: broken(self, values))
+
+    class BrokenRecorder:
+        def records(self, values):
+            broken(self, values)
+
+        def clear(self):
+            pass
+
+    monkeypatch.setattr(statistics.StatBuffer, "native_recorder", lambda self, below, keep: BrokenRecorder())
     calls = []
 
     def api(x):

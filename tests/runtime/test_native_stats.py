@@ -294,7 +294,7 @@ class _Level(enum.IntEnum):
 
 
 def test_records_in_one_call_equal_those_made_one_by_one(native, monkeypatch, tmp_path):
-    """A call's arguments and outputs described in one native call (``StatBuffer.native_records``) give the
+    """A call's arguments and outputs described in one native call (``StatBuffer.native_recorder``) give the
     dump that describing them one by one gives: the same op's numbers, so equal to the bit, and every value
     it leaves to the caller (large tensors, other dtypes, subclasses, containers, enums) described as before."""
     torch.manual_seed(0)
@@ -304,11 +304,18 @@ def test_records_in_one_call_equal_those_made_one_by_one(native, monkeypatch, tm
               [torch.randn(2), 3], {"k": torch.randn(2)}, torch.float16, _Level.HIGH, torch.Size([2, 3]),
               torch.randn(5, requires_grad=True), torch.tensor([1.0, float("nan"), float("inf")]).half())
     calls = []
-    original = StatBuffer.native_records
+    original = StatBuffer.native_recorder
 
-    def counting(self, below):
-        records = original(self, below)
-        return lambda values: calls.append(len(values)) or records(values)
+    class Counting:
+        def __init__(self, recorder):
+            self.recorder = recorder
+
+        def records(self, values):
+            calls.append(len(values))
+            return self.recorder.records(values)
+
+        def clear(self):
+            self.recorder.clear()
 
     def run(name):
         config = tmp_path / f"{name}.json"
@@ -323,10 +330,11 @@ def test_records_in_one_call_equal_those_made_one_by_one(native, monkeypatch, tm
         with open(os.path.join(directory, "dump.json")) as handle:
             return json.load(handle)["data"]
 
-    monkeypatch.setattr(StatBuffer, "native_records", counting)
+    monkeypatch.setattr(StatBuffer, "native_recorder", lambda self, *rest: Counting(original(self, *rest)))
     mine = run("one call")
-    assert calls == [len(values), sum(type(v) is torch.Tensor for v in values)]  # inputs, outputs: one call each
-    monkeypatch.setattr(StatBuffer, "native_records", lambda self, below: None)
+    # the inputs in one call, then the tensors inside the list and the dict, then the outputs in one call
+    assert calls == [len(values), 1, 1, sum(type(v) is torch.Tensor for v in values)]
+    monkeypatch.setattr(StatBuffer, "native_recorder", lambda self, *rest: None)
     theirs = run("one by one")
     assert mine == theirs
     [entry] = mine.values()
