@@ -133,3 +133,24 @@ def test_stacks_through_module_anchors_equal_full_walks(tmp_path, monkeypatch):
         assert anchored[name] and not any(line.startswith(f"File {RUNTIME}") for line in anchored[name]), name
     assert "in helper" in anchored["Torch.tanh.0.forward"][0]
     assert "in forward" in anchored["Functional.relu.1.forward"][0]
+
+
+def test_equal_stacks_resolve_to_one_tuple_whatever_their_outer_parts():
+    """Two module calls made from the same place have outer parts that are different objects with the same
+    frames; their stacks resolve to one tuple, which stack.json's grouping (by id) relies on, also after the
+    resolver's tables start over."""
+    seen = []
+    _nested(3, seen)
+    live, (inner, _) = seen[0]
+    outer = call_stacks.capture(sys._getframe())
+    twin = (tuple(list(outer[0])), outer[1])  # equal content, another object
+    resolver = call_stacks.Resolver(skip_files=())
+    first = resolver.resolve((inner, outer))
+    alone = call_stacks.Resolver(skip_files=())
+    assert first == (alone.resolve((inner, None)) + alone.resolve(outer))[:call_stacks.MAX_FRAMES]
+    assert first[:len(live)] == live[:call_stacks.MAX_FRAMES]
+    assert resolver.resolve((tuple(list(inner)), twin)) is first
+    resolver._LIMIT = resolver._OUTER_LIMIT = 0  # trim starts every table over
+    resolver.trim()
+    again = resolver.resolve((inner, twin))
+    assert again == first and resolver.resolve((inner, outer)) is again
