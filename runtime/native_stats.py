@@ -32,6 +32,13 @@ transposed or permuted tensor that fills one block of memory in place; other lay
 keeps the GIL: releasing it for large tensors measured no faster on bench/overhead.py's MLP, and handing the
 GIL back and forth with the writer thread can only delay the training thread.
 
+The op also makes the records themselves (``Recorder.records``, through ``StatBuffer.native_recorder``): a
+call's arguments or outputs, a tuple or list, in one call, each plain tensor it serves as
+``records.native_record``'s tuple, None and exact bool, int, float and str as their records; it looks at
+each value's type only and leaves anything else to the collector's Python. For tensors of 4 096 elements or
+more it keeps ``Collector._reuse``'s table and rule itself (the last 4 read; the same tensor or the same block
+of memory, at the same version counter), so a tensor and its views are recorded without a Python step.
+
 float32, float16 and bfloat16 go through the op; float64 and integer tensors keep the torch ops (their Mean
 and Norm are null anyway). CUDA and NPU tensors keep the torch-op path (a Triton kernel is not written yet).
 """
