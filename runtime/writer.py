@@ -75,17 +75,65 @@ class Writer:
         self._resolver = None  # call_stacks.Resolver, made at the first write (torch is imported by then)
         self._formatted = {}   # id(frames) -> (frames, stack.json's lines), across steps (the same sites come back)
         self._files_lock = threading.Lock()  # the resolver and its caches: this thread, or the training one
+        self._report_lock = threading.Lock()  # errors: this thread, or a training thread reading posts' answers
 
     def submit(self, job):
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="msprobe-runtime-writer", daemon=True)
-            self._thread.start()
-        self._queue.put(job)
+        """Write ``job`` in the background. A prepared step (its message made, no tensor files) is posted to
+        the writing process here when that cannot block (``WritingProcess.post``) and nothing is queued before
+        it; everything else goes to the writer thread, in order."""
+        if type(job) is PreparedJob and job.message is not None and not job.tensors and self._idle():
+            try:
+                if self._post(job):
+                    return
+            except Exception as error:  # never into the training loop: the writer thread takes the job
+                logger.debug("msprobe_runtime: posting a step failed (%s)", error)
+        self.submit_to_thread(job)
+
+    def _idle(self):
+        # no job queued or being written (a stale answer only sends this job the slow way)
+        return self._queue.unfinished_tasks == 0
+
+    def _post(self, job):
+        try:
+            posted, answers = writing_process.shared().post(self, job.directory, job.message)
+        except writing_process.Unavailable as gone:
+            self._write_unanswered(gone.unwritten, queue=True)
+            return False
+        _report(answers)
+        return posted
 
     def wait(self):
         """Block until every submitted job is on disk (tests and interpreter exit call this)."""
         if self._thread is not None:
             self._queue.join()
+        try:
+            answers = writing_process.shared().collect()
+        except writing_process.Unavailable as gone:
+            self._write_unanswered(gone.unwritten)
+            return
+        _report(answers)
+
+    def _write_unanswered(self, unwritten, queue=False):
+        """Steps posted to a writing process that died before it answered: written by the writer thread
+        (``queue``: the training thread found them) or here, each reported to the writer that posted it."""
+        for owner, directory, message in unwritten:
+            job = PreparedJob(directory, None, message, ())
+            if queue:
+                owner.submit_to_thread(job)
+                continue
+            try:
+                owner.write_files(directory, None, message=message)
+            except Exception as error:  # noqa: BLE001 - reported as the writer thread reports it
+                owner._failed(job, error)
+            else:
+                owner._written(directory)
+
+    def submit_to_thread(self, job):
+        """Queue ``job`` for the writer thread (started on first use)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="msprobe-runtime-writer", daemon=True)
+            self._thread.start()
+        self._queue.put(job)
 
     def _run(self):
         while True:
@@ -96,25 +144,31 @@ class Writer:
             sys.setswitchinterval(min(interval, _WRITER_SWITCH_INTERVAL))
             try:
                 self._write(job)
-                if self._failing:
-                    self._failing = False
-                    logger.warning("msprobe_runtime: writing dumps works again (%s); %d step(s) before it were "
-                                   "not written", job.directory, len(self.errors))
+                self._written(job.directory)
             except Exception as error:  # never let the writer die, nor the training loop see it
                 self._failed(job, error)
             finally:
                 sys.setswitchinterval(interval)
                 self._queue.task_done()
 
+    def _written(self, directory):
+        with self._report_lock:
+            if not self._failing:
+                return
+            self._failing = False
+            logger.warning("msprobe_runtime: writing dumps works again (%s); %d step(s) before it were not "
+                           "written", directory, len(self.errors))
+
     def _failed(self, job, error):
         """One loud message for the first failure of a kind (a full disk, a permission): later steps are still
         tried, each on its own, so collection resumes once the cause is gone; their failures are counted."""
-        self.errors.append(error)
-        self._failing = True
-        kind = (type(error).__name__, getattr(error, "errno", None))
-        if kind in self._reported:
-            return
-        self._reported.add(kind)
+        with self._report_lock:
+            self.errors.append(error)
+            self._failing = True
+            kind = (type(error).__name__, getattr(error, "errno", None))
+            if kind in self._reported:
+                return
+            self._reported.add(kind)
         logger.error("msprobe_runtime: writing the dump of %s failed: %s. Steps written before it are complete; "
                      "this step is not written (no partial file is left), and each later step is tried again "
                      "(further failures of this kind are not reported one by one).",
@@ -198,13 +252,26 @@ class Writer:
             message = _encoded(directory, files)
         if message is not None:
             try:
-                writing_process.shared().send(message)
+                answers, error = writing_process.shared().send(message)
+            except writing_process.Unavailable as gone:
+                self._write_unanswered(gone.unwritten)  # posted before this one: written first, in order
+            else:
+                _report(answers)
+                if error is not None:
+                    raise error
                 return
-            except writing_process.Unavailable:
-                pass
         if files is None:
             directory, files = json_files.decode(message)
         json_files.write_files(directory, files)
+
+
+def _report(answers):
+    """The answers of steps posted to the writing process, each to the writer that posted it."""
+    for owner, directory, error in answers:
+        if error is None:
+            owner._written(directory)
+        else:
+            owner._failed(directory, error)
 
 
 def _encoded(directory, files):

@@ -1,7 +1,10 @@
 """The writing process: one child interpreter per training process that encodes and writes the JSON files.
 
-The writer thread hands it each step's files (``json_files``: marshalled, behind a length) and waits for its
-answer without the GIL, so a step is on disk, in order, when the writer's queue is done with it, as before.
+Each step's files reach it marshalled, behind a length (``json_files``): posted by the training thread at
+the flush where that cannot block (``post``: the child idle, the pipe, enlarged to 1 MiB on Linux, large
+enough), else sent by the writer thread, which waits for the answer without the GIL. Answers are read in
+order, the posted ones later (the next post, the writer thread, or ``Writer.wait``), so a step is on disk, in
+order, when ``wait()`` returns, as before.
 One process serves every debugger of this process (tests make hundreds); it is started on first use and ends
 when the training process closes its stdin, at exit or at death.
 
@@ -26,7 +29,12 @@ _SCRIPT = os.path.abspath(json_files.__file__)
 
 
 class Unavailable(Exception):
-    """No writing process serves: the caller writes the files itself."""
+    """No writing process serves: the caller writes the files itself, and those of ``unwritten``: the
+    ``(owner, directory, message)`` of messages posted earlier whose answer never came (the process died)."""
+
+    def __init__(self, unwritten=()):
+        super().__init__()
+        self.unwritten = list(unwritten)
 
 
 def enabled():
@@ -34,32 +42,98 @@ def enabled():
 
 
 class WritingProcess:
-    """The child, its pipes, and one job in flight at a time (the lock)."""
+    """The child, its pipes (one writer at a time: the lock), and the messages posted whose answers are due.
+
+    Two ways in: ``send`` (the writer thread) writes a message and waits for its answer; ``post`` (the
+    training thread, at a flush) writes one without waiting, and only where that cannot block, so that the
+    writer thread need not wake up, take the GIL from training and hand it back, several times a step. The
+    answers of posted messages are read later, in order: by the next ``post`` where they have come, by
+    ``send``, or by ``collect`` (``Writer.wait``). Each keeps its message until then, so that a child that
+    dies loses no step: the messages it did not answer are written by the caller (``Unavailable.unwritten``).
+    """
 
     def __init__(self):
         self._lock = threading.Lock()
         self._child = None
         self._failed = False  # it could not start, or died: never tried again in this process
+        self._due = []  # (owner, directory, message) posted, in order, whose answers are not read yet
+        self._capacity = 0  # bytes the pipe to the child holds (enlarged where the system allows): post's bound
 
     def send(self, message):
         """Have the child write the files of ``message`` (``json_files.encode((directory, files))``); returns
-        once they are on disk. Raises OSError as the write raised it there, and ``Unavailable`` when no child
-        serves."""
+        once they are on disk: ``(answers, error)``, the answers of earlier posted messages (as ``collect``)
+        and the OSError the write raised there, or None. Raises ``Unavailable`` when no child serves."""
         with self._lock:
             child = self._running()
+            answers = self._read_due(child, block=True)
             try:
                 child.stdin.write(message)
                 child.stdin.flush()
-                answer = json_files.read_message(child.stdout)
+                answer = _read_answer(child)
             except (OSError, ValueError) as error:  # a broken pipe: it died
                 self._gone(f"{type(error).__name__}: {error}")
-                raise Unavailable() from error
+                raise Unavailable(self._take_due()) from error
             if answer is None:
                 self._gone(f"exit status {child.poll()}")
-                raise Unavailable()
-        code, text = answer
-        if code:
-            raise OSError(code if code > 0 else None, text)
+                raise Unavailable(self._take_due())
+        return answers, _error_of(answer)
+
+    def post(self, owner, directory, message):
+        """Write ``message`` to the child without waiting for its answer, if that cannot block: a child runs,
+        no other thread is writing to it, every earlier answer has come (so the child is idle and the pipe
+        empty), and the pipe holds the whole message. Returns ``(posted, answers)``: ``answers`` are the
+        ``(owner, directory, OSError or None)`` of earlier posts read here (``owner``: whoever posted, to
+        report it). Raises ``Unavailable`` (with the messages it did not answer) when the child died."""
+        if not self._lock.acquire(blocking=False):
+            return False, []
+        try:
+            child = self._child
+            if child is None or len(message) > self._capacity:
+                return False, []
+            answers = self._read_due(child, block=False)
+            if self._due:
+                return False, answers  # the child is still writing an earlier step
+            try:
+                child.stdin.write(message)
+                child.stdin.flush()
+            except (OSError, ValueError) as error:
+                self._gone(f"{type(error).__name__}: {error}")
+                raise Unavailable() from error
+            self._due.append((owner, directory, message))
+            return True, answers
+        finally:
+            self._lock.release()
+
+    def collect(self):
+        """Wait for the answers of every posted message: ``[(owner, directory, OSError or None)]``. Raises
+        ``Unavailable`` (with the messages it did not answer) when the child died."""
+        with self._lock:
+            child = self._child
+            if child is None:
+                return []
+            return self._read_due(child, block=True)
+
+    def _read_due(self, child, block):
+        answers = []
+        while self._due:
+            if not block and not _answer_waiting(child):
+                break
+            try:
+                answer = _read_answer(child)
+            except (OSError, ValueError) as error:
+                answer, why = None, f"{type(error).__name__}: {error}"
+            else:
+                why = f"exit status {child.poll()}"
+            if answer is None:
+                self._gone(why)
+                raise Unavailable(self._take_due())
+            owner, directory, _ = self._due.pop(0)
+            answers.append((owner, directory, _error_of(answer)))
+        return answers
+
+    def _take_due(self):
+        due, self._due = self._due, []
+        return due
 
     def serves(self):
         """Whether a child serves or may yet be started (a step's message is worth making)."""
@@ -87,6 +161,7 @@ class WritingProcess:
             logger.info("msprobe_runtime: the writing process could not start (%s); the writer thread writes "
                         "the dumps", error)
             raise Unavailable() from error
+        self._capacity = _enlarge(self._child.stdin.fileno())
         return self._child
 
     def _gone(self, why):
@@ -108,6 +183,51 @@ class WritingProcess:
             child, self._child = self._child, None
         if child is not None:
             _close(child)
+
+
+_PIPE_BYTES = 1 << 20  # Linux's default limit for an unprivileged process (/proc/sys/fs/pipe-max-size)
+
+
+def _enlarge(fd):
+    """Make the pipe to the child hold a step's message (Linux's F_SETPIPE_SZ); the bytes it holds, or 0
+    where the size cannot be set or known (then nothing is posted: the writer thread sends every message)."""
+    try:
+        import fcntl
+
+        return fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+    except (ImportError, AttributeError, OSError):
+        return 0
+
+
+def _answer_waiting(child):
+    """Whether the child's next answer can be read now (an answer is one write of a few bytes: whole)."""
+    import select
+
+    try:
+        return bool(select.select([child.stdout.fileno()], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True  # let the read find out what is wrong
+
+
+def _read_answer(child):
+    """The child's next answer, read from its raw pipe: a buffered read could take in the answer after it
+    too, which ``_answer_waiting`` would then not see. None where the pipe ended."""
+    return json_files.read_message(_RawReader(child.stdout.fileno()))
+
+
+class _RawReader:
+    __slots__ = ("fd",)
+
+    def __init__(self, fd):
+        self.fd = fd
+
+    def read(self, size):
+        return os.read(self.fd, size)
+
+
+def _error_of(answer):
+    code, text = answer
+    return OSError(code if code > 0 else None, text) if code else None
 
 
 def _is_python(executable):

@@ -191,3 +191,53 @@ def test_a_program_that_is_not_python_is_never_started_as_the_writing_process(mo
     _run_steps(PrecisionDebugger(dump_path=str(fresh_process), level="L1"), 2)
     assert _written_steps(fresh_process) == [0, 1]
     assert started == [] and writing_process.shared().pid() is None
+
+
+def test_steps_posted_by_the_training_thread_are_written_in_order(fresh_process, monkeypatch):
+    """A prepared step is posted to the writing process at the flush, without the writer thread, where that
+    cannot block; its answer is read later (the next post, or wait). Every step lands, in order."""
+    dump = fresh_process
+    posted = []
+    real_post = writing_process.WritingProcess.post
+
+    def spy(self, owner, directory, message):
+        answer = real_post(self, owner, directory, message)
+        posted.append(answer[0])
+        return answer
+
+    monkeypatch.setattr(writing_process.WritingProcess, "post", spy)
+    debugger = PrecisionDebugger(dump_path=str(dump), level="L1")
+    _run_steps(debugger, 1)  # the first step starts the process, through the writer thread
+    x = torch.ones(3)
+    for _ in range(3):  # no wait: a step is posted, or queued behind what the writer thread still has
+        debugger.start()
+        torch.relu(x)
+        debugger.stop()
+        debugger.step()
+    debugger.wait()
+    assert _written_steps(dump) == [0, 1, 2, 3]
+    assert posted[:2] == [False, True]  # step 0: no process yet; step 1, after a wait: posted
+    assert writing_process.shared().collect() == []  # wait read every answer
+    assert debugger._writer.errors == []
+
+
+def test_a_posted_step_whose_process_dies_unanswered_is_written_anyway(fresh_process, caplog):
+    dump = fresh_process
+    debugger = PrecisionDebugger(dump_path=str(dump), level="L1")
+    _run_steps(debugger, 1)  # starts the process
+    pid = writing_process.shared().pid()
+    os.kill(pid, signal.SIGSTOP)  # it cannot read what is posted next
+    try:
+        x = torch.ones(3)
+        debugger.start()
+        torch.relu(x)
+        debugger.stop()
+        debugger.step()
+        assert writing_process.shared()._due  # posted, not answered
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    with caplog.at_level(logging.WARNING, logger="msprobe_runtime"):
+        debugger.wait()
+    assert _written_steps(dump) == [0, 1]
+    assert debugger._writer.errors == []
+    assert len([r for r in caplog.records if "writing process ended" in r.getMessage()]) == 1
