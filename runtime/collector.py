@@ -174,6 +174,7 @@ class Collector:
         self.stacks = {}
         self.construct = {}
         self.tensors = []
+        self.tensor_records = 0  # TensorRecords made this step (none: the flush need not look for them)
         self._recent = {}  # _reuse's tables: StatBuffer.add's slots, and the native op's numbers
         self._recent_native = {}
         if self._recorder is not None:
@@ -625,6 +626,7 @@ class Collector:
             if readable is None:  # empty or complex: no statistics, but bytes to hash where there are any
                 readable = t.numel() == 0 or self._has_readable_data(t)
             checksum = checksum_of(t, self.checksum_mode, readable, self.stats)
+        self.tensor_records += 1
         return TensorRecord("torch.Tensor", _dtype_name(t.dtype), tuple(t.shape), requires_grad, kind, slot,
                             counts, data_name, checksum)
 

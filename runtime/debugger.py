@@ -342,6 +342,7 @@ class PrecisionDebugger:
         dump = dump and self.config.level != "debug"
         if dump:
             data, stacks, construct, tensors = collector.snapshot(handover)
+            plain = collector.tensor_records == 0  # read after: a record made meanwhile only counts against
         else:
             with collector._lock:
                 tensors, collector.tensors = collector.tensors, []
@@ -357,7 +358,7 @@ class PrecisionDebugger:
         if dump:
             header = {"task": self.config.task, "level": self.config.level, "framework": "pytorch",
                       "dump_data_dir": None}
-            job = StepJob(directory, header, data, stacks, construct, tensors)
+            job = StepJob(directory, header, data, stacks, construct, tensors, plain)
             if on_host and collector.checksum_mode is None:
                 # every number is here: made into files now, in one go (writer.py says why not on its thread)
                 try:

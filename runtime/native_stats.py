@@ -200,16 +200,19 @@ std::vector<double> stats_of(const at::Tensor& t, bool counts, double repeat) {
   return out;
 }
 
-bool readable(const at::Tensor& t) {
+bool own_cpu_data(const at::Tensor& t) {
   if (!t.defined() || t.layout() != at::kStrided || !t.device().is_cpu() || t.is_quantized() || t.is_nested() ||
       !t.has_storage())
     return false;
   const c10::DispatchKeySet keys = t.key_set();
   // a tensor whose data is somewhere else (a Python subclass, functionalization, functorch's wrappers)
-  if (keys.has(c10::DispatchKey::Python) || keys.has(c10::DispatchKey::Functionalize) ||
-      keys.has(c10::DispatchKey::FuncTorchBatched) || keys.has(c10::DispatchKey::FuncTorchGradWrapper) ||
-      keys.has(c10::DispatchKey::ZeroTensor))
-    return false;
+  return !(keys.has(c10::DispatchKey::Python) || keys.has(c10::DispatchKey::Functionalize) ||
+           keys.has(c10::DispatchKey::FuncTorchBatched) || keys.has(c10::DispatchKey::FuncTorchGradWrapper) ||
+           keys.has(c10::DispatchKey::ZeroTensor));
+}
+
+bool readable(const at::Tensor& t) {
+  if (!own_cpu_data(t)) return false;
   const at::ScalarType type = t.scalar_type();
   return type == at::kFloat || type == at::kBFloat16 || type == at::kHalf;
 }
@@ -282,6 +285,39 @@ PyObject* builtin_record(PyObject* item) {  // records.describe_builtin's {"type
   Py_DECREF(name);
   PyDict_SetItemString(out, "value", item);
   return out;
+}
+
+PyObject* long_of(const at::Tensor& value) {
+  PyObject* out = PyLong_FromLongLong(value.item<int64_t>());
+  if (out == nullptr) throw py::error_already_set();
+  return out;
+}
+
+// The record of a non-empty CPU tensor of bool or of a signed or 8-bit unsigned integer type, as the
+// collector's torch ops give it (statistics.tensor_kind): Max and Min (``any`` and ``all`` for bool, also
+// 0-d), or a 0-d integer's value as all four; no Mean, Norm nor NaN/Inf counts. By ATen's own reductions:
+// these tensors are few and small (token ids, masks). Else nullptr.
+PyObject* integral_record(const at::Tensor& t) {
+  const at::ScalarType type = t.scalar_type();
+  const bool is_bool = type == at::kBool;
+  if (!is_bool && type != at::kByte && type != at::kChar && type != at::kShort && type != at::kInt &&
+      type != at::kLong)
+    return nullptr;
+  if (!own_cpu_data(t) || t.numel() == 0) return nullptr;
+  bool scalar = false;
+  py::object row;
+  if (is_bool) {
+    row = py::make_tuple(py::bool_(t.any().item<bool>()), py::bool_(t.all().item<bool>()), py::none(), py::none());
+  } else if (t.dim() == 0) {
+    scalar = true;
+    row = py::reinterpret_steal<py::object>(PyTuple_Pack(1, py::reinterpret_steal<py::object>(long_of(t)).ptr()));
+  } else {
+    const auto extremes = at::aminmax(t);
+    py::object top = py::reinterpret_steal<py::object>(long_of(std::get<1>(extremes)));
+    py::object low = py::reinterpret_steal<py::object>(long_of(std::get<0>(extremes)));
+    row = py::make_tuple(top, low, py::none(), py::none());
+  }
+  return new_record(t, row.ptr(), scalar);
 }
 
 // A tensor recently read, as Collector._reuse remembers one: held, with its version counter then, where its
@@ -363,7 +399,7 @@ class Recorder {
   }
 
   PyObject* tensor_record(const at::Tensor& t) {
-    if (!readable(t)) return nullptr;
+    if (!readable(t)) return integral_record(t);
     const int64_t n = t.numel();
     if (n == 0) return nullptr;
     py::object row;

@@ -39,15 +39,16 @@ def format_stack(frames):
 class StepJob:
     """Everything the writer needs for one flush of one step, snapshotted on the training thread."""
 
-    __slots__ = ("directory", "header", "data", "stacks", "construct", "tensors")
+    __slots__ = ("directory", "header", "data", "stacks", "construct", "tensors", "plain")
 
-    def __init__(self, directory, header, data, stacks, construct, tensors):
+    def __init__(self, directory, header, data, stacks, construct, tensors, plain=False):
         self.directory = directory
         self.header = header
         self.data = data
         self.stacks = stacks
         self.construct = construct
         self.tensors = tensors      # [(file name, device tensor clone)] for task=tensor
+        self.plain = plain          # no TensorRecord in ``data``: its entries are written as they are
 
 
 class PreparedJob:
@@ -229,7 +230,8 @@ class Writer:
         dump = dict(job.header)
         if job.tensors or job.header.get("task") == "tensor":
             dump["dump_data_dir"] = os.path.join(job.directory, "dump_tensor_data")
-        dump["data"] = {name: resolve(entry) for name, entry in job.data.items()}
+        # entries of plain data and native records only need no walk here (the writing process expands them)
+        dump["data"] = job.data if job.plain else {name: resolve(entry) for name, entry in job.data.items()}
         return [("stack.json", stack), ("construct.json", job.construct), ("dump.json", dump)]
 
     def write_files(self, directory, files, tensors=(), tensor_dir=None, message=None):

@@ -340,3 +340,40 @@ def test_records_in_one_call_equal_those_made_one_by_one(native, monkeypatch, tm
     [entry] = mine.values()
     assert len(entry["input_args"]) == len(values) and entry["input_args"][2] == {"type": "int", "value": 7}
     assert entry["input_args"][0]["Max"] is not None and entry["output"][0] == entry["input_args"][0]
+
+
+def test_a_step_of_plain_cpu_tensors_is_written_without_looking_for_records(native, monkeypatch, tmp_path):
+    """Float, integer and bool CPU tensors all get the native op's records, so a step holds no TensorRecord
+    and the flush writes its entries as they are (``StepJob.plain``): the dump equals the one whose entries
+    are walked for records, and the one made by the torch ops."""
+    from msprobe_runtime import writer
+
+    torch.manual_seed(0)
+    values = (torch.randn(3, 4), torch.tensor([3, -7, 2]), torch.tensor(5), torch.tensor([True, False]),
+              torch.tensor(True), torch.randint(0, 9, (5,), dtype=torch.uint8), torch.arange(6000).reshape(60, 100),
+              torch.randint(-3, 3, (4,), dtype=torch.int8))
+    made = {}
+
+    def run(name):
+        debugger = PrecisionDebugger(dump_path=str(tmp_path / name), level="L1")
+        debugger.start()
+        for value in values:
+            rt.call("Torch.clone", torch.clone, value)
+        made[name] = debugger._collector.tensor_records
+        debugger.stop()
+        debugger.wait()
+        [directory] = glob.glob(os.path.join(str(tmp_path / name), "step0", "*"))
+        with open(os.path.join(directory, "dump.json")) as handle:
+            return json.load(handle)["data"]
+
+    plain = run("plain")
+    real_init = writer.StepJob.__init__
+    monkeypatch.setattr(writer.StepJob, "__init__", lambda self, *args: real_init(self, *args[:6], False))
+    walked = run("walked")
+    monkeypatch.setattr(native_stats, "load", lambda: None)
+    by_torch_ops = run("torch ops")
+    assert made == {"plain": 0, "walked": 0, "torch ops": 2 * len(values)}
+    assert plain == walked
+    for name, entry in plain.items():
+        if entry["input_args"][0]["dtype"] != "torch.float32":
+            assert entry == by_torch_ops[name], name  # integers and bools: exactly the torch ops' record
