@@ -39,8 +39,9 @@ each value's type only and leaves anything else to the collector's Python. For t
 more it keeps ``Collector._reuse``'s table and rule itself (the last 4 read; the same tensor or the same block
 of memory, at the same version counter), so a tensor and its views are recorded without a Python step.
 
-float32, float16 and bfloat16 go through the op; float64 and integer tensors keep the torch ops (their Mean
-and Norm are null anyway). CUDA and NPU tensors keep the torch-op path (a Triton kernel is not written yet).
+float32, float16 and bfloat16 go through the op; the ``Recorder`` also records bool and signed or 8-bit
+unsigned integer CPU tensors (Max and Min, or ``any`` and ``all``, by ATen's own reductions: their Mean and
+Norm are null); float64 and the other integer types keep the torch ops. CUDA and NPU tensors keep the torch-op path (a Triton kernel is not written yet).
 """
 from __future__ import annotations
 
