@@ -178,9 +178,11 @@ class WritingProcess:
         return child.pid if child is not None and child.poll() is None else None
 
     def close(self):
-        """End the child once it has written what it was given (interpreter exit; tests)."""
+        """End the child once it has written what it was given (interpreter exit; tests): the answers still due
+        are not read (``Writer.wait`` reads them first)."""
         with self._lock:
             child, self._child = self._child, None
+            self._due = []
         if child is not None:
             _close(child)
 
