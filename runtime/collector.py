@@ -18,7 +18,7 @@ from . import dump_names, operators
 from .foreign import (bound_self, children, is_subclass, key_text, mapping_items, method_name, own_parameters,
                       sequence_items, type_name)
 from .call_stacks import Anchors
-from .records import TensorRecord, describe_builtin, native_record
+from .records import TensorRecord, describe_builtin
 from .selection import Selection
 from .checksums import MODES as CHECKSUM_MODES, checksum_of
 from .statistics import KIND_EMPTY, LATER, StatBuffer, tensor_kind
@@ -175,10 +175,9 @@ class Collector:
         self.construct = {}
         self.tensors = []
         self.tensor_records = 0  # TensorRecords made this step (none: the flush need not look for them)
-        self._recent = {}  # _reuse's tables: StatBuffer.add's slots, and the native op's numbers
-        self._recent_native = {}
+        self._recent = {}  # _reuse's table: StatBuffer.add's slots (the native Recorder keeps its own)
         if self._recorder is not None:
-            self._recorder.clear()  # the native records' own table (describe_seq)
+            self._recorder.clear()
         self.backward_parents = {}  # backward entry -> parent module's forward entry
         self.pending_backward = {}  # module backward entries still waiting for some of their gradients
         self.param_waiters = {}  # id(parameter) -> callbacks waiting for its gradient's accumulation
@@ -590,24 +589,24 @@ class Collector:
 
     def _tensor(self, t, file_stem, native_records=True):
         """The record of tensor ``t``; ``native_records``: the native Recorder may make it (not where it
-        declined it already)."""
+        declined it already). It checks dtype, device, layout and data itself: a tensor it serves needs none
+        of the reads below (each a Python call, several while an observing mode is pushed)."""
         recorder = self._recorder if native_records else None
         if recorder is not None and (type(t) is _TENSOR or type(t) is _PARAMETER):
             records, todo = recorder.records((t,))  # as describe_seq: the native op's record, and its reuse
             if not todo:
                 return records[0]
+            recorder = None  # declined: the torch ops serve it
         requires_grad = t.requires_grad
         if type(t) is not _TENSOR:
             local = _local_shard(t)
             if local is not None:
                 t = local
-        if self.native_first:
-            # the native op checks dtype, device, layout and data itself: a tensor it serves needs none of the
-            # reads below (each a Python call, several while an observing mode is pushed)
-            done = (self.stats.native(t) if t.numel() < _REUSE_MIN
-                    else self._reuse(t, self._recent_native, self.stats.native))
-            if done is not None:  # a tuple, which the garbage collector soon stops tracking (records.py)
-                return native_record(_dtype_name(t.dtype), tuple(t.shape), requires_grad, done[0], done[1])
+                if recorder is not None:  # a DTensor's shard, recorded with the DTensor's own requires_grad
+                    records, todo = recorder.records((t,))
+                    if not todo:
+                        record = records[0]
+                        return record[:2] + (requires_grad,) + record[3:]
         kind = tensor_kind(t)
         readable = None
         if kind != KIND_EMPTY:

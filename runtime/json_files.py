@@ -8,10 +8,11 @@ training thread then waited for after each torch op. In a process of its own it 
 
 A job is ``(directory, [(file name, object), ...])``, marshalled (the records are plain lists, dicts, strings
 and numbers by then) behind an 8-byte length. A record of a tensor that the native op read is still the tuple
-the training thread made (``records.native_record``): it becomes msprobe's record here (``expand``), in the
-process that writes, which is most of what turning a step's records into JSON used to cost the training thread. The answer is ``(errno or -1 or 0, message)``: 0 when every
-file is written, otherwise the error, which the writer thread raises as its own (docs: one loud message, the
-step not written, later steps tried again).
+the training thread made (``native_stats.Recorder``): it becomes msprobe's record here (``expand``), in the
+process that writes, which is most of what turning a step's records into JSON used to cost the training
+thread. The answer is ``(errno or -1 or 0, message)``: 0 when every file is written, otherwise the error,
+which the writer thread raises as its own (docs: one loud message, the step not written, later steps tried
+again).
 """
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ def tensor_json(type_name, dtype, shape, requires_grad, top, low, mean, norm, co
 
 
 def native_json(record):
-    """The record of ``records.native_record``'s tuple ``(dtype, shape, requires_grad, scalar, row)``: ``row``
+    """The record of a native record's tuple ``(dtype, shape, requires_grad, scalar, row)``: ``row``
     is Max, Min, Mean, Norm (a 0-d tensor's: its value first), then the NaN and Inf counts if any."""
     dtype, shape, requires_grad, scalar, row = record
     counts = row[4:6] if len(row) > 4 else None

@@ -34,7 +34,7 @@ GIL back and forth with the writer thread can only delay the training thread.
 
 The op also makes the records themselves (``Recorder.records``, through ``StatBuffer.native_recorder``): a
 call's arguments or outputs, a tuple or list, in one call, each plain tensor it serves as
-``records.native_record``'s tuple, None and exact bool, int, float and str as their records; it looks at
+the record tuple that ``json_files.native_json`` reads, None and exact bool, int, float and str as their records; it looks at
 each value's type only and leaves anything else to the collector's Python. For tensors of 4 096 elements or
 more it keeps ``Collector._reuse``'s table and rule itself (the last 4 read; the same tensor or the same block
 of memory, at the same version counter), so a tensor and its views are recorded without a Python step.
@@ -258,7 +258,7 @@ PyObject* dtype_name(at::ScalarType type) {  // str(dtype), "torch.float32", mad
   return name;
 }
 
-PyObject* new_record(const at::Tensor& t, PyObject* row, bool scalar) {  // records.native_record's tuple
+PyObject* new_record(const at::Tensor& t, PyObject* row, bool scalar) {  // json_files.native_json reads it
   const int64_t dim = t.dim();
   PyObject* shape = PyTuple_New(dim);
   if (shape == nullptr) throw py::error_already_set();

@@ -2,10 +2,11 @@
 
 Describing a value never reads a tensor's data: a tensor becomes a ``TensorRecord`` holding its metadata and
 the slot where its statistics are being computed on the device. The writer thread resolves slots into numbers.
-A tensor the native op read at record time becomes a plain tuple instead (``native_record``), of strings and
-numbers only: the garbage collector stops tracking such a tuple at its first pass, so the records a step keeps
-until its flush do not pile up in its oldest generation, where they brought on full collections. It stays a
-tuple until the writing process makes it into msprobe's record (``json_files.native_json``).
+A tensor the native op read at record time becomes a plain tuple instead (made by its ``Recorder``:
+``(dtype name, shape tuple, requires_grad, 0-d, row tuple)``), of strings and numbers only: the garbage
+collector stops tracking such a tuple at its first pass, so the records a step keeps until its flush do not
+pile up in its oldest generation, where they brought on full collections. It stays a tuple until the writing
+process makes it into msprobe's record (``json_files.native_json``).
 """
 from __future__ import annotations
 
@@ -54,13 +55,6 @@ class TensorRecord:
         if self.data_name is not None:
             out["data_name"] = self.data_name
         return out
-
-
-def native_record(dtype, shape, requires_grad, kind, row):
-    """The record of a tensor whose statistics the native op computed: ``(dtype name, shape tuple,
-    requires_grad, 0-d, row tuple)``, the row as ``StatBuffer.native`` gives it (counts at its end). Left as it
-    is by ``resolve``: the writing process makes it into msprobe's record (``json_files.native_json``)."""
-    return (dtype, shape, requires_grad, kind == KIND_SCALAR, row)
 
 
 _INT_DTYPES = frozenset({"torch.int8", "torch.int16", "torch.int32", "torch.int64", "torch.uint8",

@@ -147,11 +147,8 @@ class StatBuffer:
         op, another type, device or dtype, no readable data, no elements): ``row`` is Max, Min, Mean, Norm,
         then the NaN and Inf counts when they are on. The op checks device, dtype and layout
         itself, so the caller need not read any attribute first: for a tensor it serves, the kind is decided
-        here from its dimension alone (float16, bfloat16, float32).
-
-        A tuple of floats, kept whole in the record (``records.native_record``): the garbage collector stops
-        tracking it at its first pass, where a list would live on in its oldest generation until the step is
-        written, and bring full collections (90 ms on the tiny GPT's heap) nearer."""
+        here from its dimension alone (float16, bfloat16, float32). For ``add``: a record that also writes a
+        tensor file or a checksum; every other record of such a tensor is the native ``Recorder``'s."""
         if type(t) not in self._native_types:
             return None
         try:
@@ -160,7 +157,7 @@ class StatBuffer:
             return None
         if not values:
             return None
-        return (KIND_SCALAR if t.dim() == 0 else KIND_FLOAT), tuple(values)
+        return (KIND_SCALAR if t.dim() == 0 else KIND_FLOAT), values
 
     def native_recorder(self, below, keep):
         """The native op's ``Recorder``, or None where there is no op. ``recorder.records(values)`` gives the
@@ -177,10 +174,9 @@ class StatBuffer:
         flush fills, or lists of numbers where the native op computed them already."""
         if kind == KIND_FLOAT or kind == KIND_SCALAR:
             done = self.native(t)
-            if done is not None:  # the row split into the slot's numbers and the count slot's
+            if done is not None:  # the row split into the slot's numbers and the count slot's (lists)
                 row = done[1]
-                return list(row[:1] if done[0] == KIND_SCALAR else row[:4]), (list(row[4:6]) if len(row) > 4
-                                                                              else None)
+                return (row[:1] if done[0] == KIND_SCALAR else row[:4]), (row[4:6] if len(row) > 4 else None)
         import torch
 
         t = t.detach()

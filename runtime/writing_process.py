@@ -9,8 +9,9 @@ One process serves every debugger of this process (tests make hundreds); it is s
 when the training process closes its stdin, at exit or at death.
 
 Where it cannot start (``MSPROBE_WRITER_PROCESS=0``, a ``sys.executable`` that is not a Python interpreter:
-a frozen application or a program that embeds Python; a platform without ``subprocess``) or dies, ``send`` raises ``Unavailable`` and the writer thread writes the files itself, as it
-always did: slower for training, never lost. A forked child of the training process (a DataLoader worker)
+a frozen application or a program that embeds Python; a platform without ``subprocess``) or dies, ``send``
+raises ``Unavailable`` and the writer thread writes the files itself, as it always did: slower for training,
+never lost. A forked child of the training process (a DataLoader worker)
 never writes through its parent's pipe: it starts its own process if it needs one.
 """
 from __future__ import annotations
