@@ -118,14 +118,13 @@ class Writer:
         """Steps posted to a writing process that died before it answered: written by the writer thread
         (``queue``: the training thread found them) or here, each reported to the writer that posted it."""
         for owner, directory, message in unwritten:
-            job = PreparedJob(directory, None, message, ())
             if queue:
-                owner.submit_to_thread(job)
+                owner.submit_to_thread(PreparedJob(directory, None, message, ()))
                 continue
             try:
                 owner.write_files(directory, None, message=message)
             except Exception as error:  # noqa: BLE001 - reported as the writer thread reports it
-                owner._failed(job, error)
+                owner._failed(directory, error)
             else:
                 owner._written(directory)
 
@@ -147,7 +146,7 @@ class Writer:
                 self._write(job)
                 self._written(job.directory)
             except Exception as error:  # never let the writer die, nor the training loop see it
-                self._failed(job, error)
+                self._failed(job.directory, error)
             finally:
                 sys.setswitchinterval(interval)
                 self._queue.task_done()
@@ -160,7 +159,7 @@ class Writer:
             logger.warning("msprobe_runtime: writing dumps works again (%s); %d step(s) before it were not "
                            "written", directory, len(self.errors))
 
-    def _failed(self, job, error):
+    def _failed(self, directory, error):
         """One loud message for the first failure of a kind (a full disk, a permission): later steps are still
         tried, each on its own, so collection resumes once the cause is gone; their failures are counted."""
         with self._report_lock:
@@ -173,7 +172,7 @@ class Writer:
         logger.error("msprobe_runtime: writing the dump of %s failed: %s. Steps written before it are complete; "
                      "this step is not written (no partial file is left), and each later step is tried again "
                      "(further failures of this kind are not reported one by one).",
-                     getattr(job, "directory", job), error)
+                     directory, error)
 
     def _lines(self, frames):
         # by id: the resolver gives equal stacks as one tuple, which this table holds alive

@@ -67,17 +67,8 @@ class WritingProcess:
         with self._lock:
             child = self._running()
             answers = self._read_due(child, block=True)
-            try:
-                child.stdin.write(message)
-                child.stdin.flush()
-                answer = _read_answer(child)
-            except (OSError, ValueError) as error:  # a broken pipe: it died
-                self._gone(f"{type(error).__name__}: {error}")
-                raise Unavailable(self._take_due()) from error
-            if answer is None:
-                self._gone(f"exit status {child.poll()}")
-                raise Unavailable(self._take_due())
-        return answers, _error_of(answer)
+            self._write(child, message)
+            return answers, self._answer(child)
 
     def post(self, owner, directory, message):
         """Write ``message`` to the child without waiting for its answer, if that cannot block: a child runs,
@@ -94,12 +85,7 @@ class WritingProcess:
             answers = self._read_due(child, block=False)
             if self._due:
                 return False, answers  # the child is still writing an earlier step
-            try:
-                child.stdin.write(message)
-                child.stdin.flush()
-            except (OSError, ValueError) as error:
-                self._gone(f"{type(error).__name__}: {error}")
-                raise Unavailable() from error
+            self._write(child, message)
             self._due.append((owner, directory, message))
             return True, answers
         finally:
@@ -116,21 +102,35 @@ class WritingProcess:
 
     def _read_due(self, child, block):
         answers = []
-        while self._due:
-            if not block and not _answer_waiting(child):
-                break
-            try:
-                answer = _read_answer(child)
-            except (OSError, ValueError) as error:
-                answer, why = None, f"{type(error).__name__}: {error}"
-            else:
-                why = f"exit status {child.poll()}"
-            if answer is None:
-                self._gone(why)
-                raise Unavailable(self._take_due())
+        while self._due and (block or _answer_waiting(child)):
+            error = self._answer(child)
             owner, directory, _ = self._due.pop(0)
-            answers.append((owner, directory, _error_of(answer)))
+            answers.append((owner, directory, error))
         return answers
+
+    def _write(self, child, message):
+        try:
+            child.stdin.write(message)
+            child.stdin.flush()
+        except (OSError, ValueError) as error:  # a broken pipe: it died
+            self._gone(f"{type(error).__name__}: {error}")
+            raise Unavailable(self._take_due()) from error
+
+    def _answer(self, child):
+        """The OSError of the child's next answer, or None: the files are written. Its answers are read from
+        the raw pipe (a buffered read could take in the answer after it too, which ``_answer_waiting`` would
+        then not see); ``Unavailable`` where the pipe ended."""
+        try:
+            answer = json_files.read_message(child.stdout.raw)
+        except (OSError, ValueError) as error:
+            answer, why = None, f"{type(error).__name__}: {error}"
+        else:
+            why = f"exit status {child.poll()}"
+        if answer is None:
+            self._gone(why)
+            raise Unavailable(self._take_due())
+        code, text = answer
+        return OSError(code if code > 0 else None, text) if code else None
 
     def _take_due(self):
         due, self._due = self._due, []
@@ -210,27 +210,6 @@ def _answer_waiting(child):
         return bool(select.select([child.stdout.fileno()], [], [], 0)[0])
     except (OSError, ValueError):
         return True  # let the read find out what is wrong
-
-
-def _read_answer(child):
-    """The child's next answer, read from its raw pipe: a buffered read could take in the answer after it
-    too, which ``_answer_waiting`` would then not see. None where the pipe ended."""
-    return json_files.read_message(_RawReader(child.stdout.fileno()))
-
-
-class _RawReader:
-    __slots__ = ("fd",)
-
-    def __init__(self, fd):
-        self.fd = fd
-
-    def read(self, size):
-        return os.read(self.fd, size)
-
-
-def _error_of(answer):
-    code, text = answer
-    return OSError(code if code > 0 else None, text) if code else None
 
 
 def _is_python(executable):
