@@ -186,18 +186,20 @@ class Collector:
         if self.selection is not None:
             self.selection.reset()
 
-    def snapshot(self, handover=False):
+    def snapshot(self, handover=False, copy=True):
         """The step's tables for the writer. ``handover``: the caller resets right after, so the tables
         themselves go; otherwise collection may go on in this step, and the entries that later hooks still
-        fill (backward, parameter gradients) are copied. Forward entries are complete once stored."""
+        fill (backward, parameter gradients) are copied (``copied``), unless ``copy`` is False: the caller
+        makes its files from them at once, or copies them itself. Forward entries are complete once stored."""
         with self._lock:
             if handover:
                 data = self.data
                 data.update(self.pending_backward)  # incomplete ones still show what arrived
             else:
-                data = {name: entry if dump_names.is_forward(name) else _copy(entry) for name, entry in self.data.items()}
-                for name, entry in self.pending_backward.items():
-                    data[name] = _copy(entry)
+                data = dict(self.data)
+                data.update(self.pending_backward)
+                if copy:
+                    data = copied(data)
             tensors, self.tensors = self.tensors, []
         if self.selection is not None:
             self.selection.end_step()
@@ -749,9 +751,16 @@ def _dtype_name(dtype):
     return name
 
 
-def _copy(obj):
+def copied(data):
+    """A step's entries (``snapshot``'s ``data``) as they are now: each entry that later hooks of the step may
+    still fill (all but forward entries) copied, down to its lists and dicts (records are immutable)."""
+    return {name: entry if dump_names.is_forward(name) else copy_records(entry) for name, entry in data.items()}
+
+
+def copy_records(obj):
+    """``obj`` with its lists and dicts (of the collector's making: exact types) copied, all the way down."""
     if isinstance(obj, list):
-        return [_copy(o) for o in obj]
+        return [copy_records(o) for o in obj]
     if isinstance(obj, dict):
-        return {k: _copy(v) for k, v in obj.items()}
+        return {k: copy_records(v) for k, v in obj.items()}
     return obj

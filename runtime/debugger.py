@@ -20,7 +20,7 @@ import types
 from . import seeding, shims
 from .config import load_config, read_dump_enable
 from .debug_save import DebugJob, DebugRecords, DumpWriter, valid_variable
-from .writer import StepJob
+from .writer import PreparedJob, StepJob
 
 logger = logging.getLogger("msprobe_runtime")
 
@@ -341,7 +341,8 @@ class PrecisionDebugger:
         collector = self._collector
         dump = dump and self.config.level != "debug"
         if dump:
-            data, stacks, construct, tensors = collector.snapshot(handover)
+            # not copied yet: a step prepared at once below is marshalled before any hook can add to it
+            data, stacks, construct, tensors = collector.snapshot(handover, copy=False)
             plain = collector.tensor_records == 0  # read after: a record made meanwhile only counts against
         else:
             with collector._lock:
@@ -366,6 +367,8 @@ class PrecisionDebugger:
                         job = self._writer.prepare(job)
                 except Exception as error:  # the writer thread tries it again, and reports what fails
                     collector.log_error("preparing the step's files", error)
+            if not handover:
+                job = _detached(job)
             self._writer.submit(job)
             tensors = []  # written with the dump, in the same folder
         if debug is not None:
@@ -411,6 +414,20 @@ class PrecisionDebugger:
         collector = self._collector
         if not value and self._end_collection() and (collector.data or collector.pending_backward):
             self._flush()  # what this step collected so far is written (not an empty step begun by step())
+
+
+def _detached(job):
+    """``job`` holding none of the collector's entries that hooks may still fill in this step (collection goes
+    on after a flush that is no hand-over): a message made already holds none; files, or a step left to the
+    writer thread, get copies (``collector.copied``), as a snapshot that copies makes them."""
+    from .collector import copied, copy_records  # imported already: a collector flushed
+
+    if type(job) is PreparedJob:
+        if job.files is not None:
+            job.files = [(name, copy_records(obj)) for name, obj in job.files]
+        return job
+    job.data = copied(job.data)
+    return job
 
 
 class DumpPathNotWritable(OSError):

@@ -346,6 +346,39 @@ def test_a_step_collected_in_two_parts_is_written_whole(debuggers, model_module,
     assert not [name for name in whole if name.split(".")[1] in ours]
 
 
+
+@pytest.mark.parametrize("path", ["prepared", "writer thread"])
+def test_a_flushed_backward_entry_is_not_changed_by_hooks_after_it(debuggers, model_module, tmp_path, path):
+    """stop() flushes a backward entry that a later backward of the same step fills again (the same graph,
+    after start()). The first part's file shows the first backward's gradients, whether the training thread
+    made its message at once (the snapshot is not copied) or the writer thread writes it later (copied)."""
+    import threading
+
+    torch.manual_seed(0)
+    model = model_module.Outer()
+    x = torch.randn(2, 4)
+    debugger = debuggers(dump_path=str(tmp_path / "d"), level="mix")
+    release = threading.Event()
+    if path == "writer thread":
+        writer = debugger._writer
+        writer.prepare = lambda job: job  # left to the writer thread, which waits until the second backward
+        write = writer._write
+        writer._write = lambda job: (release.wait(30), write(job))
+    debugger.start(model)
+    out = model(x)
+    out.sum().backward(retain_graph=True)  # d(out) = 1
+    debugger.stop()
+    debugger.start(model)
+    (out * 2).sum().backward()  # the same nodes' hooks again: d(out) = 2
+    release.set()
+    debugger.wait()
+    part = read_step(tmp_path / "d")["dump.json"]["data"]
+    [name] = [name for name in part if name.startswith("Module.seq.Sequential.backward")]
+    assert part[name]["input"][0]["Max"] == 1.0
+    debugger.stop()
+    debugger.wait()
+    assert read_step(tmp_path / "d")["dump.json"]["data"][name]["input"][0]["Max"] == 2.0
+
 def test_stack_json(debuggers, tmp_path):
     x = torch.ones(2)
     debugger = debuggers(dump_path=str(tmp_path / "d"), level="L1")
