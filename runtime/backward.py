@@ -181,7 +181,12 @@ def _consumer_edges(inputs, outputs, targets):
 
     Walks from the outputs' nodes through ``next_functions``, expanding only nodes created after the inputs
     (by autograd sequence number), so the walk covers the module's part of the graph and stops at its inputs.
+    A leaf input is met as its ``AccumulateGrad`` node, told by type; each node's ``next_functions`` (a new
+    tuple at every read) is read once.
     """
+    import torch
+
+    accumulate_grad = torch._C._functions.AccumulateGrad
     threshold = -1
     for t in inputs:
         if t is not None and t.grad_fn is not None:
@@ -192,6 +197,7 @@ def _consumer_edges(inputs, outputs, targets):
             seen.add(id(t.grad_fn))
             stack.append(t.grad_fn)
     walked = 0
+    get = targets.get
     while stack:
         node = stack.pop()
         if node._sequence_nr() <= threshold:
@@ -199,14 +205,19 @@ def _consumer_edges(inputs, outputs, targets):
         walked += 1
         if walked > _MAX_WALK:
             return None
-        for index, (child, output_nr) in enumerate(node.next_functions):
+        index = -1
+        for child, output_nr in node.next_functions:
+            index += 1
             if child is None:
                 continue
-            variable = getattr(child, "variable", None) if not child.next_functions else None
-            key = ("leaf", id(variable)) if variable is not None else (id(child), output_nr)
-            positions = targets.get(key)
+            if type(child) is accumulate_grad:
+                positions = get(("leaf", id(child.variable)))
+            else:
+                positions = get((id(child), output_nr))
             if positions is not None:
-                entry = found.setdefault(id(node), (node, []))
+                entry = found.get(id(node))
+                if entry is None:
+                    entry = found[id(node)] = (node, [])
                 for position in positions:
                     entry[1].append((index, position))
                 continue
