@@ -120,14 +120,13 @@ class WritingProcess:
         """The OSError of the child's next answer, or None: the files are written. Its answers are read from
         the raw pipe (a buffered read could take in the answer after it too, which ``_answer_waiting`` would
         then not see); ``Unavailable`` where the pipe ended."""
+        why = None
         try:
             answer = json_files.read_message(child.stdout.raw)
         except (OSError, ValueError) as error:
             answer, why = None, f"{type(error).__name__}: {error}"
-        else:
-            why = f"exit status {child.poll()}"
         if answer is None:
-            self._gone(why)
+            self._gone(why or f"exit status {child.poll()}")  # polled only here: a system call per answer
             raise Unavailable(self._take_due())
         code, text = answer
         return OSError(code if code > 0 else None, text) if code else None
