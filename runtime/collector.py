@@ -186,11 +186,11 @@ class Collector:
         if self.selection is not None:
             self.selection.reset()
 
-    def snapshot(self, handover=False, copy=True):
+    def snapshot(self, handover=False):
         """The step's tables for the writer. ``handover``: the caller resets right after, so the tables
-        themselves go; otherwise collection may go on in this step, and the entries that later hooks still
-        fill (backward, parameter gradients) are copied (``copied``), unless ``copy`` is False: the caller
-        makes its files from them at once, or copies them itself. Forward entries are complete once stored."""
+        themselves go; otherwise collection may go on in this step, and the entries are the collector's own
+        still: the caller makes its files from them at once, or copies those that later hooks may fill
+        (``copied``: backward, parameter gradients). Forward entries are complete once stored."""
         with self._lock:
             if handover:
                 data = self.data
@@ -198,8 +198,6 @@ class Collector:
             else:
                 data = dict(self.data)
                 data.update(self.pending_backward)
-                if copy:
-                    data = copied(data)
             tensors, self.tensors = self.tensors, []
         if self.selection is not None:
             self.selection.end_step()

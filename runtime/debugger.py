@@ -341,8 +341,8 @@ class PrecisionDebugger:
         collector = self._collector
         dump = dump and self.config.level != "debug"
         if dump:
-            # not copied yet: a step prepared at once below is marshalled before any hook can add to it
-            data, stacks, construct, tensors = collector.snapshot(handover, copy=False)
+            # not copied (``_detached``): a step prepared at once below is marshalled before any hook can add to it
+            data, stacks, construct, tensors = collector.snapshot(handover)
             plain = collector.tensor_records == 0  # read after: a record made meanwhile only counts against
         else:
             with collector._lock:
