@@ -128,17 +128,11 @@ def hook_module_backward(collector, name, inputs, outputs, params=()):
     if not out_positions:
         return
     in_positions = []
-    consumers = {}
+    consumers = ()
     if collector.want_output:
-        targets = {}
-        for position, t in enumerate(inputs):
-            if t is not None and t.requires_grad:
-                node = t.grad_fn
-                key = (id(node), t.output_nr) if node is not None else ("leaf", id(t))
-                targets.setdefault(key, []).append(position)
-                in_positions.append(position)
+        targets, in_positions = gradient_targets(inputs)
         if targets:
-            consumers = _consumer_edges(inputs, outputs, targets) or {}
+            consumers = consumer_edges(collector.graph_walk, inputs, outputs, targets)
     if not in_positions:
         params = ()  # msprobe writes a module whose inputs need no gradient as soon as its outputs' arrive
     state = {"parts": len(out_positions) + len(in_positions) + len(params), "partial": {}, "left": {}}
@@ -152,7 +146,7 @@ def hook_module_backward(collector, name, inputs, outputs, params=()):
         outputs[position].register_hook(_Observer(collector, token, "module backward hook", _observe_tensor,
                                                   (name, n_out, n_in, "input", out_slot[position], state)))
     found = set()
-    for _, edges in consumers.values():
+    for _, edges in consumers:
         for _, position in edges:
             found.add(position)
             slot = in_slot[position]
@@ -161,7 +155,7 @@ def hook_module_backward(collector, name, inputs, outputs, params=()):
         if position not in found:
             inputs[position].register_hook(_Observer(collector, token, "module backward hook", _observe_tensor,
                                                      (name, n_out, n_in, "output", in_slot[position], state)))
-    for node, edges in consumers.values():
+    for node, edges in consumers:
         edges = [(index, in_slot[position]) for index, position in edges]
         node.register_hook(_Observer(collector, token, "module backward hook", _observe_consumers,
                                      (name, n_out, n_in, edges, state)))
@@ -176,8 +170,45 @@ def _part_done(collector, name, state):
 _MAX_WALK = 20000
 
 
+def gradient_targets(inputs):
+    """``({an input's gradient edge: [the input, its positions]}, positions of the inputs that require grad)``:
+    the edges ``consumer_edges`` looks for (a non-leaf's grad_fn and output number, or a leaf itself)."""
+    targets, positions = {}, []
+    for position, t in enumerate(inputs):
+        if t is not None and t.requires_grad:
+            node = t.grad_fn
+            key = (id(node), t.output_nr) if node is not None else ("leaf", id(t))
+            targets.setdefault(key, [t, []])[1].append(position)
+            positions.append(position)
+    return targets, positions
+
+
+def consumer_edges(native_walk, inputs, outputs, targets):
+    """``[(node, [(edge index, input position)])]``: the module's nodes that take an input's gradient edge
+    (``gradient_targets``), walked by the native op (``native_walk``, ``Collector.graph_walk``) where it has
+    one and every value is a plain tensor, else in Python; empty past ``_MAX_WALK`` nodes."""
+    if native_walk is not None and _plain_tensors(inputs) and _plain_tensors(outputs):
+        return native_walk(inputs, outputs, list(targets.values()), _MAX_WALK) or []
+    return _consumer_edges(inputs, outputs, targets) or []
+
+
+def _plain_tensors(values):
+    """Whether every item is None or a plain tensor or Parameter: the native walk reads their autograd data
+    directly, where a subclass's own ``grad_fn`` would be asked in Python."""
+    import torch
+
+    tensor, parameter = torch.Tensor, torch.nn.Parameter
+    for value in values:
+        kind = type(value)
+        if value is not None and kind is not tensor and kind is not parameter:
+            return False
+    return True
+
+
 def _consumer_edges(inputs, outputs, targets):
-    """``{id(node): (node, [(edge index, input position)])}`` for the module's nodes that consume an input.
+    """``[(node, [(edge index, input position)])]`` for the module's nodes that consume an input (``targets``:
+    an input's gradient edge -> [the input, its positions]), or None past ``_MAX_WALK`` nodes. The native op's
+    ``consumer_edges`` walks the same way (``Collector.graph_walk``).
 
     Walks from the outputs' nodes through ``next_functions``, expanding only nodes created after the inputs
     (by autograd sequence number), so the walk covers the module's part of the graph and stops at its inputs.
@@ -211,20 +242,20 @@ def _consumer_edges(inputs, outputs, targets):
             if child is None:
                 continue
             if type(child) is accumulate_grad:
-                positions = get(("leaf", id(child.variable)))
+                target = get(("leaf", id(child.variable)))
             else:
-                positions = get((id(child), output_nr))
-            if positions is not None:
+                target = get((id(child), output_nr))
+            if target is not None:
                 entry = found.get(id(node))
                 if entry is None:
                     entry = found[id(node)] = (node, [])
-                for position in positions:
+                for position in target[1]:
                     entry[1].append((index, position))
                 continue
             if id(child) not in seen:
                 seen.add(id(child))
                 stack.append(child)
-    return found
+    return list(found.values())
 
 
 def _observe_consumers(collector, name, n_out, n_in, edges, state, grad_inputs, grad_outputs):

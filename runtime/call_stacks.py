@@ -20,19 +20,19 @@ _RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__))
 _OFFSETS = sys.version_info >= (3, 10)
 
 
-def capture(frame, anchor=None, outer=None):
+def capture(frame, anchor=None, outer=None, limit=_MAX_RAW):
     """The stack from ``frame`` outwards as a pair ``((code, position, code, position, ...), outer)``.
 
     ``anchor``: a frame known to be on this stack whose own outer part is already captured as ``outer``
     (``Anchors``, a pair of the same form); the walk stops there, and the pair refers to ``outer`` rather
     than copying it, so every call inside one module shares its outer part, and the resolver reads it once.
     A frame is compared by identity, and only while it runs, so a stack that does not pass through
-    ``anchor`` (another thread's) is walked to its end (``outer`` None)."""
+    ``anchor`` (another thread's) is walked to its end (``outer`` None), or to ``limit`` frames."""
     raw = []
     append = raw.append
     count = 0
     lasti = _OFFSETS
-    while frame is not None and count < _MAX_RAW:
+    while frame is not None and count < limit:
         append(frame.f_code)
         append(frame.f_lasti if lasti else frame.f_lineno)
         if frame is anchor:
@@ -40,6 +40,13 @@ def capture(frame, anchor=None, outer=None):
         frame = frame.f_back
         count += 1
     return tuple(raw), None
+
+
+def capture_function(native=None):
+    """``capture`` as the native op does it (``native.capture``, Python 3.11+: the same pair, made without a
+    Python step per frame), or this module's where it has none."""
+    made = getattr(native, "capture", None) if native is not None else None
+    return made if made is not None and _OFFSETS else capture
 
 
 class Anchors:
@@ -50,10 +57,11 @@ class Anchors:
     every call made inside. It is captured once, on first use, itself up to the enclosing module's anchor.
     ``push`` and ``pop`` follow the module tracker's hooks; the frames are held only while they run."""
 
-    __slots__ = ("_open",)
+    __slots__ = ("_open", "_capture")
 
-    def __init__(self):
+    def __init__(self, capture_stack=None):
         self._open = []  # [anchor frame or None, its outer stack or None until first used]
+        self._capture = capture_stack if capture_stack is not None else capture  # capture's signature
 
     def push(self, anchor):
         self._open.append([anchor, None])
@@ -71,8 +79,9 @@ class Anchors:
         """``capture(frame)``, through the innermost running module call's anchor."""
         index = self._anchored(len(self._open) - 1)
         if index < 0:
-            return capture(frame)
-        return capture(frame, *self._outer(index))
+            return self._capture(frame, None, None, _MAX_RAW)
+        anchor, outer = self._outer(index)
+        return self._capture(frame, anchor, outer, _MAX_RAW)
 
     def _anchored(self, index):
         """The nearest open call at or below ``index`` that has an anchor; -1 where none has."""
@@ -86,7 +95,8 @@ class Anchors:
         if entry[1] is None:
             parent = self._anchored(index - 1)
             start = entry[0].f_back
-            entry[1] = capture(start) if parent < 0 else capture(start, *self._outer(parent))  # a pair
+            anchor, outer = self._outer(parent) if parent >= 0 else (None, None)
+            entry[1] = self._capture(start, anchor, outer, _MAX_RAW)  # a pair
         return entry[0], entry[1]
 
 

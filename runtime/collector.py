@@ -14,10 +14,9 @@ import threading
 import torch
 
 from . import backward as bw
-from . import dump_names, operators
+from . import call_stacks, dump_names, native_stats, operators
 from .foreign import (bound_self, children, is_subclass, key_text, mapping_items, method_name, own_parameters,
                       sequence_items, type_name)
-from .call_stacks import Anchors
 from .records import TensorRecord, describe_builtin
 from .selection import Selection
 from .checksums import MODES as CHECKSUM_MODES, checksum_of
@@ -116,7 +115,9 @@ class Collector:
         self.mode_depth = 0
         self.own_work = _OwnWork(self)
         self.module_frames = []
-        self.anchors = Anchors()  # module calls running now, where call stacks are cut short
+        native = native_stats.load()  # loaded already (the StatBuffer's): its stack capture and graph walk
+        self.anchors = call_stacks.Anchors(call_stacks.capture_function(native))  # module calls running now
+        self.graph_walk = getattr(native, "consumer_edges", None)  # backward.hook_module_backward's walk
         self.module_stack = []
         self._lock = threading.Lock()
         self._logged = set()

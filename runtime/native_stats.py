@@ -59,12 +59,15 @@ SOURCE = r"""
 #include <torch/extension.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/autograd/python_cpp_function.h>
+#include <frameobject.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <unordered_set>
 #include <vector>
 
 namespace {
@@ -454,7 +457,109 @@ class Recorder {
   int64_t reads_ = 0;
 };
 
+#if PY_VERSION_HEX >= 0x030B0000
+// call_stacks.capture, one frame object at a time through the public API (PyFrame_GetBack, PyFrame_GetCode,
+// PyFrame_GetLasti: Python 3.11+): ``((code, f_lasti, code, f_lasti, ...), outer)``, innermost first, to
+// ``anchor`` (included, the pair then holding ``outer``) or ``limit`` frames (then None).
+py::tuple capture(py::handle frame, py::handle anchor, py::handle outer, int64_t limit) {
+  if (!frame.is_none() && !PyFrame_Check(frame.ptr())) throw py::type_error("a frame or None");
+  std::vector<py::object> raw;
+  py::object current = py::reinterpret_borrow<py::object>(frame);
+  bool anchored = false;
+  int64_t count = 0;
+  while (!current.is_none() && count < limit) {
+    PyFrameObject* f = reinterpret_cast<PyFrameObject*>(current.ptr());
+    raw.push_back(py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(PyFrame_GetCode(f))));
+    PyObject* lasti = PyLong_FromLong(PyFrame_GetLasti(f));
+    if (lasti == nullptr) throw py::error_already_set();
+    raw.push_back(py::reinterpret_steal<py::object>(lasti));
+    if (current.ptr() == anchor.ptr()) {
+      anchored = true;
+      break;
+    }
+    PyFrameObject* back = PyFrame_GetBack(f);  // a new reference, or NULL at the outermost frame
+    current = back == nullptr ? py::none() : py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(back));
+    ++count;
+  }
+  PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(raw.size()));
+  if (tuple == nullptr) throw py::error_already_set();
+  for (size_t i = 0; i < raw.size(); ++i) PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(i), raw[i].release().ptr());
+  return py::make_tuple(py::reinterpret_steal<py::object>(tuple),
+                        anchored ? py::reinterpret_borrow<py::object>(outer) : py::none());
+}
+#endif
+
+// backward._consumer_edges over autograd's own graph: ``[(node, [(edge index, input position)])]`` for the
+// nodes created after the inputs (by sequence number) that the walk from the outputs reaches and that take an
+// input's gradient edge (its grad_fn and output number, or a leaf's gradient accumulator); None past ``limit``
+// nodes. ``targets``: ``[(tensor, [positions])]``, the inputs that require grad. The walk, its order and its
+// count are the Python function's: depth first, a node's next edges in order, each node once.
+py::object consumer_edges(py::handle inputs, py::handle outputs, py::handle targets, int64_t limit) {
+  using torch::autograd::Node;
+  std::vector<std::pair<std::pair<const Node*, uint32_t>, py::object>> keys;
+  for (py::handle item : targets) {
+    py::handle tensor = item[py::int_(0)];
+    const at::Tensor& t = THPVariable_Unpack(tensor.ptr());
+    const c10::intrusive_ptr<Node>& fn = t.grad_fn();
+    if (fn) {
+      keys.push_back({{fn.get(), static_cast<uint32_t>(t.output_nr())}, item[py::int_(1)]});
+    } else {
+      c10::intrusive_ptr<Node> accumulator = torch::autograd::impl::try_get_grad_accumulator(t);
+      if (accumulator) keys.push_back({{accumulator.get(), 0u}, item[py::int_(1)]});
+    }
+  }
+  int64_t threshold = -1;
+  for (py::handle item : inputs) {
+    if (item.is_none() || !THPVariable_Check(item.ptr())) continue;
+    const c10::intrusive_ptr<Node>& fn = THPVariable_Unpack(item.ptr()).grad_fn();
+    if (fn) threshold = std::max(threshold, static_cast<int64_t>(fn->sequence_nr()));
+  }
+  std::vector<c10::intrusive_ptr<Node>> stack;
+  std::unordered_set<const Node*> seen;
+  for (py::handle item : outputs) {
+    if (item.is_none() || !THPVariable_Check(item.ptr())) continue;
+    const c10::intrusive_ptr<Node>& fn = THPVariable_Unpack(item.ptr()).grad_fn();
+    if (fn && seen.insert(fn.get()).second) stack.push_back(fn);
+  }
+  py::list found;
+  int64_t walked = 0;
+  while (!stack.empty()) {
+    c10::intrusive_ptr<Node> node = std::move(stack.back());
+    stack.pop_back();
+    if (threshold >= 0 && node->sequence_nr() <= static_cast<uint64_t>(threshold)) continue;
+    if (++walked > limit) return py::none();
+    py::list edges;
+    const auto& next = node->next_edges();
+    for (size_t index = 0; index < next.size(); ++index) {
+      const torch::autograd::Edge& edge = next[index];
+      if (!edge.is_valid()) continue;
+      const py::object* positions = nullptr;
+      for (const auto& key : keys) {
+        if (key.first.first == edge.function.get() && key.first.second == edge.input_nr) {
+          positions = &key.second;
+          break;
+        }
+      }
+      if (positions != nullptr) {
+        for (py::handle position : *positions) edges.append(py::make_tuple(index, position));
+        continue;
+      }
+      if (seen.insert(edge.function.get()).second) stack.push_back(edge.function);
+    }
+    if (py::len(edges) > 0) {
+      py::object python_node = py::reinterpret_steal<py::object>(torch::autograd::functionToPyObject(node));
+      if (!python_node) throw py::error_already_set();
+      found.append(py::make_tuple(python_node, edges));
+    }
+  }
+  return found;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+#if PY_VERSION_HEX >= 0x030B0000
+  m.def("capture", &capture, "call_stacks.capture: a stack's code objects and instruction offsets, to an anchor");
+#endif
+  m.def("consumer_edges", &consumer_edges, "backward._consumer_edges: a module's nodes that consume its inputs");
   m.def("stats", &stats, "Max, Min, Mean, Norm, NaN and Inf counts of a CPU float tensor in one pass");
   py::class_<Recorder>(m, "Recorder")
       .def(py::init<bool, int64_t, size_t, py::object>())

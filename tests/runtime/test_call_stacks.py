@@ -2,6 +2,8 @@
 import os
 import sys
 
+import pytest
+
 from msprobe_runtime import call_stacks
 
 RUNTIME = os.path.dirname(os.path.abspath(call_stacks.__file__)) + os.sep
@@ -109,19 +111,31 @@ def _stacks(tmp_path, name, monkeypatch=None):
         return {entry: lines for names, lines in json.load(handle).values() for entry in names}
 
 
-def test_stacks_through_module_anchors_equal_full_walks(tmp_path, monkeypatch):
+def _native_capture():
+    from msprobe_runtime import native_stats
+
+    made = call_stacks.capture_function(native_stats.load())
+    if made is call_stacks.capture:
+        pytest.skip("the native op has no stack capture here (no compiler, or Python before 3.11)")
+    return made
+
+
+@pytest.mark.parametrize("how", ["python", "native"])
+def test_stacks_through_module_anchors_equal_full_walks(tmp_path, monkeypatch, how):
+    """A collector's stacks, each walked only to its module call's anchor (by the Python capture, or the
+    native op's), equal the same run's stacks walked whole by the Python capture."""
     runs, through_anchor = {}, []
     capture = call_stacks.capture
+    chosen = _native_capture() if how == "native" else capture
 
-    def spy(frame, anchor=None, outer=None):
+    def spy(frame, anchor=None, outer=None, *limit):
         through_anchor.append(anchor is not None)
-        return capture(frame, anchor, outer)
+        return chosen(frame, anchor, outer, *limit)
 
     for name in ("anchored", "walked"):
         if name == "anchored":
-            monkeypatch.setattr(call_stacks, "capture", spy)
+            monkeypatch.setattr(call_stacks, "capture_function", lambda native=None: spy)
         else:
-            monkeypatch.setattr(call_stacks, "capture", capture)
             monkeypatch.setattr(call_stacks.Anchors, "capture", lambda self, frame: capture(frame))
         runs[name] = _stacks(tmp_path, name)  # one line: the outermost frames are the same
     assert through_anchor.count(True) > through_anchor.count(False)  # the anchors were used
@@ -133,6 +147,22 @@ def test_stacks_through_module_anchors_equal_full_walks(tmp_path, monkeypatch):
         assert anchored[name] and not any(line.startswith(f"File {RUNTIME}") for line in anchored[name]), name
     assert "in helper" in anchored["Torch.tanh.0.forward"][0]
     assert "in forward" in anchored["Functional.relu.1.forward"][0]
+
+
+def test_native_capture_makes_the_python_captures_pairs():
+    """The native op's capture gives the very pair the Python one gives: the same code objects and offsets,
+    stopping at the anchor (with its outer part) or at the limit (with None), from a frame or from None."""
+    native = _native_capture()
+    frame = sys._getframe().f_back  # the caller's: its offset stays put while both capture it
+    outer = ("outer frames", None)
+    for args in ((frame,), (frame, frame, outer), (frame, frame.f_back, outer), (None,), (frame, None, None, 2),
+                 (frame, frame.f_back.f_back, outer, 1)):
+        full = args + (None, None, 256)[len(args) - 1:]
+        assert native(*full) == call_stacks.capture(*args), args
+    made = native(frame, frame, outer, 256)
+    assert made[1] is outer and all(a is b for a, b in zip(made[0], call_stacks.capture(frame, frame, outer)[0]))
+    with pytest.raises(TypeError):
+        native("not a frame", None, None, 256)
 
 
 def test_equal_stacks_resolve_to_one_tuple_whatever_their_outer_parts():

@@ -1,0 +1,127 @@
+"""A module's consumer nodes (backward.consumer_edges): the native op's walk of autograd's graph finds what the
+Python walk finds, node for node and edge for edge, in the same order, and gives up at the same limit."""
+import random
+
+import pytest
+import torch
+
+from msprobe_runtime import backward as bw
+from msprobe_runtime import native_stats
+
+
+@pytest.fixture(scope="module")
+def native_walk():
+    module = native_stats.load()
+    walk = getattr(module, "consumer_edges", None)
+    if walk is None:
+        pytest.skip("the native op cannot be built here")
+    return walk
+
+
+def _both(native_walk, inputs, outputs, limit=None):
+    targets, _ = bw.gradient_targets(inputs)
+    if limit is None:
+        python = bw._consumer_edges(inputs, outputs, targets)
+        native = native_walk(inputs, outputs, list(targets.values()), 20000)
+    else:
+        python = None  # the Python walk's limit is the module's constant: compared through the native one
+        native = native_walk(inputs, outputs, list(targets.values()), limit)
+    return python, native
+
+
+def _same(python, native):
+    assert python is not None and native is not None
+    assert [(id(node), edges) for node, edges in python] == [(id(node), edges) for node, edges in native]
+    return native
+
+
+class Twice(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2
+
+
+def _cases():
+    w = torch.randn(3, requires_grad=True)
+    a = torch.randn(3, requires_grad=True)
+    x = a * 3  # a non-leaf input
+    yield "leaf input", [w], [(w * 2).sin()]
+    yield "non-leaf input", [x], [x.sin() * x.cos()]
+    yield "an input taken twice", [x, x], [x + x.exp()]
+    yield "a leaf and a non-leaf", [w, x, None], [(w * x).sum() * w]
+    parts = x.split(1)
+    yield "outputs of one node as inputs", list(parts), [parts[0] * parts[2] + parts[1]]
+    yield "an input passed through", [x], [x]
+    yield "a custom Function inside", [x], [Twice.apply(x).tanh()]
+    yield "an input that needs no gradient", [torch.randn(3), x], [x.relu()]
+    h = x.sin()
+    yield "the walk stops at the inputs", [h], [h.exp() * x]
+
+
+@pytest.mark.parametrize("case", [c[0] for c in _cases()])
+def test_native_walk_finds_what_the_python_walk_finds(native_walk, case):
+    [(_, inputs, outputs)] = [c for c in _cases() if c[0] == case]
+    found = _same(*_both(native_walk, inputs, outputs))
+    if case == "an input passed through":
+        assert found == []  # no node inside the module: the input falls back to a tensor hook
+    elif case != "an input that needs no gradient":
+        assert found, case
+    if case == "a custom Function inside":
+        assert any(type(node).__name__ == "TwiceBackward" for node, _ in found)
+
+
+def test_native_walk_on_random_graphs(native_walk):
+    rng = random.Random(0)
+    for trial in range(60):
+        leaf = torch.randn(4, requires_grad=True)
+        values = [leaf, leaf * 2]
+        for _ in range(40):
+            a, b = rng.choice(values), rng.choice(values)
+            op = rng.choice(["add", "mul", "sin", "split", "view", "sum"])
+            if op == "add":
+                values.append(a + b)
+            elif op == "mul":
+                values.append(a * b)
+            elif op == "sin":
+                values.append(a.sin())
+            elif op == "split":
+                values.extend(part.repeat(2) for part in a.split(2))  # one node, two outputs
+            elif op == "view":
+                values.append(a.view(-1))
+            else:
+                values.append(a.sum() * b)
+        inputs = rng.sample(values[:20], 3) + [leaf]
+        outputs = values[-3:]
+        _same(*_both(native_walk, inputs, outputs))
+
+
+def test_native_walk_gives_up_past_its_limit(native_walk):
+    x = torch.randn(2, requires_grad=True)
+    y = x
+    for _ in range(30):
+        y = y.sin()
+    _, native = _both(native_walk, [x], [y], limit=10)
+    assert native is None
+    _, native = _both(native_walk, [x], [y], limit=30)
+    assert native and native[0][1] == [(0, 0)]
+
+
+def test_a_tensor_subclass_takes_the_python_walk(native_walk):
+    class Mine(torch.Tensor):
+        pass
+
+    x = torch.randn(3, requires_grad=True) * 2
+    y = x.sin().as_subclass(Mine)
+    calls = []
+
+    def walk(*args):
+        calls.append(args)
+        return native_walk(*args)
+
+    targets, _ = bw.gradient_targets([x])
+    assert bw.consumer_edges(walk, [x], [y], targets) and calls == []
+    assert bw.consumer_edges(walk, [x], [x.sin()], targets) and len(calls) == 1
