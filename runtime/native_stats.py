@@ -261,19 +261,32 @@ PyObject* dtype_name(at::ScalarType type) {  // str(dtype), "torch.float32", mad
   return name;
 }
 
+// A tuple of numbers, strings, None and such tuples can hold no reference cycle: the garbage collector need not
+// look at it. CPython untracks such a tuple itself, but only at the first collection that meets it; untracked
+// now, a step's records are never walked by the young collections that the step's own allocations bring on.
+PyObject* untracked(PyObject* tuple) {
+  if (tuple != nullptr) PyObject_GC_UnTrack(tuple);
+  return tuple;
+}
+
 PyObject* new_record(const at::Tensor& t, PyObject* row, bool scalar) {  // json_files.native_json reads it
   const int64_t dim = t.dim();
   PyObject* shape = PyTuple_New(dim);
   if (shape == nullptr) throw py::error_already_set();
   for (int64_t d = 0; d < dim; ++d) PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(t.size(d)));
+  untracked(shape);
   PyObject* out = PyTuple_New(5);
+  if (out == nullptr) {
+    Py_DECREF(shape);
+    throw py::error_already_set();
+  }
   PyTuple_SET_ITEM(out, 0, dtype_name(t.scalar_type()));
   PyTuple_SET_ITEM(out, 1, shape);
   PyTuple_SET_ITEM(out, 2, PyBool_FromLong(t.requires_grad()));
   PyTuple_SET_ITEM(out, 3, PyBool_FromLong(scalar));
   Py_INCREF(row);
-  PyTuple_SET_ITEM(out, 4, row);
-  return out;
+  PyTuple_SET_ITEM(out, 4, row);  // untracked by its maker (read, integral_record)
+  return untracked(out);
 }
 
 PyObject* builtin_record(PyObject* item) {  // records.describe_builtin's {"type", "value"} for exact types
@@ -321,6 +334,7 @@ PyObject* integral_record(const at::Tensor& t) {
     py::object low = py::reinterpret_steal<py::object>(long_of(std::get<0>(extremes)));
     row = py::make_tuple(top, low, py::none(), py::none());
   }
+  untracked(row.ptr());
   return new_record(t, row.ptr(), scalar);
 }
 
@@ -397,7 +411,7 @@ class Recorder {
     PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(values.size()));
     if (tuple == nullptr) throw py::error_already_set();
     for (size_t k = 0; k < values.size(); ++k) PyTuple_SET_ITEM(tuple, k, PyFloat_FromDouble(values[k]));
-    *row = py::reinterpret_steal<py::object>(tuple);
+    *row = py::reinterpret_steal<py::object>(untracked(tuple));
     *scalar = t.dim() == 0;
     return new_record(t, row->ptr(), *scalar);
   }
