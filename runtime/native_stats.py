@@ -498,8 +498,10 @@ py::tuple capture(py::handle frame, py::handle anchor, py::handle outer, int64_t
   PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(raw.size()));
   if (tuple == nullptr) throw py::error_already_set();
   for (size_t i = 0; i < raw.size(); ++i) PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(i), raw[i].release().ptr());
-  return py::make_tuple(py::reinterpret_steal<py::object>(tuple),
-                        anchored ? py::reinterpret_borrow<py::object>(outer) : py::none());
+  py::tuple pair = py::make_tuple(py::reinterpret_steal<py::object>(untracked(tuple)),  // code objects, ints
+                                  anchored ? py::reinterpret_borrow<py::object>(outer) : py::none());
+  if (!anchored || outer.is_none() || !PyObject_GC_IsTracked(outer.ptr())) untracked(pair.ptr());
+  return pair;
 }
 #endif
 
