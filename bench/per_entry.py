@@ -197,7 +197,7 @@ def measure_parts(torch, runtime, PrecisionDebugger, start, finish, dump, args):
     """Seconds per call of each part, on the collector of a started debugger; {} where this runtime has no
     such functions (an older one, measured for its total only)."""
     try:
-        from msprobe_runtime import backward, call_stacks, shims
+        from msprobe_runtime import backward, call_stacks, native_stats, shims
     except ImportError:
         return {}
     if os.path.dirname(call_stacks.__file__) != os.path.dirname(runtime.__file__):
@@ -212,13 +212,14 @@ def measure_parts(torch, runtime, PrecisionDebugger, start, finish, dump, args):
         return sys._getframe() if depth == 0 else deep(depth - 1)
 
     frame, shallow = deep(args.depth), sys._getframe()
+    capture = call_stacks.capture_function(native_stats.load())  # the collector's: the native op's where it has one
     n = args.calls
     bodies = {
         "naming": lambda: collector._begin("Functional.relu"),
         "input record": lambda: collector.describe_seq((x,), None),
         "output record": lambda: collector.describe_output(y, None),
-        "call stack": lambda: call_stacks.capture(frame),
-        "call stack (shallow)": lambda: call_stacks.capture(shallow),
+        "call stack": lambda: capture(frame, None, None, call_stacks.MAX_RAW),
+        "call stack (shallow)": lambda: capture(shallow, None, None, call_stacks.MAX_RAW),
         "backward attachment": lambda: backward.hook_api_backward(collector, "Functional.relu.0.backward", [y]),
     }
     parts = {}

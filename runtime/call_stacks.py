@@ -12,7 +12,7 @@ import os
 import sys
 
 MAX_FRAMES = 64       # stack.json's lines per entry, innermost first
-_MAX_RAW = 4 * MAX_FRAMES  # frames walked before the runtime's and nn.Module's call frames are dropped
+MAX_RAW = 4 * MAX_FRAMES  # frames walked before the runtime's and nn.Module's call frames are dropped
 
 _RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__))
 # f_lasti is a byte offset into the code, and co_lines maps those offsets to lines, from Python 3.10;
@@ -20,7 +20,7 @@ _RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__))
 _OFFSETS = sys.version_info >= (3, 10)
 
 
-def capture(frame, anchor=None, outer=None, limit=_MAX_RAW):
+def capture(frame, anchor=None, outer=None, limit=MAX_RAW):
     """The stack from ``frame`` outwards as a pair ``((code, position, code, position, ...), outer)``.
 
     ``anchor``: a frame known to be on this stack whose own outer part is already captured as ``outer``
@@ -79,9 +79,9 @@ class Anchors:
         """``capture(frame)``, through the innermost running module call's anchor."""
         index = self._anchored(len(self._open) - 1)
         if index < 0:
-            return self._capture(frame, None, None, _MAX_RAW)
+            return self._capture(frame, None, None, MAX_RAW)
         anchor, outer = self._outer(index)
-        return self._capture(frame, anchor, outer, _MAX_RAW)
+        return self._capture(frame, anchor, outer, MAX_RAW)
 
     def _anchored(self, index):
         """The nearest open call at or below ``index`` that has an anchor; -1 where none has."""
@@ -96,7 +96,7 @@ class Anchors:
             parent = self._anchored(index - 1)
             start = entry[0].f_back
             anchor, outer = self._outer(parent) if parent >= 0 else (None, None)
-            entry[1] = self._capture(start, anchor, outer, _MAX_RAW)  # a pair
+            entry[1] = self._capture(start, anchor, outer, MAX_RAW)  # a pair
         return entry[0], entry[1]
 
 
