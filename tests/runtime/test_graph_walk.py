@@ -125,3 +125,96 @@ def test_a_tensor_subclass_takes_the_python_walk(native_walk):
     targets, _ = bw.gradient_targets([x])
     assert bw.consumer_edges(walk, [x], [y], targets) and calls == []
     assert bw.consumer_edges(walk, [x], [x.sin()], targets) and len(calls) == 1
+
+
+MODEL = '''
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.norm = nn.LayerNorm(4)
+
+    def forward(self, x, scale=None):
+        h = __msprobe__.call("Torch.tanh", torch.tanh, self.fc(x))
+        return self.norm(h + x) * (scale if scale is not None else 1.0)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first = Block()
+        self.second = nn.Sequential(Block(), nn.ReLU())
+
+    def forward(self, x):
+        y = self.first(x, scale=2.0)
+        return self.second(y) + y
+'''
+
+
+def _mix_dump(tmp_path, name):
+    import glob
+    import json
+    import os
+
+    import msprobe_runtime
+    from msprobe_runtime import PrecisionDebugger
+
+    namespace = {"__msprobe__": msprobe_runtime, "__name__": "walked_model"}
+    exec(compile(MODEL, "walked_model.py", "exec"), namespace)
+    torch.manual_seed(0)
+    model = namespace["Net"]()
+    x = torch.randn(3, 4, requires_grad=True)
+    debugger = PrecisionDebugger(dump_path=str(tmp_path / name), task="statistics", level="mix")
+    debugger.start(model)
+    model(x * 1.5).sum().backward()
+    debugger.stop()
+    debugger.wait()
+    [directory] = glob.glob(os.path.join(str(tmp_path / name), "step0", "*"))
+    out = {}
+    for file in ("dump.json", "stack.json", "construct.json"):
+        with open(os.path.join(directory, file)) as handle:
+            out[file] = json.load(handle)
+    return out
+
+
+def test_a_mix_dump_is_the_same_with_the_native_op_off(tmp_path, monkeypatch, native_walk):
+    """The module backward entries (found by the walk) and every stack (captured by the op) are those of the
+    Python paths: the whole mix dump with the op off is the same, but for the last float32 bit of Mean and
+    Norm, which the torch ops sum in another order."""
+    dumps = {}
+    try:
+        for name in ("on", "off"):  # from one line: the stacks' outermost frames are the same
+            if name == "off":
+                monkeypatch.setenv("MSPROBE_NATIVE_STATS", "0")
+                native_stats.reset()
+            dumps[name] = _mix_dump(tmp_path, name)
+    finally:
+        monkeypatch.delenv("MSPROBE_NATIVE_STATS", raising=False)
+        native_stats.reset()
+    on, off = dumps["on"], dumps["off"]
+    assert on["stack.json"] == off["stack.json"] and on["construct.json"] == off["construct.json"]
+    on_data, off_data = on["dump.json"]["data"], off["dump.json"]["data"]
+    assert list(on_data) == list(off_data)
+    assert any(".backward." in name and name.startswith("Module.first") for name in on_data)
+
+    def numbers(value, path):
+        if isinstance(value, dict):
+            for key in value:
+                yield from numbers(value[key], path + (key,))
+        elif isinstance(value, list):
+            for index, item in enumerate(value):
+                yield from numbers(item, path + (index,))
+        else:
+            yield path, value
+
+    pairs = list(zip(numbers(on_data, ()), numbers(off_data, ())))
+    assert pairs and all(a[0] == b[0] for a, b in pairs)
+    for (path, a), (_, b) in pairs:
+        if path[-1] in ("Mean", "Norm") and isinstance(a, float) and isinstance(b, float):
+            assert a == pytest.approx(b, rel=1e-6, abs=1e-7), path
+        else:
+            assert a == b, path
