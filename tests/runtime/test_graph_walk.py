@@ -57,6 +57,8 @@ def _cases():
     yield "outputs of one node as inputs", list(parts), [parts[0] * parts[2] + parts[1]]
     yield "an input passed through", [x], [x]
     yield "a custom Function inside", [x], [Twice.apply(x).tanh()]
+    made = Twice.apply(w)
+    yield "an input a custom Function made", [made, w], [made.tanh() * w]
     yield "an input that needs no gradient", [torch.randn(3), x], [x.relu()]
     h = x.sin()
     yield "the walk stops at the inputs", [h], [h.exp() * x]
