@@ -45,8 +45,8 @@ def capture(frame, anchor=None, outer=None, limit=MAX_RAW):
 def capture_function(native=None):
     """``capture`` as the native op does it (``native.capture``, Python 3.11+: the same pair, made without a
     Python step per frame), or this module's where it has none."""
-    made = getattr(native, "capture", None) if native is not None else None
-    return made if made is not None and _OFFSETS else capture
+    made = getattr(native, "capture", None) if native is not None else None  # built on 3.11+ only
+    return made if made is not None else capture
 
 
 class Anchors:

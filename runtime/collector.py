@@ -191,14 +191,10 @@ class Collector:
         """The step's tables for the writer. ``handover``: the caller resets right after, so the tables
         themselves go; otherwise collection may go on in this step, and the entries are the collector's own
         still: the caller makes its files from them at once, or copies those that later hooks may fill
-        (``copied``: backward, parameter gradients). Forward entries are complete once stored."""
+        (``records.copied``: backward, parameter gradients). Forward entries are complete once stored."""
         with self._lock:
-            if handover:
-                data = self.data
-                data.update(self.pending_backward)  # incomplete ones still show what arrived
-            else:
-                data = dict(self.data)
-                data.update(self.pending_backward)
+            data = self.data if handover else dict(self.data)
+            data.update(self.pending_backward)  # incomplete ones still show what arrived
             tensors, self.tensors = self.tensors, []
         if self.selection is not None:
             self.selection.end_step()
@@ -748,18 +744,3 @@ def _dtype_name(dtype):
     if name is None:
         name = _DTYPE_NAMES[dtype] = str(dtype)
     return name
-
-
-def copied(data):
-    """A step's entries (``snapshot``'s ``data``) as they are now: each entry that later hooks of the step may
-    still fill (all but forward entries) copied, down to its lists and dicts (records are immutable)."""
-    return {name: entry if dump_names.is_forward(name) else copy_records(entry) for name, entry in data.items()}
-
-
-def copy_records(obj):
-    """``obj`` with its lists and dicts (of the collector's making: exact types) copied, all the way down."""
-    if isinstance(obj, list):
-        return [copy_records(o) for o in obj]
-    if isinstance(obj, dict):
-        return {k: copy_records(v) for k, v in obj.items()}
-    return obj

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 from .foreign import is_subclass, key_text, mapping_items, sequence_items
+from .json_files import copy_records
 from .records import resolve
 from .writer import Writer
 
@@ -109,7 +110,7 @@ class DebugRecords:
                 handle.remove()  # a saved parameter would otherwise keep one dead hook per step
             self.handles = []
             return data
-        return {name: _copy(entry) for name, entry in self.data.items()}
+        return {name: copy_records(entry) for name, entry in self.data.items()}
 
 
 def _grad_hook(records, collector, token, holder, grad_name, path):
@@ -132,14 +133,6 @@ def _grad_hook(records, collector, token, holder, grad_name, path):
         return None  # observe only: the gradient is never replaced
 
     return hook
-
-
-def _copy(obj):
-    if type(obj) is list:
-        return [_copy(o) for o in obj]
-    if type(obj) is dict:
-        return {k: _copy(v) for k, v in obj.items()}
-    return obj
 
 
 class DebugJob:

@@ -20,6 +20,8 @@ import types
 from . import seeding, shims
 from .config import load_config, read_dump_enable
 from .debug_save import DebugJob, DebugRecords, DumpWriter, valid_variable
+from .json_files import copy_records
+from .records import copied
 from .writer import PreparedJob, StepJob
 
 logger = logging.getLogger("msprobe_runtime")
@@ -419,9 +421,7 @@ class PrecisionDebugger:
 def _detached(job):
     """``job`` holding none of the collector's entries that hooks may still fill in this step (collection goes
     on after a flush that is no hand-over): a message made already holds none; files, or a step left to the
-    writer thread, get copies (``collector.copied``), as a snapshot that copies makes them."""
-    from .collector import copied, copy_records  # imported already: a collector flushed
-
+    writer thread, get copies (``records.copied``)."""
     if type(job) is PreparedJob:
         if job.files is not None:
             job.files = [(name, copy_records(obj)) for name, obj in job.files]

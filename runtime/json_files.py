@@ -98,6 +98,11 @@ def expand(obj):
     return convert(obj, _NATIVE)
 
 
+def copy_records(obj):
+    """``obj`` with its lists and dicts copied, all the way down (its other values are immutable)."""
+    return convert(obj, {})
+
+
 def encode(message):
     """``message`` marshalled behind its length (ValueError for an object marshal cannot hold)."""
     payload = marshal.dumps(message, MARSHAL_VERSION)

@@ -285,7 +285,7 @@ PyObject* new_record(const at::Tensor& t, PyObject* row, bool scalar) {  // json
   PyTuple_SET_ITEM(out, 2, PyBool_FromLong(t.requires_grad()));
   PyTuple_SET_ITEM(out, 3, PyBool_FromLong(scalar));
   Py_INCREF(row);
-  PyTuple_SET_ITEM(out, 4, row);  // untracked by its maker (read, integral_record)
+  PyTuple_SET_ITEM(out, 4, untracked(row));  // numbers and None
   return untracked(out);
 }
 
@@ -334,7 +334,6 @@ PyObject* integral_record(const at::Tensor& t) {
     py::object low = py::reinterpret_steal<py::object>(long_of(std::get<0>(extremes)));
     row = py::make_tuple(top, low, py::none(), py::none());
   }
-  untracked(row.ptr());
   return new_record(t, row.ptr(), scalar);
 }
 
@@ -411,7 +410,7 @@ class Recorder {
     PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(values.size()));
     if (tuple == nullptr) throw py::error_already_set();
     for (size_t k = 0; k < values.size(); ++k) PyTuple_SET_ITEM(tuple, k, PyFloat_FromDouble(values[k]));
-    *row = py::reinterpret_steal<py::object>(untracked(tuple));
+    *row = py::reinterpret_steal<py::object>(tuple);
     *scalar = t.dim() == 0;
     return new_record(t, row->ptr(), *scalar);
   }

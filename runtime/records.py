@@ -3,15 +3,16 @@
 Describing a value never reads a tensor's data: a tensor becomes a ``TensorRecord`` holding its metadata and
 the slot where its statistics are being computed on the device. The writer thread resolves slots into numbers.
 A tensor the native op read at record time becomes a plain tuple instead (made by its ``Recorder``:
-``(dtype name, shape tuple, requires_grad, 0-d, row tuple)``), of strings and numbers only: the garbage
-collector stops tracking such a tuple at its first pass, so the records a step keeps until its flush do not
-pile up in its oldest generation, where they brought on full collections. It stays a tuple until the writing
-process makes it into msprobe's record (``json_files.native_json``).
+``(dtype name, shape tuple, requires_grad, 0-d, row tuple)``), of strings and numbers only, which the op
+leaves untracked by the garbage collector, so the records a step keeps until its flush are neither walked by
+its young collections nor piled up in its oldest generation, where they brought on full collections. It stays
+a tuple until the writing process makes it into msprobe's record (``json_files.native_json``).
 """
 from __future__ import annotations
 
 from .foreign import is_subclass, type_name
-from .json_files import convert, tensor_json
+from . import dump_names
+from .json_files import convert, copy_records, tensor_json
 from .statistics import KIND_BOOL, KIND_FLOAT, KIND_NO_MEAN, KIND_SCALAR, slot_values
 
 MAX_DEPTH = 32
@@ -97,3 +98,9 @@ def describe_builtin(value):
 
 
 _BASE_VALUE = {int: int.__index__, float: float.__float__, str: str.__str__}
+
+
+def copied(data):
+    """A step's entries (``Collector.snapshot``'s ``data``) as they are now: each entry that later hooks of the
+    step may still fill (all but forward entries) copied, down to its lists and dicts (``copy_records``)."""
+    return {name: entry if dump_names.is_forward(name) else copy_records(entry) for name, entry in data.items()}
