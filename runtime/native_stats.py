@@ -228,19 +228,27 @@ bool readable(const at::Tensor& t) {
 // Every statistic is independent of element order, so a broadcast (stride-0) dimension is read once and
 // counted ``size`` times, and a tensor whose elements fill one block of memory (transposed or permuted) is
 // read as that block; only other layouts are copied first.
-std::vector<double> stats(const at::Tensor& input, bool counts) {
-  if (!readable(input) || input.numel() == 0) return {};
-  at::NoGradGuard no_grad;
+// ``input``'s elements as one block of memory, each element once: a broadcast (stride-0) dimension narrowed to
+// one (``repeat`` multiplied by its size), a negative view resolved, any other layout that does not fill one
+// block copied. What is read is the same multiset of values, up to the repeats.
+at::Tensor dense_once(const at::Tensor& input, double* repeat) {
   at::Tensor t = input;
   if (t.is_neg()) t = t.resolve_neg();
-  double repeat = 1.0;
   for (int64_t d = 0; d < t.dim(); ++d) {
     if (t.stride(d) == 0 && t.size(d) > 1) {
-      repeat *= static_cast<double>(t.size(d));
+      *repeat *= static_cast<double>(t.size(d));
       t = t.narrow(d, 0, 1);
     }
   }
   if (!t.is_non_overlapping_and_dense()) t = t.contiguous();
+  return t;
+}
+
+std::vector<double> stats(const at::Tensor& input, bool counts) {
+  if (!readable(input) || input.numel() == 0) return {};
+  at::NoGradGuard no_grad;
+  double repeat = 1.0;
+  const at::Tensor t = dense_once(input, &repeat);
   if (t.data_ptr() == nullptr) return {};
   const at::ScalarType type = t.scalar_type();
   if (type == at::kFloat) return stats_of<float>(t, counts, repeat);
@@ -304,37 +312,65 @@ PyObject* builtin_record(PyObject* item) {  // records.describe_builtin's {"type
   return out;
 }
 
-PyObject* long_of(const at::Tensor& value) {
-  PyObject* out = PyLong_FromLongLong(value.item<int64_t>());
+py::object long_of(int64_t value) {
+  PyObject* out = PyLong_FromLongLong(value);
   if (out == nullptr) throw py::error_already_set();
-  return out;
+  return py::reinterpret_steal<py::object>(out);
+}
+
+// Max and Min of ``n`` integers (n > 0), one pass.
+template <typename T>
+void extremes_of(const T* p, int64_t n, int64_t* top, int64_t* low) {
+  T mx = p[0], mn = p[0];
+  for (int64_t i = 1; i < n; ++i) {
+    mx = p[i] > mx ? p[i] : mx;
+    mn = p[i] < mn ? p[i] : mn;
+  }
+  *top = static_cast<int64_t>(mx);
+  *low = static_cast<int64_t>(mn);
 }
 
 // The record of a non-empty CPU tensor of bool or of a signed or 8-bit unsigned integer type, as the
 // collector's torch ops give it (statistics.tensor_kind): Max and Min (``any`` and ``all`` for bool, also
-// 0-d), or a 0-d integer's value as all four; no Mean, Norm nor NaN/Inf counts. By ATen's own reductions:
-// these tensors are few and small (token ids, masks). Else nullptr.
-PyObject* integral_record(const at::Tensor& t) {
-  const at::ScalarType type = t.scalar_type();
+// 0-d), or a 0-d integer's value as all four; no Mean, Norm nor NaN/Inf counts. Read here in one pass over
+// the block ``dense_once`` gives: through ATen's reductions (aminmax, any, all and their ``item``) these took
+// a quarter of the native records' time on the tiny GPT, whose token ids and masks are small. Else nullptr.
+PyObject* integral_record(const at::Tensor& input) {
+  const at::ScalarType type = input.scalar_type();
   const bool is_bool = type == at::kBool;
   if (!is_bool && type != at::kByte && type != at::kChar && type != at::kShort && type != at::kInt &&
       type != at::kLong)
     return nullptr;
-  if (!own_cpu_data(t) || t.numel() == 0) return nullptr;
+  if (!own_cpu_data(input) || input.numel() == 0) return nullptr;
+  double repeat = 1.0;
+  const at::Tensor t = dense_once(input, &repeat);
+  const void* data = t.data_ptr();
+  if (data == nullptr) return nullptr;
+  const int64_t n = t.numel();
   bool scalar = false;
   py::object row;
   if (is_bool) {
-    row = py::make_tuple(py::bool_(t.any().item<bool>()), py::bool_(t.all().item<bool>()), py::none(), py::none());
-  } else if (t.dim() == 0) {
-    scalar = true;
-    row = py::reinterpret_steal<py::object>(PyTuple_Pack(1, py::reinterpret_steal<py::object>(long_of(t)).ptr()));
+    const uint8_t* p = static_cast<const uint8_t*>(data);  // a bool is one byte, 0 or 1
+    int64_t set = 0;
+    for (int64_t i = 0; i < n; ++i) set += p[i] != 0;
+    row = py::make_tuple(py::bool_(set > 0), py::bool_(set == n), py::none(), py::none());
   } else {
-    const auto extremes = at::aminmax(t);
-    py::object top = py::reinterpret_steal<py::object>(long_of(std::get<1>(extremes)));
-    py::object low = py::reinterpret_steal<py::object>(long_of(std::get<0>(extremes)));
-    row = py::make_tuple(top, low, py::none(), py::none());
+    int64_t top = 0, low = 0;
+    switch (type) {
+      case at::kByte: extremes_of(static_cast<const uint8_t*>(data), n, &top, &low); break;
+      case at::kChar: extremes_of(static_cast<const int8_t*>(data), n, &top, &low); break;
+      case at::kShort: extremes_of(static_cast<const int16_t*>(data), n, &top, &low); break;
+      case at::kInt: extremes_of(static_cast<const int32_t*>(data), n, &top, &low); break;
+      default: extremes_of(static_cast<const int64_t*>(data), n, &top, &low); break;
+    }
+    if (input.dim() == 0) {
+      scalar = true;
+      row = py::make_tuple(long_of(top));
+    } else {
+      row = py::make_tuple(long_of(top), long_of(low), py::none(), py::none());
+    }
   }
-  return new_record(t, row.ptr(), scalar);
+  return new_record(input, row.ptr(), scalar);
 }
 
 // A tensor recently read, as Collector._reuse remembers one: held, with its version counter then, where its

@@ -257,6 +257,12 @@ def test_dump_equal_on_every_dtype(native, monkeypatch, tmp_path):
     inputs += [torch.empty(3, 2, device="meta"), torch.eye(3).to_sparse(), torch.nn.Parameter(torch.randn(6)),
                torch.randn(6, requires_grad=True), _inference(torch.randn(5, 2)), torch.tensor(-1.5).bfloat16(),
                torch.randn(4).as_subclass(_Subclass), torch.randn(6000).half()]
+    # integers and bools read by the op's own loop: broadcast, transposed, strided, at their type's limits
+    inputs += [torch.arange(16).unsqueeze(0).expand(2, 16), torch.randint(-9, 9, (6, 5), dtype=torch.int16).t(),
+               torch.arange(40)[::3], torch.tensor([-2 ** 31, 2 ** 31 - 1], dtype=torch.int32), torch.tensor([2 ** 53, -7]),
+               torch.tensor(-3, dtype=torch.int8),
+               torch.tensor([True, True]), torch.tensor([False, False]), torch.tensor(False),
+               torch.tril(torch.ones(1, 1, 16, 16)).expand(2, 1, 16, 16) < 0.5, torch.tensor([255, 0], dtype=torch.uint8)]
     mine = _dump(tmp_path, "native", inputs)
     monkeypatch.setattr(native_stats, "load", lambda: None)
     theirs = _dump(tmp_path, "fallback", inputs)
@@ -272,6 +278,24 @@ def test_dump_equal_on_every_dtype(native, monkeypatch, tmp_path):
             assert row_a == row_b, name
         else:
             assert_same([float(v) for v in row_a], [float(v) for v in row_b], dtype, inputs[int(name.split(".")[2])])
+
+
+def test_integer_extremes_are_exact_over_the_whole_range(native):
+    """The op reads integers as integers: Max and Min of int64 at its limits (and of every other integer type
+    it serves, in any layout) are exact, where the torch-op fallback passes them through float64."""
+    recorder = StatBuffer(nan_inf_count=True, native=native).native_recorder(4096, 4)
+    big = torch.tensor([[-2 ** 63, 5], [2 ** 63 - 1, 2 ** 53 + 1]])
+    values = (big, big.t(), big[:, 1], torch.tensor([2 ** 53 + 1]).expand(3), torch.tensor(2 ** 63 - 1))
+    records, todo = recorder.records(values)
+    assert todo == 0
+    rows = [record[4] for record in records]
+    assert rows[:3] == [(2 ** 63 - 1, -2 ** 63, None, None)] * 2 + [(2 ** 53 + 1, 5, None, None)]
+    assert rows[3:] == [(2 ** 53 + 1, 2 ** 53 + 1, None, None), (2 ** 63 - 1,)]
+    for dtype in (torch.int8, torch.uint8, torch.int16, torch.int32):
+        info = torch.iinfo(dtype)
+        t = torch.tensor([[info.max, 1], [0, info.min]], dtype=dtype)
+        [record], _ = recorder.records((t.t(),))
+        assert record[4] == (info.max, info.min, None, None), dtype
 
 
 @pytest.mark.slow  # a fresh interpreter
