@@ -55,7 +55,7 @@ def hook_api_backward(collector, name, outputs):
     token = collector.token
     width = len(outputs)
     for node, positions in nodes.items():
-        node.register_hook(_Observer(collector, token, "API backward hook", _observe_api,
+        node.register_hook(_Observer(collector, token, "API backward hook", observe_api,
                                      (name, width, positions)))
 
 
@@ -91,7 +91,7 @@ class _Observer:
         return None
 
 
-def _observe_api(collector, name, width, positions, grad_inputs, grad_outputs):
+def observe_api(collector, name, width, positions, grad_inputs, grad_outputs):
     entry = collector.backward_entry(name, width, 0)
     if entry is None:
         return

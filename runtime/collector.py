@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+import weakref
 
 import torch
 
@@ -91,6 +92,13 @@ class Collector:
         self.native_first = not self.tensor_task and self.checksum_mode is None
         # a call's arguments and outputs described in one native call where it serves (describe_seq)
         self._recorder = self.stats.native_recorder(_REUSE_MIN, _RECENT) if self.native_first else None
+        # The native op's API backward hooks (Recorder.hook_api, where ``native_backward``) put their records
+        # here, in the order they ran, until the next entry joins ``data`` (take_arrivals). The Recorder holds
+        # the collector by a weak reference only: nothing of the collector outlives the debugger's use of it.
+        self._arrivals = []
+        self.native_backward = False  # set by set_collecting
+        if self._recorder is not None:
+            self._recorder.observe_backward(self._arrivals, _api_backward_fallback, weakref.ref(self))
         modes = set(config.data_mode)
         everything = "all" in modes or not modes
         self.want_forward = everything or "forward" in modes or not ({"forward", "backward"} & modes)
@@ -163,6 +171,16 @@ class Collector:
     def in_uninstrumented_code(self):
         return not self.ctx[-1]
 
+    def set_collecting(self, collecting):
+        """Collection on or off (``start``, ``stop``). When on, an API's backward is observed by the native op's
+        hooks where it serves: statistics with no checksum, no scope nor list, and no compiled autograd (whose
+        graph capture asks every hook for ``compiled_args``, which only torch's Python hooks have)."""
+        self.collecting = collecting
+        if self._recorder is not None:
+            self._recorder.collecting = collecting
+            if collecting:
+                self.native_backward = self.selection is None and not _compiled_autograd()
+
     # ----------------------------------------------------------------- step state
 
     def reset(self):
@@ -178,7 +196,9 @@ class Collector:
         self.tensor_records = 0  # TensorRecords made this step (none: the flush need not look for them)
         self._recent = {}  # _reuse's table: StatBuffer.add's slots (the native Recorder keeps its own)
         if self._recorder is not None:
-            self._recorder.clear()
+            self._recorder.clear()  # hooks of earlier steps stay silent from now on
+        del self._arrivals[:]
+        self.api_backward_hooks = []  # (backward entry name, outputs) of each native hook's index, this step
         self.backward_parents = {}  # backward entry -> parent module's forward entry
         self.pending_backward = {}  # module backward entries still waiting for some of their gradients
         self.param_waiters = {}  # id(parameter) -> callbacks waiting for its gradient's accumulation
@@ -192,6 +212,8 @@ class Collector:
         themselves go; otherwise collection may go on in this step, and the entries are the collector's own
         still: the caller makes its files from them at once, or copies those that later hooks may fill
         (``records.copied``: backward, parameter gradients). Forward entries are complete once stored."""
+        if self._arrivals:
+            self.take_arrivals()
         with self._lock:
             data = self.data if handover else dict(self.data)
             data.update(self.pending_backward)  # incomplete ones still show what arrived
@@ -331,6 +353,8 @@ class Collector:
         if entry is not None:
             if self.want_output:
                 entry["output"] = self.describe_output(result, self.file_stem(forward, "output"))
+            if self._arrivals:
+                self.take_arrivals()
             with self._lock:
                 self.data[forward] = entry
             self.stacks[forward] = self.anchors.capture(frame if frame is not None else sys._getframe(1))
@@ -348,11 +372,43 @@ class Collector:
             parent = self.module_stack[-1] if (self.construct_apis and self.module_stack) else None
             backward = dump_names.api_backward(name)
             self.backward_parents[backward] = parent
-            bw.hook_api_backward(self, backward, outputs)
+            if self.native_backward:
+                table = self.api_backward_hooks
+                table.append((backward, len(outputs)))
+                self._recorder.hook_api(outputs, len(table) - 1)
+            else:
+                bw.hook_api_backward(self, backward, outputs)
+
+    def take_arrivals(self):
+        """The backward entries of the API backward hooks that the native op ran (``Recorder.hook_api``), made in
+        the order the hooks ran. Called before any other entry joins ``data``, and by ``snapshot``, so that
+        dump.json keeps the order of execution, as with the Python hooks (``backward.observe_api``)."""
+        arrivals = self._arrivals
+        with self._lock:  # each arrival taken once; the hooks append meanwhile, holding the GIL only
+            count = len(arrivals)
+            batch = arrivals[:count]
+            del arrivals[:count]
+        table = self.api_backward_hooks
+        for index, received, sent in batch:
+            name, width = table[index]
+            entry = self._backward_entry(name, width, 0)
+            if entry is None:
+                continue
+            if "input" in entry:
+                slots = entry["input"]
+                for position, record in received:
+                    slots[position] = record
+            if "output" in entry:
+                entry["output"].extend(sent)
 
     def backward_entry(self, name, input_width, output_width, deferred=False):
         """The backward entry ``name``, created the first time a hook reaches it. A deferred entry (a module's)
         joins dump.json at ``commit_backward``, when its last part arrived."""
+        if self._arrivals:
+            self.take_arrivals()
+        return self._backward_entry(name, input_width, output_width, deferred)
+
+    def _backward_entry(self, name, input_width, output_width, deferred=False):
         entry = self.data.get(name)
         if entry is None:
             entry = self.pending_backward.get(name)
@@ -382,6 +438,8 @@ class Collector:
         return entry
 
     def commit_backward(self, name):
+        if self._arrivals:
+            self.take_arrivals()
         with self._lock:
             entry = self.pending_backward.pop(name, None)
             if entry is not None:
@@ -442,6 +500,8 @@ class Collector:
                 else:
                     entry["parameters"] = dict(zip([param_name for param_name, _ in own],
                                                    self.describe_seq([param for _, param in own], None)))
+            if self._arrivals:
+                self.take_arrivals()
             with self._lock:
                 self.data[name] = entry
         if args is not None and self.want_backward and torch.is_grad_enabled():
@@ -485,6 +545,8 @@ class Collector:
         if self.selection is not None and not self.selection.parameters_grad(name):
             self.param_accumulated(param)
             return
+        if self._arrivals:
+            self.take_arrivals()
         entry = self.data.get(name)
         if entry is None:
             entry = {}
@@ -684,6 +746,30 @@ class Collector:
             if len(recent) > _RECENT:
                 del recent[next(iter(recent))]
         return result
+
+
+def _api_backward_fallback(owner, index, positions, grad_inputs, grad_outputs):
+    """A native API backward hook met a gradient the op does not record (another dtype or device, a subclass):
+    the collector's Python records that call's gradients (``backward.observe_api``), as its own hooks do."""
+    collector = owner()
+    if collector is None:
+        return
+    try:
+        name, width = collector.api_backward_hooks[index]
+        with collector.own_work:
+            bw.observe_api(collector, name, width, positions, grad_inputs, grad_outputs)
+    except Exception as error:
+        collector.log_error("API backward hook", error)
+
+
+def _compiled_autograd():
+    """Whether torch's compiled autograd is on (``torch._dynamo``'s flag, or its config for torch.compile); not
+    imported: not on."""
+    module = sys.modules.get("torch._dynamo.compiled_autograd")
+    if module is not None and getattr(module, "compiled_autograd_enabled", False):
+        return True
+    config = sys.modules.get("torch._dynamo.config")
+    return bool(config is not None and getattr(config, "compiled_autograd", False))
 
 
 def _place(t):

@@ -161,7 +161,7 @@ class PrecisionDebugger:
             collector.param_hooks = True
         if self._module_dump is not None:
             self._apply_module_dump()
-        collector.collecting = True
+        collector.set_collecting(True)
         self._dirty = True
         shims._collector = collector
         shims.set_collecting(True)
@@ -182,7 +182,7 @@ class PrecisionDebugger:
             return False
         shims._collector = None
         shims.set_collecting(False)
-        collector.collecting = False
+        collector.set_collecting(False)
         if self._tokens is not None:
             self._tokens.remove()
             self._tokens = None

@@ -60,6 +60,8 @@ SOURCE = r"""
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/python_cpp_function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <memory>
 #include <frameobject.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -395,7 +397,40 @@ struct Recent {
 // ``keep`` such tensors (Collector._reuse's rule: the same tensor at the same version, or one whose elements
 // are exactly the same block of memory at the same version: a transpose, a view, a detach), and its row
 // reused; ``clear`` forgets them (a new step). ``reads`` counts the tensors read, not those served again.
-class Recorder {
+class Recorder;
+
+// An API call's backward, observed by the op: a post-hook on one grad_fn behind the API's outputs (``positions``:
+// (output position, the node's output number) of each), which makes the records of the gradients there and
+// adds ``(index, [(position, record)], [records])`` to the Recorder's ``arrivals`` list, where the collector
+// reads it (Collector.take_arrivals): no Python frame runs in the backward. A gradient it cannot record hands
+// the whole call to the Recorder's Python ``fallback``. ``generation``: the step it was attached in; a hook of
+// an earlier step stays silent. It returns the gradients it was given, so the engine goes on as without it.
+class ApiBackwardHook : public torch::autograd::FunctionPostHook {
+ public:
+  ApiBackwardHook(std::shared_ptr<Recorder> recorder, int64_t generation, int64_t index,
+                  std::vector<std::pair<int64_t, int64_t>> positions)
+      : recorder_(std::move(recorder)), generation_(generation), index_(index), positions_(std::move(positions)) {}
+
+  ~ApiBackwardHook() override {
+    if (Py_IsInitialized()) {
+      py::gil_scoped_acquire gil;  // the last hook may own the Recorder, and the Recorder Python objects
+      recorder_.reset();
+    } else {
+      new std::shared_ptr<Recorder>(std::move(recorder_));  // the interpreter is gone: left, as torch's own hooks
+    }
+  }
+
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grad_inputs,
+                                            const torch::autograd::variable_list& grad_outputs) override;
+
+ private:
+  std::shared_ptr<Recorder> recorder_;
+  int64_t generation_;
+  int64_t index_;
+  std::vector<std::pair<int64_t, int64_t>> positions_;
+};
+
+class Recorder : public std::enable_shared_from_this<Recorder> {
  public:
   Recorder(bool counts, int64_t below, size_t keep, py::object later)
       : counts_(counts), below_(below), keep_(keep), later_(std::move(later)) {}
@@ -434,11 +469,123 @@ class Recorder {
     return py::make_tuple(out, todo);
   }
 
-  void clear() { recent_.clear(); }
+  void clear() {  // a new step: its hooks, and none of the earlier steps', may record
+    recent_.clear();
+    ++generation_;
+  }
 
   int64_t reads() const { return reads_; }
 
+  // Where the API backward hooks put what they record, and who records what they cannot:
+  // ``fallback(owner, index, positions, grad_inputs, grad_outputs)``, ``owner`` passed back as given (a weak
+  // reference: the Recorder must not keep the collector alive).
+  void observe_backward(py::object arrivals, py::object fallback, py::object owner) {
+    if (!PyList_CheckExact(arrivals.ptr())) throw py::type_error("arrivals: a list");
+    arrivals_ = std::move(arrivals);
+    fallback_ = std::move(fallback);
+    owner_ = std::move(owner);
+  }
+
+  bool collecting = false;
+
+  // backward.hook_api_backward, natively: a post-hook on each grad_fn behind ``outputs`` (tensors or None), the
+  // outputs grouped by node in order of first appearance. The number of hooks attached.
+  int64_t hook_api(py::handle outputs, int64_t index) {
+    PyObject* seq = outputs.ptr();
+    if (!PyTuple_CheckExact(seq) && !PyList_CheckExact(seq)) throw py::type_error("a tuple or a list");
+    std::vector<std::pair<torch::autograd::Node*, std::vector<std::pair<int64_t, int64_t>>>> nodes;
+    std::vector<c10::intrusive_ptr<torch::autograd::Node>> held;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      PyObject* item = PySequence_Fast_GET_ITEM(seq, i);
+      if (item == Py_None || !THPVariable_Check(item)) continue;
+      const at::Tensor& t = THPVariable_Unpack(item);
+      auto fn = t.grad_fn();
+      if (!fn) continue;
+      const std::pair<int64_t, int64_t> position{static_cast<int64_t>(i), static_cast<int64_t>(t.output_nr())};
+      bool found = false;
+      for (auto& node : nodes) {
+        if (node.first == fn.get()) {
+          node.second.push_back(position);
+          found = true;
+          break;
+        }
+      }
+      if (!found) {
+        nodes.push_back({fn.get(), {position}});
+        held.push_back(std::move(fn));
+      }
+    }
+    for (size_t k = 0; k < nodes.size(); ++k) {
+      held[k]->add_post_hook(
+          std::make_unique<ApiBackwardHook>(shared_from_this(), generation_, index, std::move(nodes[k].second)));
+    }
+    return static_cast<int64_t>(nodes.size());
+  }
+
+  // One API backward hook's call, with the GIL held.
+  void api_backward(int64_t generation, int64_t index, const std::vector<std::pair<int64_t, int64_t>>& positions,
+                    const torch::autograd::variable_list& grad_inputs,
+                    const torch::autograd::variable_list& grad_outputs) {
+    if (generation != generation_ || !collecting || arrivals_.is_none()) return;
+    try {
+      at::NoGradGuard no_grad;
+      py::list received;  // (position, record) of the gradients w.r.t. the API's outputs
+      for (const auto& position : positions) {
+        if (position.second >= static_cast<int64_t>(grad_outputs.size())) continue;
+        PyObject* record = gradient_record(grad_outputs[position.second]);
+        if (record == nullptr) return fallback(index, positions, grad_inputs, grad_outputs);
+        received.append(py::make_tuple(position.first, py::reinterpret_steal<py::object>(record)));
+      }
+      py::list sent(static_cast<Py_ssize_t>(grad_inputs.size()));  // records of the gradients w.r.t. its inputs
+      for (size_t k = 0; k < grad_inputs.size(); ++k) {
+        PyObject* record = gradient_record(grad_inputs[k]);
+        if (record == nullptr) return fallback(index, positions, grad_inputs, grad_outputs);
+        PyList_SET_ITEM(sent.ptr(), static_cast<Py_ssize_t>(k), record);
+      }
+      py::tuple arrival = py::make_tuple(index, received, sent);
+      if (PyList_Append(arrivals_.ptr(), arrival.ptr()) != 0) throw py::error_already_set();
+    } catch (const std::exception&) {
+      PyErr_Clear();
+      fallback(index, positions, grad_inputs, grad_outputs);  // the collector's Python records it, or logs why not
+    }
+  }
+
  private:
+  PyObject* gradient_record(const at::Tensor& grad) {  // None for an undefined gradient; nullptr: not served
+    if (!grad.defined()) {
+      Py_INCREF(Py_None);
+      return Py_None;
+    }
+    return tensor_record(grad);
+  }
+
+  void fallback(int64_t index, const std::vector<std::pair<int64_t, int64_t>>& positions,
+                const torch::autograd::variable_list& grad_inputs,
+                const torch::autograd::variable_list& grad_outputs) {
+    try {
+      py::list pairs;
+      for (const auto& position : positions) pairs.append(py::make_tuple(position.first, position.second));
+      fallback_(owner_, index, pairs, wrapped(grad_inputs), wrapped(grad_outputs));
+    } catch (const std::exception&) {
+      PyErr_Clear();  // the fallback logs its own errors; nothing of ours reaches the backward
+    }
+  }
+
+  static py::tuple wrapped(const torch::autograd::variable_list& grads) {  // as torch passes them to a hook
+    py::tuple out(grads.size());
+    for (size_t k = 0; k < grads.size(); ++k) {
+      PyObject* item = grads[k].defined() ? THPVariable_Wrap(grads[k]) : (Py_INCREF(Py_None), Py_None);
+      if (item == nullptr) throw py::error_already_set();
+      PyTuple_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(k), item);
+    }
+    return out;
+  }
+
+  py::object arrivals_ = py::none();
+  py::object fallback_ = py::none();
+  py::object owner_ = py::none();
+  int64_t generation_ = 0;
   PyObject* read(const at::Tensor& t, py::object* row, bool* scalar) {
     const std::vector<double> values = stats(t, counts_);
     if (values.empty()) return nullptr;
@@ -505,6 +652,15 @@ class Recorder {
   std::vector<Recent> recent_;
   int64_t reads_ = 0;
 };
+
+torch::autograd::variable_list ApiBackwardHook::operator()(const torch::autograd::variable_list& grad_inputs,
+                                                            const torch::autograd::variable_list& grad_outputs) {
+  if (Py_IsInitialized()) {
+    py::gil_scoped_acquire gil;
+    recorder_->api_backward(generation_, index_, positions_, grad_inputs, grad_outputs);
+  }
+  return grad_inputs;
+}
 
 #if PY_VERSION_HEX >= 0x030B0000
 // call_stacks.capture, one frame object at a time through the public API (PyFrame_GetBack, PyFrame_GetCode,
@@ -612,8 +768,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #endif
   m.def("consumer_edges", &consumer_edges, "backward._consumer_edges: a module's nodes that consume its inputs");
   m.def("stats", &stats, "Max, Min, Mean, Norm, NaN and Inf counts of a CPU float tensor in one pass");
-  py::class_<Recorder>(m, "Recorder")
+  py::class_<Recorder, std::shared_ptr<Recorder>>(m, "Recorder")
       .def(py::init<bool, int64_t, size_t, py::object>())
+      .def("observe_backward", &Recorder::observe_backward, "Where API backward hooks put their records")
+      .def("hook_api", &Recorder::hook_api, "backward.hook_api_backward: a native post-hook on each grad_fn")
+      .def_readwrite("collecting", &Recorder::collecting, "Whether the hooks record (the collector's flag)")
       .def("records", &Recorder::records, "Records of a call's arguments or outputs: plain tensors, None, builtins")
       .def("clear", &Recorder::clear, "Forget the tensors read (a new step)")
       .def_property_readonly("reads", &Recorder::reads, "Tensors read so far (not those served again)");

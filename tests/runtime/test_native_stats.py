@@ -341,6 +341,9 @@ def test_records_in_one_call_equal_those_made_one_by_one(native, monkeypatch, tm
         def clear(self):
             self.recorder.clear()
 
+        def __getattr__(self, name):  # observe_backward, hook_api
+            return getattr(self.recorder, name)
+
     def run(name):
         config = tmp_path / f"{name}.json"
         config.write_text(json.dumps({"dump_path": str(tmp_path / name), "level": "L1",

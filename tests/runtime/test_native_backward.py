@@ -1,0 +1,171 @@
+"""API backward hooks run by the native op (``Recorder.hook_api``) against the Python hooks they replace
+(``backward.hook_api_backward``): the same dump, entry for entry and in the same order."""
+import gc
+import glob
+import json
+import os
+import sys
+import types
+import weakref
+
+import pytest
+import torch
+from torch import nn
+
+import msprobe_runtime
+from msprobe_runtime import PrecisionDebugger
+from msprobe_runtime import backward as bw
+from msprobe_runtime import collector as collector_module
+from msprobe_runtime import native_stats
+
+
+@pytest.fixture(scope="module")
+def native():
+    module = native_stats.load()
+    if module is None:
+        if os.environ.get("MSPROBE_REQUIRE_NATIVE") == "1":
+            pytest.fail("the native statistics op could not be built")
+        pytest.skip("the native statistics op cannot be built here (no compiler or ninja)")
+    return module
+
+
+MODEL = '''
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.norm = nn.LayerNorm(8)
+
+    def forward(self, x):
+        h = __msprobe__.call("Torch.tanh", torch.tanh, self.fc(x))
+        a, b = __msprobe__.call("Torch.split", torch.split, h, 4, -1)     # two outputs of one node
+        both = __msprobe__.call("Torch.pair", lambda t: (t * 2, t + 1), a)  # outputs of two nodes
+        wide = __msprobe__.call("Torch.sin", torch.sin, b.double())      # float64: the Python path's records
+        unused = __msprobe__.call("Torch.cos", torch.cos, a)              # never reaches the loss: no gradient
+        joined = __msprobe__.call("Torch.cat", torch.cat, [both[0] * both[1], wide.float()], -1)
+        return self.norm(joined + x)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first = Block()
+        self.second = nn.Sequential(Block(), nn.ReLU())
+
+    def forward(self, x):
+        return self.second(self.first(x))
+'''
+
+
+def _model():
+    namespace = {"__msprobe__": msprobe_runtime, "__name__": "native_backward_model"}
+    exec(compile(MODEL, "native_backward_model.py", "exec"), namespace)
+    torch.manual_seed(0)
+    return namespace["Net"]()
+
+
+def _dump(tmp_path, name, level):
+    """Two steps: two microbatches each (forward, backward, forward, backward); step 1 also runs the backward of
+    a graph kept from step 0, whose hooks must stay silent."""
+    model = _model()
+    x = torch.randn(3, 8, requires_grad=True)
+    debugger = PrecisionDebugger(dump_path=str(tmp_path / name), task="statistics", level=level)
+    kept = None
+    for step in range(2):
+        debugger.start(model)
+        for micro in range(2):
+            loss = model(x * (1.5 + micro)).sum()
+            loss.backward(retain_graph=kept is None)
+            if kept is None:
+                kept = loss
+        if step == 1:
+            kept.backward()
+        debugger.stop()
+        debugger.step()
+    debugger.wait()
+    out = {}
+    for step in range(2):
+        [directory] = glob.glob(os.path.join(str(tmp_path / name), f"step{step}", "*"))
+        for file in ("dump.json", "stack.json", "construct.json"):
+            with open(os.path.join(directory, file)) as handle:
+                out[step, file] = json.load(handle)
+    return out
+
+
+@pytest.mark.parametrize("level", ["L1", "mix"])
+def test_native_hooks_give_the_python_hooks_dump(native, tmp_path, monkeypatch, level):
+    calls = {"python hooks": 0, "python records": 0}
+    real_hook, real_observe = bw.hook_api_backward, bw.observe_api
+
+    def hook(*args):
+        calls["python hooks"] += 1
+        return real_hook(*args)
+
+    def observe(*args):
+        calls["python records"] += 1
+        return real_observe(*args)
+
+    monkeypatch.setattr(bw, "hook_api_backward", hook)
+    monkeypatch.setattr(bw, "observe_api", observe)
+    runs = {}
+    for name in ("native", "python"):  # from one line: the stacks' outermost frames are the same
+        if name == "python":
+            counted = dict(calls)
+            monkeypatch.setattr(collector_module, "_compiled_autograd", lambda: True)  # the Python hooks, as then
+        runs[name] = _dump(tmp_path, name, level)
+    native_run, python_run = runs["native"], runs["python"]
+    # the native run attached no Python hook, and recorded in Python only the float64 call (Torch.sin)
+    assert counted["python hooks"] == 0 and calls["python hooks"] > 0
+    assert 0 < counted["python records"] < calls["python records"] - counted["python records"]
+    assert native_run == python_run
+    data = native_run[0, "dump.json"]["data"]
+    assert list(data) == list(python_run[0, "dump.json"]["data"])
+    assert len([name for name in data if name.startswith("Torch.split") and name.endswith("backward")]) == 4
+    split = data["Torch.split.0.backward"]
+    assert len(split["input"]) == 2 and all(record is not None for record in split["input"])
+    pair = data["Torch.pair.0.backward"]
+    assert len(pair["input"]) == 2 and len(pair["output"]) == 4  # each node: the gradient of t and of its scalar
+    assert data["Torch.sin.0.backward"]["input"][0]["dtype"] == "torch.float64"
+    assert not any(name.startswith("Torch.cos") and name.endswith("backward") for name in data)
+    # step 1 has its own API entries only: the kept graph's hooks (step 0's) stayed silent
+    apis = [[name for name in run if not name.startswith("Module.")]
+            for run in (data, native_run[1, "dump.json"]["data"])]
+    assert apis[0] == apis[1]
+
+
+def test_compiled_autograd_keeps_the_python_hooks(native, monkeypatch, tmp_path):
+    """torch's compiled autograd asks each hook for ``compiled_args``, which only its Python hooks have."""
+    debugger = PrecisionDebugger(dump_path=str(tmp_path / "d"), task="statistics", level="L1")
+    debugger.start()
+    assert debugger._collector.native_backward
+    debugger.stop()
+    fake = types.ModuleType("torch._dynamo.compiled_autograd")
+    fake.compiled_autograd_enabled = True
+    monkeypatch.setitem(sys.modules, "torch._dynamo.compiled_autograd", fake)
+    debugger.start()
+    assert not debugger._collector.native_backward
+    debugger.stop()
+    debugger.wait()
+
+
+def test_a_graph_outliving_its_collector_does_not_keep_it(native, tmp_path):
+    """The hooks hold the Recorder, and the Recorder its collector by a weak reference only (a Python hook holds
+    the collector itself, as long as the graph lives)."""
+    x = torch.randn(4, requires_grad=True)
+    debugger = PrecisionDebugger(dump_path=str(tmp_path / "d"), task="statistics", level="L1")
+    debugger.start()
+    y = msprobe_runtime.call("Torch.sin", torch.sin, x)
+    first = weakref.ref(debugger._collector)
+    debugger.stop()
+    debugger.step()
+    debugger.start(nn.Linear(2, 2))  # another model: another collector
+    gc.collect()
+    assert first() is None
+    y.sum().backward()  # the old hook runs: its step is over, nothing is recorded, nothing raised
+    debugger.stop()
+    debugger.wait()
+    assert torch.equal(x.grad, torch.cos(x.detach()))
