@@ -20,6 +20,10 @@ _RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__))
 _OFFSETS = sys.version_info >= (3, 10)
 
 
+_CAPTURED = {}  # (code ids, positions, id(outer) or None) -> pair: capture's equal stacks as one object
+_CAPTURED_KEPT = 1 << 13  # past it the table starts over (a few thousand call paths is usual)
+
+
 def capture(frame, anchor=None, outer=None, limit=MAX_RAW):
     """The stack from ``frame`` outwards as a pair ``((code, position, code, position, ...), outer)``.
 
@@ -27,19 +31,32 @@ def capture(frame, anchor=None, outer=None, limit=MAX_RAW):
     (``Anchors``, a pair of the same form); the walk stops there, and the pair refers to ``outer`` rather
     than copying it, so every call inside one module shares its outer part, and the resolver reads it once.
     A frame is compared by identity, and only while it runs, so a stack that does not pass through
-    ``anchor`` (another thread's) is walked to its end (``outer`` None), or to ``limit`` frames."""
+    ``anchor`` (another thread's) is walked to its end (``outer`` None), or to ``limit`` frames.
+
+    Equal stacks are one pair: a call site gives back the same object every step (the native op's capture
+    keeps the same rule), so the resolver knows a stack by its ``id``. The table holds every code object and
+    outer pair its keys name by ``id``."""
     raw = []
     append = raw.append
     count = 0
     lasti = _OFFSETS
+    anchored = False
     while frame is not None and count < limit:
         append(frame.f_code)
         append(frame.f_lasti if lasti else frame.f_lineno)
         if frame is anchor:
-            return tuple(raw), outer
+            anchored = True
+            break
         frame = frame.f_back
         count += 1
-    return tuple(raw), None
+    key = (tuple(map(id, raw[0::2])), tuple(raw[1::2]), id(outer) if anchored else None)
+    pair = _CAPTURED.get(key)
+    if pair is None:
+        pair = (tuple(raw), outer if anchored else None)
+        if len(_CAPTURED) >= _CAPTURED_KEPT:
+            _CAPTURED.clear()
+        pair = _CAPTURED.setdefault(key, pair)
+    return pair
 
 
 def capture_function(native=None):
@@ -105,46 +122,35 @@ class Resolver:
     frames or nn.Module's call machinery, innermost first. One per writer; it remembers what it resolved
     across steps, since the same call sites come back every step.
 
-    Code objects and outer parts are looked up by ``id``, never hashed: a code object's hash is computed from
-    its contents at every call (hundreds of nanoseconds for a large function), and a stack's from its every
-    frame. Every table keeps what it names by id alive, so no id is taken by another meanwhile. Equal stacks
-    resolve to one tuple (interned), so a caller may group entries by the tuple's id; the tables start over
-    only in ``trim``, between steps, so that holds throughout a step."""
+    A captured stack is one object per distinct stack (``capture``), its outer part too, so both are looked up
+    by ``id``, never hashed: a code object's hash is computed from its contents at every call (hundreds of
+    nanoseconds for a large function), and a stack's from its every frame. Every table keeps what it names by
+    id alive, so no id is taken by another meanwhile. Equal stacks resolve to one tuple (interned), so a caller
+    may group entries by the tuple's id; the tables start over only in ``trim``, between steps, so that holds
+    throughout a step."""
 
     _LIMIT = 100_000  # stacks remembered; past it the tables start over
-    _OUTER_LIMIT = 4096  # outer parts remembered: new ones come with every step's module calls
 
     def __init__(self, skip_files=None):
         self.skip_files = frozenset(_module_call_files() if skip_files is None else skip_files)
         self._codes = {}     # id(code) -> (code, kept, {position: line})
-        self._stacks = {}    # (code ids, positions, id(outer frames)) -> (raw, outer frames, frames)
-        self._outers = {}    # id(outer pair) -> (outer pair, frames): one module call's outer part
+        self._stacks = {}    # id(pair) -> (pair, frames): a stack, or the outer part of one
         self._interned = {}  # frames -> frames
 
     def trim(self):
         """Start over where the tables grew past their limits (called between steps)."""
-        if len(self._outers) >= self._OUTER_LIMIT:
-            self._outers.clear()  # a key of ``_stacks`` names resolved frames, which ``_interned`` holds
         if len(self._stacks) >= self._LIMIT:
             self._stacks.clear()
             self._interned.clear()
 
     def resolve(self, stack):
+        known = self._stacks.get(id(stack))
+        if known is not None and known[0] is stack:
+            return known[1]
         raw, outer = stack
-        if outer is None:
-            outer_frames = ()
-        else:
-            known = self._outers.get(id(outer))
-            if known is None or known[0] is not outer:
-                known = self._outers[id(outer)] = (outer, self.resolve(outer))
-            outer_frames = known[1]
-        codes, positions = raw[0::2], raw[1::2]
-        key = (tuple(map(id, codes)), positions, id(outer_frames))
-        known = self._stacks.get(key)
-        if known is not None:
-            return known[2]
+        outer_frames = () if outer is None else self.resolve(outer)
         frames = []
-        for code, position in zip(codes, positions):
+        for code, position in zip(raw[0::2], raw[1::2]):
             info = self._code(code)
             if info[1]:
                 frames.append((code.co_filename, self._line(info, position), code.co_name))
@@ -152,7 +158,7 @@ class Resolver:
                     break
         frames = (tuple(frames) + outer_frames)[:MAX_FRAMES]
         frames = self._interned.setdefault(frames, frames)
-        self._stacks[key] = (raw, outer_frames, frames)
+        self._stacks[id(stack)] = (stack, frames)
         return frames
 
     def _code(self, code):

@@ -69,6 +69,7 @@ SOURCE = r"""
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -663,21 +664,49 @@ torch::autograd::variable_list ApiBackwardHook::operator()(const torch::autograd
 }
 
 #if PY_VERSION_HEX >= 0x030B0000
+// A captured stack's identity: each frame's code object and instruction offset, and the outer pair it refers
+// to (null when the walk did not stop at an anchor). The pair stored for a key holds every object it names, so
+// no address in a stored key can be taken by another object meanwhile.
+struct StackKey {
+  std::vector<std::pair<const void*, int>> frames;
+  const void* outer;
+  bool operator==(const StackKey& other) const { return outer == other.outer && frames == other.frames; }
+};
+
+struct StackKeyHash {
+  size_t operator()(const StackKey& key) const {
+    size_t h = std::hash<const void*>()(key.outer);
+    for (const auto& frame : key.frames) {
+      h = (h * 1000003u) ^ std::hash<const void*>()(frame.first);
+      h = (h * 1000003u) ^ static_cast<size_t>(frame.second);
+    }
+    return h;
+  }
+};
+
+constexpr size_t STACKS_KEPT = 1 << 13;  // past it the table starts over (a few thousand call paths is usual)
+
+// Never destroyed: its pairs are Python objects, which must not be released after the interpreter is gone.
+std::unordered_map<StackKey, PyObject*, StackKeyHash>& captured_stacks() {
+  static auto* table = new std::unordered_map<StackKey, PyObject*, StackKeyHash>();
+  return *table;
+}
+
 // call_stacks.capture, one frame object at a time through the public API (PyFrame_GetBack, PyFrame_GetCode,
 // PyFrame_GetLasti: Python 3.11+): ``((code, f_lasti, code, f_lasti, ...), outer)``, innermost first, to
-// ``anchor`` (included, the pair then holding ``outer``) or ``limit`` frames (then None).
+// ``anchor`` (included, the pair then holding ``outer``) or ``limit`` frames (then None). Equal stacks are one
+// pair (call_stacks.capture's contract): the same call site gives back the same object every step, made once.
 py::tuple capture(py::handle frame, py::handle anchor, py::handle outer, int64_t limit) {
   if (!frame.is_none() && !PyFrame_Check(frame.ptr())) throw py::type_error("a frame or None");
-  std::vector<py::object> raw;
+  std::vector<py::object> codes;
+  StackKey key{{}, nullptr};
   py::object current = py::reinterpret_borrow<py::object>(frame);
   bool anchored = false;
   int64_t count = 0;
   while (!current.is_none() && count < limit) {
     PyFrameObject* f = reinterpret_cast<PyFrameObject*>(current.ptr());
-    raw.push_back(py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(PyFrame_GetCode(f))));
-    PyObject* lasti = PyLong_FromLong(PyFrame_GetLasti(f));
-    if (lasti == nullptr) throw py::error_already_set();
-    raw.push_back(py::reinterpret_steal<py::object>(lasti));
+    codes.push_back(py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(PyFrame_GetCode(f))));
+    key.frames.push_back({codes.back().ptr(), PyFrame_GetLasti(f)});
     if (current.ptr() == anchor.ptr()) {
       anchored = true;
       break;
@@ -686,12 +715,30 @@ py::tuple capture(py::handle frame, py::handle anchor, py::handle outer, int64_t
     current = back == nullptr ? py::none() : py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(back));
     ++count;
   }
-  PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(raw.size()));
+  if (anchored) key.outer = outer.ptr();
+  auto& table = captured_stacks();
+  auto known = table.find(key);
+  if (known != table.end()) return py::reinterpret_borrow<py::tuple>(known->second);
+  PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(2 * codes.size()));
   if (tuple == nullptr) throw py::error_already_set();
-  for (size_t i = 0; i < raw.size(); ++i) PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(i), raw[i].release().ptr());
+  for (size_t i = 0; i < codes.size(); ++i) {
+    PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(2 * i), codes[i].release().ptr());
+    PyObject* lasti = PyLong_FromLong(key.frames[i].second);
+    if (lasti == nullptr) {
+      Py_DECREF(tuple);
+      throw py::error_already_set();
+    }
+    PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(2 * i + 1), lasti);
+  }
   py::tuple pair = py::make_tuple(py::reinterpret_steal<py::object>(untracked(tuple)),  // code objects, ints
                                   anchored ? py::reinterpret_borrow<py::object>(outer) : py::none());
   if (!anchored || outer.is_none() || !PyObject_GC_IsTracked(outer.ptr())) untracked(pair.ptr());
+  if (table.size() >= STACKS_KEPT) {
+    for (auto& item : table) Py_DECREF(item.second);
+    table.clear();
+  }
+  Py_INCREF(pair.ptr());
+  table.emplace(std::move(key), pair.ptr());
   return pair;
 }
 #endif

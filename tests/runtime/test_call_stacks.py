@@ -149,6 +149,25 @@ def test_stacks_through_module_anchors_equal_full_walks(tmp_path, monkeypatch, h
     assert "in forward" in anchored["Functional.relu.1.forward"][0]
 
 
+@pytest.mark.parametrize("how", ["python", "native"])
+def test_a_stack_captured_again_is_the_same_pair(how):
+    """Equal stacks are one object (what the resolver's tables go by): the same instruction, walked whole or to
+    an anchor, gives back the pair it gave before; another instruction or another outer part does not."""
+    capture = _native_capture() if how == "native" else call_stacks.capture
+    here = sys._getframe()
+    outer, other = ("outer", None), ("other", None)
+    rounds = []
+    for _ in range(2):
+        rounds.append([capture(here, None, None, 256), capture(here, here, outer, 256),
+                       capture(here, here, other, 256)])
+    first, second = rounds
+    assert all(a is b for a, b in zip(first, second))
+    whole, anchored, elsewhere = first
+    assert anchored[1] is outer and elsewhere[1] is other and anchored is not elsewhere and whole[1] is None
+    again = capture(here, None, None, 256)  # another instruction of this frame: another pair, the same code
+    assert again is not whole and again[0][0] is whole[0][0] and again[0][1] != whole[0][1]
+
+
 def test_native_capture_makes_the_python_captures_pairs():
     """The native op's capture gives the very pair the Python one gives: the same code objects and offsets,
     stopping at the anchor (with its outer part) or at the limit (with None), from a frame or from None."""
@@ -180,7 +199,7 @@ def test_equal_stacks_resolve_to_one_tuple_whatever_their_outer_parts():
     assert first == (alone.resolve((inner, None)) + alone.resolve(outer))[:call_stacks.MAX_FRAMES]
     assert first[:len(live)] == live[:call_stacks.MAX_FRAMES]
     assert resolver.resolve((tuple(list(inner)), twin)) is first
-    resolver._LIMIT = resolver._OUTER_LIMIT = 0  # trim starts every table over
+    resolver._LIMIT = 0  # trim starts every table over
     resolver.trim()
     again = resolver.resolve((inner, twin))
     assert again == first and resolver.resolve((inner, outer)) is again
