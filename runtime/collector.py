@@ -176,10 +176,11 @@ class Collector:
         hooks where it serves: statistics with no checksum, no scope nor list, and no compiled autograd (whose
         graph capture asks every hook for ``compiled_args``, which only torch's Python hooks have)."""
         self.collecting = collecting
-        if self._recorder is not None:
-            self._recorder.collecting = collecting
-            if collecting:
-                self.native_backward = self.selection is None and not _compiled_autograd()
+        recorder = self._recorder
+        if recorder is not None:
+            recorder.collecting = collecting
+        if collecting:
+            self.native_backward = recorder is not None and self.selection is None and not _compiled_autograd()
 
     # ----------------------------------------------------------------- step state
 
@@ -390,16 +391,19 @@ class Collector:
             del arrivals[:count]
         table = self.api_backward_hooks
         for index, received, sent in batch:
-            name, width = table[index]
-            entry = self._backward_entry(name, width, 0)
-            if entry is None:
-                continue
-            if "input" in entry:
-                slots = entry["input"]
-                for position, record in received:
-                    slots[position] = record
-            if "output" in entry:
-                entry["output"].extend(sent)
+            try:
+                name, width = table[index]
+                entry = self._backward_entry(name, width, 0)
+                if entry is None:
+                    continue
+                if "input" in entry:
+                    slots = entry["input"]
+                    for position, record in received:
+                        slots[position] = record
+                if "output" in entry:
+                    entry["output"].extend(sent)
+            except Exception as error:  # called from the flush and from hooks: never into the training loop
+                self.log_error("API backward hook", error)
 
     def backward_entry(self, name, input_width, output_width, deferred=False):
         """The backward entry ``name``, created the first time a hook reaches it. A deferred entry (a module's)
