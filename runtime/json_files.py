@@ -70,12 +70,19 @@ def tensor_json(type_name, dtype, shape, requires_grad, top, low, mean, norm, co
 
 def native_json(record):
     """The record of a native record's tuple ``(dtype, shape, requires_grad, scalar, row)``: ``row``
-    is Max, Min, Mean, Norm (a 0-d tensor's: its value first), then the NaN and Inf counts if any."""
+    is Max, Min, Mean, Norm (a 0-d tensor's: its value first), then the NaN and Inf counts if any; for a float
+    tensor it is those numbers packed as native doubles (``bytes``), for an integer or bool one a tuple."""
     dtype, shape, requires_grad, scalar, row = record
+    if type(row) is bytes:
+        row = _DOUBLES.unpack(row) if len(row) == _DOUBLES.size else _DOUBLES_COUNTED.unpack(row)
     counts = row[4:6] if len(row) > 4 else None
     if scalar:
         return tensor_json("torch.Tensor", dtype, shape, requires_grad, row[0], row[0], row[0], row[0], counts)
     return tensor_json("torch.Tensor", dtype, shape, requires_grad, row[0], row[1], row[2], row[3], counts)
+
+
+_DOUBLES = struct.Struct("=4d")  # the native op's row: Max, Min, Mean, Norm
+_DOUBLES_COUNTED = struct.Struct("=6d")  # and the NaN and Inf counts
 
 
 def convert(obj, converters):

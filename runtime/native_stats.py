@@ -296,7 +296,8 @@ PyObject* new_record(const at::Tensor& t, PyObject* row, bool scalar) {  // json
   PyTuple_SET_ITEM(out, 2, PyBool_FromLong(t.requires_grad()));
   PyTuple_SET_ITEM(out, 3, PyBool_FromLong(scalar));
   Py_INCREF(row);
-  PyTuple_SET_ITEM(out, 4, untracked(row));  // numbers and None
+  if (PyTuple_CheckExact(row)) untracked(row);  // numbers and None (bytes are no container: never tracked)
+  PyTuple_SET_ITEM(out, 4, row);
   return untracked(out);
 }
 
@@ -591,10 +592,12 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     const std::vector<double> values = stats(t, counts_);
     if (values.empty()) return nullptr;
     ++reads_;
-    PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(values.size()));
-    if (tuple == nullptr) throw py::error_already_set();
-    for (size_t k = 0; k < values.size(); ++k) PyTuple_SET_ITEM(tuple, k, PyFloat_FromDouble(values[k]));
-    *row = py::reinterpret_steal<py::object>(tuple);
+    // the numbers as native doubles, one bytes object: one allocation, marshalled as one copy and freed as one,
+    // where a tuple of floats was seven objects (json_files.native_json unpacks it in the writing process)
+    PyObject* packed = PyBytes_FromStringAndSize(reinterpret_cast<const char*>(values.data()),
+                                                 static_cast<Py_ssize_t>(values.size() * sizeof(double)));
+    if (packed == nullptr) throw py::error_already_set();
+    *row = py::reinterpret_steal<py::object>(packed);
     *scalar = t.dim() == 0;
     return new_record(t, row->ptr(), *scalar);
   }

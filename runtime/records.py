@@ -3,7 +3,8 @@
 Describing a value never reads a tensor's data: a tensor becomes a ``TensorRecord`` holding its metadata and
 the slot where its statistics are being computed on the device. The writer thread resolves slots into numbers.
 A tensor the native op read at record time becomes a plain tuple instead (made by its ``Recorder``:
-``(dtype name, shape tuple, requires_grad, 0-d, row tuple)``), of strings and numbers only, which the op
+``(dtype name, shape tuple, requires_grad, 0-d, row)``, the row a float tensor's numbers packed as doubles in
+``bytes``, an integer or bool tensor's a tuple), of strings, bytes and numbers only, which the op
 leaves untracked by the garbage collector, so the records a step keeps until its flush are neither walked by
 its young collections nor piled up in its oldest generation, where they brought on full collections. It stays
 a tuple until the writing process makes it into msprobe's record (``json_files.native_json``).
