@@ -97,8 +97,10 @@ def ours(args):
             name = f"ours {level}" + (" + NaN/Inf counts" if counts else "")
             variants[name] = (lambda debugger=debugger, model=model:
                               rewritten.collected_step(debugger, model, x))
-    # Diagnostic: L1 and mix with every statistics op skipped (records, names, stacks and hooks only), to
-    # show how much of the overhead is the reductions themselves and how much is Python bookkeeping.
+    # Diagnostic: L1 and mix with every statistics op skipped (records, names, stacks and hooks only). The
+    # native op reads each tensor where it makes its record and its backward hook, so skipping the reads means
+    # leaving it: these rows take the collector's Python paths (records, torch's Python backward hooks), and
+    # show that bookkeeping alone, not the native L1 less its passes.
     from msprobe_runtime.statistics import KIND_FLOAT, Slot
 
     nothing = Slot(None, 4)
@@ -114,8 +116,8 @@ def ours(args):
         debugger._collector.stats.add = lambda t, kind: (nothing, None)
         debugger._collector.stats.native = lambda t: no_numbers
         debugger._collector._recorder = None  # the native records (describe_seq) read tensors too
-        variants[f"ours {level}, no statistics ops"] = (lambda debugger=debugger, model=model:
-                                                        rewritten.collected_step(debugger, model, x))
+        variants[f"ours {level}, Python paths, no statistics ops"] = (
+            lambda debugger=debugger, model=model: rewritten.collected_step(debugger, model, x))
     try:
         results = measure_interleaved(variants, args.steps, args.rounds)
         for debugger in debuggers:

@@ -214,13 +214,20 @@ def measure_parts(torch, runtime, PrecisionDebugger, start, finish, dump, args):
     frame, shallow = deep(args.depth), sys._getframe()
     capture = call_stacks.capture_function(native_stats.load())  # the collector's: the native op's where it has one
     n = args.calls
+
+    def attach():  # as Collector._finish_api attaches: the native op's hook where it serves, else torch's
+        if getattr(collector, "native_backward", False):
+            collector._recorder.hook_api([y], 0)
+        else:
+            backward.hook_api_backward(collector, "Functional.relu.0.backward", [y])
+
     bodies = {
         "naming": lambda: collector._begin("Functional.relu"),
         "input record": lambda: collector.describe_seq((x,), None),
         "output record": lambda: collector.describe_output(y, None),
         "call stack": lambda: capture(frame, None, None, call_stacks.MAX_RAW),
         "call stack (shallow)": lambda: capture(shallow, None, None, call_stacks.MAX_RAW),
-        "backward attachment": lambda: backward.hook_api_backward(collector, "Functional.relu.0.backward", [y]),
+        "backward attachment": attach,
     }
     parts = {}
     try:
