@@ -57,3 +57,17 @@ def native_statistics_loaded():
     from msprobe_runtime import native_stats
 
     native_stats.load()
+
+
+@pytest.fixture(scope="module")
+def native():
+    """The native statistics op; its tests are skipped where it cannot be built (no compiler or ninja), and fail
+    there under MSPROBE_REQUIRE_NATIVE=1."""
+    from msprobe_runtime import native_stats
+
+    module = native_stats.load()
+    if module is None:
+        if os.environ.get("MSPROBE_REQUIRE_NATIVE") == "1":
+            pytest.fail("the native statistics op could not be built")
+        pytest.skip("the native statistics op cannot be built here (no compiler or ninja)")
+    return module

@@ -16,29 +16,16 @@ import msprobe_runtime
 from msprobe_runtime import PrecisionDebugger
 from msprobe_runtime import backward as bw
 from msprobe_runtime import collector as collector_module
-from msprobe_runtime import native_stats
-
-
-@pytest.fixture(scope="module")
-def native():
-    module = native_stats.load()
-    if module is None:
-        if os.environ.get("MSPROBE_REQUIRE_NATIVE") == "1":
-            pytest.fail("the native statistics op could not be built")
-        pytest.skip("the native statistics op cannot be built here (no compiler or ninja)")
-    return module
 
 
 MODEL = '''
 import torch
-from torch import nn
 
 
-class Block(nn.Module):
+class Block(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.fc = nn.Linear(8, 8)
-        self.norm = nn.LayerNorm(8)
+        self.norm, self.fc = torch.nn.LayerNorm(8), torch.nn.Linear(8, 8)
 
     def forward(self, x):
         h = __msprobe__.call("Torch.tanh", torch.tanh, self.fc(x))
@@ -50,11 +37,10 @@ class Block(nn.Module):
         return self.norm(joined + x)
 
 
-class Net(nn.Module):
+class Net(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.first = Block()
-        self.second = nn.Sequential(Block(), nn.ReLU())
+        self.first, self.second = Block(), torch.nn.Sequential(Block(), torch.nn.ReLU())
 
     def forward(self, x):
         return self.second(self.first(x))

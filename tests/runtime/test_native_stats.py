@@ -19,16 +19,6 @@ from msprobe_runtime import PrecisionDebugger, native_stats
 from msprobe_runtime.statistics import KIND_EMPTY, StatBuffer, slot_values, tensor_kind
 
 
-@pytest.fixture(scope="module")
-def native():
-    module = native_stats.load()
-    if module is None:
-        if os.environ.get("MSPROBE_REQUIRE_NATIVE") == "1":
-            pytest.fail("the native statistics op could not be built")
-        pytest.skip("the native statistics op cannot be built here (no compiler or ninja)")
-    return module
-
-
 def both(t, native, counts=True):
     """(native numbers, fallback numbers) of ``t``: [Max, Min, Mean, Norm] (or [value]) + [NaN, Inf]."""
     out = []
