@@ -199,7 +199,7 @@ class Collector:
         if self._recorder is not None:
             self._recorder.clear()  # hooks of earlier steps stay silent from now on
         del self._arrivals[:]
-        self.api_backward_hooks = []  # (backward entry name, outputs) of each native hook's index, this step
+        self.api_backward_hooks = []  # (backward entry name, its outputs counted) at each native hook's index
         self.backward_parents = {}  # backward entry -> parent module's forward entry
         self.pending_backward = {}  # module backward entries still waiting for some of their gradients
         self.param_waiters = {}  # id(parameter) -> callbacks waiting for its gradient's accumulation
