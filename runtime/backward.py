@@ -128,11 +128,9 @@ def hook_module_backward(collector, name, inputs, outputs, params=()):
     if not out_positions:
         return
     in_positions = []
-    consumers = ()
+    targets = {}
     if collector.want_output:
         targets, in_positions = gradient_targets(inputs)
-        if targets:
-            consumers = consumer_edges(collector.graph_walk, inputs, outputs, targets)
     if not in_positions:
         params = ()  # msprobe writes a module whose inputs need no gradient as soon as its outputs' arrive
     state = {"parts": len(out_positions) + len(in_positions) + len(params), "partial": {}, "left": {}}
@@ -142,8 +140,14 @@ def hook_module_backward(collector, name, inputs, outputs, params=()):
     n_out, n_in = len(out_positions), len(in_positions)
     out_slot = {position: i for i, position in enumerate(out_positions)}
     in_slot = {position: i for i, position in enumerate(in_positions)}
+    if collector.native_backward and _plain_tensors(inputs) and _plain_tensors(outputs):
+        index = collector.module_backward_index(name, n_out, n_in, state)
+        _hook_module_natively(collector, index, name, n_out, n_in, state, inputs, outputs, out_positions,
+                              in_positions, targets, out_slot, in_slot)
+        return
+    consumers = consumer_edges(collector.graph_walk, inputs, outputs, targets) if targets else ()
     for position in out_positions:
-        outputs[position].register_hook(_Observer(collector, token, "module backward hook", _observe_tensor,
+        outputs[position].register_hook(_Observer(collector, token, "module backward hook", observe_tensor,
                                                   (name, n_out, n_in, "input", out_slot[position], state)))
     found = set()
     for _, edges in consumers:
@@ -153,12 +157,33 @@ def hook_module_backward(collector, name, inputs, outputs, params=()):
             state["left"][slot] = state["left"].get(slot, 0) + 1
     for position in in_positions:
         if position not in found:
-            inputs[position].register_hook(_Observer(collector, token, "module backward hook", _observe_tensor,
+            inputs[position].register_hook(_Observer(collector, token, "module backward hook", observe_tensor,
                                                      (name, n_out, n_in, "output", in_slot[position], state)))
     for node, edges in consumers:
         edges = [(index, in_slot[position]) for index, position in edges]
         node.register_hook(_Observer(collector, token, "module backward hook", _observe_consumers,
                                      (name, n_out, n_in, edges, state)))
+
+
+def _hook_module_natively(collector, index, name, n_out, n_in, state, inputs, outputs, out_positions, in_positions,
+                          targets, out_slot, in_slot):
+    """hook_module_backward's hooks, run by the native op (``Recorder.hook_tensor``, ``hook_consumers``): their
+    records join the step as the API backward hooks' do (``Collector.take_arrivals``). A leaf tensor, whose
+    hooks run in its gradient accumulator, keeps the Python tensor hook."""
+    recorder = collector.recorder
+    token = collector.token
+    for position in out_positions:
+        if not recorder.hook_tensor(outputs[position], index, 0, out_slot[position]):
+            outputs[position].register_hook(_Observer(collector, token, "module backward hook", observe_tensor,
+                                                      (name, n_out, n_in, "input", out_slot[position], state)))
+    taken = ()
+    if targets:
+        slots = [in_slot.get(position, -1) for position in range(len(inputs))]
+        taken = recorder.hook_consumers(index, inputs, outputs, list(targets.values()), slots, _MAX_WALK) or ()
+    for position in in_positions:
+        if position not in taken and not recorder.hook_tensor(inputs[position], index, 1, in_slot[position]):
+            inputs[position].register_hook(_Observer(collector, token, "module backward hook", observe_tensor,
+                                                     (name, n_out, n_in, "output", in_slot[position], state)))
 
 
 def _part_done(collector, name, state):
@@ -273,7 +298,7 @@ def _observe_consumers(collector, name, n_out, n_in, edges, state, grad_inputs, 
             _part_done(collector, name, state)
 
 
-def _observe_tensor(collector, name, n_out, n_in, field, position, state, grad):
+def observe_tensor(collector, name, n_out, n_in, field, position, state, grad):
     entry = collector.backward_entry(name, n_out, n_in, deferred=True)
     if entry is not None and field in entry:
         entry[field][position] = collector.describe(grad, None)

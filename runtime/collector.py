@@ -92,13 +92,15 @@ class Collector:
         self.native_first = not self.tensor_task and self.checksum_mode is None
         # a call's arguments and outputs described in one native call where it serves (describe_seq)
         self._recorder = self.stats.native_recorder(_REUSE_MIN, _RECENT) if self.native_first else None
-        # The native op's API backward hooks (Recorder.hook_api, where ``native_backward``) put their records
-        # here, in the order they ran, until the next entry joins ``data`` (take_arrivals). The Recorder holds
+        # The native op's backward hooks (Recorder.hook_api, hook_tensor, hook_consumers, where
+        # ``native_backward``) put their records here, in the order they ran, until the next entry joins
+        # ``data`` (take_arrivals). The Recorder holds
         # the collector by a weak reference only: nothing of the collector outlives the debugger's use of it.
         self._arrivals = []
         self.native_backward = False  # set by set_collecting
         if self._recorder is not None:
-            self._recorder.observe_backward(self._arrivals, _api_backward_fallback, weakref.ref(self))
+            self._recorder.observe_backward(self._arrivals, _api_backward_fallback, _module_backward_fallback,
+                                            weakref.ref(self))
         modes = set(config.data_mode)
         everything = "all" in modes or not modes
         self.want_forward = everything or "forward" in modes or not ({"forward", "backward"} & modes)
@@ -200,6 +202,7 @@ class Collector:
             self._recorder.clear()  # hooks of earlier steps stay silent from now on
         del self._arrivals[:]
         self.api_backward_hooks = []  # (backward entry name, its outputs counted) at each native hook's index
+        self.module_backward_hooks = []  # (backward entry name, outputs, inputs, state): module_backward_index
         self.backward_parents = {}  # backward entry -> parent module's forward entry
         self.pending_backward = {}  # module backward entries still waiting for some of their gradients
         self.param_waiters = {}  # id(parameter) -> callbacks waiting for its gradient's accumulation
@@ -380,30 +383,58 @@ class Collector:
             else:
                 bw.hook_api_backward(self, backward, outputs)
 
+    @property
+    def recorder(self):
+        """The native op's Recorder (None where it does not serve): backward.hook_module_backward's hooks."""
+        return self._recorder
+
+    def module_backward_index(self, name, outputs, inputs, state):
+        """The index by which the native op's hooks of one module call name it (``take_arrivals``)."""
+        table = self.module_backward_hooks
+        table.append((name, outputs, inputs, state))
+        return len(table) - 1
+
     def take_arrivals(self):
-        """The backward entries of the API backward hooks that the native op ran (``Recorder.hook_api``), made in
-        the order the hooks ran. Called before any other entry joins ``data``, and by ``snapshot``, so that
-        dump.json keeps the order of execution, as with the Python hooks (``backward.observe_api``)."""
+        """The backward entries of the hooks that the native op ran, made in the order the hooks ran: an API's
+        (``Recorder.hook_api``: ``(index, [(position, record)], [records])``) and a module's parts
+        (``hook_tensor``, ``hook_consumers``: ``(index, field, slot, record)``, the entry committed at its last
+        part, as ``backward``'s Python hooks do). Called before any other entry joins ``data``, and by
+        ``snapshot``, so that dump.json keeps the order of execution, as with the Python hooks."""
         arrivals = self._arrivals
         with self._lock:  # each arrival taken once; the hooks append meanwhile, holding the GIL only
             count = len(arrivals)
             batch = arrivals[:count]
             del arrivals[:count]
-        table = self.api_backward_hooks
-        for index, received, sent in batch:
+        for arrival in batch:
             try:
-                name, width = table[index]
-                entry = self._backward_entry(name, width, 0)
-                if entry is None:
-                    continue
-                if "input" in entry:
-                    slots = entry["input"]
-                    for position, record in received:
-                        slots[position] = record
-                if "output" in entry:
-                    entry["output"].extend(sent)
+                if len(arrival) == 3:
+                    self._api_arrival(*arrival)
+                else:
+                    self._module_arrival(*arrival)
             except Exception as error:  # called from the flush and from hooks: never into the training loop
-                self.log_error("API backward hook", error)
+                self.log_error("backward hook", error)
+
+    def _api_arrival(self, index, received, sent):
+        name, width = self.api_backward_hooks[index]
+        entry = self._backward_entry(name, width, 0)
+        if entry is None:
+            return
+        if "input" in entry:
+            slots = entry["input"]
+            for position, record in received:
+                slots[position] = record
+        if "output" in entry:
+            entry["output"].extend(sent)
+
+    def _module_arrival(self, index, field, slot, record):
+        name, outputs, inputs, state = self.module_backward_hooks[index]
+        entry = self._backward_entry(name, outputs, inputs, True)
+        key = _FIELDS[field]
+        if entry is not None and key in entry:
+            entry[key][slot] = record
+        state["parts"] -= 1
+        if state["parts"] == 0:
+            self._commit_backward(name)
 
     def backward_entry(self, name, input_width, output_width, deferred=False):
         """The backward entry ``name``, created the first time a hook reaches it. A deferred entry (a module's)
@@ -444,6 +475,9 @@ class Collector:
     def commit_backward(self, name):
         if self._arrivals:
             self.take_arrivals()
+        self._commit_backward(name)
+
+    def _commit_backward(self, name):
         with self._lock:
             entry = self.pending_backward.pop(name, None)
             if entry is not None:
@@ -764,6 +798,23 @@ def _api_backward_fallback(owner, index, positions, grad_inputs, grad_outputs):
             bw.observe_api(collector, name, width, positions, grad_inputs, grad_outputs)
     except Exception as error:
         collector.log_error("API backward hook", error)
+
+
+def _module_backward_fallback(owner, index, field, slot, grad):
+    """A native module hook met a gradient the op does not record: the collector's Python records it
+    (``backward.observe_tensor``), as its own tensor hooks do."""
+    collector = owner()
+    if collector is None:
+        return
+    try:
+        name, outputs, inputs, state = collector.module_backward_hooks[index]
+        with collector.own_work:
+            bw.observe_tensor(collector, name, outputs, inputs, _FIELDS[field], slot, state, grad)
+    except Exception as error:
+        collector.log_error("module backward hook", error)
+
+
+_FIELDS = ("input", "output")  # a module hook's field: 0, the gradients of its outputs; 1, of its inputs
 
 
 def _compiled_autograd():

@@ -399,6 +399,75 @@ struct Recent {
 // ``keep`` such tensors (Collector._reuse's rule: the same tensor at the same version, or one whose elements
 // are exactly the same block of memory at the same version: a transpose, a view, a detach), and its row
 // reused; ``clear`` forgets them (a new step). ``reads`` counts the tensors read, not those served again.
+// The walk of backward._consumer_edges over autograd's own graph: the nodes created after the inputs (by
+// sequence number) that the walk from the outputs reaches and that take an input's gradient edge (its grad_fn
+// and output number, or a leaf's gradient accumulator), each with its (edge index, input position) pairs, in
+// ``found``; false past ``limit`` nodes. ``targets``: ``[(tensor, [positions])]``, the inputs that require
+// grad. The walk, its order and its count are the Python function's: depth first, a node's next edges in
+// order, each node once.
+bool walk_module(py::handle inputs, py::handle outputs, py::handle targets, int64_t limit,
+                 std::vector<std::pair<c10::intrusive_ptr<torch::autograd::Node>,
+                                       std::vector<std::pair<int64_t, int64_t>>>>* found) {
+  using torch::autograd::Node;
+  std::vector<std::pair<std::pair<const Node*, uint32_t>, std::vector<int64_t>>> keys;
+  for (py::handle item : targets) {
+    py::handle tensor = item[py::int_(0)];
+    std::vector<int64_t> positions;
+    for (py::handle position : item[py::int_(1)]) positions.push_back(position.cast<int64_t>());
+    const at::Tensor& t = THPVariable_Unpack(tensor.ptr());
+    const c10::intrusive_ptr<Node>& fn = t.grad_fn();
+    if (fn) {
+      keys.push_back({{fn.get(), static_cast<uint32_t>(t.output_nr())}, std::move(positions)});
+    } else {
+      c10::intrusive_ptr<Node> accumulator = torch::autograd::impl::try_get_grad_accumulator(t);
+      if (accumulator) keys.push_back({{accumulator.get(), 0u}, std::move(positions)});
+    }
+  }
+  int64_t threshold = -1;
+  for (py::handle item : inputs) {
+    if (item.is_none() || !THPVariable_Check(item.ptr())) continue;
+    const c10::intrusive_ptr<Node>& fn = THPVariable_Unpack(item.ptr()).grad_fn();
+    if (fn) threshold = std::max(threshold, static_cast<int64_t>(fn->sequence_nr()));
+  }
+  std::vector<c10::intrusive_ptr<Node>> stack;
+  std::unordered_set<const Node*> seen;
+  for (py::handle item : outputs) {
+    if (item.is_none() || !THPVariable_Check(item.ptr())) continue;
+    const c10::intrusive_ptr<Node>& fn = THPVariable_Unpack(item.ptr()).grad_fn();
+    if (fn && seen.insert(fn.get()).second) stack.push_back(fn);
+  }
+  int64_t walked = 0;
+  while (!stack.empty()) {
+    c10::intrusive_ptr<Node> node = std::move(stack.back());
+    stack.pop_back();
+    if (threshold >= 0 && node->sequence_nr() <= static_cast<uint64_t>(threshold)) continue;
+    if (++walked > limit) {
+      found->clear();
+      return false;
+    }
+    std::vector<std::pair<int64_t, int64_t>> edges;
+    const auto& next = node->next_edges();
+    for (size_t index = 0; index < next.size(); ++index) {
+      const torch::autograd::Edge& edge = next[index];
+      if (!edge.is_valid()) continue;
+      const std::vector<int64_t>* positions = nullptr;
+      for (const auto& key : keys) {
+        if (key.first.first == edge.function.get() && key.first.second == edge.input_nr) {
+          positions = &key.second;
+          break;
+        }
+      }
+      if (positions != nullptr) {
+        for (int64_t position : *positions) edges.push_back({static_cast<int64_t>(index), position});
+        continue;
+      }
+      if (seen.insert(edge.function.get()).second) stack.push_back(edge.function);
+    }
+    if (!edges.empty()) found->push_back({std::move(node), std::move(edges)});
+  }
+  return true;
+}
+
 class Recorder;
 
 // An API call's backward, observed by the op: a post-hook on one grad_fn behind the API's outputs (``positions``:
@@ -430,6 +499,71 @@ class ApiBackwardHook : public torch::autograd::FunctionPostHook {
   int64_t generation_;
   int64_t index_;
   std::vector<std::pair<int64_t, int64_t>> positions_;
+};
+
+// One module call's backward, shared by its consumer hooks: for each input slot, the gradient summed so far over
+// the nodes inside the module that take that input, and the edges still to come.
+struct ModuleCall {
+  std::vector<at::Tensor> partial;
+  std::vector<int64_t> left;
+};
+
+// A module's backward, observed by the op as backward.hook_module_backward's Python hooks observe it: a tensor
+// hook on one of the module's outputs (``field`` 0, the entry's ``input``) or on an input that no node inside
+// takes (``field`` 1, ``output``), as a pre-hook on the tensor's grad_fn for its output number, which is where
+// torch runs a tensor's hooks. Its record goes to ``arrivals`` as ``(index, field, slot, record)``.
+class ModuleTensorHook : public torch::autograd::FunctionPreHook {
+ public:
+  ModuleTensorHook(std::shared_ptr<Recorder> recorder, int64_t generation, int64_t index, int64_t field,
+                   int64_t slot, size_t value)
+      : recorder_(std::move(recorder)), generation_(generation), index_(index), field_(field), slot_(slot),
+        value_(value) {}
+
+  ~ModuleTensorHook() override {
+    if (Py_IsInitialized()) {
+      py::gil_scoped_acquire gil;
+      recorder_.reset();
+    } else {
+      new std::shared_ptr<Recorder>(std::move(recorder_));
+    }
+  }
+
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override;
+
+ private:
+  std::shared_ptr<Recorder> recorder_;
+  int64_t generation_, index_, field_, slot_;
+  size_t value_;
+};
+
+// A post-hook on a node inside a module that takes some of its inputs (``edges``: (the node's gradient
+// index, input slot)): it adds the gradients there to the call's sums, and records an input's sum once its
+// last edge has arrived (``field`` 1), as backward._observe_consumers does.
+class ModuleConsumerHook : public torch::autograd::FunctionPostHook {
+ public:
+  ModuleConsumerHook(std::shared_ptr<Recorder> recorder, int64_t generation, int64_t index,
+                     std::shared_ptr<ModuleCall> call, std::vector<std::pair<int64_t, int64_t>> edges)
+      : recorder_(std::move(recorder)), generation_(generation), index_(index), call_(std::move(call)),
+        edges_(std::move(edges)) {}
+
+  ~ModuleConsumerHook() override {
+    if (Py_IsInitialized()) {
+      py::gil_scoped_acquire gil;
+      recorder_.reset();
+      call_.reset();
+    } else {
+      new std::shared_ptr<Recorder>(std::move(recorder_));
+    }
+  }
+
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grad_inputs,
+                                            const torch::autograd::variable_list& grad_outputs) override;
+
+ private:
+  std::shared_ptr<Recorder> recorder_;
+  int64_t generation_, index_;
+  std::shared_ptr<ModuleCall> call_;
+  std::vector<std::pair<int64_t, int64_t>> edges_;
 };
 
 class Recorder : public std::enable_shared_from_this<Recorder> {
@@ -478,13 +612,15 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
 
   int64_t reads() const { return reads_; }
 
-  // Where the API backward hooks put what they record, and who records what they cannot:
-  // ``fallback(owner, index, positions, grad_inputs, grad_outputs)``, ``owner`` passed back as given (a weak
-  // reference: the Recorder must not keep the collector alive).
-  void observe_backward(py::object arrivals, py::object fallback, py::object owner) {
+  // Where the backward hooks put what they record, and who records what they cannot: an API's
+  // ``fallback(owner, index, positions, grad_inputs, grad_outputs)``, a module's ``module_fallback(owner, index,
+  // field, slot, gradient)``; ``owner`` passed back as given (a weak reference: the Recorder must not keep the
+  // collector alive).
+  void observe_backward(py::object arrivals, py::object fallback, py::object module_fallback, py::object owner) {
     if (!PyList_CheckExact(arrivals.ptr())) throw py::type_error("arrivals: a list");
     arrivals_ = std::move(arrivals);
     fallback_ = std::move(fallback);
+    module_fallback_ = std::move(module_fallback);
     owner_ = std::move(owner);
   }
 
@@ -523,6 +659,86 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
           std::make_unique<ApiBackwardHook>(shared_from_this(), generation_, index, std::move(nodes[k].second)));
     }
     return static_cast<int64_t>(nodes.size());
+  }
+
+  // backward.hook_module_backward's tensor hook on ``tensor`` for the module call ``index`` (``field`` 0: an
+  // output, the entry's ``input``; 1: an input no node inside takes), at ``slot``. False where the tensor has
+  // no grad_fn (a leaf: its hooks run in its gradient accumulator), for the caller's Python hook.
+  bool hook_tensor(py::handle tensor, int64_t index, int64_t field, int64_t slot) {
+    if (!THPVariable_Check(tensor.ptr())) return false;
+    const at::Tensor& t = THPVariable_Unpack(tensor.ptr());
+    auto fn = t.grad_fn();
+    if (!fn) return false;
+    fn->add_tensor_pre_hook(std::make_unique<ModuleTensorHook>(shared_from_this(), generation_, index, field, slot,
+                                                               static_cast<size_t>(t.output_nr())));
+    return true;
+  }
+
+  // backward.hook_module_backward's consumer hooks, natively: walks the module's part of the graph
+  // (walk_module) and puts a post-hook on each node that takes an input, with the call's shared sums;
+  // ``slots``: each input position's slot (or -1). The input positions those nodes take, or None past
+  // ``limit`` nodes (none hooked: the caller hooks every input tensor, as the Python path does).
+  py::object hook_consumers(int64_t index, py::handle inputs, py::handle outputs, py::handle targets,
+                            py::handle slots, int64_t limit) {
+    std::vector<std::pair<c10::intrusive_ptr<torch::autograd::Node>, std::vector<std::pair<int64_t, int64_t>>>> found;
+    if (!walk_module(inputs, outputs, targets, limit, &found)) return py::none();
+    std::vector<int64_t> slot_of;
+    for (py::handle slot : slots) slot_of.push_back(slot.cast<int64_t>());
+    auto call = std::make_shared<ModuleCall>();
+    call->partial.resize(slot_of.size());
+    call->left.assign(slot_of.size(), 0);
+    py::set taken;
+    for (auto& node : found) {
+      for (auto& edge : node.second) {
+        taken.add(py::int_(edge.second));
+        edge.second = slot_of.at(static_cast<size_t>(edge.second));
+        ++call->left.at(static_cast<size_t>(edge.second));
+      }
+    }
+    for (auto& node : found) {
+      node.first->add_post_hook(
+          std::make_unique<ModuleConsumerHook>(shared_from_this(), generation_, index, call, std::move(node.second)));
+    }
+    return taken;
+  }
+
+  // One module tensor hook's call (or an input's completed sum), with the GIL held.
+  void module_gradient(int64_t generation, int64_t index, int64_t field, int64_t slot, const at::Tensor& grad) {
+    if (generation != generation_ || !collecting || arrivals_.is_none()) return;
+    try {
+      at::NoGradGuard no_grad;
+      PyObject* record = gradient_record(grad);
+      if (record == nullptr) return module_fallback(index, field, slot, grad);
+      py::tuple arrival = py::make_tuple(index, field, slot, py::reinterpret_steal<py::object>(record));
+      if (PyList_Append(arrivals_.ptr(), arrival.ptr()) != 0) throw py::error_already_set();
+    } catch (const std::exception&) {
+      PyErr_Clear();
+      module_fallback(index, field, slot, grad);
+    }
+  }
+
+  // One module consumer hook's call, with the GIL held.
+  void module_consumed(int64_t generation, int64_t index, ModuleCall& call,
+                       const std::vector<std::pair<int64_t, int64_t>>& edges,
+                       const torch::autograd::variable_list& grad_inputs) {
+    if (generation != generation_ || !collecting || arrivals_.is_none()) return;
+    for (const auto& edge : edges) {
+      const size_t slot = static_cast<size_t>(edge.second);
+      try {
+        if (edge.first < static_cast<int64_t>(grad_inputs.size()) && grad_inputs[edge.first].defined()) {
+          at::NoGradGuard no_grad;
+          const at::Tensor& grad = grad_inputs[edge.first];
+          call.partial[slot] = call.partial[slot].defined() ? call.partial[slot] + grad : grad;
+        }
+      } catch (const std::exception&) {
+        PyErr_Clear();  // a sum that failed: this edge's gradient is left out, as a failed Python record is
+      }
+      if (--call.left[slot] == 0) {
+        at::Tensor sum = std::move(call.partial[slot]);
+        call.partial[slot] = at::Tensor();
+        module_gradient(generation, index, 1, edge.second, sum);
+      }
+    }
   }
 
   // One API backward hook's call, with the GIL held.
@@ -574,6 +790,16 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     }
   }
 
+  void module_fallback(int64_t index, int64_t field, int64_t slot, const at::Tensor& grad) {
+    try {
+      py::object value = grad.defined() ? py::reinterpret_steal<py::object>(THPVariable_Wrap(grad)) : py::none();
+      if (!value) throw py::error_already_set();
+      module_fallback_(owner_, index, field, slot, value);
+    } catch (const std::exception&) {
+      PyErr_Clear();
+    }
+  }
+
   static py::tuple wrapped(const torch::autograd::variable_list& grads) {  // as torch passes them to a hook
     py::tuple out(grads.size());
     for (size_t k = 0; k < grads.size(); ++k) {
@@ -586,6 +812,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
 
   py::object arrivals_ = py::none();
   py::object fallback_ = py::none();
+  py::object module_fallback_ = py::none();
   py::object owner_ = py::none();
   int64_t generation_ = 0;
   PyObject* read(const at::Tensor& t, py::object* row, bool* scalar) {
@@ -656,6 +883,23 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   std::vector<Recent> recent_;
   int64_t reads_ = 0;
 };
+
+torch::autograd::variable_list ModuleTensorHook::operator()(const torch::autograd::variable_list& grads) {
+  if (Py_IsInitialized()) {
+    py::gil_scoped_acquire gil;
+    recorder_->module_gradient(generation_, index_, field_, slot_, value_ < grads.size() ? grads[value_] : at::Tensor());
+  }
+  return grads;
+}
+
+torch::autograd::variable_list ModuleConsumerHook::operator()(const torch::autograd::variable_list& grad_inputs,
+                                                               const torch::autograd::variable_list& grad_outputs) {
+  if (Py_IsInitialized()) {
+    py::gil_scoped_acquire gil;
+    recorder_->module_consumed(generation_, index_, *call_, edges_, grad_inputs);
+  }
+  return grad_inputs;
+}
 
 torch::autograd::variable_list ApiBackwardHook::operator()(const torch::autograd::variable_list& grad_inputs,
                                                             const torch::autograd::variable_list& grad_outputs) {
@@ -746,70 +990,20 @@ py::tuple capture(py::handle frame, py::handle anchor, py::handle outer, int64_t
 }
 #endif
 
-// backward._consumer_edges over autograd's own graph: ``[(node, [(edge index, input position)])]`` for the
-// nodes created after the inputs (by sequence number) that the walk from the outputs reaches and that take an
-// input's gradient edge (its grad_fn and output number, or a leaf's gradient accumulator); None past ``limit``
-// nodes. ``targets``: ``[(tensor, [positions])]``, the inputs that require grad. The walk, its order and its
-// count are the Python function's: depth first, a node's next edges in order, each node once.
+// backward._consumer_edges over autograd's own graph (walk_module): ``[(node, [(edge index, input position)])]``,
+// or None past ``limit`` nodes.
 py::object consumer_edges(py::handle inputs, py::handle outputs, py::handle targets, int64_t limit) {
-  using torch::autograd::Node;
-  std::vector<std::pair<std::pair<const Node*, uint32_t>, py::object>> keys;
-  for (py::handle item : targets) {
-    py::handle tensor = item[py::int_(0)];
-    const at::Tensor& t = THPVariable_Unpack(tensor.ptr());
-    const c10::intrusive_ptr<Node>& fn = t.grad_fn();
-    if (fn) {
-      keys.push_back({{fn.get(), static_cast<uint32_t>(t.output_nr())}, item[py::int_(1)]});
-    } else {
-      c10::intrusive_ptr<Node> accumulator = torch::autograd::impl::try_get_grad_accumulator(t);
-      if (accumulator) keys.push_back({{accumulator.get(), 0u}, item[py::int_(1)]});
-    }
-  }
-  int64_t threshold = -1;
-  for (py::handle item : inputs) {
-    if (item.is_none() || !THPVariable_Check(item.ptr())) continue;
-    const c10::intrusive_ptr<Node>& fn = THPVariable_Unpack(item.ptr()).grad_fn();
-    if (fn) threshold = std::max(threshold, static_cast<int64_t>(fn->sequence_nr()));
-  }
-  std::vector<c10::intrusive_ptr<Node>> stack;
-  std::unordered_set<const Node*> seen;
-  for (py::handle item : outputs) {
-    if (item.is_none() || !THPVariable_Check(item.ptr())) continue;
-    const c10::intrusive_ptr<Node>& fn = THPVariable_Unpack(item.ptr()).grad_fn();
-    if (fn && seen.insert(fn.get()).second) stack.push_back(fn);
-  }
-  py::list found;
-  int64_t walked = 0;
-  while (!stack.empty()) {
-    c10::intrusive_ptr<Node> node = std::move(stack.back());
-    stack.pop_back();
-    if (threshold >= 0 && node->sequence_nr() <= static_cast<uint64_t>(threshold)) continue;
-    if (++walked > limit) return py::none();
+  std::vector<std::pair<c10::intrusive_ptr<torch::autograd::Node>, std::vector<std::pair<int64_t, int64_t>>>> found;
+  if (!walk_module(inputs, outputs, targets, limit, &found)) return py::none();
+  py::list out;
+  for (const auto& node : found) {
     py::list edges;
-    const auto& next = node->next_edges();
-    for (size_t index = 0; index < next.size(); ++index) {
-      const torch::autograd::Edge& edge = next[index];
-      if (!edge.is_valid()) continue;
-      const py::object* positions = nullptr;
-      for (const auto& key : keys) {
-        if (key.first.first == edge.function.get() && key.first.second == edge.input_nr) {
-          positions = &key.second;
-          break;
-        }
-      }
-      if (positions != nullptr) {
-        for (py::handle position : *positions) edges.append(py::make_tuple(index, position));
-        continue;
-      }
-      if (seen.insert(edge.function.get()).second) stack.push_back(edge.function);
-    }
-    if (py::len(edges) > 0) {
-      py::object python_node = py::reinterpret_steal<py::object>(torch::autograd::functionToPyObject(node));
-      if (!python_node) throw py::error_already_set();
-      found.append(py::make_tuple(python_node, edges));
-    }
+    for (const auto& edge : node.second) edges.append(py::make_tuple(edge.first, edge.second));
+    py::object python_node = py::reinterpret_steal<py::object>(torch::autograd::functionToPyObject(node.first));
+    if (!python_node) throw py::error_already_set();
+    out.append(py::make_tuple(python_node, edges));
   }
-  return found;
+  return out;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -822,6 +1016,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<bool, int64_t, size_t, py::object>())
       .def("observe_backward", &Recorder::observe_backward, "Where API backward hooks put their records")
       .def("hook_api", &Recorder::hook_api, "backward.hook_api_backward: a native post-hook on each grad_fn")
+      .def("hook_tensor", &Recorder::hook_tensor, "a module's tensor hook, as a pre-hook on the tensor's grad_fn")
+      .def("hook_consumers", &Recorder::hook_consumers, "a module's consumer post-hooks, after its graph walk")
       .def_readwrite("collecting", &Recorder::collecting, "Whether the hooks record (the collector's flag)")
       .def("records", &Recorder::records, "Records of a call's arguments or outputs: plain tensors, None, builtins")
       .def("clear", &Recorder::clear, "Forget the tensors read (a new step)")

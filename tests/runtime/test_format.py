@@ -432,7 +432,7 @@ def test_error_inside_collection_is_logged_once_and_skipped(debuggers, tmp_path,
         def clear(self):
             pass
 
-        def observe_backward(self, arrivals, fallback, owner):
+        def observe_backward(self, *where):
             pass
 
     monkeypatch.setattr(statistics.StatBuffer, "native_recorder", lambda self, below, keep: BrokenRecorder())

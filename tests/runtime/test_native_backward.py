@@ -22,16 +22,26 @@ MODEL = '''
 import torch
 
 
+class Identity(torch.nn.Module):  # no node inside: tensor hooks on its input (a leaf here) and output
+    def forward(self, t):
+        return t
+
+
+class Scale(torch.nn.Module):  # float64 gradients: the Python records serve its module entry
+    def forward(self, t):
+        return t * 2.0
+
+
 class Block(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.norm, self.fc = torch.nn.LayerNorm(8), torch.nn.Linear(8, 8)
+        self.norm, self.fc, self.scale = torch.nn.LayerNorm(8), torch.nn.Linear(8, 8), Scale()
 
     def forward(self, x):
         h = __msprobe__.call("Torch.tanh", torch.tanh, self.fc(x))
         a, b = __msprobe__.call("Torch.split", torch.split, h, 4, -1)     # two outputs of one node
         both = __msprobe__.call("Torch.pair", lambda t: (t * 2, t + 1), a)  # outputs of two nodes
-        wide = __msprobe__.call("Torch.sin", torch.sin, b.double())      # float64: the Python path's records
+        wide = __msprobe__.call("Torch.sin", torch.sin, self.scale(b.double()))  # float64: Python's records
         unused = __msprobe__.call("Torch.cos", torch.cos, a)              # never reaches the loss: no gradient
         joined = __msprobe__.call("Torch.cat", torch.cat, [both[0] * both[1], wide.float()], -1)
         return self.norm(joined + x)
@@ -41,9 +51,10 @@ class Net(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.first, self.second = Block(), torch.nn.Sequential(Block(), torch.nn.ReLU())
+        self.identity, self.bias = Identity(), torch.nn.Parameter(torch.zeros(8))
 
     def forward(self, x):
-        return self.second(self.first(x))
+        return self.second(self.first(x)) + self.identity(self.bias)
 '''
 
 
@@ -84,19 +95,20 @@ def _dump(tmp_path, name, level):
 
 @pytest.mark.parametrize("level", ["L1", "mix"])
 def test_native_hooks_give_the_python_hooks_dump(native, tmp_path, monkeypatch, level):
-    calls = {"python hooks": 0, "python records": 0}
-    real_hook, real_observe = bw.hook_api_backward, bw.observe_api
+    calls = {"python hooks": 0, "python records": 0, "module consumers": 0, "module tensors": 0}
+    real = {name: getattr(bw, name) for name in ("hook_api_backward", "observe_api", "_observe_consumers",
+                                                  "observe_tensor")}
 
-    def hook(*args):
-        calls["python hooks"] += 1
-        return real_hook(*args)
+    def counted(name, key):
+        def call(*args):
+            calls[key] += 1
+            return real[name](*args)
+        monkeypatch.setattr(bw, name, call)
 
-    def observe(*args):
-        calls["python records"] += 1
-        return real_observe(*args)
-
-    monkeypatch.setattr(bw, "hook_api_backward", hook)
-    monkeypatch.setattr(bw, "observe_api", observe)
+    counted("hook_api_backward", "python hooks")
+    counted("observe_api", "python records")
+    counted("_observe_consumers", "module consumers")
+    counted("observe_tensor", "module tensors")
     runs = {}
     for name in ("native", "python"):  # from one line: the stacks' outermost frames are the same
         if name == "python":
@@ -104,9 +116,16 @@ def test_native_hooks_give_the_python_hooks_dump(native, tmp_path, monkeypatch, 
             monkeypatch.setattr(collector_module, "_compiled_autograd", lambda: True)  # the Python hooks, as then
         runs[name] = _dump(tmp_path, name, level)
     native_run, python_run = runs["native"], runs["python"]
-    # the native run attached no Python hook, and recorded in Python only the float64 call (Torch.sin)
-    assert counted["python hooks"] == 0 and calls["python hooks"] > 0
-    assert 0 < counted["python records"] < calls["python records"] - counted["python records"]
+    # the native run attached no Python hook but on leaves, and recorded in Python only float64 gradients
+    # (Torch.sin's, Scale's) and the leaf's tensor hooks (Identity's, at mix)
+    python = {key: calls[key] - counted[key] for key in calls}
+    assert counted["python hooks"] == 0 and python["python hooks"] > 0
+    assert 0 < counted["python records"] < python["python records"]
+    assert counted["module consumers"] == 0
+    if level == "L1":
+        assert python["module consumers"] == python["module tensors"] == counted["module tensors"] == 0
+    else:
+        assert python["module consumers"] > 0 and 0 < counted["module tensors"] < python["module tensors"]
     assert native_run == python_run
     data = native_run[0, "dump.json"]["data"]
     assert list(data) == list(python_run[0, "dump.json"]["data"])
