@@ -94,8 +94,8 @@ class Collector:
         self._recorder = self.stats.native_recorder(_REUSE_MIN, _RECENT) if self.native_first else None
         # The native op's backward hooks (Recorder.hook_api, hook_tensor, hook_consumers, where
         # ``native_backward``) put their records here, in the order they ran, until the next entry joins
-        # ``data`` (take_arrivals). The Recorder holds
-        # the collector by a weak reference only: nothing of the collector outlives the debugger's use of it.
+        # ``data`` (take_arrivals). The Recorder holds the collector by a weak reference only: nothing of the
+        # collector outlives the debugger's use of it.
         self._arrivals = []
         self.native_backward = False  # set by set_collecting
         if self._recorder is not None:
@@ -202,7 +202,7 @@ class Collector:
             self._recorder.clear()  # hooks of earlier steps stay silent from now on
         del self._arrivals[:]
         self.api_backward_hooks = []  # (backward entry name, its outputs counted) at each native hook's index
-        self.module_backward_hooks = []  # (backward entry name, outputs, inputs, state): module_backward_index
+        self.module_backward_hooks = []  # (backward entry name, n_out, n_in, state): module_backward_index
         self.backward_parents = {}  # backward entry -> parent module's forward entry
         self.pending_backward = {}  # module backward entries still waiting for some of their gradients
         self.param_waiters = {}  # id(parameter) -> callbacks waiting for its gradient's accumulation
@@ -388,10 +388,10 @@ class Collector:
         """The native op's Recorder (None where it does not serve): backward.hook_module_backward's hooks."""
         return self._recorder
 
-    def module_backward_index(self, name, outputs, inputs, state):
+    def module_backward_index(self, name, n_out, n_in, state):
         """The index by which the native op's hooks of one module call name it (``take_arrivals``)."""
         table = self.module_backward_hooks
-        table.append((name, outputs, inputs, state))
+        table.append((name, n_out, n_in, state))
         return len(table) - 1
 
     def take_arrivals(self):
@@ -427,8 +427,8 @@ class Collector:
             entry["output"].extend(sent)
 
     def _module_arrival(self, index, field, slot, record):
-        name, outputs, inputs, state = self.module_backward_hooks[index]
-        entry = self._backward_entry(name, outputs, inputs, True)
+        name, n_out, n_in, state = self.module_backward_hooks[index]
+        entry = self._backward_entry(name, n_out, n_in, True)
         key = _FIELDS[field]
         if entry is not None and key in entry:
             entry[key][slot] = record
@@ -807,9 +807,9 @@ def _module_backward_fallback(owner, index, field, slot, grad):
     if collector is None:
         return
     try:
-        name, outputs, inputs, state = collector.module_backward_hooks[index]
+        name, n_out, n_in, state = collector.module_backward_hooks[index]
         with collector.own_work:
-            bw.observe_tensor(collector, name, outputs, inputs, _FIELDS[field], slot, state, grad)
+            bw.observe_tensor(collector, name, n_out, n_in, _FIELDS[field], slot, state, grad)
     except Exception as error:
         collector.log_error("module backward hook", error)
 
