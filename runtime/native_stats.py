@@ -40,8 +40,15 @@ more it keeps ``Collector._reuse``'s table and rule itself (the last 4 read; the
 of memory, at the same version counter), so a tensor and its views are recorded without a Python step.
 
 float32, float16 and bfloat16 go through the op; the ``Recorder`` also records bool and signed or 8-bit
-unsigned integer CPU tensors (Max and Min, or ``any`` and ``all``, by ATen's own reductions: their Mean and
+unsigned integer CPU tensors (Max and Min, or ``any`` and ``all``, in one pass of its own: their Mean and
 Norm are null); float64 and the other integer types keep the torch ops. CUDA and NPU tensors keep the torch-op path (a Triton kernel is not written yet).
+
+The ``Recorder`` also runs the collector's backward hooks where it serves (``Collector.native_backward``): an
+API's post-hooks on its outputs' ``grad_fn`` (``hook_api``), a module's tensor hooks (``hook_tensor``) and the
+post-hooks on the nodes that take its inputs (``hook_consumers``, after the walk of ``consumer_edges``). They
+record the gradients with no Python frame and queue them for ``Collector.take_arrivals``; a gradient they
+cannot record goes to the collector's Python. Besides, the op walks a module's part of the graph
+(``consumer_edges``) and captures call stacks (``capture``, Python 3.11+), each distinct stack made once.
 """
 from __future__ import annotations
 
