@@ -140,50 +140,42 @@ def hook_module_backward(collector, name, inputs, outputs, params=()):
     n_out, n_in = len(out_positions), len(in_positions)
     out_slot = {position: i for i, position in enumerate(out_positions)}
     in_slot = {position: i for i, position in enumerate(in_positions)}
+    # the native op's hooks where it serves (Recorder.hook_tensor, hook_consumers): their records join the step
+    # as the API backward hooks' do (Collector.take_arrivals)
+    native = index = None
     if collector.native_backward and _plain_tensors(inputs) and _plain_tensors(outputs):
-        index = collector.module_backward_index(name, n_out, n_in, state)
-        _hook_module_natively(collector, index, name, n_out, n_in, state, inputs, outputs, out_positions,
-                              in_positions, targets, out_slot, in_slot)
-        return
-    consumers = consumer_edges(collector.graph_walk, inputs, outputs, targets) if targets else ()
+        native, index = collector.recorder, collector.module_backward_index(name, n_out, n_in, state)
+
+    def tensor_hook(t, field, slot):
+        # a leaf's hooks run in its gradient accumulator, not at a grad_fn: torch's tensor hook serves it
+        if native is None or not native.hook_tensor(t, index, FIELDS.index(field), slot):
+            t.register_hook(_Observer(collector, token, "module backward hook", observe_tensor,
+                                      (name, n_out, n_in, field, slot, state)))
+
     for position in out_positions:
-        outputs[position].register_hook(_Observer(collector, token, "module backward hook", observe_tensor,
-                                                  (name, n_out, n_in, "input", out_slot[position], state)))
-    found = set()
-    for _, edges in consumers:
-        for _, position in edges:
-            found.add(position)
-            slot = in_slot[position]
-            state["left"][slot] = state["left"].get(slot, 0) + 1
+        tensor_hook(outputs[position], "input", out_slot[position])
+    consumers, taken = (), ()
+    if targets and native is not None:
+        slots = [in_slot.get(position, -1) for position in range(len(inputs))]
+        taken = native.hook_consumers(index, inputs, outputs, list(targets.values()), slots, _MAX_WALK) or ()
+    elif targets:
+        consumers = consumer_edges(collector.graph_walk, inputs, outputs, targets)
+        taken = set()
+        for _, edges in consumers:
+            for _, position in edges:
+                taken.add(position)
+                slot = in_slot[position]
+                state["left"][slot] = state["left"].get(slot, 0) + 1
     for position in in_positions:
-        if position not in found:
-            inputs[position].register_hook(_Observer(collector, token, "module backward hook", observe_tensor,
-                                                     (name, n_out, n_in, "output", in_slot[position], state)))
+        if position not in taken:
+            tensor_hook(inputs[position], "output", in_slot[position])
     for node, edges in consumers:
-        edges = [(index, in_slot[position]) for index, position in edges]
+        edges = [(edge, in_slot[position]) for edge, position in edges]
         node.register_hook(_Observer(collector, token, "module backward hook", _observe_consumers,
                                      (name, n_out, n_in, edges, state)))
 
 
-def _hook_module_natively(collector, index, name, n_out, n_in, state, inputs, outputs, out_positions, in_positions,
-                          targets, out_slot, in_slot):
-    """hook_module_backward's hooks, run by the native op (``Recorder.hook_tensor``, ``hook_consumers``): their
-    records join the step as the API backward hooks' do (``Collector.take_arrivals``). A leaf tensor, whose
-    hooks run in its gradient accumulator, keeps the Python tensor hook."""
-    recorder = collector.recorder
-    token = collector.token
-    for position in out_positions:
-        if not recorder.hook_tensor(outputs[position], index, 0, out_slot[position]):
-            outputs[position].register_hook(_Observer(collector, token, "module backward hook", observe_tensor,
-                                                      (name, n_out, n_in, "input", out_slot[position], state)))
-    taken = ()
-    if targets:
-        slots = [in_slot.get(position, -1) for position in range(len(inputs))]
-        taken = recorder.hook_consumers(index, inputs, outputs, list(targets.values()), slots, _MAX_WALK) or ()
-    for position in in_positions:
-        if position not in taken and not recorder.hook_tensor(inputs[position], index, 1, in_slot[position]):
-            inputs[position].register_hook(_Observer(collector, token, "module backward hook", observe_tensor,
-                                                     (name, n_out, n_in, "output", in_slot[position], state)))
+FIELDS = ("input", "output")  # a module entry's fields that its tensor hooks fill; the native op's field codes
 
 
 def _part_done(collector, name, state):

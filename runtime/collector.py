@@ -429,7 +429,7 @@ class Collector:
     def _module_arrival(self, index, field, slot, record):
         name, n_out, n_in, state = self.module_backward_hooks[index]
         entry = self._backward_entry(name, n_out, n_in, True)
-        key = _FIELDS[field]
+        key = bw.FIELDS[field]
         if entry is not None and key in entry:
             entry[key][slot] = record
         state["parts"] -= 1
@@ -809,12 +809,9 @@ def _module_backward_fallback(owner, index, field, slot, grad):
     try:
         name, n_out, n_in, state = collector.module_backward_hooks[index]
         with collector.own_work:
-            bw.observe_tensor(collector, name, n_out, n_in, _FIELDS[field], slot, state, grad)
+            bw.observe_tensor(collector, name, n_out, n_in, bw.FIELDS[field], slot, state, grad)
     except Exception as error:
         collector.log_error("module backward hook", error)
-
-
-_FIELDS = ("input", "output")  # a module hook's field: 0, the gradients of its outputs; 1, of its inputs
 
 
 def _compiled_autograd():

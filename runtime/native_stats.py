@@ -477,6 +477,29 @@ bool walk_module(py::handle inputs, py::handle outputs, py::handle targets, int6
 
 class Recorder;
 
+// A hook's hold on its Recorder. Let go with the GIL held, since the last hold may free the Recorder and its
+// Python objects; once the interpreter is gone it is left, as torch leaves its own hooks' Python objects.
+class RecorderRef {
+ public:
+  explicit RecorderRef(std::shared_ptr<Recorder> recorder) : recorder_(std::move(recorder)) {}
+  RecorderRef(const RecorderRef&) = delete;
+  RecorderRef& operator=(const RecorderRef&) = delete;
+
+  ~RecorderRef() {
+    if (Py_IsInitialized()) {
+      py::gil_scoped_acquire gil;
+      recorder_.reset();
+    } else {
+      new std::shared_ptr<Recorder>(std::move(recorder_));
+    }
+  }
+
+  Recorder* operator->() const { return recorder_.get(); }
+
+ private:
+  std::shared_ptr<Recorder> recorder_;
+};
+
 // An API call's backward, observed by the op: a post-hook on one grad_fn behind the API's outputs (``positions``:
 // (output position, the node's output number) of each), which makes the records of the gradients there and
 // adds ``(index, [(position, record)], [records])`` to the Recorder's ``arrivals`` list, where the collector
@@ -489,20 +512,11 @@ class ApiBackwardHook : public torch::autograd::FunctionPostHook {
                   std::vector<std::pair<int64_t, int64_t>> positions)
       : recorder_(std::move(recorder)), generation_(generation), index_(index), positions_(std::move(positions)) {}
 
-  ~ApiBackwardHook() override {
-    if (Py_IsInitialized()) {
-      py::gil_scoped_acquire gil;  // the last hook may own the Recorder, and the Recorder Python objects
-      recorder_.reset();
-    } else {
-      new std::shared_ptr<Recorder>(std::move(recorder_));  // the interpreter is gone: left, as torch's own hooks
-    }
-  }
-
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& grad_inputs,
                                             const torch::autograd::variable_list& grad_outputs) override;
 
  private:
-  std::shared_ptr<Recorder> recorder_;
+  RecorderRef recorder_;
   int64_t generation_;
   int64_t index_;
   std::vector<std::pair<int64_t, int64_t>> positions_;
@@ -526,19 +540,10 @@ class ModuleTensorHook : public torch::autograd::FunctionPreHook {
       : recorder_(std::move(recorder)), generation_(generation), index_(index), field_(field), slot_(slot),
         value_(value) {}
 
-  ~ModuleTensorHook() override {
-    if (Py_IsInitialized()) {
-      py::gil_scoped_acquire gil;
-      recorder_.reset();
-    } else {
-      new std::shared_ptr<Recorder>(std::move(recorder_));
-    }
-  }
-
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override;
 
  private:
-  std::shared_ptr<Recorder> recorder_;
+  RecorderRef recorder_;
   int64_t generation_, index_, field_, slot_;
   size_t value_;
 };
@@ -553,21 +558,11 @@ class ModuleConsumerHook : public torch::autograd::FunctionPostHook {
       : recorder_(std::move(recorder)), generation_(generation), index_(index), call_(std::move(call)),
         edges_(std::move(edges)) {}
 
-  ~ModuleConsumerHook() override {
-    if (Py_IsInitialized()) {
-      py::gil_scoped_acquire gil;
-      recorder_.reset();
-      call_.reset();
-    } else {
-      new std::shared_ptr<Recorder>(std::move(recorder_));
-    }
-  }
-
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& grad_inputs,
                                             const torch::autograd::variable_list& grad_outputs) override;
 
  private:
-  std::shared_ptr<Recorder> recorder_;
+  RecorderRef recorder_;
   int64_t generation_, index_;
   std::shared_ptr<ModuleCall> call_;
   std::vector<std::pair<int64_t, int64_t>> edges_;
