@@ -149,8 +149,8 @@ def hook_module_backward(collector, name, inputs, outputs, params=()):
     def tensor_hook(t, field, slot):
         # a leaf's hooks run in its gradient accumulator, not at a grad_fn: torch's tensor hook serves it
         if native is None or not native.hook_tensor(t, index, FIELDS.index(field), slot):
-            t.register_hook(_Observer(collector, token, "module backward hook", observe_tensor,
-                                      (name, n_out, n_in, field, slot, state)))
+            collector.tensor_hooks.append(t.register_hook(_Observer(
+                collector, token, "module backward hook", observe_tensor, (name, n_out, n_in, field, slot, state))))
 
     for position in out_positions:
         tensor_hook(outputs[position], "input", out_slot[position])

@@ -174,3 +174,26 @@ def test_a_graph_outliving_its_collector_does_not_keep_it(native, tmp_path):
     debugger.stop()
     debugger.wait()
     assert torch.equal(x.grad, torch.cos(x.detach()))
+
+
+@pytest.mark.parametrize("hooks", ["native", "python"])
+def test_no_hook_outlives_its_step(native, tmp_path, monkeypatch, hooks):
+    """A tensor that outlives the step keeps none of the step's hooks: here a parameter that a module takes and
+    returns (Identity's), as megatron's linear layers return their bias. Its hooks still fire in their step."""
+    if hooks == "python":
+        monkeypatch.setattr(collector_module, "_compiled_autograd", lambda: True)
+    model = _model()
+    x = torch.randn(3, 8)
+    debugger = PrecisionDebugger(dump_path=str(tmp_path / "d"), task="statistics", level="mix")
+    for _ in range(3):
+        debugger.start(model)
+        model(x).sum().backward()
+        debugger.stop()
+        debugger.step()
+        assert not model.bias._backward_hooks
+    debugger.wait()
+    for step in range(3):
+        [directory] = glob.glob(os.path.join(str(tmp_path / "d"), f"step{step}", "*"))
+        with open(os.path.join(directory, "dump.json")) as handle:
+            entry = json.load(handle)["data"]["Module.identity.Identity.backward.0"]
+        assert entry["input"][0] is not None and entry["output"][0] is not None
