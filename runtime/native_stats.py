@@ -68,6 +68,7 @@ SOURCE = r"""
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/python_cpp_function.h>
 #include <torch/csrc/autograd/function_hook.h>
+#include <algorithm>
 #include <memory>
 #include <frameobject.h>
 #include <ATen/Parallel.h>
@@ -495,29 +496,65 @@ class RecorderRef {
   }
 
   Recorder* operator->() const { return recorder_.get(); }
+  const Recorder* get() const { return recorder_.get(); }
 
  private:
   std::shared_ptr<Recorder> recorder_;
 };
 
+// What the op's backward hooks share: their Recorder and the step they were attached in (``generation``); a
+// hook of an earlier step stays silent. A node can outlive its step (a tensor kept from step to step, as a
+// cache computed with grad, or one that an API returns as it is), so a Recorder drops its silent hooks from a
+// node when it puts a new one there (drop_stale), rather than leave one more there every step.
+class OwnHook {
+ public:
+  OwnHook(std::shared_ptr<Recorder> recorder, int64_t generation)
+      : recorder_(std::move(recorder)), generation_(generation) {}
+  virtual ~OwnHook() = default;
+  bool of(const Recorder* owner) const { return recorder_.get() == owner; }
+  bool stale(const Recorder* owner, int64_t generation) const { return of(owner) && generation_ != generation; }
+
+ protected:
+  RecorderRef recorder_;
+  int64_t generation_;
+};
+
+template <typename Hooks>
+void drop_stale(Hooks& hooks, const Recorder* owner, int64_t generation) {
+  hooks.erase(std::remove_if(hooks.begin(), hooks.end(),
+                             [&](const auto& hook) {
+                               const OwnHook* own = dynamic_cast<const OwnHook*>(hook.get());
+                               return own != nullptr && own->stale(owner, generation);
+                             }),
+              hooks.end());
+}
+
+template <typename Hooks>
+int64_t count_own(const Hooks& hooks, const Recorder* owner) {
+  int64_t n = 0;
+  for (const auto& hook : hooks) {
+    const OwnHook* own = dynamic_cast<const OwnHook*>(hook.get());
+    n += own != nullptr && own->of(owner);
+  }
+  return n;
+}
+
 // An API call's backward, observed by the op: a post-hook on one grad_fn behind the API's outputs (``positions``:
 // (output position, the node's output number) of each), which makes the records of the gradients there and
 // adds ``(index, [(position, record)], [records])`` to the Recorder's ``arrivals`` list, where the collector
 // reads it (Collector.take_arrivals): no Python frame runs in the backward. A gradient it cannot record hands
-// the whole call to the Recorder's Python ``fallback``. ``generation``: the step it was attached in; a hook of
-// an earlier step stays silent. It returns the gradients it was given, so the engine goes on as without it.
-class ApiBackwardHook : public torch::autograd::FunctionPostHook {
+// the whole call to the Recorder's Python ``fallback``. It returns the gradients it was given, so the engine
+// goes on as without it.
+class ApiBackwardHook : public torch::autograd::FunctionPostHook, public OwnHook {
  public:
   ApiBackwardHook(std::shared_ptr<Recorder> recorder, int64_t generation, int64_t index,
                   std::vector<std::pair<int64_t, int64_t>> positions)
-      : recorder_(std::move(recorder)), generation_(generation), index_(index), positions_(std::move(positions)) {}
+      : OwnHook(std::move(recorder), generation), index_(index), positions_(std::move(positions)) {}
 
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& grad_inputs,
                                             const torch::autograd::variable_list& grad_outputs) override;
 
  private:
-  RecorderRef recorder_;
-  int64_t generation_;
   int64_t index_;
   std::vector<std::pair<int64_t, int64_t>> positions_;
 };
@@ -533,37 +570,33 @@ struct ModuleCall {
 // hook on one of the module's outputs (``field`` 0, the entry's ``input``) or on an input that no node inside
 // takes (``field`` 1, ``output``), as a pre-hook on the tensor's grad_fn for its output number, which is where
 // torch runs a tensor's hooks. Its record goes to ``arrivals`` as ``(index, field, slot, record)``.
-class ModuleTensorHook : public torch::autograd::FunctionPreHook {
+class ModuleTensorHook : public torch::autograd::FunctionPreHook, public OwnHook {
  public:
   ModuleTensorHook(std::shared_ptr<Recorder> recorder, int64_t generation, int64_t index, int64_t field,
                    int64_t slot, size_t value)
-      : recorder_(std::move(recorder)), generation_(generation), index_(index), field_(field), slot_(slot),
-        value_(value) {}
+      : OwnHook(std::move(recorder), generation), index_(index), field_(field), slot_(slot), value_(value) {}
 
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override;
 
  private:
-  RecorderRef recorder_;
-  int64_t generation_, index_, field_, slot_;
+  int64_t index_, field_, slot_;
   size_t value_;
 };
 
 // A post-hook on a node inside a module that takes some of its inputs (``edges``: (the node's gradient
 // index, input slot)): it adds the gradients there to the call's sums, and records an input's sum once its
 // last edge has arrived (``field`` 1), as backward._observe_consumers does.
-class ModuleConsumerHook : public torch::autograd::FunctionPostHook {
+class ModuleConsumerHook : public torch::autograd::FunctionPostHook, public OwnHook {
  public:
   ModuleConsumerHook(std::shared_ptr<Recorder> recorder, int64_t generation, int64_t index,
                      std::shared_ptr<ModuleCall> call, std::vector<std::pair<int64_t, int64_t>> edges)
-      : recorder_(std::move(recorder)), generation_(generation), index_(index), call_(std::move(call)),
-        edges_(std::move(edges)) {}
+      : OwnHook(std::move(recorder), generation), index_(index), call_(std::move(call)), edges_(std::move(edges)) {}
 
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& grad_inputs,
                                             const torch::autograd::variable_list& grad_outputs) override;
 
  private:
-  RecorderRef recorder_;
-  int64_t generation_, index_;
+  int64_t index_;
   std::shared_ptr<ModuleCall> call_;
   std::vector<std::pair<int64_t, int64_t>> edges_;
 };
@@ -614,6 +647,14 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
 
   int64_t reads() const { return reads_; }
 
+  // The hooks of this Recorder on ``tensor``'s grad_fn (its post-hooks and tensor pre-hooks): for tests.
+  int64_t hooks_on(py::handle tensor) const {
+    if (!THPVariable_Check(tensor.ptr())) return 0;
+    auto fn = THPVariable_Unpack(tensor.ptr()).grad_fn();
+    if (!fn) return 0;
+    return count_own(fn->post_hooks(), this) + count_own(fn->tensor_pre_hooks(), this);
+  }
+
   // Where the backward hooks put what they record, and who records what they cannot: an API's
   // ``fallback(owner, index, positions, grad_inputs, grad_outputs)``, a module's ``module_fallback(owner, index,
   // field, slot, gradient)``; ``owner`` passed back as given (a weak reference: the Recorder must not keep the
@@ -657,6 +698,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
       }
     }
     for (size_t k = 0; k < nodes.size(); ++k) {
+      drop_stale(held[k]->post_hooks(), this, generation_);
       held[k]->add_post_hook(
           std::make_unique<ApiBackwardHook>(shared_from_this(), generation_, index, std::move(nodes[k].second)));
     }
@@ -671,6 +713,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     const at::Tensor& t = THPVariable_Unpack(tensor.ptr());
     auto fn = t.grad_fn();
     if (!fn) return false;
+    drop_stale(fn->tensor_pre_hooks(), this, generation_);
     fn->add_tensor_pre_hook(std::make_unique<ModuleTensorHook>(shared_from_this(), generation_, index, field, slot,
                                                                static_cast<size_t>(t.output_nr())));
     return true;
@@ -698,6 +741,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
       }
     }
     for (auto& node : found) {
+      drop_stale(node.first->post_hooks(), this, generation_);
       node.first->add_post_hook(
           std::make_unique<ModuleConsumerHook>(shared_from_this(), generation_, index, call, std::move(node.second)));
     }
@@ -1020,6 +1064,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("hook_api", &Recorder::hook_api, "backward.hook_api_backward: a native post-hook on each grad_fn")
       .def("hook_tensor", &Recorder::hook_tensor, "a module's tensor hook, as a pre-hook on the tensor's grad_fn")
       .def("hook_consumers", &Recorder::hook_consumers, "a module's consumer post-hooks, after its graph walk")
+      .def("hooks_on", &Recorder::hooks_on, "this Recorder's hooks on a tensor's grad_fn (for tests)")
       .def_readwrite("collecting", &Recorder::collecting, "Whether the hooks record (the collector's flag)")
       .def("records", &Recorder::records, "Records of a call's arguments or outputs: plain tensors, None, builtins")
       .def("clear", &Recorder::clear, "Forget the tensors read (a new step)")

@@ -221,3 +221,34 @@ def test_a_step_leaves_nothing_for_the_next(native, tmp_path, level):
             counts.append(len(gc.get_objects()))
     debugger.wait()
     assert counts[1] - counts[0] < 12
+
+
+def test_a_node_kept_from_step_to_step_keeps_one_step_of_hooks(native, tmp_path):
+    """A tensor computed with grad once and used every step (a cache): its grad_fn outlives the steps. Each step
+    puts the module's tensor hook and the API's post-hook on it; those of the step before are dropped, silent
+    as they are, rather than left to pile up one a step."""
+    weight = torch.nn.Parameter(torch.randn(8))
+    cached = weight.view(2, 4)  # its ViewBackward keeps no tensor: the node serves every step's backward
+
+    class Cache(nn.Module):
+        def forward(self):
+            return cached
+
+    model = nn.Sequential()
+    model.cache = Cache()
+    debugger = PrecisionDebugger(dump_path=str(tmp_path / "d"), task="statistics", level="mix")
+    counts = []
+    for _ in range(4):
+        debugger.start(model)
+        same = msprobe_runtime.call("Tensor.contiguous", torch.Tensor.contiguous, model.cache())  # returns it
+        (same * 3.0).sum().backward()
+        counts.append(debugger._collector.recorder.hooks_on(cached))
+        debugger.stop()
+        debugger.step()
+    debugger.wait()
+    assert counts == [2, 2, 2, 2]  # one step's: the module's tensor hook and the API's post-hook
+    [directory] = glob.glob(os.path.join(str(tmp_path / "d"), "step3", "*"))
+    with open(os.path.join(directory, "dump.json")) as handle:
+        data = json.load(handle)["data"]
+    assert data["Module.cache.Cache.backward.0"]["input"][0] is not None
+    assert data["Tensor.contiguous.0.backward"]["input"][0] is not None
