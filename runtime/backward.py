@@ -55,8 +55,8 @@ def hook_api_backward(collector, name, outputs):
     token = collector.token
     width = len(outputs)
     for node, positions in nodes.items():
-        node.register_hook(_Observer(collector, token, "API backward hook", observe_api,
-                                     (name, width, positions)))
+        collector.step_hooks.append(node.register_hook(_Observer(collector, token, "API backward hook", observe_api,
+                                                                 (name, width, positions))))
 
 
 class _Observer:
@@ -149,7 +149,7 @@ def hook_module_backward(collector, name, inputs, outputs, params=()):
     def tensor_hook(t, field, slot):
         # a leaf's hooks run in its gradient accumulator, not at a grad_fn: torch's tensor hook serves it
         if native is None or not native.hook_tensor(t, index, FIELDS.index(field), slot):
-            collector.tensor_hooks.append(t.register_hook(_Observer(
+            collector.step_hooks.append(t.register_hook(_Observer(
                 collector, token, "module backward hook", observe_tensor, (name, n_out, n_in, field, slot, state))))
 
     for position in out_positions:
@@ -171,8 +171,8 @@ def hook_module_backward(collector, name, inputs, outputs, params=()):
             tensor_hook(inputs[position], "output", in_slot[position])
     for node, edges in consumers:
         edges = [(edge, in_slot[position]) for edge, position in edges]
-        node.register_hook(_Observer(collector, token, "module backward hook", _observe_consumers,
-                                     (name, n_out, n_in, edges, state)))
+        collector.step_hooks.append(node.register_hook(_Observer(
+            collector, token, "module backward hook", _observe_consumers, (name, n_out, n_in, edges, state))))
 
 
 FIELDS = ("input", "output")  # a module entry's fields that its tensor hooks fill; the native op's field codes

@@ -133,7 +133,7 @@ class Collector:
         self._logged = set()
         self._unreadable = set()  # kinds of tensors already said to have no statistics
         self.error_count = 0
-        self.tensor_hooks = []
+        self.step_hooks = []
         self.reset()
 
     # ----------------------------------------------------------------- execution state
@@ -190,11 +190,12 @@ class Collector:
     def reset(self):
         """Start a new step: counters, entries, stacks and construct begin empty."""
         self.token = object()
-        for handle in self.tensor_hooks:
-            handle.remove()  # a tensor that outlives its step would otherwise keep one dead hook per step
-        # torch's tensor hooks of this step (backward.hook_module_backward): a tensor may outlive the step, as
-        # a parameter that a module returns or takes does (megatron's linear layers return their bias)
-        self.tensor_hooks = []
+        for handle in self.step_hooks:
+            handle.remove()  # a tensor or node that outlives its step would otherwise keep one dead hook a step
+        # torch's hooks of this step (backward.py's Python hooks): a tensor may outlive the step, as a parameter
+        # that a module returns or takes does (megatron's linear layers return their bias), and a node with it
+        # (a cache computed with grad). The native op drops its own (native_stats.drop_stale).
+        self.step_hooks = []
         self.api_counts = {}
         self.module_counts = {}
         self.param_counts = {}

@@ -223,10 +223,13 @@ def test_a_step_leaves_nothing_for_the_next(native, tmp_path, level):
     assert counts[1] - counts[0] < 12
 
 
-def test_a_node_kept_from_step_to_step_keeps_one_step_of_hooks(native, tmp_path):
+@pytest.mark.parametrize("hooks", ["native", "python"])
+def test_a_node_kept_from_step_to_step_keeps_one_step_of_hooks(native, tmp_path, monkeypatch, hooks):
     """A tensor computed with grad once and used every step (a cache): its grad_fn outlives the steps. Each step
     puts the module's tensor hook and the API's post-hook on it; those of the step before are dropped, silent
     as they are, rather than left to pile up one a step."""
+    if hooks == "python":
+        monkeypatch.setattr(collector_module, "_compiled_autograd", lambda: True)
     weight = torch.nn.Parameter(torch.randn(8))
     cached = weight.view(2, 4)  # its ViewBackward keeps no tensor: the node serves every step's backward
 
@@ -242,7 +245,11 @@ def test_a_node_kept_from_step_to_step_keeps_one_step_of_hooks(native, tmp_path)
         debugger.start(model)
         same = msprobe_runtime.call("Tensor.contiguous", torch.Tensor.contiguous, model.cache())  # returns it
         (same * 3.0).sum().backward()
-        counts.append(debugger._collector.recorder.hooks_on(cached))
+        if hooks == "native":
+            counts.append(debugger._collector.recorder.hooks_on(cached))
+        else:
+            gc.collect()
+            counts.append(sum(type(o) is bw._Observer for o in gc.get_objects()))
         debugger.stop()
         debugger.step()
     debugger.wait()
