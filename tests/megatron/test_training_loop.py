@@ -130,6 +130,17 @@ def test_bit_identical_with_collection(runs, config, level):
         assert (dump / f"step{step}" / "rank0" / "dump.json").is_file()
 
 
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_no_hook_outlives_its_step(runs, config, level):
+    """The biases that megatron's linear layers return (skip_bias_add) are module outputs: at L0 and mix each step
+    hooks them, and nothing of it is left on them after the run (it was one hook a step)."""
+    plain, _ = _get(runs, config, "none", "plain")
+    collected, _ = _get(runs, config, level)
+    assert plain["hooked_parameters"] == []
+    assert collected["hooked_parameters"] == []
+
+
 def _load(dump, step, name="dump.json"):
     return json.loads((dump / f"step{step}" / "rank0" / name).read_text())
 
