@@ -209,3 +209,33 @@ def test_a_modules_parameters_are_read_as_torch_lists_them(tmp_path):
         assert collector._parameters(closed) is collector._parameters(closed)  # made once a step
     finally:
         debugger.stop()
+
+
+@pytest.mark.parametrize("level", ["L0", "mix"])
+def test_start_runs_nothing_through_a_users_torch_function_mode(tmp_path, level):
+    """start() hooks every parameter: its own reads and registrations never go through a mode the user has
+    pushed (each was a call of the user's ``__torch_function__``), and the mode sees the user's calls after it."""
+    from torch.overrides import TorchFunctionMode
+
+    class Counting(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.seen.append(getattr(func, "__name__", repr(func)))
+            return func(*args, **(kwargs or {}))
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    debugger = PrecisionDebugger(dump_path=str(tmp_path / "dump"), level=level)
+    with Counting() as mode:
+        debugger.start(model)
+        during_start = list(mode.seen)
+        model(torch.randn(3, 4)).sum().backward()
+        debugger.stop()
+        debugger.step()
+    debugger.wait()
+    assert during_start == []
+    assert "linear" in mode.seen
+    data = _entries(tmp_path / "dump", 0)
+    assert set(data["Module.0.Linear.parameters_grad.0"]) == {"weight", "bias"}  # the hooks serve
