@@ -39,15 +39,16 @@ _DEVICE = torch.device
 _MEMORY_FORMAT = torch.memory_format
 _STRIDED = torch.strided
 _NO_TORCH_FUNCTION = torch._C.DisableTorchFunction
+_modes_on = torch._C._is_torch_function_mode_enabled  # a TorchFunctionMode active on this thread: ours or a user's
 _grad_enabled = torch.is_grad_enabled
 _get_ident = threading.get_ident
 
 
 class _OwnWork:
     """``with collector.own_work:`` around the runtime's own work (hooks, flushes): a routed call that arrives
-    meanwhile on this thread passes straight through (``busy``), and torch function handling is off while an observing
-    mode is pushed (as in ``Collector.api``). Reentrant; one instance per collector, so entering allocates nothing but the
-    guard."""
+    meanwhile on this thread passes straight through (``busy``), and torch function handling is off while a mode is
+    active (an observing mode of ours, or a user's: our reads and statistics ops are not the user's calls, as in
+    ``Collector.api``). Reentrant; one instance per collector, so entering allocates nothing but the guard."""
 
     __slots__ = ("collector", "guards")
 
@@ -59,7 +60,7 @@ class _OwnWork:
         collector = self.collector
         collector.enter_own_work()
         guard = None
-        if collector.mode_depth:
+        if _modes_on():
             guard = _NO_TORCH_FUNCTION()
             guard.__enter__()
         self.guards.append(guard)
@@ -310,9 +311,10 @@ class Collector:
         """Record one API call around ``fn(*args, **kwargs)``, which runs exactly once.
 
         ``in_api`` stays raised throughout: calls nested inside the API, and our own statistics ops, are not
-        recorded as the user's calls. While an observing ``TorchFunctionMode`` is pushed, torch function
-        handling is off around our own work: without it, every metadata read and statistics op of ours would
-        take a Python round trip through the mode (about twenty per recorded tensor). Never around the user's
+        recorded as the user's calls. While a ``TorchFunctionMode`` is active (an observing mode of ours, or a
+        user's), torch function handling is off around our own work: without it, every metadata read and
+        statistics op of ours would take a Python round trip through the mode (about twenty per recorded tensor),
+        and a user's mode would see them as the program's calls. Never around the user's
         call. Written as two branches rather than one ``with`` over a null context: this runs at every entry.
         """
         self.enter_own_work()
@@ -320,7 +322,7 @@ class Collector:
             try:
                 if record_kwargs is None:
                     record_kwargs = kwargs
-                if self.mode_depth:
+                if _modes_on():
                     with _NO_TORCH_FUNCTION():
                         begun = self._begin_api(api_name, record_args, record_kwargs)
                 else:
@@ -331,7 +333,7 @@ class Collector:
             result = fn(*args, **kwargs)
             if begun is not None:
                 try:
-                    if self.mode_depth:
+                    if _modes_on():
                         with _NO_TORCH_FUNCTION():
                             self._finish_api(begun, result, frame)
                     else:

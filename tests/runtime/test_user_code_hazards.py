@@ -211,31 +211,53 @@ def test_a_modules_parameters_are_read_as_torch_lists_them(tmp_path):
         debugger.stop()
 
 
-@pytest.mark.parametrize("level", ["L0", "mix"])
-def test_start_runs_nothing_through_a_users_torch_function_mode(tmp_path, level):
-    """start() hooks every parameter: its own reads and registrations never go through a mode the user has
-    pushed (each was a call of the user's ``__torch_function__``), and the mode sees the user's calls after it."""
-    from torch.overrides import TorchFunctionMode
+class _Counting(torch.overrides.TorchFunctionMode):
+    """A user's own mode (a FLOP counter, a debugging mode, ``torch.device(...)`` as a context)."""
 
-    class Counting(TorchFunctionMode):
-        def __init__(self):
-            super().__init__()
-            self.seen = []
+    def __init__(self):
+        super().__init__()
+        self.seen = []
 
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            self.seen.append(getattr(func, "__name__", repr(func)))
-            return func(*args, **(kwargs or {}))
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.seen.append(getattr(func, "__name__", repr(func)))
+        return func(*args, **(kwargs or {}))
 
-    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
-    debugger = PrecisionDebugger(dump_path=str(tmp_path / "dump"), level=level)
-    with Counting() as mode:
-        debugger.start(model)
-        during_start = list(mode.seen)
-        model(torch.randn(3, 4)).sum().backward()
-        debugger.stop()
-        debugger.step()
-    debugger.wait()
-    assert during_start == []
-    assert "linear" in mode.seen
-    data = _entries(tmp_path / "dump", 0)
-    assert set(data["Module.0.Linear.parameters_grad.0"]) == {"weight", "bias"}  # the hooks serve
+
+@pytest.mark.parametrize("statistics", ["native op", "torch ops"])
+def test_a_users_torch_function_mode_sees_only_the_programs_calls(tmp_path, monkeypatch, statistics):
+    """With a mode of the user's pushed around the step, collection at every level leaves the calls the mode sees
+    as they are with collection off: start() hooking the parameters, the records' reads and the statistics ops
+    (with the torch ops, about 150 calls a step of this model) are the runtime's own, never the user's calls."""
+    from msprobe_runtime import native_stats
+
+    if statistics == "torch ops":
+        monkeypatch.setenv("MSPROBE_NATIVE_STATS", "0")
+    native_stats.reset()
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU(), torch.nn.Linear(4, 2))
+        x = torch.randn(3, 4)
+
+        def step(debugger=None):
+            with _Counting() as mode:
+                if debugger is not None:
+                    debugger.start(model)
+                model(x).sum().backward()
+                if debugger is not None:
+                    debugger.stop()
+                    debugger.step()
+            return mode.seen
+
+        alone = step()
+        assert "linear" in alone and "gelu" in alone
+        for level in ("L0", "L1", "mix"):
+            debugger = PrecisionDebugger(dump_path=str(tmp_path / level), level=level)
+            assert step(debugger) == alone, level
+            debugger.wait()
+            data = _entries(tmp_path / level, 0)
+            assert ("Functional.gelu.0.forward" in data) == (level != "L0")
+            if level != "L1":
+                assert set(data["Module.0.Linear.parameters_grad.0"]) == {"weight", "bias"}  # the hooks serve
+    finally:
+        monkeypatch.delenv("MSPROBE_NATIVE_STATS", raising=False)
+        native_stats.reset()
