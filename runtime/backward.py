@@ -8,7 +8,6 @@ returns None: it observes, it never replaces a gradient.
 """
 from __future__ import annotations
 
-import functools
 
 from .foreign import is_subclass, mapping_items, own_parameters, sequence_items
 
@@ -133,9 +132,9 @@ def hook_module_backward(collector, name, inputs, outputs, params=()):
         targets, in_positions = gradient_targets(inputs)
     if not in_positions:
         params = ()  # msprobe writes a module whose inputs need no gradient as soon as its outputs' arrive
-    state = {"parts": len(out_positions) + len(in_positions) + len(params), "partial": {}, "left": {}}
+    state = {"parts": len(out_positions) + len(in_positions) + len(params), "partial": {}, "left": {}, "name": name}
     for param in params:
-        collector.when_accumulated(param, functools.partial(_part_done, collector, name, state))
+        collector.when_accumulated(param, state)
     # msprobe lists only the tensors that take part in backward: outputs and inputs that require grad
     n_out, n_in = len(out_positions), len(in_positions)
     out_slot = {position: i for i, position in enumerate(out_positions)}

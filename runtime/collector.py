@@ -604,12 +604,15 @@ class Collector:
 
     def param_accumulated(self, param):
         """A parameter's gradient is accumulated: module backward entries waiting for it may be complete."""
-        for done in self.param_waiters.pop(id(param), ()):
-            done()
+        for state in self.param_waiters.pop(id(param), ()):
+            state["parts"] -= 1
+            if state["parts"] == 0:
+                self.commit_backward(state["name"])
 
-    def when_accumulated(self, param, done):
-        """Call ``done()`` once ``param``'s gradient of this step is accumulated (``param_accumulated``)."""
-        self.param_waiters.setdefault(id(param), []).append(done)
+    def when_accumulated(self, param, state):
+        """Count ``param``'s accumulation this step as one of the parts of a module's backward entry (``state``
+        of backward.hook_module_backward: its name, and the parts still to come), committed at its last."""
+        self.param_waiters.setdefault(id(param), []).append(state)
 
     # ----------------------------------------------------------------- describing values
 
