@@ -73,14 +73,15 @@ class Slot:
     """Where the numbers of one tensor's statistics will be: pending on the device, then in a Batch. A group
     slot (small tensors reduced together) hands its batch and offsets on to its ``members``."""
 
-    __slots__ = ("pending", "batch", "offset", "width", "members")
+    __slots__ = ("pending", "batch", "offset", "width", "members", "exact")
 
-    def __init__(self, pending, width, members=None):
+    def __init__(self, pending, width, members=None, exact=False):
         self.pending = pending
         self.batch = None
         self.offset = 0
         self.width = width
         self.members = members
+        self.exact = exact  # int64 numbers (a Max, a Min, a value), read as they are: not through float64
 
     def values(self):
         """The numbers (writer thread only); None if the slot was never flushed."""
@@ -205,7 +206,7 @@ class StatBuffer:
             values = torch.stack((t.any(), t.all()))
         else:  # KIND_SCALAR
             values = t.reshape(1).clone()  # a copy: the user may change the tensor in place before the flush
-        slot = Slot(values, _WIDTH[kind])
+        slot = Slot(values, _WIDTH[kind], exact=values.dtype is torch.int64)
         counts = None
         if self.nan_inf_count and kind != KIND_BOOL and t.dtype.is_floating_point:
             counts = torch.stack((torch.isnan(t).sum(), torch.isinf(t).sum()))
@@ -292,34 +293,46 @@ class StatBuffer:
         on_host = True
         by_device = {}
         for slot in pending:
-            by_device.setdefault(slot.pending.device, {}).setdefault(slot.pending.dtype, []).append(slot)
-        for device, by_dtype in by_device.items():
-            target = torch.float32 if device.type == "mps" else torch.float64
-            parts, slots, offset = [], [], 0
-            for dtype, group in by_dtype.items():
-                joined = torch.cat([slot.pending for slot in group])
-                parts.append(joined if dtype == target else joined.to(target))
-                for slot in group:
-                    slot.offset = offset
-                    offset += slot.width
-                slots.extend(group)
-            flat = parts[0] if len(parts) == 1 else torch.cat(parts)
-            if device.type == "cpu":
-                host, event = flat, None
-            else:
-                host = flat.to("cpu", non_blocking=True)
-                event = record_event(device)
+            # an int64 Max or Min keeps its type, in a batch of its own: through float64 an extreme past 2**53
+            # would be rounded (counts are int64 too, but below 2**53: they join the others)
+            key = (slot.pending.device, slot.exact)
+            by_device.setdefault(key, {}).setdefault(slot.pending.dtype, []).append(slot)
+        for (device, exact), by_dtype in by_device.items():
+            target = torch.int64 if exact else (torch.float32 if device.type == "mps" else torch.float64)
+            if not _launch(device, by_dtype, target):
                 on_host = False
-            batch = Batch(host, event)
-            for slot in slots:
-                slot.batch = batch
-                slot.pending = None
-                if slot.members is not None:
-                    for index, member in enumerate(slot.members):
-                        if member is not None:
-                            member.batch = batch
-                            member.offset = slot.offset + index * member.width
         return on_host
+
+
+def _launch(device, by_dtype, target):
+    """One flat tensor of ``target`` type for the slots of one device (``{dtype: [slots]}``), on its way to the
+    host as one Batch; whether it is there already (a CPU device)."""
+    import torch
+
+    parts, slots, offset = [], [], 0
+    for dtype, group in by_dtype.items():
+        joined = torch.cat([slot.pending for slot in group])
+        parts.append(joined if dtype == target else joined.to(target))
+        for slot in group:
+            slot.offset = offset
+            offset += slot.width
+        slots.extend(group)
+    flat = parts[0] if len(parts) == 1 else torch.cat(parts)
+    if device.type == "cpu":
+        host, event = flat, None
+    else:
+        host = flat.to("cpu", non_blocking=True)
+        event = record_event(device)
+    batch = Batch(host, event)
+    for slot in slots:
+        slot.batch = batch
+        slot.pending = None
+        if slot.members is not None:
+            for index, member in enumerate(slot.members):
+                if member is not None:
+                    member.batch = batch
+                    member.offset = slot.offset + index * member.width
+    return event is None
 
 
 def _dense_view(t):
@@ -364,9 +377,12 @@ def wait_event(event):
 
 
 def host_rows(host):
-    """A host tensor as a list of floats, read from its memory directly (no Tensor.tolist/.numpy/.item)."""
+    """A host tensor (float64, float32 or int64) as a list of numbers, read from its memory directly (no
+    Tensor.tolist/.numpy/.item)."""
     import ctypes
     import struct
+
+    import torch
 
     host = host.contiguous()
     n = host.numel()
@@ -374,4 +390,5 @@ def host_rows(host):
         return []
     size = host.element_size()
     raw = ctypes.string_at(host.data_ptr(), n * size)
-    return list(struct.unpack(f"<{n}{'d' if size == 8 else 'f'}", raw))
+    code = "q" if host.dtype is torch.int64 else ("d" if size == 8 else "f")
+    return list(struct.unpack(f"<{n}{code}", raw))

@@ -272,7 +272,7 @@ def test_dump_equal_on_every_dtype(native, monkeypatch, tmp_path):
 
 def test_integer_extremes_are_exact_over_the_whole_range(native):
     """The op reads integers as integers: Max and Min of int64 at its limits (and of every other integer type
-    it serves, in any layout) are exact, where the torch-op fallback passes them through float64."""
+    it serves, in any layout) are exact, as the torch-op fallback's are (below)."""
     recorder = StatBuffer(nan_inf_count=True, native=native).native_recorder(4096, 4)
     big = torch.tensor([[-2 ** 63, 5], [2 ** 63 - 1, 2 ** 53 + 1]])
     values = (big, big.t(), big[:, 1], torch.tensor([2 ** 53 + 1]).expand(3), torch.tensor(2 ** 63 - 1))
@@ -286,6 +286,21 @@ def test_integer_extremes_are_exact_over_the_whole_range(native):
         t = torch.tensor([[info.max, 1], [0, info.min]], dtype=dtype)
         [record], _ = recorder.records((t.t(),))
         assert record[4] == (info.max, info.min, None, None), dtype
+
+
+def test_the_fallback_keeps_int64_extremes_exact():
+    """The torch ops' numbers reach the host in one float64 copy per device, but an int64 Max, Min or value
+    has a copy of its own: through float64, 2**53 + 1 would be 2**53. Its counts and the other numbers keep
+    the float64 copy."""
+    stats = StatBuffer(nan_inf_count=True, native=False)
+    big = torch.tensor([[-2 ** 63, 5], [2 ** 63 - 1, 2 ** 53 + 1]])
+    slots = [stats.add(t, tensor_kind(t))[0] for t in (big, big[:, 1], torch.tensor(2 ** 53 + 1))]
+    floats = torch.tensor([1.5, -2.0, float("inf")])
+    halves, half_counts = stats.add(floats, tensor_kind(floats))
+    stats.take()
+    assert [slot_values(slot) for slot in slots] == [[2 ** 63 - 1, -2 ** 63], [2 ** 53 + 1, 5], [2 ** 53 + 1]]
+    assert slot_values(halves)[:2] == [float("inf"), -2.0] and slot_values(half_counts) == [0.0, 1.0]
+    assert slots[0].batch is slots[2].batch and slots[0].batch is not halves.batch
 
 
 @pytest.mark.slow  # a fresh interpreter
