@@ -123,6 +123,23 @@ def hook_module_backward(collector, name, inputs, outputs, params=()):
     its parameters' gradients), which is where msprobe writes it.
     """
     token = collector.token
+    recorder = collector.recorder if collector.native_backward else None
+    if recorder is not None:  # the native op's hooks, where every value is None or a plain tensor
+        table = collector.module_backward_hooks
+        index = len(table)
+        state = {"parts": 0, "partial": {}, "left": {}, "name": name}
+        table.append((name, 0, 0, state))  # held before any hook can name it (Collector.take_arrivals)
+        hooked = recorder.hook_module(index, inputs, outputs, collector.want_output, _MAX_WALK)
+        if hooked is not None:
+            n_out, n_in, leaves = hooked
+            if n_out:
+                table[index] = (name, n_out, n_in, state)
+                _wait_for_parts(collector, state, n_out, n_in, params)
+                for t, field, slot in leaves:  # a leaf's hooks run in its gradient accumulator: torch's serve it
+                    collector.step_hooks.append(t.register_hook(_Observer(
+                        collector, token, "module backward hook", observe_tensor,
+                        (name, n_out, n_in, FIELDS[field], slot, state))))
+            return
     out_positions = [p for p, t in enumerate(outputs) if t is not None and t.requires_grad]
     if not out_positions:
         return
@@ -130,41 +147,25 @@ def hook_module_backward(collector, name, inputs, outputs, params=()):
     targets = {}
     if collector.want_output:
         targets, in_positions = gradient_targets(inputs)
-    if not in_positions:
-        params = ()  # msprobe writes a module whose inputs need no gradient as soon as its outputs' arrive
-    state = {"parts": len(out_positions) + len(in_positions) + len(params), "partial": {}, "left": {}, "name": name}
-    for param in params:
-        collector.when_accumulated(param, state)
     # msprobe lists only the tensors that take part in backward: outputs and inputs that require grad
     n_out, n_in = len(out_positions), len(in_positions)
-    out_slot = {position: i for i, position in enumerate(out_positions)}
+    state = {"parts": 0, "partial": {}, "left": {}, "name": name}
+    _wait_for_parts(collector, state, n_out, n_in, params)
     in_slot = {position: i for i, position in enumerate(in_positions)}
-    # the native op's hooks where it serves (Recorder.hook_tensor, hook_consumers): their records join the step
-    # as the API backward hooks' do (Collector.take_arrivals)
-    native = index = None
-    if collector.native_backward and _plain_tensors(inputs) and _plain_tensors(outputs):
-        native, index = collector.recorder, collector.module_backward_index(name, n_out, n_in, state)
 
     def tensor_hook(t, field, slot):
-        # a leaf's hooks run in its gradient accumulator, not at a grad_fn: torch's tensor hook serves it
-        if native is None or not native.hook_tensor(t, index, FIELDS.index(field), slot):
-            collector.step_hooks.append(t.register_hook(_Observer(
-                collector, token, "module backward hook", observe_tensor, (name, n_out, n_in, field, slot, state))))
+        collector.step_hooks.append(t.register_hook(_Observer(
+            collector, token, "module backward hook", observe_tensor, (name, n_out, n_in, field, slot, state))))
 
-    for position in out_positions:
-        tensor_hook(outputs[position], "input", out_slot[position])
-    consumers, taken = (), ()
-    if targets and native is not None:
-        slots = [in_slot.get(position, -1) for position in range(len(inputs))]
-        taken = native.hook_consumers(index, inputs, outputs, list(targets.values()), slots, _MAX_WALK) or ()
-    elif targets:
-        consumers = consumer_edges(collector.graph_walk, inputs, outputs, targets)
-        taken = set()
-        for _, edges in consumers:
-            for _, position in edges:
-                taken.add(position)
-                slot = in_slot[position]
-                state["left"][slot] = state["left"].get(slot, 0) + 1
+    for slot, position in enumerate(out_positions):
+        tensor_hook(outputs[position], "input", slot)
+    consumers = consumer_edges(collector.graph_walk, inputs, outputs, targets) if targets else ()
+    taken = set()
+    for _, edges in consumers:
+        for _, position in edges:
+            taken.add(position)
+            slot = in_slot[position]
+            state["left"][slot] = state["left"].get(slot, 0) + 1
     for position in in_positions:
         if position not in taken:
             tensor_hook(inputs[position], "output", in_slot[position])
@@ -172,6 +173,16 @@ def hook_module_backward(collector, name, inputs, outputs, params=()):
         edges = [(edge, in_slot[position]) for edge, position in edges]
         collector.step_hooks.append(node.register_hook(_Observer(
             collector, token, "module backward hook", _observe_consumers, (name, n_out, n_in, edges, state))))
+
+
+def _wait_for_parts(collector, state, n_out, n_in, params):
+    """The parts a module's backward entry waits for: its outputs' and inputs' gradients, and the accumulation
+    of its parameters' (msprobe writes a module whose inputs need no gradient as soon as its outputs' arrive)."""
+    if not n_in:
+        params = ()
+    state["parts"] = n_out + n_in + len(params)
+    for param in params:
+        collector.when_accumulated(param, state)
 
 
 FIELDS = ("input", "output")  # a module entry's fields that its tensor hooks fill; the native op's field codes

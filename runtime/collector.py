@@ -93,7 +93,7 @@ class Collector:
         self.native_first = not self.tensor_task and self.checksum_mode is None
         # a call's arguments and outputs described in one native call where it serves (describe_seq)
         self._recorder = self.stats.native_recorder(_REUSE_MIN, _RECENT) if self.native_first else None
-        # The native op's backward hooks (Recorder.hook_api, hook_tensor, hook_consumers, where
+        # The native op's backward hooks (Recorder.hook_api, hook_module, where
         # ``native_backward``) put their records here, in the order they ran, until the next entry joins
         # ``data`` (take_arrivals). The Recorder holds the collector by a weak reference only: nothing of the
         # collector outlives the debugger's use of it.
@@ -210,7 +210,7 @@ class Collector:
             self._recorder.clear()  # hooks of earlier steps stay silent from now on
         del self._arrivals[:]
         self.api_backward_hooks = []  # (backward entry name, its outputs counted) at each native hook's index
-        self.module_backward_hooks = []  # (backward entry name, n_out, n_in, state): module_backward_index
+        self.module_backward_hooks = []  # (backward entry name, n_out, n_in, state) at each module call's index
         self.backward_parents = {}  # backward entry -> parent module's forward entry
         self.pending_backward = {}  # module backward entries still waiting for some of their gradients
         self.param_waiters = {}  # id(parameter) -> callbacks waiting for its gradient's accumulation
@@ -397,16 +397,10 @@ class Collector:
         """The native op's Recorder (None where it does not serve): backward.hook_module_backward's hooks."""
         return self._recorder
 
-    def module_backward_index(self, name, n_out, n_in, state):
-        """The index by which the native op's hooks of one module call name it (``take_arrivals``)."""
-        table = self.module_backward_hooks
-        table.append((name, n_out, n_in, state))
-        return len(table) - 1
-
     def take_arrivals(self):
         """The backward entries of the hooks that the native op ran, made in the order the hooks ran: an API's
         (``Recorder.hook_api``: ``(index, [(position, record)], [records])``) and a module's parts
-        (``hook_tensor``, ``hook_consumers``: ``(index, field, slot, record)``, the entry committed at its last
+        (``hook_module``: ``(index, field, slot, record)``, the entry committed at its last
         part, as ``backward``'s Python hooks do). Called before any other entry joins ``data``, and by
         ``snapshot``, so that dump.json keeps the order of execution, as with the Python hooks."""
         arrivals = self._arrivals

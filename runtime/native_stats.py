@@ -44,8 +44,8 @@ unsigned integer CPU tensors (Max and Min, or ``any`` and ``all``, in one pass o
 Norm are null); float64 and the other integer types keep the torch ops. CUDA and NPU tensors keep the torch-op path (a Triton kernel is not written yet).
 
 The ``Recorder`` also runs the collector's backward hooks where it serves (``Collector.native_backward``): an
-API's post-hooks on its outputs' ``grad_fn`` (``hook_api``), a module's tensor hooks (``hook_tensor``) and the
-post-hooks on the nodes that take its inputs (``hook_consumers``, after the walk of ``consumer_edges``). They
+API's post-hooks on its outputs' ``grad_fn`` (``hook_api``), and a module call's tensor hooks and the post-hooks
+on the nodes that take its inputs, after the walk of ``consumer_edges``, in one call (``hook_module``). They
 record the gradients with no Python frame and queue them for ``Collector.take_arrivals``; a gradient they
 cannot record goes to the collector's Python. Besides, the op walks a module's part of the graph
 (``consumer_edges``) and captures call stacks (``capture``, Python 3.11+), each distinct stack made once.
@@ -407,30 +407,43 @@ struct Recent {
 // ``keep`` such tensors (Collector._reuse's rule: the same tensor at the same version, or one whose elements
 // are exactly the same block of memory at the same version: a transpose, a view, a detach), and its row
 // reused; ``clear`` forgets them (a new step). ``reads`` counts the tensors read, not those served again.
+using GraphKey = std::pair<std::pair<const torch::autograd::Node*, uint32_t>, std::vector<int64_t>>;
+using Consumers = std::vector<std::pair<c10::intrusive_ptr<torch::autograd::Node>,
+                                        std::vector<std::pair<int64_t, int64_t>>>>;
+
+// An input's gradient edge: its grad_fn and output number, or a leaf's gradient accumulator (null where it has
+// none yet, as a leaf that nothing in this graph takes).
+std::pair<const torch::autograd::Node*, uint32_t> gradient_edge(const at::Tensor& t) {
+  const c10::intrusive_ptr<torch::autograd::Node>& fn = t.grad_fn();
+  if (fn) return {fn.get(), static_cast<uint32_t>(t.output_nr())};
+  c10::intrusive_ptr<torch::autograd::Node> accumulator = torch::autograd::impl::try_get_grad_accumulator(t);
+  return {accumulator.get(), 0u};
+}
+
+bool walk_keys(py::handle inputs, py::handle outputs, const std::vector<GraphKey>& keys, int64_t limit,
+               Consumers* found);
+
 // The walk of backward._consumer_edges over autograd's own graph: the nodes created after the inputs (by
 // sequence number) that the walk from the outputs reaches and that take an input's gradient edge (its grad_fn
 // and output number, or a leaf's gradient accumulator), each with its (edge index, input position) pairs, in
 // ``found``; false past ``limit`` nodes. ``targets``: ``[(tensor, [positions])]``, the inputs that require
 // grad. The walk, its order and its count are the Python function's: depth first, a node's next edges in
 // order, each node once.
-bool walk_module(py::handle inputs, py::handle outputs, py::handle targets, int64_t limit,
-                 std::vector<std::pair<c10::intrusive_ptr<torch::autograd::Node>,
-                                       std::vector<std::pair<int64_t, int64_t>>>>* found) {
-  using torch::autograd::Node;
-  std::vector<std::pair<std::pair<const Node*, uint32_t>, std::vector<int64_t>>> keys;
+bool walk_module(py::handle inputs, py::handle outputs, py::handle targets, int64_t limit, Consumers* found) {
+  std::vector<GraphKey> keys;
   for (py::handle item : targets) {
     py::handle tensor = item[py::int_(0)];
     std::vector<int64_t> positions;
     for (py::handle position : item[py::int_(1)]) positions.push_back(position.cast<int64_t>());
-    const at::Tensor& t = THPVariable_Unpack(tensor.ptr());
-    const c10::intrusive_ptr<Node>& fn = t.grad_fn();
-    if (fn) {
-      keys.push_back({{fn.get(), static_cast<uint32_t>(t.output_nr())}, std::move(positions)});
-    } else {
-      c10::intrusive_ptr<Node> accumulator = torch::autograd::impl::try_get_grad_accumulator(t);
-      if (accumulator) keys.push_back({{accumulator.get(), 0u}, std::move(positions)});
-    }
+    auto edge = gradient_edge(THPVariable_Unpack(tensor.ptr()));
+    if (edge.first != nullptr) keys.push_back({edge, std::move(positions)});
   }
+  return walk_keys(inputs, outputs, keys, limit, found);
+}
+
+bool walk_keys(py::handle inputs, py::handle outputs, const std::vector<GraphKey>& keys, int64_t limit,
+               Consumers* found) {
+  using torch::autograd::Node;
   int64_t threshold = -1;
   for (py::handle item : inputs) {
     if (item.is_none() || !THPVariable_Check(item.ptr())) continue;
@@ -705,47 +718,88 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     return static_cast<int64_t>(nodes.size());
   }
 
-  // backward.hook_module_backward's tensor hook on ``tensor`` for the module call ``index`` (``field`` 0: an
-  // output, the entry's ``input``; 1: an input no node inside takes), at ``slot``. False where the tensor has
-  // no grad_fn (a leaf: its hooks run in its gradient accumulator), for the caller's Python hook.
-  bool hook_tensor(py::handle tensor, int64_t index, int64_t field, int64_t slot) {
-    if (!THPVariable_Check(tensor.ptr())) return false;
-    const at::Tensor& t = THPVariable_Unpack(tensor.ptr());
-    auto fn = t.grad_fn();
-    if (!fn) return false;
-    drop_stale(fn->tensor_pre_hooks(), this, generation_);
-    fn->add_tensor_pre_hook(std::make_unique<ModuleTensorHook>(shared_from_this(), generation_, index, field, slot,
-                                                               static_cast<size_t>(t.output_nr())));
-    return true;
-  }
-
-  // backward.hook_module_backward's consumer hooks, natively: walks the module's part of the graph
-  // (walk_module) and puts a post-hook on each node that takes an input, with the call's shared sums;
-  // ``slots``: each input position's slot (or -1). The input positions those nodes take, or None past
-  // ``limit`` nodes (none hooked: the caller hooks every input tensor, as the Python path does).
-  py::object hook_consumers(int64_t index, py::handle inputs, py::handle outputs, py::handle targets,
-                            py::handle slots, int64_t limit) {
-    std::vector<std::pair<c10::intrusive_ptr<torch::autograd::Node>, std::vector<std::pair<int64_t, int64_t>>>> found;
-    if (!walk_module(inputs, outputs, targets, limit, &found)) return py::none();
-    std::vector<int64_t> slot_of;
-    for (py::handle slot : slots) slot_of.push_back(slot.cast<int64_t>());
-    auto call = std::make_shared<ModuleCall>();
-    call->partial.resize(slot_of.size());
-    call->left.assign(slot_of.size(), 0);
-    py::set taken;
-    for (auto& node : found) {
-      for (auto& edge : node.second) {
-        taken.add(py::int_(edge.second));
-        edge.second = slot_of.at(static_cast<size_t>(edge.second));
-        ++call->left.at(static_cast<size_t>(edge.second));
+  // backward.hook_module_backward in one call, where every value is None or a plain tensor (else None, for
+  // the Python hooks): the module call ``index``'s tensor hooks on its outputs that require grad, and (with
+  // ``want_output``) the consumer hooks after the walk of its inputs that require grad, or a tensor hook on
+  // an input that no node inside takes (every input past ``limit`` nodes). ``(n_out, n_in, leaves)``: the
+  // entry's widths, and ``(tensor, field, slot)`` for each hook on a leaf, whose hooks run in its gradient
+  // accumulator, for the caller to hook with torch's. Nothing is hooked where no output requires grad.
+  py::object hook_module(int64_t index, py::handle inputs, py::handle outputs, bool want_output, int64_t limit) {
+    PyObject* ins = inputs.ptr();
+    PyObject* outs = outputs.ptr();
+    if (!PyList_CheckExact(ins) || !PyList_CheckExact(outs)) throw py::type_error("inputs, outputs: lists");
+    for (PyObject* seq : {ins, outs}) {
+      for (Py_ssize_t i = 0; i < PyList_GET_SIZE(seq); ++i) {
+        PyObject* item = PyList_GET_ITEM(seq, i);
+        if (item != Py_None && !THPVariable_CheckExact(item)) return py::none();
       }
     }
-    for (auto& node : found) {
-      drop_stale(node.first->post_hooks(), this, generation_);
-      node.first->add_post_hook(
-          std::make_unique<ModuleConsumerHook>(shared_from_this(), generation_, index, call, std::move(node.second)));
+    auto requires_grad = [](PyObject* item) {
+      return item != Py_None && THPVariable_Unpack(item).requires_grad();
+    };
+    std::vector<int64_t> out_positions, in_slot(static_cast<size_t>(PyList_GET_SIZE(ins)), -1);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(outs); ++i) {
+      if (requires_grad(PyList_GET_ITEM(outs, i))) out_positions.push_back(i);
     }
-    return taken;
+    py::list leaves;
+    if (out_positions.empty()) return py::make_tuple(0, 0, leaves);
+    std::vector<GraphKey> keys;
+    int64_t n_in = 0;
+    if (want_output) {
+      for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ins); ++i) {
+        PyObject* item = PyList_GET_ITEM(ins, i);
+        if (!requires_grad(item)) continue;
+        in_slot[static_cast<size_t>(i)] = n_in++;
+        auto edge = gradient_edge(THPVariable_Unpack(item));
+        if (edge.first == nullptr) continue;
+        bool known = false;
+        for (auto& key : keys) {
+          if (key.first == edge) {
+            key.second.push_back(i);
+            known = true;
+            break;
+          }
+        }
+        if (!known) keys.push_back({edge, {static_cast<int64_t>(i)}});
+      }
+    }
+    auto tensor_hook = [&](PyObject* item, int64_t field, int64_t slot) {
+      const at::Tensor& t = THPVariable_Unpack(item);
+      auto fn = t.grad_fn();
+      if (!fn) {
+        leaves.append(py::make_tuple(py::handle(item), field, slot));
+        return;
+      }
+      drop_stale(fn->tensor_pre_hooks(), this, generation_);
+      fn->add_tensor_pre_hook(std::make_unique<ModuleTensorHook>(shared_from_this(), generation_, index, field, slot,
+                                                                 static_cast<size_t>(t.output_nr())));
+    };
+    for (size_t k = 0; k < out_positions.size(); ++k) {
+      tensor_hook(PyList_GET_ITEM(outs, out_positions[k]), 0, static_cast<int64_t>(k));
+    }
+    std::vector<bool> taken(in_slot.size(), false);
+    Consumers found;
+    if (!keys.empty() && walk_keys(inputs, outputs, keys, limit, &found)) {
+      auto call = std::make_shared<ModuleCall>();
+      call->partial.resize(in_slot.size());
+      call->left.assign(in_slot.size(), 0);
+      for (auto& node : found) {
+        for (auto& edge : node.second) {
+          taken[static_cast<size_t>(edge.second)] = true;
+          edge.second = in_slot[static_cast<size_t>(edge.second)];
+          ++call->left[static_cast<size_t>(edge.second)];
+        }
+      }
+      for (auto& node : found) {
+        drop_stale(node.first->post_hooks(), this, generation_);
+        node.first->add_post_hook(
+            std::make_unique<ModuleConsumerHook>(shared_from_this(), generation_, index, call, std::move(node.second)));
+      }
+    }
+    for (size_t i = 0; i < in_slot.size(); ++i) {
+      if (in_slot[i] >= 0 && !taken[i]) tensor_hook(PyList_GET_ITEM(ins, static_cast<Py_ssize_t>(i)), 1, in_slot[i]);
+    }
+    return py::make_tuple(static_cast<int64_t>(out_positions.size()), n_in, leaves);
   }
 
   // One module tensor hook's call (or an input's completed sum), with the GIL held.
@@ -1062,8 +1116,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<bool, int64_t, size_t, py::object>())
       .def("observe_backward", &Recorder::observe_backward, "Where API backward hooks put their records")
       .def("hook_api", &Recorder::hook_api, "backward.hook_api_backward: a native post-hook on each grad_fn")
-      .def("hook_tensor", &Recorder::hook_tensor, "a module's tensor hook, as a pre-hook on the tensor's grad_fn")
-      .def("hook_consumers", &Recorder::hook_consumers, "a module's consumer post-hooks, after its graph walk")
+      .def("hook_module", &Recorder::hook_module, "backward.hook_module_backward's hooks of one module call")
       .def("hooks_on", &Recorder::hooks_on, "this Recorder's hooks on a tensor's grad_fn (for tests)")
       .def_readwrite("collecting", &Recorder::collecting, "Whether the hooks record (the collector's flag)")
       .def("records", &Recorder::records, "Records of a call's arguments or outputs: plain tensors, None, builtins")
