@@ -21,6 +21,7 @@ SMALL = [
     ("statistics_pass.py", []),
     ("statistics_share.py", ["--steps", "5"]),
     ("per_entry.py", ["--calls", "300", "--rounds", "3"]),
+    ("per_module.py", ["--cells", "10", "--rounds", "10"]),
     ("gc_share.py", ["--steps", "10"]),
     ("precheck_replay.py", ["--calls", "100", "--tokens", "64", "--hidden", "128"]),
 ]
