@@ -7,7 +7,8 @@ calls (the chain, each cell, each Linear) and as many API calls (each Linear's `
 loss's ``sum``), each with its backward, and 2 * cells parameter gradients.
 
 What a module call costs the training thread at mix, its forward and backward entries and its parameters'
-gradients included, is (mix - L1) / module calls; what an API call costs at L1, (L1 - off) / API calls. Each is
+gradients included, is (mix - L1) / module calls; what an API call costs at L1, (L1 - off) / API calls (the
+step's own costs, start, stop and the flush, are spread over its calls: a short chain shows more). Each is
 also given as a multiple of the step with collection off, per call, measured in the same run. The garbage
 collector is paused, and run once a round between the steps, untimed: its share is ``bench/gc_share.py``'s.
 
