@@ -8,7 +8,6 @@ returns None: it observes, it never replaces a gradient.
 """
 from __future__ import annotations
 
-
 from .foreign import is_subclass, mapping_items, own_parameters, sequence_items
 
 
@@ -120,7 +119,8 @@ def hook_module_backward(collector, name, inputs, outputs, params=()):
     walking the module's part of the graph, which the forward just built), summed over those edges. An input
     with no such edge (a module that returns its input) falls back to a tensor hook on the input.
     The entry joins dump.json when its last part arrives (the gradients of its inputs and the accumulation of
-    its parameters' gradients), which is where msprobe writes it.
+    its parameters' gradients), which is where msprobe writes it. Where the native op serves, it puts these
+    hooks on in one call (``Recorder.hook_module``), and torch's serve a leaf; else torch's serve throughout.
     """
     token = collector.token
     recorder = collector.recorder if collector.native_backward else None

@@ -213,7 +213,7 @@ class Collector:
         self.module_backward_hooks = []  # (backward entry name, n_out, n_in, state) at each module call's index
         self.backward_parents = {}  # backward entry -> parent module's forward entry
         self.pending_backward = {}  # module backward entries still waiting for some of their gradients
-        self.param_waiters = {}  # id(parameter) -> callbacks waiting for its gradient's accumulation
+        self.param_waiters = {}  # id(parameter) -> module backward states waiting for its gradient's accumulation
         self.skipped_backward = set()  # backward entries that scope left out, this step
         self._module_parameters = {}  # id(module) -> (module, its parameters, recursively): _parameters
         if self.selection is not None:

@@ -400,13 +400,6 @@ struct Recent {
 
 }  // namespace
 
-// Records of a call's arguments or outputs, as Collector.describe gives them with no file names: a plain
-// tensor that the op serves, None, and an exact bool, int, float or str. Each other item is ``later`` in the
-// list, for the caller to describe; the second item of the result counts them. Looks at each value's type
-// only, never at its attributes. A tensor of ``below`` elements or more is first looked for among the last
-// ``keep`` such tensors (Collector._reuse's rule: the same tensor at the same version, or one whose elements
-// are exactly the same block of memory at the same version: a transpose, a view, a detach), and its row
-// reused; ``clear`` forgets them (a new step). ``reads`` counts the tensors read, not those served again.
 using GraphKey = std::pair<std::pair<const torch::autograd::Node*, uint32_t>, std::vector<int64_t>>;
 using Consumers = std::vector<std::pair<c10::intrusive_ptr<torch::autograd::Node>,
                                         std::vector<std::pair<int64_t, int64_t>>>>;
@@ -614,6 +607,13 @@ class ModuleConsumerHook : public torch::autograd::FunctionPostHook, public OwnH
   std::vector<std::pair<int64_t, int64_t>> edges_;
 };
 
+// Records of a call's arguments or outputs, as Collector.describe gives them with no file names: a plain
+// tensor that the op serves, None, and an exact bool, int, float or str. Each other item is ``later`` in the
+// list, for the caller to describe; the second item of the result counts them. Looks at each value's type
+// only, never at its attributes. A tensor of ``below`` elements or more is first looked for among the last
+// ``keep`` such tensors (Collector._reuse's rule: the same tensor at the same version, or one whose elements
+// are exactly the same block of memory at the same version: a transpose, a view, a detach), and its row
+// reused; ``clear`` forgets them (a new step). ``reads`` counts the tensors read, not those served again.
 class Recorder : public std::enable_shared_from_this<Recorder> {
  public:
   Recorder(bool counts, int64_t below, size_t keep, py::object later)
