@@ -1,5 +1,6 @@
-"""API backward hooks run by the native op (``Recorder.hook_api``) against the Python hooks they replace
-(``backward.hook_api_backward``): the same dump, entry for entry and in the same order."""
+"""Backward hooks run by the native op (``Recorder.hook_api``, ``hook_module``) against the Python hooks they
+replace (``backward.py``): the same dump, entry for entry and in the same order; and what a step leaves on the
+tensors and nodes that outlive it, on either path: nothing."""
 import gc
 import glob
 import json
