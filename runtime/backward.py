@@ -122,12 +122,11 @@ def hook_module_backward(collector, name, inputs, outputs, params=()):
     its parameters' gradients), which is where msprobe writes it. Where the native op serves, it puts these
     hooks on in one call (``Recorder.hook_module``), and torch's serve a leaf; else torch's serve throughout.
     """
-    token = collector.token
+    state = {"parts": 0, "partial": {}, "left": {}, "name": name}
     recorder = collector.recorder if collector.native_backward else None
     if recorder is not None:  # the native op's hooks, where every value is None or a plain tensor
         table = collector.module_backward_hooks
         index = len(table)
-        state = {"parts": 0, "partial": {}, "left": {}, "name": name}
         table.append((name, 0, 0, state))  # held before any hook can name it (Collector.take_arrivals)
         hooked = recorder.hook_module(index, inputs, outputs, collector.want_output, _MAX_WALK)
         if hooked is not None:
@@ -136,9 +135,7 @@ def hook_module_backward(collector, name, inputs, outputs, params=()):
                 table[index] = (name, n_out, n_in, state)
                 _wait_for_parts(collector, state, n_out, n_in, params)
                 for t, field, slot in leaves:  # a leaf's hooks run in its gradient accumulator: torch's serve it
-                    collector.step_hooks.append(t.register_hook(_Observer(
-                        collector, token, "module backward hook", observe_tensor,
-                        (name, n_out, n_in, FIELDS[field], slot, state))))
+                    _tensor_hook(collector, t, (name, n_out, n_in, FIELDS[field], slot, state))
             return
     out_positions = [p for p, t in enumerate(outputs) if t is not None and t.requires_grad]
     if not out_positions:
@@ -149,16 +146,10 @@ def hook_module_backward(collector, name, inputs, outputs, params=()):
         targets, in_positions = gradient_targets(inputs)
     # msprobe lists only the tensors that take part in backward: outputs and inputs that require grad
     n_out, n_in = len(out_positions), len(in_positions)
-    state = {"parts": 0, "partial": {}, "left": {}, "name": name}
     _wait_for_parts(collector, state, n_out, n_in, params)
     in_slot = {position: i for i, position in enumerate(in_positions)}
-
-    def tensor_hook(t, field, slot):
-        collector.step_hooks.append(t.register_hook(_Observer(
-            collector, token, "module backward hook", observe_tensor, (name, n_out, n_in, field, slot, state))))
-
     for slot, position in enumerate(out_positions):
-        tensor_hook(outputs[position], "input", slot)
+        _tensor_hook(collector, outputs[position], (name, n_out, n_in, "input", slot, state))
     consumers = consumer_edges(collector.graph_walk, inputs, outputs, targets) if targets else ()
     taken = set()
     for _, edges in consumers:
@@ -168,11 +159,19 @@ def hook_module_backward(collector, name, inputs, outputs, params=()):
             state["left"][slot] = state["left"].get(slot, 0) + 1
     for position in in_positions:
         if position not in taken:
-            tensor_hook(inputs[position], "output", in_slot[position])
+            _tensor_hook(collector, inputs[position], (name, n_out, n_in, "output", in_slot[position], state))
     for node, edges in consumers:
         edges = [(edge, in_slot[position]) for edge, position in edges]
         collector.step_hooks.append(node.register_hook(_Observer(
-            collector, token, "module backward hook", _observe_consumers, (name, n_out, n_in, edges, state))))
+            collector, collector.token, "module backward hook", _observe_consumers,
+            (name, n_out, n_in, edges, state))))
+
+
+def _tensor_hook(collector, t, bound):
+    """torch's tensor hook of a module's backward on ``t`` (``observe_tensor(collector, *bound, grad)``), removed
+    when the step ends."""
+    collector.step_hooks.append(t.register_hook(_Observer(collector, collector.token, "module backward hook",
+                                                          observe_tensor, bound)))
 
 
 def _wait_for_parts(collector, state, n_out, n_in, params):
