@@ -118,8 +118,22 @@ inline float load(const c10::Half* p, int64_t i) {  // branch-free, so the loop 
   return v;
 }
 
+// How far ahead of the loop its memory is asked for. The loop converts each element to double, so it runs
+// slower than the hardware prefetcher needs to keep many lines in flight: a tensor not in cache (a weight, a
+// gradient) read 2.5-3x slower than torch.sum reads it. Asking for the line 8 KiB ahead closes most of that
+// gap (bench/statistics_pass.py's cold rows); it changes no value.
+constexpr int64_t AHEAD_BYTES = 16384;
+#if defined(__GNUC__) || defined(__clang__)
+#define MSPROBE_PREFETCH(address) __builtin_prefetch(address)
+#else
+#define MSPROBE_PREFETCH(address) ((void)0)
+#endif
+
+// ``p``'s first ``n`` elements; ``avail`` (>= n) of them lie inside the tensor, so may be asked for ahead.
 template <typename T>
-Partial reduce_block(const T* p, int64_t n, bool counts) {
+Partial reduce_block(const T* p, int64_t n, bool counts, int64_t avail) {
+  constexpr int64_t AHEAD = AHEAD_BYTES / static_cast<int64_t>(sizeof(T));
+  constexpr int64_t LINE = 64 / static_cast<int64_t>(sizeof(T));  // elements per cache line
   const float INF = std::numeric_limits<float>::infinity();
   float mx[L], mn[L];
   double s[L], q[L];
@@ -128,6 +142,7 @@ Partial reduce_block(const T* p, int64_t n, bool counts) {
   }
   int64_t i = 0;
   for (; i + L <= n; i += L) {
+    if (i % LINE == 0 && i + AHEAD < avail) MSPROBE_PREFETCH(p + i + AHEAD);
     for (int j = 0; j < L; ++j) {
       float v = load(p, i + j);
       mx[j] = v > mx[j] ? v : mx[j];  // skips NaN
@@ -169,13 +184,13 @@ Partial reduce_block(const T* p, int64_t n, bool counts) {
 
 template <typename T>
 Partial reduce_all(const T* p, int64_t n, bool counts) {
-  if (n <= BLOCK) return reduce_block<T>(p, n, counts);
+  if (n <= BLOCK) return reduce_block<T>(p, n, counts, n);
   const int64_t blocks = (n + BLOCK - 1) / BLOCK;
   std::vector<Partial> parts(blocks);
   at::parallel_for(0, blocks, 4, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       const int64_t start = b * BLOCK;
-      parts[b] = reduce_block<T>(p + start, std::min(BLOCK, n - start), counts);
+      parts[b] = reduce_block<T>(p + start, std::min(BLOCK, n - start), counts, n - start);
     }
   });
   Partial out = parts[0];
