@@ -206,6 +206,7 @@ class Collector:
         self.tensors = []
         self.tensor_records = 0  # TensorRecords made this step (none: the flush need not look for them)
         self._recent = {}  # _reuse's table: StatBuffer.add's slots (the native Recorder keeps its own)
+        self._leaves = {}  # _reuse's parameters read this step, by place (the native Recorder keeps its own)
         if self._recorder is not None:
             self._recorder.clear()  # hooks of earlier steps stay silent from now on
         del self._arrivals[:]
@@ -763,6 +764,10 @@ class Collector:
         version counter, so an in-place change is seen) to skip a second pass over the same data; they are held
         strongly because a gradient's Python object dies between two hooks, and only a handful at a time.
 
+        A parameter (a leaf that requires grad) is remembered for the whole step, by place and weakly: the
+        weights of a layer are read again in every microbatch, and at mix once more for the module's record, after
+        more calls than the last few reach back over.
+
         A view with exactly the elements of a remembered tensor (a transpose, a reshape, a ``view``, a
         ``detach``: the same block of memory, ``_place``) is served too, since no statistic depends on the
         order: views share their base's version counter, so one that moved is seen, and the remembered tensor
@@ -783,8 +788,18 @@ class Collector:
                 if held_place == place and held_version == version and held._version == version:
                     result = held_result
                     break
+        if result is None and place is not None:
+            # a parameter read earlier this step (an earlier microbatch, or before many calls of its layer)
+            # that the last few no longer hold: weakly held, so the entry is checked against the tensor itself
+            held = self._leaves.get(place)
+            if held is not None:
+                leaf = held[0]()
+                if leaf is not None and held[1] == version and leaf._version == version and _place(leaf) == place:
+                    result = held[2]
         if result is None:
             result = compute(t, *args)
+            if place is not None and t.requires_grad and t.is_leaf:
+                self._leaves[place] = (weakref.ref(t), version, result)
         with self._lock:  # another thread may be trimming the same table
             recent[key] = (t, version, result, place)
             if len(recent) > _RECENT:

@@ -413,6 +413,19 @@ struct Recent {
   bool scalar;
 };
 
+// A leaf that requires grad (a parameter) read this step, under the address of its elements: the last few
+// tensors (Recent) do not reach back to a weight read in an earlier microbatch, or before the many calls of a
+// megatron layer's forward. Held weakly, so it keeps no memory alive; while the weak hold lasts the leaf's
+// object is not freed, so a live lock is that leaf, and its address and version then tell a stale entry.
+struct Leaf {
+  c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> impl;
+  int64_t version;
+  int64_t numel;
+  at::ScalarType dtype;
+  py::object row;
+  bool scalar;
+};
+
 }  // namespace
 
 using GraphKey = std::pair<std::pair<const torch::autograd::Node*, uint32_t>, std::vector<int64_t>>;
@@ -670,6 +683,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
 
   void clear() {  // a new step: its hooks, and none of the earlier steps', may record
     recent_.clear();
+    leaves_.clear();  // a step's first read of a weight is fresh, as if nothing were remembered
     ++generation_;
   }
 
@@ -972,14 +986,24 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
         }
       }
     }
+    const Leaf* leaf = match == nullptr && placed ? leaf_at(data, n, t.scalar_type(), version) : nullptr;
     PyObject* record;
     if (match != nullptr) {
       row = match->row;
       scalar = match->scalar;
       record = new_record(t, row.ptr(), scalar);
+    } else if (leaf != nullptr) {
+      row = leaf->row;
+      scalar = leaf->scalar;
+      record = new_record(t, row.ptr(), scalar);
     } else {
       record = read(t, &row, &scalar);
       if (record == nullptr) return nullptr;
+      if (placed && t.is_leaf() && t.requires_grad()) {
+        leaves_.insert_or_assign(
+            data, Leaf{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(t.getIntrusivePtr()),
+                       version, n, t.scalar_type(), row, scalar});
+      }
     }
     Recent entry{t, version, placed, data, n, t.scalar_type(), row, scalar};
     if (same != nullptr) {
@@ -991,11 +1015,28 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     return record;
   }
 
+  // The leaf read this step whose elements are exactly these (the leaf itself or a view of it: a transpose, a
+  // detach), unchanged since: views share their base's version counter. None where the leaf is gone, or now
+  // holds other memory (``param.data = ...``), or moved on.
+  const Leaf* leaf_at(const void* data, int64_t n, at::ScalarType dtype, int64_t version) {
+    auto found = leaves_.find(data);
+    if (found == leaves_.end()) return nullptr;
+    const Leaf& leaf = found->second;
+    if (leaf.numel != n || leaf.dtype != dtype || leaf.version != version) return nullptr;
+    auto held = leaf.impl.lock();
+    if (!held || held->version_counter().current_version() != version || !held->has_storage() ||
+        held->data() != data || held->numel() != n || c10::typeMetaToScalarType(held->dtype()) != dtype) {
+      return nullptr;
+    }
+    return &leaf;
+  }
+
   bool counts_;
   int64_t below_;
   size_t keep_;
   py::object later_;
   std::vector<Recent> recent_;
+  std::unordered_map<const void*, Leaf> leaves_;
   int64_t reads_ = 0;
 };
 

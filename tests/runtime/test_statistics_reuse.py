@@ -104,3 +104,52 @@ def test_a_view_of_the_same_elements_is_served_and_nothing_else(tmp_path, monkey
         assert not reads and native_reads == len(inputs_read + outputs_read)
     else:
         assert sorted(reads) == sorted(inputs_read + outputs_read)
+
+
+PARAMETERS = """
+def step(debugger, w, others):
+    debugger.start()
+    __msprobe__.call("Torch.clone", torch.clone, w)              # 0: read (a parameter)
+    for other in others:                                         # 1-6: each read, as is each call's output:
+        __msprobe__.call("Torch.clone", torch.clone, other)      #   far more than the last few tensors
+    __msprobe__.call("Torch.clone", torch.clone, w)              # 7: served: the step's parameters
+    __msprobe__.call("Torch.clone", torch.clone, w.t())          # 8: a view of it: served
+    __msprobe__.call("Torch.clone", torch.clone, others[0])      # 9: not a parameter, long gone: read
+    with torch.no_grad():
+        w.mul_(2)                                                # its version counter moves
+    __msprobe__.call("Torch.clone", torch.clone, w)              # 10: read again
+    debugger.stop()
+    debugger.step()
+"""
+
+
+@pytest.mark.parametrize("path", ["native", "torch ops"])
+def test_a_parameter_is_read_once_a_step_until_it_changes(tmp_path, monkeypatch, path):
+    if path == "torch ops":
+        monkeypatch.setattr(native_stats, "load", lambda: None)
+    elif native_stats.load() is None:
+        pytest.skip("the native statistics op cannot be built here")
+    reads = _spy_reads(monkeypatch, "native" if path == "native" else "add", lambda t: t.numel())
+    debugger = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L1")
+    namespace = {"__msprobe__": rt, "torch": torch}
+    exec(compile(PARAMETERS, "<instrumented>", "exec"), namespace)
+    w = torch.nn.Parameter(torch.ones(64, 128))
+    others = [torch.full((8192,), float(i)) for i in range(6)]
+    counted = []
+    for _ in range(2):
+        recorder = debugger._collector._recorder if debugger._collector is not None else None
+        before = (recorder.reads if recorder is not None else 0) + reads.count(8192)
+        namespace["step"](debugger, w, others)
+        recorder = debugger._collector._recorder
+        counted.append((recorder.reads if recorder is not None else 0) + reads.count(8192) - before)
+    debugger.wait()
+    maxima = []
+    for step in ("step0", "step1"):
+        [directory] = glob.glob(os.path.join(str(tmp_path / "d"), step, "*"))
+        with open(os.path.join(directory, "dump.json")) as handle:
+            data = json.load(handle)["data"]
+        maxima.append([data[f"Torch.clone.{i}.forward"]["input_args"][0]["Max"] for i in (0, 7, 8, 10)])
+    assert maxima == [[1.0, 1.0, 1.0, 2.0], [2.0, 2.0, 2.0, 4.0]]
+    # inputs 0, 1-6, 9 and 10 and the 11 outputs were read; the parameter at 7 and 8 was not; and a new step
+    # reads it afresh
+    assert counted == [20, 20]
