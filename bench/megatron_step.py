@@ -4,6 +4,10 @@ training step = forward with labels, backward, SGD step. Every figure is a ratio
 
     python bench/megatron_step.py [--steps 20] [--rounds 3] [--msprobe-python /tmp/msprobe-venv/bin/python]
                                   [--json FILE] [--svg docs/megatron_step.svg] [--throughput]
+                                  [--size tiny|wide] [--configs fused,unfused] [--microbatches 1]
+
+--microbatches N runs N forward and backward passes a step before the SGD step, gradients accumulated, as
+megatron's schedules do over their microbatches (one debugger step: the weights are the same in each).
 
 Variants (each process loads megatron once, so a variant group is one subprocess; within a group the variants
 take turns every round, and every group runs twice, the lower median kept):
@@ -119,8 +123,9 @@ def worker(args):
             if begin:
                 begin(model)
             with around():
-                loss = model(tokens[:, :-1], position_ids, mask, labels=tokens[:, 1:]).float().mean()
-                loss.backward()
+                for _ in range(args.microbatches):  # gradients accumulate, as over megatron's microbatches
+                    loss = model(tokens[:, :-1], position_ids, mask, labels=tokens[:, 1:]).float().mean()
+                    loss.backward()
             if end:
                 end()
             optimizer.step()
@@ -186,7 +191,8 @@ def run_worker(python, group, config, args, pythonpath=None):
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     done = subprocess.run([python, os.path.abspath(__file__), "--worker", group, "--config", config,
-                           "--steps", str(args.steps), "--rounds", str(args.rounds), "--size", args.size],
+                           "--steps", str(args.steps), "--rounds", str(args.rounds), "--size", args.size,
+                           "--microbatches", str(args.microbatches)],
                           capture_output=True, text=True, env=env, timeout=1800)
     if done.returncode != 0:
         last = [line for line in done.stderr.strip().splitlines() if line.strip()][-1:]
@@ -220,6 +226,8 @@ def main():
     parser.add_argument("--size", choices=SIZES, default="tiny", help="tiny: the fixture's GPT (hidden 64, sequence "
                         "16, batch 2); wide: hidden 512, 8 heads, sequence 128, batch 4, vocabulary 1024")
     parser.add_argument("--configs", default="fused,unfused", help="bias_activation_fusion on (fused), off")
+    parser.add_argument("--microbatches", type=int, default=1, help="forward and backward passes a step, "
+                        "gradients accumulated (megatron's microbatches; one debugger step)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--config", default="fused", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -252,11 +260,13 @@ def main():
                 table[config][name] = result[name]
             else:
                 table[config][name] = result[name] / result["plain"]
-        print(f"\n{config} (bias_activation_fusion={CONFIGS[config]}), {args.size} {SIZES[args.size]}: "
+        print(f"\n{config} (bias_activation_fusion={CONFIGS[config]}), {args.size} {SIZES[args.size]}, "
+              f"{args.microbatches} microbatch{'es' if args.microbatches > 1 else ''} a step: "
               f"plain step {base * 1e3:.2f} ms")
         for name, value in table[config].items():
             print(f"  {name:24s} " + (f"{value:5.2f}x" if isinstance(value, float) else value))
-    figures = {"size": SIZES[args.size], "steps": args.steps, "rounds": args.rounds, "ratios": table,
+    figures = {"size": SIZES[args.size], "microbatches": args.microbatches, "steps": args.steps, "rounds": args.rounds,
+               "ratios": table,
                "absolute": absolute}
     if args.throughput:
         out = os.path.join(copy, "throughput.json")
