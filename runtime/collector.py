@@ -13,6 +13,7 @@ import threading
 import weakref
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import backward as bw
 from . import call_stacks, dump_names, native_stats, operators
@@ -93,6 +94,7 @@ class Collector:
         self.native_first = not self.tensor_task and self.checksum_mode is None
         # a call's arguments and outputs described in one native call where it serves (describe_seq)
         self._recorder = self.stats.native_recorder(_REUSE_MIN, _RECENT) if self.native_first else None
+        self._optimizer_hook = None  # while collecting: any torch optimizer's step calls forget_reads
         # The native op's backward hooks (Recorder.hook_api, hook_module, where
         # ``native_backward``) put their records here, in the order they ran, until the next entry joins
         # ``data`` (take_arrivals). The Recorder holds the collector by a weak reference only: nothing of the
@@ -185,6 +187,26 @@ class Collector:
             recorder.collecting = collecting
         if collecting:
             self.native_backward = recorder is not None and self.selection is None and not _compiled_autograd()
+        self.forget_reads()
+        if self._optimizer_hook is not None:
+            self._optimizer_hook.remove()
+            self._optimizer_hook = None
+        if collecting:
+            # an optimizer may write its parameters without moving their version counters (a fused kernel,
+            # megatron's copy through ``.data``): any torch optimizer's step ends what is known of them
+            self._optimizer_hook = register_optimizer_step_post_hook(self.forget_reads)
+
+    def forget_reads(self, *_hook_args):
+        """The tensors read so far may change from here without moving their version counters (start, stop, an
+        optimizer's step: a fused kernel, megatron's copy through ``.data``): each is read afresh at its next
+        record (``_reuse``'s tables, the native Recorder's own)."""
+        self._recent = {}
+        self._leaves = {}
+        if self._recorder is not None:
+            try:
+                self._recorder.forget()
+            except Exception as error:  # from start(), stop() or the optimizer's step: never into training
+                self.log_error("forgetting the tensors read", error)
 
     # ----------------------------------------------------------------- step state
 
@@ -764,9 +786,10 @@ class Collector:
         version counter, so an in-place change is seen) to skip a second pass over the same data; they are held
         strongly because a gradient's Python object dies between two hooks, and only a handful at a time.
 
-        A parameter (a leaf that requires grad) is remembered for the whole step, by place and weakly: the
-        weights of a layer are read again in every microbatch, and at mix once more for the module's record, after
-        more calls than the last few reach back over.
+        A parameter (a leaf that requires grad) is remembered by place and weakly until the step ends, collection
+        starts or stops, or a torch optimizer steps (``forget_reads``): the weights of a layer are read again
+        in every microbatch, and at mix once more for the module's record, after more calls than the last few
+        reach back over.
 
         A view with exactly the elements of a remembered tensor (a transpose, a reshape, a ``view``, a
         ``detach``: the same block of memory, ``_place``) is served too, since no statistic depends on the

@@ -640,8 +640,9 @@ class ModuleConsumerHook : public torch::autograd::FunctionPostHook, public OwnH
 // list, for the caller to describe; the second item of the result counts them. Looks at each value's type
 // only, never at its attributes. A tensor of ``below`` elements or more is first looked for among the last
 // ``keep`` such tensors (Collector._reuse's rule: the same tensor at the same version, or one whose elements
-// are exactly the same block of memory at the same version: a transpose, a view, a detach), and its row
-// reused; ``clear`` forgets them (a new step). ``reads`` counts the tensors read, not those served again.
+// are exactly the same block of memory at the same version: a transpose, a view, a detach), or among the
+// parameters read (Leaf), and its row reused; ``clear`` forgets them (a new step), as ``forget`` does where they
+// may have changed unseen. ``reads`` counts the tensors read, not those served again.
 class Recorder : public std::enable_shared_from_this<Recorder> {
  public:
   Recorder(bool counts, int64_t below, size_t keep, py::object later)
@@ -688,6 +689,11 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   }
 
   int64_t reads() const { return reads_; }
+
+  void forget() {  // the tensors read may change from here without a sign (start, stop, an optimizer's step)
+    recent_.clear();
+    leaves_.clear();
+  }
 
   // The hooks of this Recorder on ``tensor``'s grad_fn (its post-hooks and tensor pre-hooks): for tests.
   int64_t hooks_on(py::handle tensor) const {
@@ -1177,6 +1183,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("collecting", &Recorder::collecting, "Whether the hooks record (the collector's flag)")
       .def("records", &Recorder::records, "Records of a call's arguments or outputs: plain tensors, None, builtins")
       .def("clear", &Recorder::clear, "Forget the tensors read (a new step)")
+      .def("forget", &Recorder::forget, "Forget the tensors read, not the hooks (start, stop, an optimizer step)")
       .def_property_readonly("reads", &Recorder::reads, "Tensors read so far (not those served again)");
 }
 """

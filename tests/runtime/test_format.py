@@ -432,6 +432,9 @@ def test_error_inside_collection_is_logged_once_and_skipped(debuggers, tmp_path,
         def clear(self):
             pass
 
+        def forget(self):
+            pass
+
         def observe_backward(self, *where):
             pass
 

@@ -153,3 +153,50 @@ def test_a_parameter_is_read_once_a_step_until_it_changes(tmp_path, monkeypatch,
     # inputs 0, 1-6, 9 and 10 and the 11 outputs were read; the parameter at 7 and 8 was not; and a new step
     # reads it afresh
     assert counted == [20, 20]
+
+
+WRITTEN_AROUND_ITS_COUNTER = """
+class Fused(torch.optim.Optimizer):
+    # as a fused kernel (or megatron's copy through .data) writes: the parameter's version counter stays
+    def __init__(self, params):
+        super().__init__(params, {})
+
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.data.mul_(2)
+
+
+def step(debugger, w):
+    optimizer = Fused([w])
+    debugger.start()
+    __msprobe__.call("Torch.clone", torch.clone, w)              # 0: Max 1
+    optimizer.step()
+    __msprobe__.call("Torch.clone", torch.clone, w)              # 1: Max 2, read again after the step
+    debugger.stop()
+    w.data.mul_(2)                                               # between stop and start
+    debugger.start()
+    __msprobe__.call("Torch.clone", torch.clone, w)              # 2: Max 4
+    debugger.stop()
+    debugger.step()
+"""
+
+
+@pytest.mark.parametrize("path", ["native", "torch ops"])
+def test_a_parameter_is_read_afresh_after_an_optimizer_step_or_a_stop(tmp_path, monkeypatch, path):
+    if path == "torch ops":
+        monkeypatch.setattr(native_stats, "load", lambda: None)
+    elif native_stats.load() is None:
+        pytest.skip("the native statistics op cannot be built here")
+    debugger = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L1")
+    namespace = {"__msprobe__": rt, "torch": torch}
+    exec(compile(WRITTEN_AROUND_ITS_COUNTER, "<instrumented>", "exec"), namespace)
+    w = torch.nn.Parameter(torch.ones(64, 128))
+    version = w._version
+    namespace["step"](debugger, w)
+    debugger.wait()
+    assert w._version == version  # nothing but the hooks could have told the collector
+    [directory] = glob.glob(os.path.join(str(tmp_path / "d"), "step0", "*"))
+    with open(os.path.join(directory, "dump.json")) as handle:
+        data = json.load(handle)["data"]
+    assert [data[f"Torch.clone.{i}.forward"]["input_args"][0]["Max"] for i in range(3)] == [1.0, 2.0, 4.0]
