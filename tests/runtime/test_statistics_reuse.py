@@ -1,4 +1,6 @@
-"""A large tensor recorded twice unchanged is read once; once its version counter moves, it is read again."""
+"""A large tensor recorded twice unchanged is read once; once its version counter moves, it is read again. A
+parameter is read once a step, however many calls come between; what is remembered is forgotten at start, stop
+and an optimizer's step, which may write a parameter without moving its counter."""
 import glob
 import json
 import os
@@ -25,6 +27,28 @@ def step(debugger, big):
 """
 
 
+def _take_path(monkeypatch, path):
+    """Statistics by the native op, or by the torch ops (the path of CUDA and NPU tensors)."""
+    if path == "torch ops":
+        monkeypatch.setattr(native_stats, "load", lambda: None)
+    elif native_stats.load() is None:
+        pytest.skip("the native statistics op cannot be built here")
+
+
+def _step_data(root, step):
+    [directory] = glob.glob(os.path.join(str(root), f"step{step}", "*"))
+    with open(os.path.join(directory, "dump.json")) as handle:
+        return json.load(handle)["data"]
+
+
+def _instrumented(source):
+    """``source`` compiled as instrumented code: its globals hold the runtime, so no observing mode records the
+    in-place ops."""
+    namespace = {"__msprobe__": rt, "torch": torch}
+    exec(compile(source, "<instrumented>", "exec"), namespace)
+    return namespace
+
+
 def _spy_reads(monkeypatch, reader, what):
     """Each tensor whose data ``StatBuffer.<reader>`` reads, as ``what(t)``."""
     reads = []
@@ -42,22 +66,15 @@ def _run_instrumented(source, tmp_path, big):
     """``source``'s step run as instrumented code (its globals hold the runtime: no observing mode records the
     in-place ops); the step's dump.json data, and how many tensors the native records read (describe_seq)."""
     debugger = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L1")
-    namespace = {"__msprobe__": rt, "torch": torch}
-    exec(compile(source, "<instrumented>", "exec"), namespace)
-    namespace["step"](debugger, big)
+    _instrumented(source)["step"](debugger, big)
     recorder = debugger._collector._recorder
     native_reads = recorder.reads if recorder is not None else 0
-    [directory] = glob.glob(os.path.join(str(tmp_path / "d"), "step0", "*"))
-    with open(os.path.join(directory, "dump.json")) as handle:
-        return json.load(handle)["data"], native_reads
+    return _step_data(tmp_path / "d", 0), native_reads
 
 
 @pytest.mark.parametrize("path", ["native", "torch ops"])
 def test_reuse_serves_no_stale_value(tmp_path, monkeypatch, path):
-    if path == "torch ops":
-        monkeypatch.setattr(native_stats, "load", lambda: None)
-    elif native_stats.load() is None:
-        pytest.skip("the native statistics op cannot be built here")
+    _take_path(monkeypatch, path)
     # where the data of a float32 CPU tensor is read
     reads = _spy_reads(monkeypatch, "native" if path == "native" else "add", lambda t: t.numel())
     data, native_reads = _run_instrumented(STEP, tmp_path, torch.ones(8192))
@@ -125,14 +142,10 @@ def step(debugger, w, others):
 
 @pytest.mark.parametrize("path", ["native", "torch ops"])
 def test_a_parameter_is_read_once_a_step_until_it_changes(tmp_path, monkeypatch, path):
-    if path == "torch ops":
-        monkeypatch.setattr(native_stats, "load", lambda: None)
-    elif native_stats.load() is None:
-        pytest.skip("the native statistics op cannot be built here")
+    _take_path(monkeypatch, path)
     reads = _spy_reads(monkeypatch, "native" if path == "native" else "add", lambda t: t.numel())
     debugger = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L1")
-    namespace = {"__msprobe__": rt, "torch": torch}
-    exec(compile(PARAMETERS, "<instrumented>", "exec"), namespace)
+    namespace = _instrumented(PARAMETERS)
     w = torch.nn.Parameter(torch.ones(64, 128))
     others = [torch.full((8192,), float(i)) for i in range(6)]
     counted = []
@@ -144,10 +157,8 @@ def test_a_parameter_is_read_once_a_step_until_it_changes(tmp_path, monkeypatch,
         counted.append((recorder.reads if recorder is not None else 0) + reads.count(8192) - before)
     debugger.wait()
     maxima = []
-    for step in ("step0", "step1"):
-        [directory] = glob.glob(os.path.join(str(tmp_path / "d"), step, "*"))
-        with open(os.path.join(directory, "dump.json")) as handle:
-            data = json.load(handle)["data"]
+    for step in (0, 1):
+        data = _step_data(tmp_path / "d", step)
         maxima.append([data[f"Torch.clone.{i}.forward"]["input_args"][0]["Max"] for i in (0, 7, 8, 10)])
     assert maxima == [[1.0, 1.0, 1.0, 2.0], [2.0, 2.0, 2.0, 4.0]]
     # inputs 0, 1-6, 9 and 10 and the 11 outputs were read; the parameter at 7 and 8 was not; and a new step
@@ -184,19 +195,12 @@ def step(debugger, w):
 
 @pytest.mark.parametrize("path", ["native", "torch ops"])
 def test_a_parameter_is_read_afresh_after_an_optimizer_step_or_a_stop(tmp_path, monkeypatch, path):
-    if path == "torch ops":
-        monkeypatch.setattr(native_stats, "load", lambda: None)
-    elif native_stats.load() is None:
-        pytest.skip("the native statistics op cannot be built here")
+    _take_path(monkeypatch, path)
     debugger = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L1")
-    namespace = {"__msprobe__": rt, "torch": torch}
-    exec(compile(WRITTEN_AROUND_ITS_COUNTER, "<instrumented>", "exec"), namespace)
     w = torch.nn.Parameter(torch.ones(64, 128))
     version = w._version
-    namespace["step"](debugger, w)
+    _instrumented(WRITTEN_AROUND_ITS_COUNTER)["step"](debugger, w)
     debugger.wait()
     assert w._version == version  # nothing but the hooks could have told the collector
-    [directory] = glob.glob(os.path.join(str(tmp_path / "d"), "step0", "*"))
-    with open(os.path.join(directory, "dump.json")) as handle:
-        data = json.load(handle)["data"]
+    data = _step_data(tmp_path / "d", 0)
     assert [data[f"Torch.clone.{i}.forward"]["input_args"][0]["Max"] for i in range(3)] == [1.0, 2.0, 4.0]
