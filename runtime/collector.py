@@ -8,6 +8,7 @@ is never repeated and never sees the error.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import weakref
@@ -30,6 +31,14 @@ logger = logging.getLogger("msprobe_runtime")
 # views again on the wide GPT (1 % of its step) but held more tensors alive: the MLP's L1 step took 0.6 ms more
 _RECENT = 4
 _REUSE_MIN = 4096  # smaller tensors are cheaper to recompute than to look up
+
+
+def _reuse_min():
+    """The least elements of a tensor whose statistics may be served again; none with MSPROBE_STATS_REUSE=0
+    (every record read afresh: to rule reuse out when a statistic looks wrong, or to compare against)."""
+    if os.environ.get("MSPROBE_STATS_REUSE", "1").strip().lower() in ("0", "false", "no", "off"):
+        return sys.maxsize
+    return _REUSE_MIN
 
 _PLAIN_SCALARS = (bool, int, float, complex)
 _TENSOR = torch.Tensor
@@ -93,7 +102,8 @@ class Collector:
         # statistics only (no tensor file, no checksum): the native op, where it serves, is a record's only read
         self.native_first = not self.tensor_task and self.checksum_mode is None
         # a call's arguments and outputs described in one native call where it serves (describe_seq)
-        self._recorder = self.stats.native_recorder(_REUSE_MIN, _RECENT) if self.native_first else None
+        self._reuse_min = _reuse_min()
+        self._recorder = self.stats.native_recorder(self._reuse_min, _RECENT) if self.native_first else None
         self._optimizer_hook = None  # while collecting: any torch optimizer's step calls forget_reads
         # The native op's backward hooks (Recorder.hook_api, hook_module, where
         # ``native_backward``) put their records here, in the order they ran, until the next entry joins
@@ -797,7 +807,7 @@ class Collector:
         keeps that memory from being freed and taken by another. On the wide GPT a third of the passes were
         such views (megatron's transposes of activations and weights).
         """
-        if t.numel() < _REUSE_MIN or t.is_inference():
+        if t.numel() < self._reuse_min or t.is_inference():
             return compute(t, *args)
         key = id(t)
         known = recent.get(key)

@@ -140,9 +140,12 @@ def step(debugger, w, others):
 """
 
 
+@pytest.mark.parametrize("reuse", ["on", "off"])
 @pytest.mark.parametrize("path", ["native", "torch ops"])
-def test_a_parameter_is_read_once_a_step_until_it_changes(tmp_path, monkeypatch, path):
+def test_a_parameter_is_read_once_a_step_until_it_changes(tmp_path, monkeypatch, path, reuse):
     _take_path(monkeypatch, path)
+    if reuse == "off":
+        monkeypatch.setenv("MSPROBE_STATS_REUSE", "0")
     reads = _spy_reads(monkeypatch, "native" if path == "native" else "add", lambda t: t.numel())
     debugger = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L1")
     namespace = _instrumented(PARAMETERS)
@@ -162,8 +165,8 @@ def test_a_parameter_is_read_once_a_step_until_it_changes(tmp_path, monkeypatch,
         maxima.append([data[f"Torch.clone.{i}.forward"]["input_args"][0]["Max"] for i in (0, 7, 8, 10)])
     assert maxima == [[1.0, 1.0, 1.0, 2.0], [2.0, 2.0, 2.0, 4.0]]
     # inputs 0, 1-6, 9 and 10 and the 11 outputs were read; the parameter at 7 and 8 was not; and a new step
-    # reads it afresh
-    assert counted == [20, 20]
+    # reads it afresh. With MSPROBE_STATS_REUSE=0 every one is read.
+    assert counted == ([20, 20] if reuse == "on" else [22, 22])
 
 
 WRITTEN_AROUND_ITS_COUNTER = """
