@@ -682,18 +682,17 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     return py::make_tuple(out, todo);
   }
 
-  void clear() {  // a new step: its hooks, and none of the earlier steps', may record
-    recent_.clear();
-    leaves_.clear();  // a step's first read of a weight is fresh, as if nothing were remembered
-    ++generation_;
-  }
-
-  int64_t reads() const { return reads_; }
-
   void forget() {  // the tensors read may change from here without a sign (start, stop, an optimizer's step)
     recent_.clear();
     leaves_.clear();
   }
+
+  void clear() {  // a new step: it reads afresh, and its hooks, none of the earlier steps', may record
+    forget();
+    ++generation_;
+  }
+
+  int64_t reads() const { return reads_; }
 
   // The hooks of this Recorder on ``tensor``'s grad_fn (its post-hooks and tensor pre-hooks): for tests.
   int64_t hooks_on(py::handle tensor) const {
