@@ -7,7 +7,10 @@ statistic) is the largest part of writing a step; in the training process it hel
 training thread then waited for after each torch op. In a process of its own it runs on another core.
 
 A job is ``(directory, [(file name, object), ...])``, marshalled (the records are plain lists, dicts, strings
-and numbers by then) behind an 8-byte length. A record of a tensor that the native op read is still the tuple
+and numbers by then) behind an 8-byte length. A file may also come as ``(name, object, key)``: its text is
+kept, and a later ``(name, None, key)`` with the same key writes that text again. stack.json and construct.json
+are the same step after step (the same call sites, the same modules), so the training thread sends them
+once while they do not change (``writer.Writer``). A record of a tensor that the native op read is still the tuple
 the training thread made (``native_stats.Recorder``): it becomes msprobe's record here (``expand``), in the
 process that writes, which is most of what turning a step's records into JSON used to cost the training
 thread. The answer is ``(errno or -1 or 0, message)``: 0 when every file is written, otherwise the error,
@@ -30,12 +33,19 @@ MARSHAL_VERSION = 4
 def atomic_write_json(path, obj):
     """Write ``obj`` as JSON to ``path`` through a temporary file in the same directory; a failure (a full
     disk, a folder made read-only) leaves no temporary file behind and ``path`` as it was."""
+    atomic_write_text(path, json_text(obj))
+
+
+def json_text(obj):
+    return json.dumps(obj, ensure_ascii=False)  # no indent: only then does json use its C encoder
+
+
+def atomic_write_text(path, text):
     directory = os.path.dirname(path)
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as handle:
-            # no indent: only then does json use its C encoder
-            handle.write(json.dumps(obj, ensure_ascii=False))
+            handle.write(text)
         os.replace(tmp, path)
     except BaseException:
         remove_quietly(tmp)
@@ -49,11 +59,31 @@ def remove_quietly(path):
         pass
 
 
-def write_files(directory, files):
-    """Make ``directory`` and write each ``(name, object)`` of ``files`` into it, in order (``expand``ed)."""
+def write_files(directory, files, kept=None):
+    """Make ``directory`` and write each ``(name, object)`` of ``files`` into it, in order (``expand``ed).
+
+    ``kept``: the texts of files sent as ``(name, object, key)``, by ``(key[0], name)`` (a writer's stream and
+    the file): ``(key[1], text)``, the latest of each. A file ``(name, None, key)`` is the text kept for that
+    key; where it is not kept, nothing of the step is written (KeyError)."""
+    texts = [(item[0], _text(item, kept)) for item in files]
     os.makedirs(directory, exist_ok=True)
-    for name, obj in files:
-        atomic_write_json(os.path.join(directory, name), expand(obj))
+    for name, text in texts:
+        atomic_write_text(os.path.join(directory, name), text)
+
+
+def _text(item, kept):
+    if len(item) == 2:
+        return json_text(expand(item[1]))
+    name, obj, (stream, version) = item
+    if obj is None:
+        known = kept.get((stream, name)) if kept is not None else None
+        if known is None or known[0] != version:
+            raise KeyError(f"{name} sent earlier as version {version} is not kept here")
+        return known[1]
+    text = json_text(expand(obj))
+    if kept is not None:
+        kept[(stream, name)] = (version, text)
+    return text
 
 
 def tensor_json(type_name, dtype, shape, requires_grad, top, low, mean, norm, counts):
@@ -143,13 +173,14 @@ def _read_exactly(stream, size):
 
 def serve(source, answers):
     """Write every job read from ``source`` and answer each on ``answers``, until ``source`` ends."""
+    kept = {}
     while True:
         job = read_message(source)
         if job is None:
             return
         directory, files = job
         try:
-            write_files(directory, files)
+            write_files(directory, files, kept)
             answer = (0, "")
         except OSError as error:
             answer = (error.errno or -1, f"{error.strerror or error}" + (f": {error.filename!r}"

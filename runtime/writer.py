@@ -13,6 +13,7 @@ the same Python work done here, where every torch op that released the GIL had t
 from __future__ import annotations
 
 import gc
+import itertools
 import linecache
 import logging
 import os
@@ -26,6 +27,10 @@ from .records import resolve
 
 logger = logging.getLogger("msprobe_runtime")
 _WRITER_SWITCH_INTERVAL = 0.0002
+_KEPT = frozenset({"stack.json", "construct.json"})  # files that stay the same from step to step
+_STREAMS = itertools.count(1)   # one per writer: its kept files are its own in the writing process (shared)
+_VERSIONS = itertools.count(1)
+_KEYS_HELD = 8  # kept files whose objects a writer holds: the messages not yet answered may name them
 
 def format_stack(frames):
     """msprobe's stack lines: ``File {path}, line {n}, in {func}, \\n {source}``, innermost first."""
@@ -76,6 +81,10 @@ class Writer:
         self._resolver = None  # call_stacks.Resolver, made at the first write (torch is imported by then)
         self._formatted = {}   # id(frames) -> (frames, stack.json's lines), across steps (the same sites come back)
         self._files_lock = threading.Lock()  # the resolver and its caches: this thread, or the training one
+        self._stacks = None    # (the raw stacks of the last step written, its stack.json object)
+        self._stream = next(_STREAMS)  # this writer's files kept by the writing process: (stream, version)
+        self._sent = {}        # file name -> (object, key, child) last sent whole to the writing process
+        self._keys = {}        # key -> object, the last few sent whole: to write a message here (Unavailable)
         self._report_lock = threading.Lock()  # errors: this thread, or a training thread reading posts' answers
 
     def submit(self, job):
@@ -193,7 +202,7 @@ class Writer:
         gc.disable()
         try:
             files = self._step_files(job)
-            message = _encoded(job.directory, files)
+            message = self._encoded(job.directory, files)
             if message is not None:
                 # the message alone (the files are read back from it if the process cannot serve); the files
                 # are freed here, before the collector runs again, and its counts go back to where they were
@@ -216,16 +225,25 @@ class Writer:
         with self._files_lock:
             if self._resolver is None:
                 self._resolver = Resolver()
-            self._resolver.trim()
-            stack_of = self._resolver.resolve
-            groups = {}  # by id: equal stacks are one tuple (Resolver)
-            for name, raw in job.stacks.items():
-                frames = stack_of(raw)
-                group = groups.get(id(frames))
-                if group is None:
-                    group = groups[id(frames)] = (frames, [])
-                group[1].append(name)
-            stack = {str(i): [names, self._lines(frames)] for i, (frames, names) in enumerate(groups.values())}
+            # the same entries at the same call sites as the step before (a training loop's steps): its
+            # stack.json, the same object, which the writing process is not sent again (``_encoded``); the
+            # raw stacks of a call site are one object from step to step (call_stacks.capture), so this
+            # comparison costs little more than a look at each
+            if self._stacks is not None and self._stacks[0] == job.stacks:
+                stack = self._stacks[1]
+            else:
+                self._resolver.trim()
+                stack_of = self._resolver.resolve
+                groups = {}  # by id: equal stacks are one tuple (Resolver)
+                for name, raw in job.stacks.items():
+                    frames = stack_of(raw)
+                    group = groups.get(id(frames))
+                    if group is None:
+                        group = groups[id(frames)] = (frames, [])
+                    group[1].append(name)
+                stack = {str(i): [names, self._lines(frames)]
+                         for i, (frames, names) in enumerate(groups.values())}
+                self._stacks = (job.stacks, stack)
         dump = dict(job.header)
         if job.tensors or job.header.get("task") == "tensor":
             dump["dump_data_dir"] = os.path.join(job.directory, "dump_tensor_data")
@@ -250,7 +268,7 @@ class Writer:
                     json_files.remove_quietly(tmp)
                     raise
         if message is None:
-            message = _encoded(directory, files)
+            message = self._encoded(directory, files)
         if message is not None:
             try:
                 answers, error = writing_process.shared().send(message)
@@ -263,7 +281,54 @@ class Writer:
                 return
         if files is None:
             directory, files = json_files.decode(message)
+            files = [self._whole(item) for item in files]
         json_files.write_files(directory, files)
+
+    def _encoded(self, directory, files):
+        """The files as the writing process reads them, or None where marshal cannot hold them (a type it does
+        not know; never expected, as records are plain data) or no process serves: this thread writes them.
+        A file of ``_KEPT`` equal to the one this writer last sent the same child goes as its key only
+        (``json_files.write_files``: the child writes the text it kept)."""
+        process = writing_process.shared()
+        if not process.serves():
+            return None
+        child = process.child()  # None before it starts: the first message it reads has every file whole
+        sent, whole = [], []
+        with self._files_lock:
+            for name, obj in files:
+                if name not in _KEPT:
+                    sent.append((name, obj))
+                    continue
+                last = self._sent.get(name)
+                if (last is not None and child is not None and last[2] is child
+                        and (last[0] is obj or last[0] == obj)):  # plain data: no user type is asked
+                    sent.append((name, None, last[1]))
+                    continue
+                key = (self._stream, next(_VERSIONS))
+                sent.append((name, obj, key))
+                whole.append((name, obj, key))
+            try:
+                message = json_files.encode((directory, sent))
+            except ValueError:
+                return None
+            for name, obj, key in whole:  # only once the message exists: the child is sent what it keeps
+                self._sent[name] = (obj, key, child)
+                self._keys[key] = obj
+                while len(self._keys) > _KEYS_HELD:
+                    del self._keys[next(iter(self._keys))]
+        return message
+
+    def _whole(self, item):
+        """A file of a message that this thread writes (its process gone) as ``(name, object)``."""
+        if len(item) == 2:
+            return item
+        name, obj, key = item
+        if obj is None:
+            with self._files_lock:
+                obj = self._keys.get(tuple(key))
+            if obj is None:
+                raise KeyError(f"{name} sent earlier ({key}) is no longer held")
+        return name, obj
 
 
 def _report(answers):
@@ -273,14 +338,3 @@ def _report(answers):
             owner._written(directory)
         else:
             owner._failed(directory, error)
-
-
-def _encoded(directory, files):
-    """The files as the writing process reads them, or None where marshal cannot hold them (a type it does
-    not know; never expected, as records are plain data) or no process serves: this thread writes them."""
-    if not writing_process.shared().serves():
-        return None
-    try:
-        return json_files.encode((directory, files))
-    except ValueError:
-        return None

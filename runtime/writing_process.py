@@ -172,6 +172,10 @@ class WritingProcess:
         if child is not None:
             _close(child)
 
+    def child(self):
+        """The child serving now (None before it starts, or once gone): what it keeps dies with it."""
+        return self._child
+
     def pid(self):
         """The child's process id while it serves, else None."""
         child = self._child
