@@ -22,9 +22,11 @@ from __future__ import annotations
 import json
 import marshal
 import os
+import select
 import struct
 import sys
 import threading
+import time
 
 _LENGTH = struct.Struct("<Q")
 MARSHAL_VERSION = 4
@@ -174,10 +176,14 @@ def _read_exactly(stream, size):
 def serve(source, answers):
     """Write every job read from ``source`` and answer each on ``answers``, until ``source`` ends."""
     kept = {}
+    last = None
     while True:
+        if last is not None:
+            _await(source, last)
         job = read_message(source)
         if job is None:
             return
+        last = time.monotonic()
         directory, files = job
         try:
             write_files(directory, files, kept)
@@ -191,13 +197,29 @@ def serve(source, answers):
         answers.flush()
 
 
+_NAP = 0.002   # seconds between looks at the pipe while steps keep coming
+_AWAKE = 1.0   # seconds after a message during which this process naps rather than blocks
+
+
+def _await(source, last):
+    """Return once ``source`` (unbuffered) can be read, or ``_AWAKE`` after the ``last`` message came. Until then
+    this process naps and looks rather than blocking in a read: a reader blocked on the pipe is woken by the
+    training thread's write, in that thread's time (about 20 us more per step's message on a 2-core VM, more
+    for a large one, which it reads in parts, each woken again); a napping one costs the writer nothing."""
+    fd = source.fileno()
+    while time.monotonic() - last < _AWAKE:
+        if select.select([fd], [], [], 0)[0]:
+            return
+        time.sleep(_NAP)
+
+
 def main():
     import signal
 
     # Ctrl-C reaches the whole process group: this process finishes what it was given and ends when the
     # training process closes its stdin (at exit, or when it dies)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    serve(sys.stdin.buffer, sys.stdout.buffer)
+    serve(sys.stdin.buffer.raw, sys.stdout.buffer)  # unbuffered: ``_await`` asks the pipe itself
 
 
 if __name__ == "__main__":
