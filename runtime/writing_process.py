@@ -1,8 +1,8 @@
 """The writing process: one child interpreter per training process that encodes and writes the JSON files.
 
 Each step's files reach it marshalled, behind a length (``json_files``): posted by the training thread at
-the flush where that cannot block (``post``: the child idle, the pipe, enlarged to 1 MiB on Linux, large
-enough), else sent by the writer thread, which waits for the answer without the GIL. Answers are read in
+the flush where that cannot block (``post``: the pipe, enlarged to 1 MiB on Linux, holds it beside every
+message not yet answered), else sent by the writer thread, which waits for the answer without the GIL. Answers are read in
 order, the posted ones later (the next post, the writer thread, or ``Writer.wait``), so a step is on disk, in
 order, when ``wait()`` returns, as before.
 One process serves every debugger of this process (tests make hundreds); it is started on first use and ends
@@ -72,10 +72,11 @@ class WritingProcess:
 
     def post(self, owner, directory, message):
         """Write ``message`` to the child without waiting for its answer, if that cannot block: a child runs,
-        no other thread is writing to it, every earlier answer has come (so the child is idle and the pipe
-        empty), and the pipe holds the whole message. Returns ``(posted, answers)``: ``answers`` are the
-        ``(owner, directory, OSError or None)`` of earlier posts read here (``owner``: whoever posted, to
-        report it). Raises ``Unavailable`` (with the messages it did not answer) when the child died."""
+        no other thread is writing to it, and the pipe holds the whole message beside every message still
+        unanswered (at most those are unread in it: the child may still be reading or writing an earlier
+        step). Returns ``(posted, answers)``: ``answers`` are the ``(owner, directory, OSError or None)`` of
+        earlier posts read here (``owner``: whoever posted, to report it). Raises ``Unavailable`` (with the
+        messages it did not answer) when the child died."""
         if not self._lock.acquire(blocking=False):
             return False, []
         try:
@@ -83,8 +84,8 @@ class WritingProcess:
             if child is None or len(message) > self._capacity:
                 return False, []
             answers = self._read_due(child, block=False)
-            if self._due:
-                return False, answers  # the child is still writing an earlier step
+            if sum(len(due[2]) for due in self._due) + len(message) > self._capacity:
+                return False, answers  # the child is behind by more than the pipe holds
             self._write(child, message)
             self._due.append((owner, directory, message))
             return True, answers

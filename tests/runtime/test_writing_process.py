@@ -1,11 +1,15 @@
 """The writing process's loop (``json_files.serve``): while steps keep coming it naps and looks at the pipe
 rather than blocking in a read (so the training thread's write wakes nobody), and still writes every message,
-those that come while it naps and those that come after it went back to blocking."""
+those that come while it naps and those that come after it went back to blocking. The training thread posts a
+step to it without waiting, also while it is behind (``WritingProcess.post``)."""
 import io
 import json
 import os
+import signal
 import threading
 import time
+
+import pytest
 
 from msprobe_runtime import json_files
 
@@ -50,3 +54,46 @@ def test_every_message_is_written_whether_it_came_while_napping_or_blocked(tmp_p
     assert len(looks) == 3
     assert looks[0] < 0.15
     assert 0.15 <= looks[1] < 0.3
+
+
+def test_a_step_is_posted_while_the_process_still_writes_an_earlier_one(tmp_path, monkeypatch):
+    """The training thread posts a step while earlier ones are unanswered (the process reads or writes them
+    still), as long as the pipe holds them all: nothing waits, and every step lands, in order."""
+    torch = pytest.importorskip("torch")
+    from msprobe_runtime import PrecisionDebugger, writing_process
+
+    monkeypatch.delenv("MSPROBE_WRITER_PROCESS", raising=False)
+    writing_process.close_shared()
+    posted = []
+    real_post = writing_process.WritingProcess.post
+
+    def spy(self, owner, directory, message):
+        answer = real_post(self, owner, directory, message)
+        posted.append(answer[0])
+        return answer
+
+    monkeypatch.setattr(writing_process.WritingProcess, "post", spy)
+    dump = tmp_path / "dump"
+    debugger = PrecisionDebugger(dump_path=str(dump), level="L1")
+    x = torch.ones(3)
+    pid = None
+    try:
+        for step in range(4):
+            if step == 1:
+                debugger.wait()  # the process runs
+                pid = writing_process.shared().pid()
+                os.kill(pid, signal.SIGSTOP)  # it reads nothing more until it goes on
+            debugger.start()
+            torch.relu(x)
+            debugger.stop()
+            debugger.step()
+        assert posted[1:] == [True, True, True]
+        assert len(writing_process.shared()._due) == 3
+    finally:
+        if pid is not None:
+            os.kill(pid, signal.SIGCONT)
+    debugger.wait()
+    assert debugger._writer.errors == []
+    written = sorted(int(p.parent.parent.name[4:]) for p in dump.glob("step*/*/dump.json"))
+    assert written == [0, 1, 2, 3]
+    writing_process.close_shared()
