@@ -8,19 +8,38 @@ returns None: it observes, it never replaces a gradient.
 """
 from __future__ import annotations
 
+import torch  # imported by the collector already, whose module this is part of
+
 from .foreign import is_subclass, mapping_items, own_parameters, sequence_items
+
+_TENSOR = torch.Tensor
 
 
 def flat_tensors(value, out, depth=0):
     """Tensors inside ``value`` (tuples, lists, dict values) in order; other leaves become None. Looked at by
     type only (``foreign``): a result or argument of the user's is never asked anything."""
-    import torch
-
     kind = type(value)
-    if kind is torch.Tensor or value is None:
+    if kind is _TENSOR or value is None:
         out.append(value)
         return out
-    if is_subclass(kind, torch.Tensor):
+    if (kind is tuple or kind is list) and depth < 8:  # a module's arguments, most results: at each module call
+        for item in value:
+            if type(item) is _TENSOR or item is None:
+                out.append(item)
+            else:
+                flat_tensors(item, out, depth + 1)
+        return out
+    if kind is int or kind is float or kind is bool or kind is str:  # keyword arguments' usual values
+        out.append(None)
+        return out
+    if kind is dict and depth < 8:  # keyword arguments
+        for item in dict.values(value):
+            if type(item) is _TENSOR or item is None:
+                out.append(item)
+            else:
+                flat_tensors(item, out, depth + 1)
+        return out
+    if is_subclass(kind, _TENSOR):
         out.append(value)
         return out
     if depth < 8:
@@ -221,8 +240,6 @@ def consumer_edges(native_walk, inputs, outputs, targets):
 def _plain_tensors(values):
     """Whether every item is None or a plain tensor or Parameter: the native walk reads their autograd data
     directly, where a subclass's own ``grad_fn`` would be asked in Python."""
-    import torch
-
     tensor, parameter = torch.Tensor, torch.nn.Parameter
     for value in values:
         kind = type(value)
@@ -241,8 +258,6 @@ def _consumer_edges(inputs, outputs, targets):
     A leaf input is met as its ``AccumulateGrad`` node, told by type; each node's ``next_functions`` (a new
     tuple at every read) is read once.
     """
-    import torch
-
     accumulate_grad = torch._C._functions.AccumulateGrad
     threshold = -1
     for t in inputs:
@@ -313,8 +328,6 @@ def hook_parameters(collector):
     accumulator adds ``param.grad`` into ``main_grad`` and drops ``param.grad``) is read as msprobe reads it:
     ``main_grad``, from a post-hook on the same accumulator node, registered after Megatron's and so run after
     its accumulation."""
-    import torch
-
     handles = []
     # our own reads, not calls of the user's: with torch function handling on, each read of a parameter and each
     # registration would take a Python round trip through a mode pushed now (the session's, where start() is

@@ -261,3 +261,36 @@ def test_a_users_torch_function_mode_sees_only_the_programs_calls(tmp_path, monk
     finally:
         monkeypatch.delenv("MSPROBE_NATIVE_STATS", raising=False)
         native_stats.reset()
+
+
+def test_flat_tensors_finds_the_tensors_of_any_nesting_by_type_only():
+    """backward.flat_tensors (a module's arguments and results): tensors and their subclasses in order, every
+    other leaf None, containers and their subclasses opened through the base type, past 8 levels a leaf."""
+    import collections
+
+    from msprobe_runtime.backward import flat_tensors
+
+    a, b = torch.ones(1), torch.nn.Parameter(torch.ones(2))
+    pair = collections.namedtuple("Pair", "x y")
+
+    class Loud(dict):  # a dict subclass whose own methods must never run
+        def values(self):
+            raise AssertionError("asked")
+
+        def items(self):
+            raise AssertionError("asked")
+
+    nested = a
+    for _ in range(9):
+        nested = [nested]
+    value = (a, None, 3, "s", 2.5, True, [b, (a,)], {"k": b, "n": 1}, pair(a, 4),
+             collections.OrderedDict(z=a), Loud(q=b), object(), nested)
+    found = flat_tensors(value, [])
+    assert [t is a if t is not None and t is not b else t for t in found[:6]] == [True, None, None, None, None,
+                                                                                  None]
+    rest = found[6:]
+    assert rest[:3] == [b, a, b] and all(x is y for x, y in zip(rest[:3], [b, a, b]))
+    assert rest[3] is None and rest[4] is a and rest[5] is None and rest[6] is a and rest[7] is b
+    assert rest[8] is None  # object()
+    assert rest[9:] == [None]  # nine levels of lists: a leaf past the eighth
+    assert flat_tensors(a, []) == [a] and flat_tensors(None, []) == [None]
