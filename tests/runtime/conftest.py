@@ -71,3 +71,32 @@ def native():
             pytest.fail("the native statistics op could not be built")
         pytest.skip("the native statistics op cannot be built here (no compiler or ninja)")
     return module
+
+
+@pytest.fixture
+def fresh_process(monkeypatch, tmp_path):
+    """A writing process wanted (whatever the environment says), none started yet; the dump folder's path."""
+    from msprobe_runtime import writing_process
+
+    monkeypatch.delenv("MSPROBE_WRITER_PROCESS", raising=False)
+    writing_process.close_shared()
+    yield tmp_path / "dump"
+    writing_process.close_shared()  # a process this test broke is not the next test's
+
+
+@pytest.fixture
+def posted(monkeypatch):
+    """Whether each step the training thread tried to post to the writing process was posted, in order."""
+    from msprobe_runtime import writing_process
+
+    answers = []
+    real_post = writing_process.WritingProcess.post
+
+    def spy(self, owner, directory, message):
+        answer = real_post(self, owner, directory, message)
+        answers.append(answer[0])
+        return answer
+
+    monkeypatch.setattr(writing_process.WritingProcess, "post", spy)
+    return answers
+

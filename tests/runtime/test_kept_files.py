@@ -13,15 +13,6 @@ from msprobe_runtime import PrecisionDebugger, json_files, writing_process  # no
 
 
 @pytest.fixture
-def fresh_process(monkeypatch, tmp_path):
-    """A writing process wanted, none started yet; the dump folder's path."""
-    monkeypatch.delenv("MSPROBE_WRITER_PROCESS", raising=False)
-    writing_process.close_shared()
-    yield tmp_path / "dump"
-    writing_process.close_shared()
-
-
-@pytest.fixture
 def messages(monkeypatch):
     """Every message written to the writing process, decoded: ``[(directory, files)]``."""
     seen = []

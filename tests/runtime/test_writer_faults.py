@@ -89,15 +89,6 @@ def _written_steps(dump):
                   for p in glob.glob(str(dump / "step*" / "*" / "dump.json")))
 
 
-@pytest.fixture
-def fresh_process(monkeypatch, tmp_path):
-    """A writing process wanted (whatever the environment says), none started yet; the dump folder's path."""
-    monkeypatch.delenv("MSPROBE_WRITER_PROCESS", raising=False)
-    writing_process.close_shared()
-    yield tmp_path / "dump"
-    writing_process.close_shared()  # a process this test broke is not the next test's
-
-
 def test_the_writing_process_writes_the_files_and_reports_its_failures(fresh_process, caplog):
     """A failure in the writing process (here a step folder that cannot be made: a file is in its place) is
     the writer thread's failure, said once, and later steps are written again."""
@@ -193,19 +184,10 @@ def test_a_program_that_is_not_python_is_never_started_as_the_writing_process(mo
     assert started == [] and writing_process.shared().pid() is None
 
 
-def test_steps_posted_by_the_training_thread_are_written_in_order(fresh_process, monkeypatch):
+def test_steps_posted_by_the_training_thread_are_written_in_order(fresh_process, posted):
     """A prepared step is posted to the writing process at the flush, without the writer thread, where that
     cannot block; its answer is read later (the next post, or wait). Every step lands, in order."""
     dump = fresh_process
-    posted = []
-    real_post = writing_process.WritingProcess.post
-
-    def spy(self, owner, directory, message):
-        answer = real_post(self, owner, directory, message)
-        posted.append(answer[0])
-        return answer
-
-    monkeypatch.setattr(writing_process.WritingProcess, "post", spy)
     debugger = PrecisionDebugger(dump_path=str(dump), level="L1")
     _run_steps(debugger, 1)  # the first step starts the process, through the writer thread
     x = torch.ones(3)

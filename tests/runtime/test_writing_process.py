@@ -56,24 +56,13 @@ def test_every_message_is_written_whether_it_came_while_napping_or_blocked(tmp_p
     assert 0.15 <= looks[1] < 0.3
 
 
-def test_a_step_is_posted_while_the_process_still_writes_an_earlier_one(tmp_path, monkeypatch):
+def test_a_step_is_posted_while_the_process_still_writes_an_earlier_one(fresh_process, posted):
     """The training thread posts a step while earlier ones are unanswered (the process reads or writes them
     still), as long as the pipe holds them all: nothing waits, and every step lands, in order."""
     torch = pytest.importorskip("torch")
     from msprobe_runtime import PrecisionDebugger, writing_process
 
-    monkeypatch.delenv("MSPROBE_WRITER_PROCESS", raising=False)
-    writing_process.close_shared()
-    posted = []
-    real_post = writing_process.WritingProcess.post
-
-    def spy(self, owner, directory, message):
-        answer = real_post(self, owner, directory, message)
-        posted.append(answer[0])
-        return answer
-
-    monkeypatch.setattr(writing_process.WritingProcess, "post", spy)
-    dump = tmp_path / "dump"
+    dump = fresh_process
     debugger = PrecisionDebugger(dump_path=str(dump), level="L1")
     x = torch.ones(3)
     pid = None
@@ -96,4 +85,3 @@ def test_a_step_is_posted_while_the_process_still_writes_an_earlier_one(tmp_path
     assert debugger._writer.errors == []
     written = sorted(int(p.parent.parent.name[4:]) for p in dump.glob("step*/*/dump.json"))
     assert written == [0, 1, 2, 3]
-    writing_process.close_shared()
