@@ -303,12 +303,44 @@ PyObject* untracked(PyObject* tuple) {
   return tuple;
 }
 
-PyObject* new_record(const at::Tensor& t, PyObject* row, bool scalar) {  // json_files.native_json reads it
-  const int64_t dim = t.dim();
+// A record's shape: one tuple per shape seen lately (a direct-mapped table, GIL held), since a step's records
+// repeat a few shapes hundreds of times. Each record made with it allocates, frees and marshals one object (and
+// its large sizes' ints) fewer, and the step's message names a repeated shape by reference.
+constexpr size_t SHAPE_SLOTS = 1024;
+
+PyObject* shape_tuple(c10::IntArrayRef sizes) {
+  static PyObject* slots[SHAPE_SLOTS] = {};
+  size_t hash = sizes.size();
+  for (int64_t size : sizes) hash = (hash * 1000003u) ^ static_cast<size_t>(size);
+  PyObject*& slot = slots[hash % SHAPE_SLOTS];
+  const Py_ssize_t dim = static_cast<Py_ssize_t>(sizes.size());
+  if (slot != nullptr && PyTuple_GET_SIZE(slot) == dim) {
+    bool same = true;
+    for (Py_ssize_t d = 0; d < dim && same; ++d) same = PyLong_AsLongLong(PyTuple_GET_ITEM(slot, d)) == sizes[d];
+    if (same) {
+      Py_INCREF(slot);
+      return slot;
+    }
+  }
   PyObject* shape = PyTuple_New(dim);
   if (shape == nullptr) throw py::error_already_set();
-  for (int64_t d = 0; d < dim; ++d) PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(t.size(d)));
+  for (Py_ssize_t d = 0; d < dim; ++d) {
+    PyObject* size = PyLong_FromLongLong(sizes[d]);
+    if (size == nullptr) {
+      Py_DECREF(shape);
+      throw py::error_already_set();
+    }
+    PyTuple_SET_ITEM(shape, d, size);
+  }
   untracked(shape);
+  Py_XDECREF(slot);
+  Py_INCREF(shape);
+  slot = shape;
+  return shape;
+}
+
+PyObject* new_record(const at::Tensor& t, PyObject* row, bool scalar) {  // json_files.native_json reads it
+  PyObject* shape = shape_tuple(t.sizes());
   PyObject* out = PyTuple_New(5);
   if (out == nullptr) {
     Py_DECREF(shape);

@@ -409,3 +409,18 @@ def test_a_step_of_plain_cpu_tensors_is_written_without_looking_for_records(nati
     for name, entry in plain.items():
         if entry["input_args"][0]["dtype"] != "torch.float32":
             assert entry == by_torch_ops[name], name  # integers and bools: exactly the torch ops' record
+
+
+def test_records_of_one_shape_share_its_tuple_and_every_shape_is_its_own(native):
+    """A record's shape comes from a small table of recent shapes: records of the same shape hold one tuple, and
+    shapes that fall in the same slot of the table ((5,) and (1029,)) never give each other's sizes."""
+    recorder = StatBuffer(nan_inf_count=True).native_recorder(1 << 30, 0)
+    shapes = [(5,), (1029,), (5,), (2, 3), (3, 2), (2, 3), (), (1029,), (7, 1, 2)]
+    tensors = [torch.ones(shape) for shape in shapes]
+    records, todo = recorder.records(tensors)
+    assert todo == 0
+    assert [record[1] for record in records] == shapes
+    assert records[3][1] is records[5][1]  # (2, 3) twice, nothing in its slot between
+    assert [type(size) for record in records for size in record[1]] == [int] * sum(len(s) for s in shapes)
+    again, _ = recorder.records([torch.ones(2, 3), torch.ones(3, 2)])
+    assert again[0][1] is records[5][1] and again[1][1] is records[4][1]
