@@ -208,7 +208,10 @@ def _await(source, last):
     for a large one, which it reads in parts, each woken again); a napping one costs the writer nothing."""
     fd = source.fileno()
     while time.monotonic() - last < _AWAKE:
-        if select.select([fd], [], [], 0)[0]:
+        try:
+            if select.select([fd], [], [], 0)[0]:
+                return
+        except (OSError, ValueError):  # a pipe select cannot watch (Windows): the read blocks, as before
             return
         time.sleep(_NAP)
 

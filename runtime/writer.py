@@ -30,7 +30,7 @@ _WRITER_SWITCH_INTERVAL = 0.0002
 _KEPT = frozenset({"stack.json", "construct.json"})  # files that stay the same from step to step
 _STREAMS = itertools.count(1)   # one per writer: its kept files are its own in the writing process (shared)
 _VERSIONS = itertools.count(1)
-_KEYS_HELD = 8  # kept files whose objects a writer holds: the messages not yet answered may name them
+_KEYS_HELD = 64  # kept files whose objects a writer holds: the messages not yet answered may name them
 
 def format_stack(frames):
     """msprobe's stack lines: ``File {path}, line {n}, in {func}, \\n {source}``, innermost first."""

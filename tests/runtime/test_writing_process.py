@@ -85,3 +85,19 @@ def test_a_step_is_posted_while_the_process_still_writes_an_earlier_one(fresh_pr
     assert debugger._writer.errors == []
     written = sorted(int(p.parent.parent.name[4:]) for p in dump.glob("step*/*/dump.json"))
     assert written == [0, 1, 2, 3]
+
+
+def test_a_pipe_that_select_cannot_watch_is_read_as_before(monkeypatch):
+    """Where select cannot watch a pipe (Windows), the loop does not nap: it reads, and the read blocks."""
+    def refuse(*args):
+        raise OSError(10038, "not a socket")
+
+    monkeypatch.setattr(json_files.select, "select", refuse)
+    read_end, write_end = os.pipe()
+    try:
+        with os.fdopen(read_end, "rb", buffering=0) as source:
+            begin = time.monotonic()
+            json_files._await(source, time.monotonic())
+            assert time.monotonic() - begin < 0.5
+    finally:
+        os.close(write_end)
