@@ -2,9 +2,9 @@
 
 Each step's files reach it marshalled, behind a length (``json_files``): posted by the training thread at
 the flush where that cannot block (``post``: the pipe, enlarged to 1 MiB on Linux, holds it beside every
-message not yet answered), else sent by the writer thread, which waits for the answer without the GIL. Answers are read in
-order, the posted ones later (the next post, the writer thread, or ``Writer.wait``), so a step is on disk, in
-order, when ``wait()`` returns, as before.
+message not yet answered), else sent by the writer thread, which waits for the answer without the GIL.
+Answers are read in order, the posted ones later (the next post, the writer thread, or ``Writer.wait``), so
+a step is on disk, in order, when ``wait()`` returns, as before.
 One process serves every debugger of this process (tests make hundreds); it is started on first use and ends
 when the training process closes its stdin, at exit or at death.
 
