@@ -32,17 +32,13 @@ _LENGTH = struct.Struct("<Q")
 MARSHAL_VERSION = 4
 
 
-def atomic_write_json(path, obj):
-    """Write ``obj`` as JSON to ``path`` through a temporary file in the same directory; a failure (a full
-    disk, a folder made read-only) leaves no temporary file behind and ``path`` as it was."""
-    atomic_write_text(path, json_text(obj))
-
-
 def json_text(obj):
     return json.dumps(obj, ensure_ascii=False)  # no indent: only then does json use its C encoder
 
 
 def atomic_write_text(path, text):
+    """Write ``text`` to ``path`` through a temporary file in the same directory; a failure (a full disk, a
+    folder made read-only) leaves no temporary file behind and ``path`` as it was."""
     directory = os.path.dirname(path)
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
