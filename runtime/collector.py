@@ -8,7 +8,6 @@ is never repeated and never sees the error.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import threading
 import weakref
@@ -18,6 +17,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import backward as bw
 from . import call_stacks, dump_names, native_stats, operators
+from .config import switched_on
 from .foreign import (bound_self, children, is_subclass, key_text, mapping_items, method_name, own_parameters,
                       sequence_items, type_name)
 from .records import TensorRecord, describe_builtin
@@ -36,9 +36,7 @@ _REUSE_MIN = 4096  # smaller tensors are cheaper to recompute than to look up
 def _reuse_min():
     """The least elements of a tensor whose statistics may be served again; none with MSPROBE_STATS_REUSE=0
     (every record read afresh: to rule reuse out when a statistic looks wrong, or to compare against)."""
-    if os.environ.get("MSPROBE_STATS_REUSE", "1").strip().lower() in ("0", "false", "no", "off"):
-        return sys.maxsize
-    return _REUSE_MIN
+    return _REUSE_MIN if switched_on("MSPROBE_STATS_REUSE") else sys.maxsize
 
 _PLAIN_SCALARS = (bool, int, float, complex)
 _TENSOR = torch.Tensor

@@ -2,7 +2,8 @@
 
 Every key of msprobe 26.2's PyTorch config is in ``keys()``: it works as msprobe documents it, or loading the
 config refuses it with a message that names the key and the nearest supported option. Unknown keys get a
-did-you-mean, and every value is type-checked. Only reads files; touches no device and imports no torch.
+did-you-mean, and every value is type-checked. Only reads files and the environment's ``MSPROBE_*`` switches
+(``switched_on``); touches no device and imports no torch.
 """
 from __future__ import annotations
 
@@ -113,6 +114,11 @@ _MSPROBE_SECTION_KEYS = {
     "nan_check": ("scope", "list", "data_mode", "summary_mode", "slice", "request_id", "diff_nums",
                   "tensor_list"),
 }
+
+
+def switched_on(name):
+    """Whether the environment's on/off switch ``name`` is on: it is, unless set to 0, false, no or off."""
+    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def _section_table():

@@ -60,6 +60,8 @@ import platform
 import sys
 import threading
 
+from .config import switched_on
+
 logger = logging.getLogger("msprobe_runtime")
 
 SOURCE = r"""
@@ -1229,7 +1231,7 @@ _state = {"done": False, "module": None}
 
 
 def enabled():
-    return os.environ.get("MSPROBE_NATIVE_STATS", "1").strip().lower() not in ("0", "false", "no", "off")
+    return switched_on("MSPROBE_NATIVE_STATS")
 
 
 def cache_root():

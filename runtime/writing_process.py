@@ -24,6 +24,7 @@ import sys
 import threading
 
 from . import json_files
+from .config import switched_on
 
 logger = logging.getLogger("msprobe_runtime")
 _SCRIPT = os.path.abspath(json_files.__file__)
@@ -39,7 +40,7 @@ class Unavailable(Exception):
 
 
 def enabled():
-    return os.environ.get("MSPROBE_WRITER_PROCESS", "1").strip().lower() not in ("0", "false", "no", "off")
+    return switched_on("MSPROBE_WRITER_PROCESS")
 
 
 class WritingProcess:
