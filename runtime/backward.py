@@ -22,18 +22,13 @@ def flat_tensors(value, out, depth=0):
     if kind is _TENSOR or value is None:
         out.append(value)
         return out
-    if (kind is tuple or kind is list) and depth < 8:  # a module's arguments, most results: at each module call
-        for item in value:
-            if type(item) is _TENSOR or item is None:
-                out.append(item)
-            else:
-                flat_tensors(item, out, depth + 1)
-        return out
     if kind is int or kind is float or kind is bool or kind is str:  # keyword arguments' usual values
         out.append(None)
         return out
-    if kind is dict and depth < 8:  # keyword arguments
-        for item in dict.values(value):
+    # a module's arguments, most results, keyword arguments: at each module call, so opened here in one loop
+    items = value if kind is tuple or kind is list else dict.values(value) if kind is dict else None
+    if items is not None and depth < 8:
+        for item in items:
             if type(item) is _TENSOR or item is None:
                 out.append(item)
             else:
