@@ -157,7 +157,10 @@ def test_value_at_the_call(native):
             slot, counts = stats.add(t, tensor_kind(t))
             t.mul_(-3).fill_(float("nan"))
             stats.take()
-            assert slot_values(slot) == [1.0, 1.0, 1.0, float(torch.tensor(math.sqrt(numel)))]
+            values = slot_values(slot)
+            assert values[:3] == [1.0, 1.0, 1.0]
+            # Norm within float32 rounding: torch's float32 sqrt is 1 ulp off on AVX-512 CPUs (sqrt(1e5))
+            assert abs(values[3] - math.sqrt(numel)) <= 2 ** -23 * math.sqrt(numel)
             assert slot_values(counts) == [0.0, 0.0]
 
 
