@@ -194,8 +194,8 @@ def _wait_for_parts(collector, state, n_out, n_in, params):
     if not n_in:
         params = ()
     state["parts"] = n_out + n_in + len(params)
-    for param in params:
-        collector.when_accumulated(param, state)
+    if params:
+        collector.when_accumulated(params, state)
 
 
 FIELDS = ("input", "output")  # a module entry's fields that its tensor hooks fill; the native op's field codes
@@ -317,21 +317,27 @@ def observe_tensor(collector, name, n_out, n_in, field, position, state, grad):
 
 
 def hook_parameters(collector):
-    """``register_post_accumulate_grad_hook`` on every parameter of every named module; returns handles.
+    """``register_post_accumulate_grad_hook`` on every parameter of every named module; returns handles. Each
+    module's parameters, and those hooked, are left in ``collector.hooked_parameters`` for the step's module calls.
 
     A parameter with a ``main_grad`` (Megatron's DistributedDataParallel: its own post-hook on the gradient
     accumulator adds ``param.grad`` into ``main_grad`` and drops ``param.grad``) is read as msprobe reads it:
     ``main_grad``, from a post-hook on the same accumulator node, registered after Megatron's and so run after
     its accumulation."""
     handles = []
+    listed = {}  # Collector.hooked_parameters
     # our own reads, not calls of the user's: with torch function handling on, each read of a parameter and each
     # registration would take a Python round trip through a mode pushed now (the session's, where start() is
     # called from code that is not rewritten): 3 of the 5 us a parameter costs here on the tiny GPT
     with torch._C.DisableTorchFunction():
         for module, prefix in collector.modules.values():
-            for param_name, param in own_parameters(module):
+            own = own_parameters(module)
+            hooked = []
+            listed[id(module)] = (module, own, hooked)
+            for param_name, param in own:
                 if not param.requires_grad:
                     continue
+                hooked.append(param)
                 if is_subclass(type(param.__dict__.get("main_grad")), torch.Tensor):
                     with torch.enable_grad():
                         node = param.expand_as(param).grad_fn.next_functions[0][0]
@@ -341,6 +347,7 @@ def hook_parameters(collector):
                 else:
                     handles.append(param.register_post_accumulate_grad_hook(
                         _param_hook(collector, prefix, param_name)))
+    collector.hooked_parameters = listed
     return handles
 
 

@@ -94,7 +94,12 @@ class Anchors:
 
     def capture(self, frame):
         """``capture(frame)``, through the innermost running module call's anchor."""
-        index = self._anchored(len(self._open) - 1)
+        open_calls = self._open
+        if open_calls:  # the usual case, once the innermost call's outer part is captured: no step below
+            anchor, outer = open_calls[-1]
+            if outer is not None:
+                return self._capture(frame, anchor, outer, MAX_RAW)
+        index = self._anchored(len(open_calls) - 1)
         if index < 0:
             return self._capture(frame, None, None, MAX_RAW)
         anchor, outer = self._outer(index)

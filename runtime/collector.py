@@ -18,8 +18,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from . import backward as bw
 from . import call_stacks, dump_names, native_stats, operators
 from .config import switched_on
-from .foreign import (bound_self, children, is_subclass, key_text, mapping_items, method_name, own_parameters,
-                      sequence_items, type_name)
+from .foreign import (BOUND_METHOD_TYPES, bound_self, children, is_subclass, key_text, mapping_items, method_name,
+                      own_parameters, sequence_items, type_name)
 from .records import TensorRecord, describe_builtin
 from .selection import Selection
 from .checksums import MODES as CHECKSUM_MODES, checksum_of
@@ -50,6 +50,7 @@ _NO_TORCH_FUNCTION = torch._C.DisableTorchFunction
 _modes_on = torch._C._is_torch_function_mode_enabled  # a TorchFunctionMode active on this thread: ours or a user's
 _grad_enabled = torch.is_grad_enabled
 _get_ident = threading.get_ident
+_BUILTIN_METHOD, _METHOD_WRAPPER, _METHOD = BOUND_METHOD_TYPES
 
 
 class _OwnWork:
@@ -126,6 +127,9 @@ class Collector:
             self.modules[id(module)] = (module, dump_names.module_prefix(path, type_name(type(module))))
         self.collecting = False
         self.param_hooks = False  # set by start() when parameter-gradient hooks are installed
+        # id(module) -> (module, own [(name, parameter)], those of them hooked): backward.hook_parameters's reads
+        # at start(), used by the module calls until stop() (the hooks are what a module's backward waits for)
+        self.hooked_parameters = {}
         self.token = object()  # replaced at every reset, so stale backward hooks stay silent
         # The session's state of execution, changed only through the methods below: ``in_api`` maps a thread
         # to the depth of the API calls and own work it runs (``busy``, ``own_work``): per thread, so that a
@@ -293,21 +297,29 @@ class Collector:
         name = self.identity.get(id(fn))
         if name is not None:
             return self.api(name, fn, args, kwargs, args, sys._getframe(2))
-        owner = _tensor_owner(fn)
-        if owner is not None:
-            name = self.tensor_methods.get(method_name(fn))
-            if name is not None:
-                return self.api(name, fn, args, kwargs, (owner,) + args, sys._getframe(2))
+        # a tensor's bound method (``t.view``: a new object at each call, so not in ``identity``), its type
+        # looked at first as foreign's bound_self does, written out here: most callees here are none (a
+        # function, a module, a class: on megatron's step 500 calls a step), and each helper is a Python frame
+        kind = type(fn)
+        if kind is _BUILTIN_METHOD or kind is _METHOD_WRAPPER or kind is _METHOD:
+            owner = fn.__self__
+            if _is_tensor_type(type(owner)):
+                name = self.tensor_methods.get(method_name(fn))
+                if name is not None:
+                    return self.api(name, fn, args, kwargs, (owner,) + args, sys._getframe(2))
         return fn(*args, **kwargs)
 
     def operator(self, name, python_op, *operands):
         if self.in_api.get(_get_ident()) or not self.level_api:
             return python_op(*operands)
         first = operands[0]
-        if is_subclass(type(first), _TENSOR):
+        kind = type(first)
+        # the usual types named before asking is_subclass, as in ``dyn``: most operators on megatron's step are
+        # on tensors or on ints
+        if kind is _TENSOR or kind is _PARAMETER or (kind is not int and is_subclass(kind, _TENSOR)):
             api_name, record_args = self.operator_names[name][0], operands
-        elif (len(operands) == 2 and is_subclass(type(operands[1]), _TENSOR)
-              and is_subclass(type(first), _PLAIN_SCALARS)):
+        elif len(operands) == 2 and _is_tensor_type(type(operands[1])) and (kind is int or kind is float
+                                                                           or is_subclass(kind, _PLAIN_SCALARS)):
             # Python reaches the tensor's reflected method: msprobe records that one, self first
             api_name, record_args = self.operator_names[name][1], (operands[1], first)
         else:
@@ -325,18 +337,6 @@ class Collector:
         return self.api(self.truth_name, bool, (value,), {}, (value,), sys._getframe(2))
 
     # ----------------------------------------------------------------- APIs
-
-    def _begin(self, api_name):
-        """(call name, forward entry selected, backward worth hooking); the name is None when neither is."""
-        selection = self.selection
-        with self._lock:  # threads count under one lock: each call its own index (and scope moves in that order)
-            index = self.api_counts.get(api_name, 0)
-            self.api_counts[api_name] = index + 1
-            name = dump_names.api_call(api_name, index)
-            if selection is None:
-                return name, True, True
-            forward, backward = selection.api(dump_names.api_forward(name), dump_names.api_backward(name))
-        return (name if forward or backward else None), forward, backward
 
     def api(self, api_name, fn, args, kwargs, record_args, frame, record_kwargs=None):
         """Record one API call around ``fn(*args, **kwargs)``, which runs exactly once.
@@ -378,15 +378,23 @@ class Collector:
     def _begin_api(self, api_name, record_args, record_kwargs):
         """Before the call: (call name, forward entry name, entry or None, backward selected), or None when
         neither direction is recorded. The entry holds the inputs' records."""
-        name, forward, backward = self._begin(api_name)
-        if name is None:
-            return None
-        forward_name = dump_names.api_forward(name)
+        selection = self.selection
+        with self._lock:  # threads count under one lock: each call its own index (and scope moves in that order)
+            index = self.api_counts.get(api_name, 0)
+            self.api_counts[api_name] = index + 1
+            name = dump_names.api_call(api_name, index)
+            forward_name = dump_names.api_forward(name)
+            if selection is None:
+                forward = backward = True
+            else:
+                forward, backward = selection.api(forward_name, dump_names.api_backward(name))
+                if not (forward or backward):
+                    return None
         entry = None
         if forward and self.want_forward:
             entry = {}
             if self.want_input:
-                prefix = self.file_stem(forward_name, "input")
+                prefix = self.file_stem(forward_name, "input") if self.tensor_task else None
                 entry["input_args"] = self.describe_seq(record_args, prefix)
                 # kwargs is the dict Python packed for the call (or fold_keywords' copy): ours to test
                 entry["input_kwargs"] = self.describe_map(record_kwargs, prefix) if record_kwargs else {}
@@ -396,7 +404,8 @@ class Collector:
         name, forward, entry, backward_selected = begun
         if entry is not None:
             if self.want_output:
-                entry["output"] = self.describe_output(result, self.file_stem(forward, "output"))
+                entry["output"] = self.describe_output(result, self.file_stem(forward, "output")
+                                                       if self.tensor_task else None)
             if self._arrivals:
                 self.take_arrivals()
             with self._lock:
@@ -539,7 +548,7 @@ class Collector:
             return (name, None, parent, backward_args)
         entry = {}
         if self.want_input:
-            entry["input_args"] = self.describe_seq(args, self.file_stem(name, "input"))
+            entry["input_args"] = self.describe_seq(args, self.file_stem(name, "input") if self.tensor_task else None)
             entry["input_kwargs"] = {}
         # the entry joins dump.json when the forward ends, after the calls inside it, as in msprobe's order
         self.construct[name] = parent
@@ -560,10 +569,13 @@ class Collector:
             self.module_stack.pop()
         if entry is not None:
             if self.want_input and kwargs:
-                entry["input_kwargs"] = self.describe_map(kwargs, self.file_stem(name, "input"))
+                entry["input_kwargs"] = self.describe_map(kwargs, self.file_stem(name, "input")
+                                                          if self.tensor_task else None)
             if self.want_output:
-                entry["output"] = self.describe_output(result, self.file_stem(name, "output"))
-            own = own_parameters(module)
+                entry["output"] = self.describe_output(result, self.file_stem(name, "output")
+                                                       if self.tensor_task else None)
+            listed = self.hooked_parameters.get(id(module))
+            own = listed[1] if listed is not None and listed[0] is module else own_parameters(module)
             if own:
                 if self.tensor_task:
                     entry["parameters"] = {param_name: self.describe(param, self.file_stem(name, "parameters",
@@ -578,26 +590,33 @@ class Collector:
                 self.data[name] = entry
         if args is not None and self.want_backward and torch.is_grad_enabled():
             outputs = bw.flat_tensors(result, [])
-            if any(t is not None and t.requires_grad for t in outputs):
+            for t in outputs:  # any output that takes part in backward (a loop: no generator resumed per item)
+                if t is not None and t.requires_grad:
+                    break
+            else:
+                outputs = None
+            if outputs is not None:
                 inputs = bw.flat_tensors(args, [])
                 if kwargs:
                     bw.flat_tensors(kwargs, inputs)
                 backward_name = dump_names.module_backward(name)
                 self.backward_parents[backward_name] = parent
                 # wait for the parameters' accumulation only where their hooks report it (not for module_dump at L1)
-                params = [p for p in self._parameters(module) if p.requires_grad] if self.param_hooks else []
+                params = self._parameters(module) if self.param_hooks else []
                 bw.hook_module_backward(self, backward_name, inputs, outputs, params)
 
     def _parameters(self, module):
-        """``module.parameters()`` (recursive, each parameter once, read by ``foreign``), made from its children's
-        lists where this step made them already (a module's forward ends after those of the modules it calls),
-        so the tree is walked once a step."""
+        """The parameters of ``module`` and the modules inside it whose gradients are hooked (each once, read by
+        ``foreign``), made from its children's lists where this step made them already (a module's forward ends
+        after those of the modules it calls), so the tree is walked once a step. A module that ``start()`` did
+        not list (added to the model since) has none hooked of its own."""
         known = self._module_parameters.get(id(module))
         if known is not None and known[0] is module:
             return known[1]
         found, seen = [], set()
         self._module_parameters[id(module)] = (module, found)  # held: no other module takes its id this step;
-        for _, param in own_parameters(module):                # and a module inside itself adds nothing twice
+        listed = self.hooked_parameters.get(id(module))        # and a module inside itself adds nothing twice
+        for param in listed[2] if listed is not None and listed[0] is module else ():
             seen.add(id(param))
             found.append(param)
         for child in children(module):
@@ -624,7 +643,7 @@ class Collector:
             entry = {}
             with self._lock:
                 self.data[name] = entry
-        entry[param_name] = self.describe(grad, self.file_stem(name, param_name))
+        entry[param_name] = self.describe(grad, self.file_stem(name, param_name) if self.tensor_task else None)
         self.param_accumulated(param)
 
     def param_accumulated(self, param):
@@ -634,16 +653,24 @@ class Collector:
             if state["parts"] == 0:
                 self.commit_backward(state["name"])
 
-    def when_accumulated(self, param, state):
-        """Count ``param``'s accumulation this step as one of the parts of a module's backward entry (``state``
-        of backward.hook_module_backward: its name, and the parts still to come), committed at its last."""
-        self.param_waiters.setdefault(id(param), []).append(state)
+    def when_accumulated(self, params, state):
+        """Count each of ``params``' accumulation this step as one of the parts of a module's backward entry
+        (``state`` of backward.hook_module_backward: its name, and the parts still to come), committed at its
+        last."""
+        waiters = self.param_waiters
+        for param in params:
+            waiting = waiters.get(id(param))
+            if waiting is None:
+                waiters[id(param)] = [state]
+            else:
+                waiting.append(state)
 
     # ----------------------------------------------------------------- describing values
 
     def file_stem(self, entry, *fields):
         """The stem of a record's tensor files (``dump_names.stem``), or None where no file is written: the
-        names are built only for task ``tensor``, and None passes down through ``describe``."""
+        names are built only for task ``tensor``, and None passes down through ``describe``. The callers that
+        run at every entry test ``tensor_task`` first, so that the other tasks make no call here."""
         return dump_names.stem(entry, *fields) if self.tensor_task else None
 
     def describe_output(self, value, prefix):
@@ -684,7 +711,8 @@ class Collector:
             items = mapping_items(values)
             if items is not None:
                 items = list(items)
-                return dict(zip([key_text(k) for k, _ in items], self.describe_seq([v for _, v in items], None)))
+                return dict(zip([k if type(k) is str else key_text(k) for k, _ in items],
+                                self.describe_seq([v for _, v in items], None)))
         out = {}
         for k, v in mapping_items(values):
             text = key_text(k)
@@ -918,6 +946,13 @@ def _local_shard(t):
         dtensor = getattr(module, "DTensor", None) if module is not None else None
         known = _DTENSOR_TYPES[kind] = dtensor is not None and is_subclass(kind, dtensor)
     return t._local_tensor if known else None
+
+
+def _is_tensor_type(kind):
+    """``is_subclass(kind, torch.Tensor)``, with the plain tensor, a Parameter and an int answered at once."""
+    if kind is _TENSOR or kind is _PARAMETER:
+        return True
+    return kind is not int and is_subclass(kind, _TENSOR)
 
 
 def _tensor_owner(fn):

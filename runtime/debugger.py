@@ -194,6 +194,7 @@ class PrecisionDebugger:
         for handle in self._param_handles:
             handle.remove()
         self._param_handles = []
+        collector.hooked_parameters = {}
         if self._session_mode is not None:
             from .module_tracking import on_top
 

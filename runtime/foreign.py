@@ -20,6 +20,10 @@ _FUNCTION = types.FunctionType
 _TYPE_GETATTR = type.__getattribute__
 _OBJECT_GETATTR = object.__getattribute__
 
+# the bound methods whose ``__self__`` CPython keeps in the object's C struct (``bound_self``), for a caller that
+# tests them inline, at a call that runs for every routed call
+BOUND_METHOD_TYPES = (_BUILTIN_METHOD, _METHOD_WRAPPER, _METHOD)
+
 _subclass_cache = {}  # (id(base), id(cls)) -> (cls, bool); keyed by id: a metaclass may define __hash__
 
 

@@ -171,9 +171,10 @@ def test_start_refuses_what_is_not_a_module(tmp_path):
 
 def test_a_modules_parameters_are_read_as_torch_lists_them(tmp_path):
     """The parameters a module backward entry waits for (``Collector._parameters``, made bottom-up from the
-    lists of the modules inside, once a step) are ``nn.Module.parameters()``: recursive, each once, in its
-    order, with a shared submodule, a tied weight, an unset parameter and a module inside itself; read without
-    the module's methods (here ``parameters`` and ``__getattr__`` raise)."""
+    lists of the modules inside, once a step) are ``nn.Module.parameters()`` less those not hooked (frozen at
+    ``start()``, or of a module added since): recursive, each once, in its order, with a shared submodule, a tied
+    weight, an unset parameter and a module inside itself; read without the module's methods (here
+    ``parameters`` and ``__getattr__`` raise)."""
 
     class Closed(torch.nn.Module):
         armed = False  # set once the model is built (nn.Module's own set-up asks __getattr__)
@@ -197,15 +198,19 @@ def test_a_modules_parameters_are_read_as_torch_lists_them(tmp_path):
     closed = Closed()
     closed.inner = outer
     closed.own = torch.nn.Parameter(torch.randn(2))
-    expected = {id(m): [id(p) for p in torch.nn.Module.parameters(m)] for m in (closed, *outer.modules())}
+    outer[0].bias.requires_grad_(False)
+    expected = {id(m): [id(p) for p in torch.nn.Module.parameters(m) if p.requires_grad]
+                for m in (closed, *outer.modules())}
+    assert len(expected[id(closed)]) == 5  # the tied weight, the shared Linear's two, the tied one's bias, own
     Closed.armed = True
     debugger = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="mix")
-    debugger.start(model=torch.nn.Linear(2, 2))
+    debugger.start(model=torch.nn.Sequential(closed))  # the root's own parameters are not hooked: none here
     collector = debugger._collector
     try:
+        outer[0].add_module("late", torch.nn.Linear(2, 2))  # after start(): its parameters are not hooked
         # children first, as forwards end, then the outermost, whose list is made from theirs
         for module in (*reversed(list(outer.modules())), closed):
-            assert [id(p) for p in collector._parameters(module)] == expected[id(module)]
+            assert [id(p) for p in collector._parameters(module)] == expected.get(id(module), [])
         assert collector._parameters(closed) is collector._parameters(closed)  # made once a step
     finally:
         debugger.stop()
