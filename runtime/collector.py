@@ -67,7 +67,9 @@ class _OwnWork:
 
     def __enter__(self):
         collector = self.collector
-        collector.enter_own_work()
+        ident = _get_ident()  # Collector.enter_own_work, written out: this runs at every hook
+        depths = collector.in_api
+        depths[ident] = depths.get(ident, 0) + 1
         guard = None
         if _modes_on():
             guard = _NO_TORCH_FUNCTION()
@@ -79,7 +81,7 @@ class _OwnWork:
         guard = self.guards.pop()
         if guard is not None:
             guard.__exit__(kind, value, traceback)
-        self.collector.leave_own_work()
+        self.collector.in_api[_get_ident()] -= 1  # Collector.leave_own_work
         return False
 
 
@@ -303,7 +305,8 @@ class Collector:
         kind = type(fn)
         if kind is _BUILTIN_METHOD or kind is _METHOD_WRAPPER or kind is _METHOD:
             owner = fn.__self__
-            if _is_tensor_type(type(owner)):
+            owner_kind = type(owner)
+            if owner_kind is _TENSOR or owner_kind is _PARAMETER or is_subclass(owner_kind, _TENSOR):
                 name = self.tensor_methods.get(method_name(fn))
                 if name is not None:
                     return self.api(name, fn, args, kwargs, (owner,) + args, sys._getframe(2))
@@ -318,8 +321,8 @@ class Collector:
         # on tensors or on ints
         if kind is _TENSOR or kind is _PARAMETER or (kind is not int and is_subclass(kind, _TENSOR)):
             api_name, record_args = self.operator_names[name][0], operands
-        elif len(operands) == 2 and _is_tensor_type(type(operands[1])) and (kind is int or kind is float
-                                                                           or is_subclass(kind, _PLAIN_SCALARS)):
+        elif len(operands) == 2 and (kind is int or kind is float or is_subclass(kind, _PLAIN_SCALARS)) and (
+                (other := type(operands[1])) is _TENSOR or (other is not int and is_subclass(other, _TENSOR))):
             # Python reaches the tensor's reflected method: msprobe records that one, self first
             api_name, record_args = self.operator_names[name][1], (operands[1], first)
         else:
@@ -946,13 +949,6 @@ def _local_shard(t):
         dtensor = getattr(module, "DTensor", None) if module is not None else None
         known = _DTENSOR_TYPES[kind] = dtensor is not None and is_subclass(kind, dtensor)
     return t._local_tensor if known else None
-
-
-def _is_tensor_type(kind):
-    """``is_subclass(kind, torch.Tensor)``, with the plain tensor, a Parameter and an int answered at once."""
-    if kind is _TENSOR or kind is _PARAMETER:
-        return True
-    return kind is not int and is_subclass(kind, _TENSOR)
 
 
 def _tensor_owner(fn):
