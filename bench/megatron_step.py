@@ -94,7 +94,10 @@ class DIYCollector:
         self.step_index += 1
 
 
-def worker(args):
+def step_factory(args):
+    """``make_step(begin=None, end=None, around=nullcontext)``: a fresh model and optimizer of ``args.size`` and
+    ``args.config`` (the process's gloo world and megatron's CPU stand-ins set up at the first call), and a
+    folder for the dumps; ``make_step`` returns the step function."""
     os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
     import torch
 
@@ -130,7 +133,11 @@ def worker(args):
                 end()
             optimizer.step()
         return step
+    return make_step, root
 
+
+def worker(args):
+    make_step, root = step_factory(args)
     variants = {}
     if args.worker == "plain":
         variants["plain"] = make_step()

@@ -22,6 +22,7 @@ SMALL = [
     ("statistics_share.py", ["--steps", "5"]),
     ("per_entry.py", ["--calls", "300", "--rounds", "3"]),
     ("per_module.py", ["--cells", "10", "--rounds", "10"]),
+    ("python_calls.py", ["--warmup", "3"]),
     ("gc_share.py", ["--steps", "10"]),
     ("precheck_replay.py", ["--calls", "100", "--tokens", "64", "--hidden", "128"]),
 ]

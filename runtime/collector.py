@@ -307,7 +307,7 @@ class Collector:
             owner = fn.__self__
             owner_kind = type(owner)
             if owner_kind is _TENSOR or owner_kind is _PARAMETER or is_subclass(owner_kind, _TENSOR):
-                name = self.tensor_methods.get(method_name(fn))
+                name = self.tensor_methods.get(method_name(fn) if kind is _METHOD else fn.__name__)
                 if name is not None:
                     return self.api(name, fn, args, kwargs, (owner,) + args, sys._getframe(2))
         return fn(*args, **kwargs)
