@@ -105,6 +105,9 @@ class Collector:
         # a call's arguments and outputs described in one native call where it serves (describe_seq)
         self._reuse_min = _reuse_min()
         self._recorder = self.stats.native_recorder(self._reuse_min, _RECENT) if self.native_first else None
+        # the same Recorder (None where it does not serve), for backward.hook_module_backward's hooks; an
+        # attribute, not a property, since it is read at every module call
+        self.recorder = self._recorder
         self._optimizer_hook = None  # while collecting: any torch optimizer's step calls forget_reads
         # The native op's backward hooks (Recorder.hook_api, hook_module, where
         # ``native_backward``) put their records here, in the order they ran, until the next entry joins
@@ -249,6 +252,7 @@ class Collector:
         self.api_backward_hooks = []  # (backward entry name, its outputs counted) at each native hook's index
         self.module_backward_hooks = []  # (backward entry name, n_out, n_in, state) at each module call's index
         self.backward_parents = {}  # backward entry -> parent module's forward entry
+        self._backward_names = {}  # a parent module's forward entry -> its backward entry (_backward_entry)
         self.pending_backward = {}  # module backward entries still waiting for some of their gradients
         self.param_waiters = {}  # id(parameter) -> module backward states waiting for its gradient's accumulation
         self.skipped_backward = set()  # backward entries that scope left out, this step
@@ -385,8 +389,7 @@ class Collector:
         with self._lock:  # threads count under one lock: each call its own index (and scope moves in that order)
             index = self.api_counts.get(api_name, 0)
             self.api_counts[api_name] = index + 1
-            name = dump_names.api_call(api_name, index)
-            forward_name = dump_names.api_forward(name)
+            name, forward_name = dump_names.api_call_forward(api_name, index)
             if selection is None:
                 forward = backward = True
             else:
@@ -434,11 +437,6 @@ class Collector:
                 self._recorder.hook_api(outputs, len(table) - 1)
             else:
                 bw.hook_api_backward(self, backward, outputs)
-
-    @property
-    def recorder(self):
-        """The native op's Recorder (None where it does not serve): backward.hook_module_backward's hooks."""
-        return self._recorder
 
     def take_arrivals(self):
         """The backward entries of the hooks that the native op ran, made in the order the hooks ran: an API's
@@ -514,8 +512,15 @@ class Collector:
             parents = self.backward_parents
             if name in parents:
                 parent = parents[name]
-                if parent is not None or self.construct_apis or self.level_module:
-                    self.construct[name] = dump_names.module_backward(parent) if parent else None
+                if parent is not None:
+                    # each module's backward name made once a step: many entries share a parent
+                    backward_names = self._backward_names
+                    parent_backward = backward_names.get(parent)
+                    if parent_backward is None:
+                        parent_backward = backward_names[parent] = dump_names.module_backward(parent)
+                    self.construct[name] = parent_backward
+                elif self.construct_apis or self.level_module:
+                    self.construct[name] = None
         return entry
 
     def commit_backward(self, name):
@@ -680,6 +685,11 @@ class Collector:
         """msprobe's output field: always a list (a tuple's items, or the single value)."""
         if type(value) is _TENSOR:
             if prefix is None:
+                recorder = self._recorder
+                if recorder is not None:  # describe_seq's first step, here: most calls return one tensor
+                    records, todo = recorder.records((value,))
+                    if not todo:
+                        return records
                 return self.describe_seq((value,), None)
             return [self._tensor(value, f"{prefix}.0")]
         items = sequence_items(value)

@@ -33,6 +33,12 @@ def api_forward(call: str) -> str:
     return f"{call}.forward"
 
 
+def api_call_forward(api_name: str, index: int) -> tuple:
+    """``(api_call(...), api_forward(...))`` in one call: the collector names every API call so."""
+    call = f"{api_name}.{index}"
+    return call, f"{call}.forward"
+
+
 def api_backward(call: str) -> str:
     return f"{call}.backward"
 

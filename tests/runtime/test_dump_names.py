@@ -12,6 +12,7 @@ def test_api_entries_parse_back(api, index):
     assert dn.split_name(dn.api_backward(call)) == (api, "backward", index)
     assert dn.forward_name(dn.api_backward(call)) == dn.api_forward(call)
     assert dn.is_forward(dn.api_forward(call)) and not dn.is_forward(dn.api_backward(call))
+    assert dn.api_call_forward(api, index) == (call, dn.api_forward(call))  # the collector's one call for both
 
 
 @pytest.mark.parametrize("path, cls", [("net1.ln1", "Linear"), ("0.decoder.layers.1.mlp", "MLP")])
