@@ -224,7 +224,8 @@ def measure_parts(torch, runtime, PrecisionDebugger, start, finish, dump, args):
             backward.hook_api_backward(collector, "Functional.relu.0.backward", [outputs.pop()])
 
     bodies = {
-        "naming": lambda: collector._begin("Functional.relu"),
+        # counted and named, its entry begun: the input's record, measured next, left out (no arguments)
+        "naming": lambda: collector._begin_api("Functional.relu", (), None),
         "input record": lambda: collector.describe_seq((x,), None),
         "output record": lambda: collector.describe_output(y, None),
         "call stack": lambda: capture(frame, None, None, call_stacks.MAX_RAW),
