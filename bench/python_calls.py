@@ -2,7 +2,7 @@
 
 A step's host time on this machine varies by 10-50 % from minute to minute (a shared 2-core VM), more than a
 change to the per-entry path moves it; the number of Python functions the runtime enters is the same in
-every run. One steady training step (after ``--warmup`` steps, called from the same line, so that its call
+every run, within a dozen calls (where the step's flush meets its writing process). One steady training step (after ``--warmup`` steps, called from the same line, so that its call
 stacks are those of the steps before) is counted with ``sys.setprofile``: every Python function entered
 (``call``), and every builtin called (``c_call``), split into the runtime's own and the rest (megatron,
 torch's Python). Each variant's figures are given per recorded entry (the entries of that step's dump.json)
@@ -15,13 +15,13 @@ import collections
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 
 import megatron_step
 
-RUNTIME_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime")
 LEVELS = ("off", "L1", "mix")
 
 
@@ -46,7 +46,10 @@ def count_step(step, warmup):
 
 def worker(args):
     make_step, root = megatron_step.step_factory(args)
+    import msprobe_runtime
     from msprobe_runtime import PrecisionDebugger
+
+    runtime_dir = os.path.dirname(msprobe_runtime.__file__)  # the package this process imported
 
     results = {}
     for level in LEVELS:
@@ -68,9 +71,10 @@ def worker(args):
             with open(dumps[0], encoding="utf-8") as handle:
                 entries = len(json.load(handle)["data"])
         ours = {f"{os.path.basename(path)}:{name}": count for (path, name), count in python.items()
-                if path.startswith(RUNTIME_DIR)}
+                if path.startswith(runtime_dir)}
         results[level] = {"python": sum(python.values()), "runtime": sum(ours.values()), "builtin": builtin,
                           "entries": entries, "top": collections.Counter(ours).most_common(args.top)}
+    shutil.rmtree(root, ignore_errors=True)
     print(json.dumps(results))
 
 
@@ -86,11 +90,14 @@ def main():
     if args.worker:
         return worker(args)
     copy = tempfile.mkdtemp(prefix="megatron-rewritten-")
-    megatron_step.rewritten_copy(copy)
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "TORCHDYNAMO_DISABLE": "1", "PYTHONPATH": copy}
-    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", "--config", args.config,
-                           "--warmup", str(args.warmup), "--top", str(args.top)],
-                          capture_output=True, text=True, env=env, timeout=1800)
+    try:
+        megatron_step.rewritten_copy(copy)
+        env = {**os.environ, "PYTHONWARNINGS": "ignore", "TORCHDYNAMO_DISABLE": "1", "PYTHONPATH": copy}
+        done = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", "--config", args.config,
+                               "--warmup", str(args.warmup), "--top", str(args.top)],
+                              capture_output=True, text=True, env=env, timeout=1800)
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
     if done.returncode != 0:
         sys.exit(f"the counting process failed: {done.stderr[-2000:]}")
     results = json.loads(done.stdout.strip().splitlines()[-1])

@@ -686,10 +686,11 @@ class Collector:
         if type(value) is _TENSOR:
             if prefix is None:
                 recorder = self._recorder
-                if recorder is not None:  # describe_seq's first step, here: most calls return one tensor
+                if recorder is not None:  # describe_seq, written out: most calls return one tensor
                     records, todo = recorder.records((value,))
-                    if not todo:
-                        return records
+                    if todo:  # declined by the native op: the torch ops serve it
+                        records[0] = self._tensor(value, None, False)
+                    return records
                 return self.describe_seq((value,), None)
             return [self._tensor(value, f"{prefix}.0")]
         items = sequence_items(value)
