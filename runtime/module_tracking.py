@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dis
 import sys
+import threading
 import types
 
 import torch
@@ -158,6 +159,7 @@ def _set_aside(collector):
     return top
 
 
+_get_ident = threading.get_ident
 _MODULE_FILE = torch.nn.Module._call_impl.__code__.co_filename  # nn.Module's call machinery calls the hooks
 
 
@@ -196,17 +198,20 @@ class ModuleTracker:
         collector = self.collector
         frame = [None, None, False, None]  # pushed mode, forward record, whether a context was pushed, mode set aside
         try:
-            instrumented = self._type_instrumented(type(module))
+            cls = type(module)
+            known = self._instrumented.get(id(cls))  # _type_instrumented's table, looked up here: every module call
+            instrumented = known[1] if known is not None and known[0] is cls else self._type_instrumented(cls)
             collector.enter_code(instrumented)
             frame[2] = True
+            busy = collector.in_api.get(_get_ident())  # Collector.busy, read here: every module call
             if instrumented and collector.mode_depth:
                 frame[3] = _set_aside(collector)
-            elif (not instrumented and collector.level_api and not collector.busy()
+            elif (not instrumented and collector.level_api and not busy
                     and (collector.mode_depth == 0 or not _mode_active())):
                 mode = ObserveMode(collector)
                 collector.push_mode(mode)
                 frame[0] = mode
-            if collector.level_module and not collector.busy():
+            if collector.level_module and not busy:
                 with collector.own_work:
                     frame[1] = collector.module_forward_begin(module, args)
         except Exception as error:
