@@ -115,7 +115,7 @@ def ours(args):
         rewritten.collected_step(debugger, model, x)  # builds the collector, whose statistics are then skipped
         debugger._collector.stats.add = lambda t, kind: (nothing, None)
         debugger._collector.stats.native = lambda t: no_numbers
-        debugger._collector._recorder = None  # the native records (describe_seq) read tensors too
+        debugger._collector.recorder = None  # the native records (describe_seq) read tensors too
         variants[f"ours {level}, Python paths, no statistics ops"] = (
             lambda debugger=debugger, model=model: rewritten.collected_step(debugger, model, x))
     try:

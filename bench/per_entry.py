@@ -219,7 +219,7 @@ def measure_parts(torch, runtime, PrecisionDebugger, start, finish, dump, args):
 
     def attach():  # as Collector._finish_api attaches: the native op's hook where it serves, else torch's
         if getattr(collector, "native_backward", False):
-            collector._recorder.hook_api([outputs.pop()], 0)
+            collector.recorder.hook_api([outputs.pop()], 0)
         else:
             backward.hook_api_backward(collector, "Functional.relu.0.backward", [outputs.pop()])
 

@@ -104,10 +104,8 @@ class Collector:
         self.native_first = not self.tensor_task and self.checksum_mode is None
         # a call's arguments and outputs described in one native call where it serves (describe_seq)
         self._reuse_min = _reuse_min()
-        self._recorder = self.stats.native_recorder(self._reuse_min, _RECENT) if self.native_first else None
-        # the same Recorder (None where it does not serve), for backward.hook_module_backward's hooks; an
-        # attribute, not a property, since it is read at every module call
-        self.recorder = self._recorder
+        # the native op's Recorder, None where it does not serve (also backward.hook_module_backward's hooks)
+        self.recorder = self.stats.native_recorder(self._reuse_min, _RECENT) if self.native_first else None
         self._optimizer_hook = None  # while collecting: any torch optimizer's step calls forget_reads
         # The native op's backward hooks (Recorder.hook_api, hook_module, where
         # ``native_backward``) put their records here, in the order they ran, until the next entry joins
@@ -115,8 +113,8 @@ class Collector:
         # collector outlives the debugger's use of it.
         self._arrivals = []
         self.native_backward = False  # set by set_collecting
-        if self._recorder is not None:
-            self._recorder.observe_backward(self._arrivals, _api_backward_fallback, _module_backward_fallback,
+        if self.recorder is not None:
+            self.recorder.observe_backward(self._arrivals, _api_backward_fallback, _module_backward_fallback,
                                             weakref.ref(self))
         modes = set(config.data_mode)
         everything = "all" in modes or not modes
@@ -199,7 +197,7 @@ class Collector:
         hooks where it serves: statistics with no checksum, no scope nor list, and no compiled autograd (whose
         graph capture asks every hook for ``compiled_args``, which only torch's Python hooks have)."""
         self.collecting = collecting
-        recorder = self._recorder
+        recorder = self.recorder
         if recorder is not None:
             recorder.collecting = collecting
         if collecting:
@@ -219,9 +217,9 @@ class Collector:
         record (``_reuse``'s tables, the native Recorder's own)."""
         self._recent = {}
         self._leaves = {}
-        if self._recorder is not None:
+        if self.recorder is not None:
             try:
-                self._recorder.forget()
+                self.recorder.forget()
             except Exception as error:  # from start(), stop() or the optimizer's step: never into training
                 self.log_error("forgetting the tensors read", error)
 
@@ -246,8 +244,8 @@ class Collector:
         self.tensor_records = 0  # TensorRecords made this step (none: the flush need not look for them)
         self._recent = {}  # _reuse's table: StatBuffer.add's slots (the native Recorder keeps its own)
         self._leaves = {}  # _reuse's parameters read this step, by place (the native Recorder keeps its own)
-        if self._recorder is not None:
-            self._recorder.clear()  # hooks of earlier steps stay silent from now on
+        if self.recorder is not None:
+            self.recorder.clear()  # hooks of earlier steps stay silent from now on
         del self._arrivals[:]
         self.api_backward_hooks = []  # (backward entry name, its outputs counted) at each native hook's index
         self.module_backward_hooks = []  # (backward entry name, n_out, n_in, state) at each module call's index
@@ -434,7 +432,7 @@ class Collector:
             if self.native_backward:
                 table = self.api_backward_hooks
                 table.append((backward, len(outputs)))
-                self._recorder.hook_api(outputs, len(table) - 1)
+                self.recorder.hook_api(outputs, len(table) - 1)
             else:
                 bw.hook_api_backward(self, backward, outputs)
 
@@ -685,7 +683,7 @@ class Collector:
         """msprobe's output field: always a list (a tuple's items, or the single value)."""
         if type(value) is _TENSOR:
             if prefix is None:
-                recorder = self._recorder
+                recorder = self.recorder
                 if recorder is not None:  # describe_seq, written out: most calls return one tensor
                     records, todo = recorder.records((value,))
                     if todo:  # declined by the native op: the torch ops serve it
@@ -706,7 +704,7 @@ class Collector:
         """The records of a tuple's or list's items (``describe``); without file names, the native op makes
         those it can in one call, and the rest are described here."""
         if prefix is None:
-            recorder = self._recorder
+            recorder = self.recorder
             if recorder is not None and (type(values) is tuple or type(values) is list):
                 records, todo = recorder.records(values)
                 if todo:
@@ -721,7 +719,7 @@ class Collector:
         return [self.describe(v, f"{prefix}.{i}", 1) for i, v in enumerate(values)]
 
     def describe_map(self, values, prefix):
-        if prefix is None and self._recorder is not None:
+        if prefix is None and self.recorder is not None:
             items = mapping_items(values)
             if items is not None:
                 items = list(items)
@@ -767,7 +765,7 @@ class Collector:
         """The record of tensor ``t``; ``native_records``: the native Recorder may make it (not where it
         declined it already). It checks dtype, device, layout and data itself: a tensor it serves needs none
         of the reads below (each a Python call, several while an observing mode is pushed)."""
-        recorder = self._recorder if native_records else None
+        recorder = self.recorder if native_records else None
         if recorder is not None and (type(t) is _TENSOR or type(t) is _PARAMETER):
             records, todo = recorder.records((t,))  # as describe_seq: the native op's record, and its reuse
             if not todo:

@@ -187,20 +187,20 @@ class ModuleTracker:
             handle.remove()
         self._handles.clear()
 
-    def _type_instrumented(self, cls):
-        known = self._instrumented.get(id(cls))
-        if known is None or known[0] is not cls:
-            # read statically: the class (or its metaclass) may compute attributes in routed code
-            known = self._instrumented[id(cls)] = (cls, is_instrumented(class_attribute(cls, "forward")))
-        return known[1]
+    def _learn_type(self, cls):
+        """Whether ``cls``'s ``forward`` is instrumented, remembered in ``_instrumented`` (which ``_pre`` looks up
+        first); read statically: the class (or its metaclass) may compute attributes in routed code."""
+        instrumented = is_instrumented(class_attribute(cls, "forward"))
+        self._instrumented[id(cls)] = (cls, instrumented)
+        return instrumented
 
     def _pre(self, module, args):
         collector = self.collector
         frame = [None, None, False, None]  # pushed mode, forward record, whether a context was pushed, mode set aside
         try:
             cls = type(module)
-            known = self._instrumented.get(id(cls))  # _type_instrumented's table, looked up here: every module call
-            instrumented = known[1] if known is not None and known[0] is cls else self._type_instrumented(cls)
+            known = self._instrumented.get(id(cls))
+            instrumented = known[1] if known is not None and known[0] is cls else self._learn_type(cls)
             collector.enter_code(instrumented)
             frame[2] = True
             busy = collector.in_api.get(_get_ident())  # Collector.busy, read here: every module call

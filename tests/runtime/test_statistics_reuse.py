@@ -67,7 +67,7 @@ def _run_instrumented(source, tmp_path, big):
     in-place ops); the step's dump.json data, and how many tensors the native records read (describe_seq)."""
     debugger = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L1")
     _instrumented(source)["step"](debugger, big)
-    recorder = debugger._collector._recorder
+    recorder = debugger._collector.recorder
     native_reads = recorder.reads if recorder is not None else 0
     return _step_data(tmp_path / "d", 0), native_reads
 
@@ -153,10 +153,10 @@ def test_a_parameter_is_read_once_a_step_until_it_changes(tmp_path, monkeypatch,
     others = [torch.full((8192,), float(i)) for i in range(6)]
     counted = []
     for _ in range(2):
-        recorder = debugger._collector._recorder if debugger._collector is not None else None
+        recorder = debugger._collector.recorder if debugger._collector is not None else None
         before = (recorder.reads if recorder is not None else 0) + reads.count(8192)
         namespace["step"](debugger, w, others)
-        recorder = debugger._collector._recorder
+        recorder = debugger._collector.recorder
         counted.append((recorder.reads if recorder is not None else 0) + reads.count(8192) - before)
     debugger.wait()
     maxima = []
