@@ -338,7 +338,8 @@ def hook_parameters(collector):
                 if not param.requires_grad:
                     continue
                 hooked.append(param)
-                if is_subclass(type(param.__dict__.get("main_grad")), torch.Tensor):
+                main_grad = param.__dict__.get("main_grad")
+                if main_grad is not None and is_subclass(type(main_grad), torch.Tensor):
                     with torch.enable_grad():
                         node = param.expand_as(param).grad_fn.next_functions[0][0]
                     handle = node.register_hook(_Observer(collector, None, "parameter gradient hook",
@@ -346,7 +347,7 @@ def hook_parameters(collector):
                     handles.append(_Keep(handle, node))
                 else:
                     handles.append(param.register_post_accumulate_grad_hook(
-                        _param_hook(collector, prefix, param_name)))
+                        _ParamHook(collector, prefix, param_name)))
     collector.hooked_parameters = listed
     return handles
 
@@ -362,12 +363,28 @@ class _Keep:
         self.node = None
 
 
-def _param_hook(collector, prefix, param_name):
-    return _Observer(collector, None, "parameter gradient hook", _observe_grad, (prefix, param_name))
+class _ParamHook:
+    """A parameter's post-accumulate-grad hook: ``Collector.record_param_grad`` of its gradient while any step
+    collects. ``_Observer`` written out for this one use, which runs for every parameter at every step: no
+    bound tuple unpacked, no helper frame."""
 
+    __slots__ = ("collector", "prefix", "param_name")
 
-def _observe_grad(collector, prefix, param_name, param):
-    collector.record_param_grad(prefix, param_name, param, param.grad)
+    def __init__(self, collector, prefix, param_name):
+        self.collector = collector
+        self.prefix = prefix
+        self.param_name = param_name
+
+    def __call__(self, param):
+        collector = self.collector
+        if not collector.collecting:
+            return None
+        try:
+            with collector.own_work:
+                collector.record_param_grad(self.prefix, self.param_name, param, param.grad)
+        except Exception as error:
+            collector.log_error("parameter gradient hook", error)
+        return None
 
 
 def _observe_main_grad(collector, prefix, param_name, param, grad_inputs, grad_outputs):

@@ -99,27 +99,31 @@ class Anchors:
             anchor, outer = open_calls[-1]
             if outer is not None:
                 return self._capture(frame, anchor, outer, MAX_RAW)
-        index = self._anchored(len(open_calls) - 1)
+        index = len(open_calls) - 1
+        while index >= 0 and open_calls[index][0] is None:  # the nearest open call with an anchor
+            index -= 1
         if index < 0:
             return self._capture(frame, None, None, MAX_RAW)
-        anchor, outer = self._outer(index)
-        return self._capture(frame, anchor, outer, MAX_RAW)
-
-    def _anchored(self, index):
-        """The nearest open call at or below ``index`` that has an anchor; -1 where none has."""
-        while index >= 0 and self._open[index][0] is None:
-            index -= 1
-        return index
+        entry = open_calls[index]
+        return self._capture(frame, entry[0], entry[1] if entry[1] is not None else self._outer(index), MAX_RAW)
 
     def _outer(self, index):
-        """(anchor, the stack outside it) of open call ``index``, captured on first use."""
-        entry = self._open[index]
+        """The stack outside open call ``index``'s anchor, captured on first use (the first capture inside
+        each module call: a loop here, not a frame per level)."""
+        open_calls = self._open
+        entry = open_calls[index]
         if entry[1] is None:
-            parent = self._anchored(index - 1)
-            start = entry[0].f_back
-            anchor, outer = self._outer(parent) if parent >= 0 else (None, None)
-            entry[1] = self._capture(start, anchor, outer, MAX_RAW)  # a pair
-        return entry[0], entry[1]
+            parent = index - 1
+            while parent >= 0 and open_calls[parent][0] is None:
+                parent -= 1
+            if parent < 0:
+                anchor = outer = None
+            else:
+                anchor, outer = open_calls[parent]
+                if outer is None:
+                    outer = self._outer(parent)
+            entry[1] = self._capture(entry[0].f_back, anchor, outer, MAX_RAW)  # a pair
+        return entry[1]
 
 
 class Resolver:

@@ -649,7 +649,12 @@ class Collector:
             entry = {}
             with self._lock:
                 self.data[name] = entry
-        entry[param_name] = self.describe(grad, self.file_stem(name, param_name) if self.tensor_task else None)
+        recorder = self.recorder
+        if recorder is not None and type(grad) is _TENSOR and not self.tensor_task:  # _tensor's native record
+            records, todo = recorder.records((grad,))
+            entry[param_name] = records[0] if not todo else self._tensor(grad, None, False)
+        else:
+            entry[param_name] = self.describe(grad, self.file_stem(name, param_name) if self.tensor_task else None)
         self.param_accumulated(param)
 
     def param_accumulated(self, param):
@@ -720,7 +725,7 @@ class Collector:
 
     def describe_map(self, values, prefix):
         if prefix is None and self.recorder is not None:
-            items = mapping_items(values)
+            items = dict.items(values) if type(values) is dict else mapping_items(values)  # keyword arguments
             if items is not None:
                 items = list(items)
                 return dict(zip([k if type(k) is str else key_text(k) for k, _ in items],

@@ -133,7 +133,8 @@ def own_parameters(module):
     """``module.named_parameters(recurse=False)`` read from the module's ``_parameters`` dict: no method of
     the module's class runs. Unset (None) entries and a parameter registered twice are left out, as there."""
     found, seen = [], set()
-    items = mapping_items(instance_attribute(module, "_parameters"))
+    parameters = instance_attribute(module, "_parameters")
+    items = dict.items(parameters) if type(parameters) is dict else mapping_items(parameters)  # torch's: a dict
     for name, param in items or ():
         if param is not None and id(param) not in seen:
             seen.add(id(param))
@@ -143,4 +144,6 @@ def own_parameters(module):
 
 def children(module):
     """``module.children()``, read from its ``_modules`` dict (unset entries left out)."""
-    return [child for _, child in mapping_items(instance_attribute(module, "_modules")) or () if child is not None]
+    modules = instance_attribute(module, "_modules")
+    items = dict.values(modules) if type(modules) is dict else [child for _, child in mapping_items(modules) or ()]
+    return [child for child in items if child is not None]
