@@ -29,6 +29,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -190,6 +191,22 @@ def rewritten_copy(out):
     if done.returncode not in (0, 1):
         sys.exit(f"rewrite failed: {done.stderr[-2000:]}")
     return time.perf_counter() - start
+
+
+def run_in_rewritten_copy(script, options, what):
+    """``script --worker *options`` in a process whose megatron is a rewritten copy made for it (deleted
+    after); its last stdout line, as JSON. ``what`` names the process in the message if it fails."""
+    copy = tempfile.mkdtemp(prefix="megatron-rewritten-")
+    try:
+        rewritten_copy(copy)
+        env = {**os.environ, "PYTHONWARNINGS": "ignore", "TORCHDYNAMO_DISABLE": "1", "PYTHONPATH": copy}
+        done = subprocess.run([sys.executable, os.path.abspath(script), "--worker", *options],
+                              capture_output=True, text=True, env=env, timeout=3600)
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+    if done.returncode != 0:
+        sys.exit(f"the {what} process failed: {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def run_worker(python, group, config, args, pythonpath=None):

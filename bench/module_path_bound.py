@@ -24,9 +24,7 @@ import glob
 import json
 import os
 import shutil
-import subprocess
 import sys
-import tempfile
 import time
 
 import megatron_step
@@ -186,18 +184,8 @@ def main():
     args.size, args.microbatches = "tiny", 1
     if args.worker:
         return worker(args)
-    copy = tempfile.mkdtemp(prefix="megatron-rewritten-")
-    try:
-        megatron_step.rewritten_copy(copy)
-        env = {**os.environ, "PYTHONWARNINGS": "ignore", "TORCHDYNAMO_DISABLE": "1", "PYTHONPATH": copy}
-        done = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", "--config", args.config,
-                               "--steps", str(args.steps), "--warmup", str(args.warmup)],
-                              capture_output=True, text=True, env=env, timeout=3600)
-    finally:
-        shutil.rmtree(copy, ignore_errors=True)
-    if done.returncode != 0:
-        sys.exit(f"the timing process failed: {done.stderr[-2000:]}")
-    times = json.loads(done.stdout.strip().splitlines()[-1])
+    times = megatron_step.run_in_rewritten_copy(__file__, ["--config", args.config, "--steps", str(args.steps),
+                                                           "--warmup", str(args.warmup)], "timing")
     if "skipped" in times:
         print(f"module path bound: skipped: {times['skipped']}")
         return 0

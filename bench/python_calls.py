@@ -16,9 +16,7 @@ import glob
 import json
 import os
 import shutil
-import subprocess
 import sys
-import tempfile
 
 import megatron_step
 
@@ -89,18 +87,8 @@ def main():
     args.size, args.microbatches = "tiny", 1
     if args.worker:
         return worker(args)
-    copy = tempfile.mkdtemp(prefix="megatron-rewritten-")
-    try:
-        megatron_step.rewritten_copy(copy)
-        env = {**os.environ, "PYTHONWARNINGS": "ignore", "TORCHDYNAMO_DISABLE": "1", "PYTHONPATH": copy}
-        done = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", "--config", args.config,
-                               "--warmup", str(args.warmup), "--top", str(args.top)],
-                              capture_output=True, text=True, env=env, timeout=1800)
-    finally:
-        shutil.rmtree(copy, ignore_errors=True)
-    if done.returncode != 0:
-        sys.exit(f"the counting process failed: {done.stderr[-2000:]}")
-    results = json.loads(done.stdout.strip().splitlines()[-1])
+    results = megatron_step.run_in_rewritten_copy(__file__, ["--config", args.config, "--warmup", str(args.warmup),
+                                                             "--top", str(args.top)], "counting")
     off = results["off"]
     print(f"tiny megatron GPT ({args.config}), one steady step, counted with sys.setprofile")
     print(f"  {'':4s} {'Python calls':>13s} {'of them ours':>13s} {'builtin calls':>14s} {'entries':>8s} "
