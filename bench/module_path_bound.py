@@ -32,9 +32,10 @@ import megatron_step
 VARIANTS = ("off", "L1", "mix", "bound: forward", "bound: forward, no parameters")
 
 
-def install_bounds(flags):
-    """Replace the module path's forward hooks, and the parameters' hooks, by their bounds while ``flags``
-    says so (``flags["forward"]``, ``flags["no parameters"]``); the runtime's own otherwise."""
+def bounds():
+    """``use(forward, no_parameters)``: put the bounds of the module path's forward hooks, and of the
+    parameters' hooks, in the runtime's place, or the runtime's own back: swapped between steps, so that the
+    runtime's variants run its functions as they are, with no wrapper frame."""
     import torch
     from msprobe_runtime import backward, collector
 
@@ -48,8 +49,6 @@ def install_bounds(flags):
         return [None if record is later else record for record in made] if todo else made
 
     def bound_begin(self, module, args):
-        if not flags["forward"]:
-            return begin(self, module, args)
         known = self.modules.get(id(module))
         if known is None or known[0] is not module:
             return None
@@ -65,8 +64,6 @@ def install_bounds(flags):
         return (name, entry, parent, (args, f"{prefix}backward.{index}"))
 
     def bound_end(self, record, module, kwargs, result):
-        if not flags["forward"]:
-            return end(self, record, module, kwargs, result)
         name, entry, parent, (args, backward_name) = record
         self.module_stack.pop()
         recorder = self.recorder
@@ -92,15 +89,16 @@ def install_bounds(flags):
             table[index] = (backward_name, hooked[0], hooked[1], state)
             state["parts"] = hooked[0] + hooked[1]
 
-    def bound_hook_parameters(collector_):
-        if flags["no parameters"]:
-            collector_.hooked_parameters = {}
-            return []
-        return hook_parameters(collector_)
+    def no_parameters(collector_):
+        collector_.hooked_parameters = {}
+        return []
 
-    collector.Collector.module_forward_begin = bound_begin
-    collector.Collector.module_forward_end = bound_end
-    backward.hook_parameters = bound_hook_parameters
+    def use(forward, no_parameters_hooked):
+        collector.Collector.module_forward_begin = bound_begin if forward else begin
+        collector.Collector.module_forward_end = bound_end if forward else end
+        # debugger.start() imports it from the module at every call
+        backward.hook_parameters = no_parameters if no_parameters_hooked else hook_parameters
+    return use
 
 
 def worker(args):
@@ -110,8 +108,7 @@ def worker(args):
     if native_stats.load() is None:
         print(json.dumps({"skipped": "the native op is not built here (no C++ compiler?): the bound needs it"}))
         return 0
-    flags = {"forward": False, "no parameters": False}
-    install_bounds(flags)
+    use = bounds()
     debuggers = {level: PrecisionDebugger(dump_path=os.path.join(root, level), level=level, task="statistics")
                  for level in ("L1", "mix")}
     current = [None]
@@ -134,7 +131,8 @@ def worker(args):
     for round_ in range(args.steps + args.warmup):
         shift = round_ % len(VARIANTS)
         for variant in VARIANTS[shift:] + VARIANTS[:shift]:
-            level, flags["forward"], flags["no parameters"] = settings[variant]
+            level, forward, no_parameters = settings[variant]
+            use(forward, no_parameters)
             current[0] = debuggers[level] if level else None
             start = time.perf_counter()
             step()
