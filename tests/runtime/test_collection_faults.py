@@ -74,3 +74,35 @@ def test_a_dump_path_that_cannot_be_written_is_refused_at_start(tmp_path):
     with pytest.raises(DumpPathNotWritable, match="cannot hold a dump"):
         debugger.start()
     assert occupied.read_text() == "not a folder"
+
+
+def test_a_failing_parameter_gradient_record_leaves_the_gradients_alone(monkeypatch, tmp_path, caplog):
+    """A parameter's post-accumulate-grad hook that fails inside the runtime is logged once; the backward
+    finishes and every gradient is the one a run without the debugger computes."""
+    from msprobe_runtime.collector import Collector
+
+    def broken(self, prefix, param_name, param, grad):
+        raise RuntimeError("a record that cannot be made")
+
+    def run(debugger):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+        if debugger is not None:
+            debugger.start(model=model)
+        model(torch.ones(5, 4)).square().sum().backward()
+        if debugger is not None:
+            debugger.stop()
+            debugger.wait()
+        return [param.grad.clone() for param in model.parameters()]
+
+    expected = run(None)
+    monkeypatch.setattr(Collector, "record_param_grad", broken)
+    debugger = PrecisionDebugger(dump_path=str(tmp_path / "dump"), level="mix")
+    with caplog.at_level(logging.WARNING, logger="msprobe_runtime"):
+        got = run(debugger)
+    assert caplog.text.count("parameter gradient hook failed") == 1
+    assert all(torch.equal(a, b) for a, b in zip(got, expected)) and len(got) == 4
+    [path] = glob.glob(os.path.join(str(tmp_path / "dump"), "step0", "*", "dump.json"))
+    with open(path) as handle:
+        names = list(json.load(handle)["data"])
+    assert "Module.0.Linear.forward.0" in names and not any("parameters_grad" in name for name in names)
