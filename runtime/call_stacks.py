@@ -99,31 +99,23 @@ class Anchors:
             anchor, outer = open_calls[-1]
             if outer is not None:
                 return self._capture(frame, anchor, outer, MAX_RAW)
-        index = len(open_calls) - 1
-        while index >= 0 and open_calls[index][0] is None:  # the nearest open call with an anchor
+        anchor, outer = self._anchored(len(open_calls))
+        return self._capture(frame, anchor, outer, MAX_RAW)
+
+    def _anchored(self, end):
+        """(anchor, the stack outside it) of the innermost open call before ``end`` that has an anchor, the
+        stack captured on first use; (None, None) where none has."""
+        open_calls = self._open
+        index = end - 1
+        while index >= 0 and open_calls[index][0] is None:
             index -= 1
         if index < 0:
-            return self._capture(frame, None, None, MAX_RAW)
-        entry = open_calls[index]
-        return self._capture(frame, entry[0], entry[1] if entry[1] is not None else self._outer(index), MAX_RAW)
-
-    def _outer(self, index):
-        """The stack outside open call ``index``'s anchor, captured on first use (the first capture inside
-        each module call: a loop here, not a frame per level)."""
-        open_calls = self._open
+            return None, None
         entry = open_calls[index]
         if entry[1] is None:
-            parent = index - 1
-            while parent >= 0 and open_calls[parent][0] is None:
-                parent -= 1
-            if parent < 0:
-                anchor = outer = None
-            else:
-                anchor, outer = open_calls[parent]
-                if outer is None:
-                    outer = self._outer(parent)
+            anchor, outer = self._anchored(index)
             entry[1] = self._capture(entry[0].f_back, anchor, outer, MAX_RAW)  # a pair
-        return entry[1]
+        return entry[0], entry[1]
 
 
 class Resolver:

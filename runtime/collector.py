@@ -649,12 +649,8 @@ class Collector:
             entry = {}
             with self._lock:
                 self.data[name] = entry
-        recorder = self.recorder
-        if recorder is not None and type(grad) is _TENSOR and not self.tensor_task:  # _tensor's native record
-            records, todo = recorder.records((grad,))
-            entry[param_name] = records[0] if not todo else self._tensor(grad, None, False)
-        else:
-            entry[param_name] = self.describe(grad, self.file_stem(name, param_name) if self.tensor_task else None)
+        stem = self.file_stem(name, param_name) if self.tensor_task else None
+        entry[param_name] = self._tensor(grad, stem) if type(grad) is _TENSOR else self.describe(grad, stem)
         self.param_accumulated(param)
 
     def param_accumulated(self, param):
