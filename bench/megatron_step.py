@@ -193,6 +193,18 @@ def rewritten_copy(out):
     return time.perf_counter() - start
 
 
+def tiny_bench_arguments(parser):
+    """The parsed options of a bench on the tiny GPT that runs its worker in a rewritten copy
+    (``python_calls.py``, ``module_path_bound.py``): its own, added to ``parser`` already, and these."""
+    parser.add_argument("--config", choices=CONFIGS, default="fused")
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--json", help="write the figures here")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    args.size, args.microbatches = "tiny", 1
+    return args
+
+
 def run_in_rewritten_copy(script, options, what):
     """``script --worker *options`` in a process whose megatron is a rewritten copy made for it (deleted
     after); its last stdout line, as JSON. ``what`` names the process in the message if it fails."""

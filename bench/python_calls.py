@@ -78,13 +78,8 @@ def worker(args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", choices=megatron_step.CONFIGS, default="fused")
-    parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--top", type=int, default=12, help="the runtime's functions entered most, at mix")
-    parser.add_argument("--json", help="write the figures here")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    args.size, args.microbatches = "tiny", 1
+    args = megatron_step.tiny_bench_arguments(parser)
     if args.worker:
         return worker(args)
     results = megatron_step.run_in_rewritten_copy(__file__, ["--config", args.config, "--warmup", str(args.warmup),
