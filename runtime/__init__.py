@@ -4,11 +4,13 @@ Importing this package imports neither torch nor libcst: a rewritten tree import
 module, on machines that may have no libcst, and before torch_npu or any device is set up.
 """
 from . import shims as _shims
-from .shims import attr, aug, call, dyn, item  # noqa: F401  (the instrumented code's contract, docs/contract.md)
+from .shims import attr, aug, call, dyn, item, truth  # noqa: F401  (the instrumented code's contract, docs/contract.md)
 
-# truth, dyn and the operator entry points (add, neg, iadd, ..., one per row of the operator table): the
-# plain operations while no debugger collects; start() points them at the recording shims
-_shims.set_collecting(False)
+# the operator entry points (add, neg, iadd, ..., one per row of the operator table): the same objects for the
+# life of the process, collecting or not (shims' docstring)
+globals().update(_shims.OPERATOR_ENTRIES)
+from . import compiled_regions as _compiled_regions  # noqa: E402
+_compiled_regions.register_when_loaded()  # with torch.compile, the entries are traced as plain calls
 # imports no torch: torch loads at start()
 from .debugger import PrecisionDebugger, module_dump, module_dump_end  # noqa: F401
 from .seeding import seed_all  # noqa: F401

@@ -10,13 +10,15 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+import types
 import weakref
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import backward as bw
-from . import call_stacks, dump_names, native_stats, operators
+from . import call_stacks, compiled_calls, dump_names, native_stats, operators
+from .compiled_regions import POLYFILLED as _POLYFILLED
 from .config import switched_on
 from .foreign import (BOUND_METHOD_TYPES, bound_self, children, is_subclass, key_text, mapping_items, method_name,
                       own_parameters, sequence_items, type_name)
@@ -50,7 +52,13 @@ _NO_TORCH_FUNCTION = torch._C.DisableTorchFunction
 _modes_on = torch._C._is_torch_function_mode_enabled  # a TorchFunctionMode active on this thread: ours or a user's
 _grad_enabled = torch.is_grad_enabled
 _get_ident = threading.get_ident
+# True only while Dynamo traces (a constant to it, False in eager: one Python frame): an entry reached from a
+# compiled region is the plain call there. Asked only until the polyfills are registered (``_POLYFILLED``, a
+# list: empty until then): from then on Dynamo never traces the collector (compiled_regions)
+_tracing = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
 _BUILTIN_METHOD, _METHOD_WRAPPER, _METHOD = BOUND_METHOD_TYPES
+_FUNCTION = types.FunctionType
+_COMPILE_WRAPPER = compiled_calls.WRAPPER_NAME
 
 
 class _OwnWork:
@@ -126,8 +134,17 @@ class Collector:
         self.selection = (Selection(config.scope, config.list, config.level, config.task)
                           if config.scope or config.list else None)
         self.modules = {}  # id(module) -> (module, "Module.net1.ln1.Linear.")
+        # calls into compiled code (compiled_calls): its wrappers, and the model's modules compiled in place
+        self.compiled = compiled_calls.CompiledCallables()
+        self.compiled_modules = {}  # id(module) -> module, for module.compile()'d modules
         for path, module in named_modules:
-            self.modules[id(module)] = (module, dump_names.module_prefix(path, type_name(type(module))))
+            cls = type(module)
+            if self.compiled.is_optimized_module(cls):  # torch.compile(child): named as the eager run names it
+                original = compiled_calls.original_module(module)
+                cls = type(original) if original is not None else cls
+            elif compiled_calls.compiled_in_place(module):
+                self.compiled_modules[id(module)] = module
+            self.modules[id(module)] = (module, dump_names.module_prefix(path, type_name(cls)))
         self.collecting = False
         self.param_hooks = False  # set by start() when parameter-gradient hooks are installed
         # id(module) -> (module, own [(name, parameter)], those of them hooked): backward.hook_parameters's reads
@@ -143,6 +160,8 @@ class Collector:
         self.mode_depth = 0
         self.own_work = _OwnWork(self)
         self.module_frames = []
+        self.tracker = None  # the ModuleTracker while collecting (set_tracker): compiled calls set collection aside
+        self.compiled_depth = 0  # calls into compiled code running now (enter_compiled)
         native = native_stats.load()  # loaded already (the StatBuffer's): its stack capture and graph walk
         self.anchors = call_stacks.Anchors(call_stacks.capture_function(native))  # module calls running now
         self.graph_walk = getattr(native, "consumer_edges", None)  # backward.hook_module_backward's walk
@@ -191,6 +210,20 @@ class Collector:
 
     def in_uninstrumented_code(self):
         return not self.ctx[-1]
+
+    def enter_compiled(self):
+        """A call into compiled code begins on this thread: nothing inside it is recorded, not even the eager
+        code that runs past a graph break (``busy``)."""
+        self.compiled_depth += 1
+        self.enter_own_work()
+
+    def leave_compiled(self):
+        self.leave_own_work()
+        self.compiled_depth -= 1
+
+    def set_tracker(self, tracker):
+        """The module tracker installed for this session (None: removed)."""
+        self.tracker = tracker
 
     def set_collecting(self, collecting):
         """Collection on or off (``start``, ``stop``). When on, an API's backward is observed by the native op's
@@ -286,6 +319,11 @@ class Collector:
     # ----------------------------------------------------------------- entry points (from the shims)
 
     def call(self, api_name, fn, args, kwargs):
+        if not _POLYFILLED and _tracing():
+            return fn(*args, **kwargs)
+        if (type(fn) is _FUNCTION and fn.__code__.co_name == _COMPILE_WRAPPER
+                and self.compiled.function(fn) is not None):
+            return self.compiled_call(fn, args, kwargs, sys._getframe(2), api_name)
         if self.in_api.get(_get_ident()) or not self.level_api:
             return fn(*args, **kwargs)
         record_args = args
@@ -296,6 +334,23 @@ class Collector:
         return self.api(api_name, fn, args, kwargs, record_args, sys._getframe(2))
 
     def dyn(self, fn, args, kwargs):
+        if not _POLYFILLED and _tracing():
+            return fn(*args, **kwargs)
+        if self.compiled_depth and self.in_api.get(_get_ident()):
+            return fn(*args, **kwargs)  # eager code inside a compiled call (past a graph break): nothing recorded
+        kind = type(fn)
+        # a call into compiled code, told by type and the code's name first: most callees are none, and Dynamo
+        # may have been loaded since start() (compiled_calls)
+        if kind is _FUNCTION:
+            if fn.__code__.co_name == _COMPILE_WRAPPER and self.compiled.function(fn) is not None:
+                return self.compiled_call(fn, args, kwargs, sys._getframe(2))
+        elif kind is _METHOD:
+            method = fn.__func__
+            if (type(method) is _FUNCTION and method.__code__.co_name == _COMPILE_WRAPPER
+                    and self.compiled.function(method) is not None):
+                return self.compiled_call(fn, args, kwargs, sys._getframe(2))
+        elif kind is self.compiled.optimized_module or self.compiled_modules.get(id(fn)) is fn:
+            return self.compiled_call(fn, args, kwargs, sys._getframe(2))
         if self.in_api.get(_get_ident()) or not self.level_api:
             return fn(*args, **kwargs)
         name = self.identity.get(id(fn))
@@ -304,7 +359,6 @@ class Collector:
         # a tensor's bound method (``t.view``: a new object at each call, so not in ``identity``), its type
         # looked at first as foreign's bound_self does, written out here: most callees here are none (a
         # function, a module, a class: on megatron's step 500 calls a step), and each helper is a Python frame
-        kind = type(fn)
         if kind is _BUILTIN_METHOD or kind is _METHOD_WRAPPER or kind is _METHOD:
             owner = fn.__self__
             owner_kind = type(owner)
@@ -315,7 +369,7 @@ class Collector:
         return fn(*args, **kwargs)
 
     def operator(self, name, python_op, *operands):
-        if self.in_api.get(_get_ident()) or not self.level_api:
+        if (not _POLYFILLED and _tracing()) or self.in_api.get(_get_ident()) or not self.level_api:
             return python_op(*operands)
         first = operands[0]
         kind = type(first)
@@ -336,10 +390,100 @@ class Collector:
     def truth(self, value):
         """A truth test: recorded as the tensor's ``__bool__`` (msprobe's ``Tensor.__bool__``, and what the
         observing mode records for ``if t:`` in uninstrumented code); any other value is only tested."""
-        if (self.in_api.get(_get_ident()) or not self.level_api or self.truth_name is None
-                or not is_subclass(type(value), _TENSOR)):
+        if ((not _POLYFILLED and _tracing()) or self.in_api.get(_get_ident()) or not self.level_api
+                or self.truth_name is None or not is_subclass(type(value), _TENSOR)):
             return bool(value)
         return self.api(self.truth_name, bool, (value,), {}, (value,), sys._getframe(2))
+
+    # ----------------------------------------------------------------- compiled code
+
+    def compiled_call(self, fn, args, kwargs, frame, api_name=None):
+        """A call into compiled code from eager code (``compiled_calls``): one entry at its boundary, with its
+        inputs and outputs, and nothing inside it; collection is set aside meanwhile (``ModuleTracker.set_aside``),
+        so that Dynamo compiles and guards exactly what it would with no debugger."""
+        tracker = self.tracker
+        modes = tracker.set_aside() if tracker is not None else None
+        try:
+            begun = None
+            if not self.in_api.get(_get_ident()):
+                try:
+                    with self.own_work:
+                        begun = self.begin_compiled(fn, args, kwargs, api_name)
+                except Exception as error:
+                    self.log_error("compiled call boundary", error)
+            self.enter_compiled()
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException:
+                if begun is not None and begun[0] == "module" and begun[1] is not None:
+                    self.module_forward_abort(begun[1])  # its name leaves the stack of modules running
+                raise
+            finally:
+                self.leave_compiled()
+            if begun is not None:
+                try:
+                    with self.own_work:
+                        self.end_compiled(begun, kwargs, result, frame)
+                except Exception as error:
+                    self.log_error("compiled call boundary", error)
+            return result
+        finally:
+            if tracker is not None:
+                tracker.put_back(modes)
+
+    def begin_compiled(self, fn, args, kwargs, api_name=None):
+        """The boundary entry of a call into compiled code, begun (None: the level records none): a module
+        named in the model is its module entry (L0, mix), anything else an API entry (L1, mix) named by the
+        catalogue or ``Compiled.{name}``."""
+        kind = type(fn)
+        if kind is _FUNCTION or kind is _METHOD:
+            if not self.level_api:
+                return None
+            if api_name is None:
+                original = self.compiled.function(fn)
+                api_name = self.identity.get(id(fn)) or compiled_calls.function_name(original, self.identity)
+            return ("api", self._begin_api(api_name, args, kwargs), fn)
+        original = compiled_calls.original_module(fn) if kind is self.compiled.optimized_module else fn
+        return self.begin_compiled_module(fn, original if original is not None else fn, args, kwargs)
+
+    def begin_compiled_module(self, module, original, args, kwargs=None):
+        """A compiled module's boundary entry, begun (``module``: the module called, ``original`` the one it
+        compiled, by whose class it is named). ``kwargs`` None: not known yet (the module hooks see them at the
+        end of the call: ``end_compiled_module``)."""
+        if self.level_module:
+            known = self.modules.get(id(module))
+            if known is None or known[0] is not module:
+                known = self.modules.get(id(original))
+                module = original
+            if known is not None and known[0] is module:
+                return ("module", self.module_forward_begin(module, args), module)
+        if not self.level_api:
+            return None
+        return ("api", self._begin_api(compiled_calls.module_name(original), args, kwargs or {}), module)
+
+    def end_compiled(self, begun, kwargs, result, frame=None):
+        kind, record, target = begun
+        if record is None:
+            return
+        if kind == "module":
+            self.module_forward_end(record, target, kwargs, result)
+        else:
+            self._finish_api(record, result, frame)
+
+    def end_compiled_module(self, begun, module, kwargs, result, failed):
+        """The end of a compiled module's call seen by the module hooks (``ModuleTracker._enter_optimized``)."""
+        kind, record, target = begun
+        if record is None:
+            return
+        if failed:
+            if kind == "module":
+                self.module_forward_abort(record)
+            return
+        entry = record[2] if kind == "api" else None
+        if kwargs and entry is not None and "input_kwargs" in entry:  # the pre-hook had the positional ones only
+            entry["input_kwargs"] = self.describe_map(kwargs, self.file_stem(record[1], "input")
+                                                      if self.tensor_task else None)
+        self.end_compiled(begun, kwargs, result)
 
     # ----------------------------------------------------------------- APIs
 

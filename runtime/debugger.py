@@ -17,7 +17,7 @@ import os
 import sys
 import types
 
-from . import seeding, shims
+from . import compiled_calls, compiled_regions, seeding, shims
 from .config import load_config, read_dump_enable
 from .debug_save import DebugJob, DebugRecords, DumpWriter, valid_variable
 from .json_files import copy_records
@@ -163,12 +163,13 @@ class PrecisionDebugger:
             self._apply_module_dump()
         collector.set_collecting(True)
         self._dirty = True
-        shims._collector = collector
-        shims.set_collecting(True)
+        compiled_regions.register_if_loaded()  # the modules start() loaded: Dynamo never compiles their frames
+        shims.attach(collector)
 
     @_ClassOrInstance
     def stop(self):
         """Stop collecting and write this step's files (in the background)."""
+        compiled_regions.register_if_loaded()
         if self._end_collection():
             self._flush()
         elif self._debug.dirty:
@@ -180,8 +181,7 @@ class PrecisionDebugger:
         collector = self._collector
         if collector is None or not collector.collecting:
             return False
-        shims._collector = None
-        shims.set_collecting(False)
+        shims.detach()
         collector.set_collecting(False)
         if self._tokens is not None:
             self._tokens.remove()
@@ -208,6 +208,7 @@ class PrecisionDebugger:
     @_ClassOrInstance
     def step(self):
         """Flush this step, then count the next one (call indices restart)."""
+        compiled_regions.register_if_loaded()
         collector = self._collector
         if collector is not None:
             if collector.collecting or self._dirty or self._debug.dirty:
@@ -318,7 +319,9 @@ class PrecisionDebugger:
         identity, tensor_methods = build_identity()
         named = []
         for prefix, chunk in _chunks(self._model):
-            for path, module in chunk.named_modules():
+            # torch.compile(model): the modules are the original's, named as an eager run names them
+            chunk = compiled_calls.unwrapped(chunk)
+            for path, module in compiled_calls.named_as_eager(chunk):
                 if module is chunk:
                     continue  # msprobe names children only; the root is the model itself
                 named.append((prefix + path, module))

@@ -18,8 +18,13 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from . import operators
+from .compiled_calls import original_module
 from .contract import RUNTIME_NAME
 from .foreign import class_attribute, function_globals
+
+# True only while Dynamo traces: a hook or mode of ours met inside a compiled region (one whose boundary the
+# runtime did not see, entered from uninstrumented code) is a no-op there, never a graph break (compiled_regions)
+_tracing = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
 
 
 def is_instrumented(function):
@@ -43,6 +48,8 @@ class ObserveMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if kwargs is None:
             kwargs = {}
+        if _tracing():
+            return func(*args, **kwargs)
         collector = self.collector
         if collector.level_api and not collector.busy() and collector.in_uninstrumented_code():
             name = collector.identity.get(id(func))
@@ -163,34 +170,158 @@ _get_ident = threading.get_ident
 _MODULE_FILE = torch.nn.Module._call_impl.__code__.co_filename  # nn.Module's call machinery calls the hooks
 
 
+_INSTALLED = []  # the ModuleTrackers installed now, in order (two debuggers may collect at once)
+_HOOK_IDS = []  # (pre-hook's key, hook's key) in torch's tables, the same at every install
+_ASIDE = [0]  # calls into compiled code running now, with the hooks taken out of torch's tables
+
+
+def _global_pre_hook(module, args):
+    """The global forward pre-hook: the installed tracker's ``_pre``. A function of its own, under the same key at
+    every install: Dynamo, tracing a module call inside a compiled region that the runtime did not see the
+    boundary of, guards on the hook tables' keys and on the hooks' identity; new ones at each ``start()`` would
+    recompile such a region at every step (tests/compile/test_boundaries.py)."""
+    if _tracing():
+        return None  # a compiled region's module call (the hook after it skips it too)
+    for tracker in _INSTALLED:
+        tracker._pre(module, args)
+    return None
+
+
+def _global_hook(module, args, *rest):
+    if _tracing():
+        return None
+    for tracker in _INSTALLED:
+        tracker._post(module, args, *rest)
+    return None
+
+
+def _hook_ids():
+    if not _HOOK_IDS:
+        from collections import OrderedDict
+
+        from torch.utils.hooks import RemovableHandle
+
+        table = OrderedDict()  # torch's handles count their keys process-wide: two that no other hook gets
+        _HOOK_IDS.extend((RemovableHandle(table).id, RemovableHandle(table).id))
+    return _HOOK_IDS
+
+
+def _put_hooks():
+    """Our two global forward hooks into torch's tables, under their keys, as ``register_module_forward_pre_hook``
+    and ``register_module_forward_hook(with_kwargs=True, always_call=True)`` put them."""
+    from torch.nn.modules import module as nn_module
+
+    pre, post = _hook_ids()
+    nn_module._global_forward_pre_hooks[pre] = _global_pre_hook
+    nn_module._global_forward_hooks[post] = _global_hook
+    nn_module._global_forward_hooks_with_kwargs[post] = True
+    nn_module._global_forward_hooks_always_called[post] = True
+
+
+def _take_hooks():
+    from torch.nn.modules import module as nn_module
+
+    pre, post = _hook_ids()
+    nn_module._global_forward_pre_hooks.pop(pre, None)
+    for table in (nn_module._global_forward_hooks, nn_module._global_forward_hooks_with_kwargs,
+                  nn_module._global_forward_hooks_always_called):
+        table.pop(post, None)
+
+
 class ModuleTracker:
-    """Installs the global forward hooks; keeps the instrumented/uninstrumented context stack."""
+    """Installs the global forward hooks; keeps the instrumented/uninstrumented context stack; sets collection
+    aside around a call into compiled code (``set_aside``/``put_back``)."""
 
     def __init__(self, collector):
         self.collector = collector
-        self._handles = []
-        self._instrumented = {}  # id(type) -> (type, bool); by id: a metaclass may define __hash__
+        self._instrumented = {}  # id(type) -> (type, bool or None); by id: a metaclass may define __hash__
+        self.compiled = collector.compiled
 
     def install(self):
-        from torch.nn.modules import module as nn_module
-
         # module calls a previous session left open (stopped inside a forward) are not this session's
         self.collector.module_frames.clear()
         self.collector.anchors.clear()
-
-        self._handles.append(nn_module.register_module_forward_pre_hook(self._pre))
-        self._handles.append(nn_module.register_module_forward_hook(self._post, with_kwargs=True,
-                                                                    always_call=True))
+        _INSTALLED.append(self)
+        if _ASIDE[0] == 0:
+            _put_hooks()
+        self.collector.set_tracker(self)
 
     def remove(self):
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        if self in _INSTALLED:
+            _INSTALLED.remove(self)
+        if not _INSTALLED:
+            _take_hooks()
+        self.collector.set_tracker(None)
+
+    # ----------------------------------------------------------------- compiled code
+
+    def set_aside(self):
+        """Before a call into compiled code: Dynamo, tracing it, must find torch as the program without collection
+        left it: no global module hook of ours (it guards on their number, and would trace them) and no observing
+        mode of ours on the torch function stack (it guards on the stack). Both come back at ``put_back``; the
+        modes set aside are returned for it. Reentrant (compiled code may call compiled code eagerly, past a
+        graph break)."""
+        collector = self.collector
+        modes = []
+        top = _innermost_mode()
+        while type(top) is ObserveMode:
+            collector.pop_mode(top)
+            modes.append(top)
+            top = _innermost_mode()
+        _ASIDE[0] += 1
+        if _ASIDE[0] == 1:
+            _take_hooks()
+        return modes
+
+    def put_back(self, modes):
+        _ASIDE[0] -= 1
+        if _ASIDE[0] == 0 and _INSTALLED:
+            _put_hooks()
+        for mode in reversed(modes):
+            self.collector.push_mode(mode)
+
+    def _enter_optimized(self, module, args):
+        """The forward pre-hook of a ``torch.compile(module)`` call: its boundary entry begins, collection is set
+        aside for the compiled call, and an always-called forward hook of the module's own, registered for this
+        call (the global ones are gone by then), ends both."""
+        collector = self.collector
+        original = original_module(module)
+        begun = None
+        try:
+            with collector.own_work:
+                begun = collector.begin_compiled_module(module, original, args)
+        except Exception as error:
+            collector.log_error("compiled module boundary", error)
+        modes = self.set_aside()
+        collector.enter_compiled()
+        state = [None]
+
+        def leave(module, args, kwargs, result):
+            state[0].remove()
+            collector.leave_compiled()
+            self.put_back(modes)
+            failed = result is None and sys.exc_info()[0] is not None
+            if begun is not None:
+                try:
+                    with collector.own_work:
+                        collector.end_compiled_module(begun, module, kwargs, result, failed)
+                except Exception as error:
+                    collector.log_error("compiled module boundary", error)
+            return None
+
+        state[0] = module.register_forward_hook(leave, with_kwargs=True, always_call=True)
+
+    # ----------------------------------------------------------------- module calls
 
     def _learn_type(self, cls):
-        """Whether ``cls``'s ``forward`` is instrumented, remembered in ``_instrumented`` (which ``_pre`` looks up
-        first); read statically: the class (or its metaclass) may compute attributes in routed code."""
-        instrumented = is_instrumented(class_attribute(cls, "forward"))
+        """Whether ``cls``'s ``forward`` is instrumented (None: ``cls`` is torch.compile's wrapper of a module),
+        remembered in ``_instrumented`` (which ``_pre`` looks up first); read statically: the class (or its
+        metaclass) may compute attributes in routed code."""
+        self.compiled.refresh()
+        if self.compiled.is_optimized_module(cls):
+            instrumented = None
+        else:
+            instrumented = is_instrumented(class_attribute(cls, "forward"))
         self._instrumented[id(cls)] = (cls, instrumented)
         return instrumented
 
@@ -201,6 +332,9 @@ class ModuleTracker:
             cls = type(module)
             known = self._instrumented.get(id(cls))
             instrumented = known[1] if known is not None and known[0] is cls else self._learn_type(cls)
+            if instrumented is None:
+                self._enter_optimized(module, args)
+                return None
             collector.enter_code(instrumented)
             frame[2] = True
             busy = collector.in_api.get(_get_ident())  # Collector.busy, read here: every module call
@@ -217,7 +351,7 @@ class ModuleTracker:
         except Exception as error:
             collector.log_error("module forward pre-hook", error)
         collector.module_frames.append(frame)
-        caller = sys._getframe(1)
+        caller = sys._getframe(2)  # past _global_pre_hook
         # nn.Module's call frame (``_call_impl``'s ``inner``), where the stacks of the calls inside this module
         # leave it (call_stacks.Anchors); held, so that no other frame can take its identity
         collector.anchors.push(caller if caller.f_code.co_filename == _MODULE_FILE else None)

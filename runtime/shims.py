@@ -2,15 +2,32 @@
 
 This is the hot path: with no debugger collecting, each entry point only forwards, exactly as the original
 expression would have run. Every parameter is positional-only so that no keyword of the user's call collides.
+
+Each entry is one Python function for the life of the process, collecting or not: ``torch.compile`` guards on
+the identity of every callable it traces, so an entry that changed with collection would recompile every
+compiled function that reaches it at each ``start()`` and ``stop()`` (tests/compile). Inside a region Dynamo
+traces, each entry is traced as the plain operation it forwards to (``compiled_regions``), never reading
+``_collector``.
 """
 from __future__ import annotations
 
 import operator as _op
-import sys
 
 from . import operators
 
-_collector = None  # set by the debugger while it collects; None means forward only
+_collector = None  # set by the debugger while it collects (attach/detach); None means forward only
+
+
+def attach(collector):
+    """Route the entries to ``collector`` (``start()``)."""
+    global _collector
+    _collector = collector
+
+
+def detach():
+    """Forward only (``stop()``)."""
+    global _collector
+    _collector = None
 
 
 def call(api_name, fn, /, *args, **kwargs):
@@ -28,23 +45,10 @@ def dyn(fn, /, *args, **kwargs):
 
 
 def truth(value, /):
-    """``bool(value)`` for a truth test (``if value:``), recorded while collecting. Instrumented code reaches
-    it as ``__msprobe__.truth``, which is the builtin ``bool`` itself while no debugger collects (see
-    ``set_collecting``): a test costs a C call, not a Python frame."""
+    """``bool(value)`` for a truth test (``if value:``), recorded while collecting."""
     if _collector is None or type(value) is bool:  # a bool is never recorded (most tests: 561 of 567 a step
         return bool(value)                           # on the tiny GPT), and costs no second frame
     return _collector.truth(value)
-
-
-def set_collecting(collecting):
-    """Point the package's entries at the recorders below (collecting) or at the plain operations they
-    forward to (not): ``truth`` at ``bool``, each operator entry at its ``operator`` function, and ``dyn`` at
-    ``operator.call`` (Python 3.11+). Instrumented code looks each entry up on the package at every call, so
-    with no debugger collecting a routed operator or call costs a C call, not a Python frame as well."""
-    package = sys.modules[__package__]
-    here = globals()
-    for name, plain in PLAIN.items():
-        setattr(package, name, here[name] if collecting else plain)
 
 
 def _binary(name, python_op):
@@ -69,17 +73,11 @@ def _unary(name, python_op):
     return shim
 
 
+OPERATOR_ENTRIES = {}  # entry name -> shim, one per row of the operator table but the subscript store
 for _row in operators.rows(operators.BINARY, operators.COMPARISON, operators.AUGMENTED):
-    globals()[_row.entry] = _binary(_row.entry, getattr(_op, _row.entry))
+    OPERATOR_ENTRIES[_row.entry] = globals()[_row.entry] = _binary(_row.entry, getattr(_op, _row.entry))
 for _row in operators.rows(operators.UNARY):
-    globals()[_row.entry] = _unary(_row.entry, getattr(_op, _row.entry))
-
-# entry -> what it is while no debugger collects (set_collecting); the others stay Python functions
-PLAIN = {"truth": bool}
-PLAIN.update((_row.entry, getattr(_op, _row.entry)) for _row in operators.rows(
-    operators.BINARY, operators.COMPARISON, operators.AUGMENTED, operators.UNARY))
-if hasattr(_op, "call"):  # Python 3.11+
-    PLAIN["dyn"] = _op.call
+    OPERATOR_ENTRIES[_row.entry] = globals()[_row.entry] = _unary(_row.entry, getattr(_op, _row.entry))
 del _row
 
 
@@ -107,10 +105,15 @@ class _ItemLoader:
 
     def __setitem__(self, key, value):
         """``item(obj)[k] = v``: the store ``obj[k] = v`` (Python has already evaluated v, obj, k in order)."""
-        if _collector is None:
-            self.container[key] = value
-        else:
-            _collector.operator("setitem", _op.setitem, self.container, key, value)
+        store(self.container, key, value)
+
+
+def store(container, key, value, /):
+    """``container[key] = value``, recorded while collecting (``Tensor.__setitem__``)."""
+    if _collector is None:
+        container[key] = value
+    else:
+        _collector.operator("setitem", _op.setitem, container, key, value)
 
 
 def attr(obj, name, /):
@@ -126,7 +129,7 @@ def item(obj, /):
 
 def aug(ref, op_name, value, /):
     """Finish ``target op= value``: the in-place operation, then the store, as Python does."""
-    result = globals()[op_name](ref.value, value)
+    result = OPERATOR_ENTRIES[op_name](ref.value, value)
     if ref.is_item:
         ref.container[ref.key] = result
     else:
