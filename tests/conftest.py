@@ -1,4 +1,9 @@
 """Fixtures shared by every test directory."""
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 
@@ -11,3 +16,19 @@ def msprobe_python():
         return msprobe_env.msprobe_python()
     except msprobe_env.Unavailable as reason:
         pytest.skip(str(reason))
+
+
+@pytest.fixture(scope="session")
+def megatron_copy(tmp_path_factory):
+    """``COPY`` with ``COPY/megatron`` = megatron-core as rewritten by ``python -m msprobe_rewrite --out`` (made once
+    per session; the CLI's cache makes a second session fast)."""
+    if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
+        pytest.skip("megatron-core is not installed")
+    site = Path(importlib.util.find_spec("megatron.core").submodule_search_locations[0]).parent
+    copy = tmp_path_factory.mktemp("rewritten")
+    result = subprocess.run([sys.executable, "-m", "msprobe_rewrite", "--out", str(copy / "megatron"), "--jobs", "2",
+                             str(site)], capture_output=True, text=True, timeout=900)
+    assert result.returncode in (0, 1), result.stdout[-2000:] + result.stderr[-4000:]  # 1: files changed
+    assert "0 failed" in result.stdout + result.stderr, result.stdout + result.stderr
+    assert (copy / "megatron" / "core" / "models" / "gpt" / "gpt_model.py").read_text().count("__msprobe__") > 10
+    return copy

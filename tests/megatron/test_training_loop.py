@@ -2,10 +2,12 @@
 ``debugger.start(model_list)``: model chunks in a list, each wrapped in megatron-core's DistributedDataParallel
 (gradients in param.main_grad, through megatron's hooks on the gradient accumulators), get_forward_backward_func()
 with 2 microbatches a step, activation recomputation with dropout on, megatron-core's optimizer or AdamW over
-main_grad; 3 steps on CPU with gloo.
+main_grad; 3 steps on CPU with gloo, with torch.compile on (Dynamo enabled: megatron's ``@jit_fuser`` functions
+compiled by inductor in the fused configuration).
 
 - bit-identical at L0, L1 and mix: every microbatch's loss, every parameter's main_grad each step, the grad
-  norm, equal both the same run from the rewritten package without collection and the unmodified package;
+  norm, equal both the same run from the rewritten package without collection and the unmodified package, and
+  torch.compile compiles the same graphs in all of them (no graph break, no recompilation: tests/compile);
 - the dump holds each chunk's attention and MLP modules, forward and backward (L0, mix), the APIs inside them,
   forward and backward (L1, mix);
 - parameters_grad is taken from main_grad, as msprobe takes it for Megatron: one entry per microbatch per
@@ -14,7 +16,7 @@ main_grad; 3 steps on CPU with gloo.
 Two configurations: overlap_grad_reduce on with full recompute and megatron-core's optimizer, and overlap off
 with selective recompute and AdamW. A mix run of each with every statistic read afresh (MSPROBE_STATS_REUSE=0)
 gives the same dump as the run that serves some again. The ten rewritten runs and the two unmodified baselines run two at a time
-(50 to 75 s on 2 cores, plus the rewritten copy of megatron-core, which conftest.py makes once per session:
+(50 to 75 s on 2 cores, plus the rewritten copy of megatron-core, which tests/conftest.py makes once per session:
 about 20 s cold).
 """
 import concurrent.futures
@@ -44,7 +46,8 @@ STEPS = 3
 LAYERS = 2
 
 CONFIGS = {
-    "overlap-full-megatron": ["--overlap-grad-reduce", "--recompute", "full", "--optimizer", "megatron"],
+    # megatron's fused bias-GELU and bias-dropout-add: @jit_fuser, torch.compile (inductor), as users run them
+    "overlap-full-megatron": ["--overlap-grad-reduce", "--recompute", "full", "--optimizer", "megatron", "--fusion"],
     "sync-selective-adamw": ["--recompute", "selective", "--optimizer", "adamw"],
 }
 LEVELS = ("L0", "L1", "mix")
@@ -102,7 +105,8 @@ def _get(runs, config, level, package="rewritten"):
 
 
 def _compared(result):
-    return {key: result[key] for key in ("losses", "digests", "stats", "grad_norms")}
+    """What must be equal bit for bit, and what torch.compile did (frames compiled, graph breaks, graphs)."""
+    return {key: result[key] for key in ("losses", "digests", "stats", "grad_norms", "dynamo")}
 
 
 @pytest.mark.parametrize("config", list(CONFIGS))
@@ -115,6 +119,9 @@ def test_unmodified_baseline_trains(runs, config):
     assert len(plain["digests"]) == STEPS and len(plain["digests"][0]) == 2 + 12 * LAYERS + 2 + 1
     assert all(max(abs(v) for v in stats[:2]) > 0 for step in plain["stats"] for stats in step.values())
     assert plain["losses"][0] != plain["losses"][1] and plain["digests"][0] != plain["digests"][1]
+    if "--fusion" in CONFIGS[config]:  # megatron's @jit_fuser functions compiled, each whole, once
+        assert plain["dynamo"]["unique_graphs"] > 0 and plain["dynamo"]["graph_breaks"] == 0, plain["dynamo"]
+        assert plain["dynamo"]["frames"]["total"] == plain["dynamo"]["unique_graphs"], plain["dynamo"]
     if "megatron" in CONFIGS[config]:  # megatron-core's optimizer reports the grad norm (clip_grad=0: unclipped)
         assert len(plain["grad_norms"]) == STEPS and all(norm is not None for norm in plain["grad_norms"])
     rewritten, _ = _get(runs, config, "none", "rewritten")

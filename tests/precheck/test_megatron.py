@@ -1,28 +1,11 @@
 """A tiny megatron-core GPT (fixtures/megatron_gpt/train_gpt.py, megatron rewritten by the compiler) with gelu
 computed in bfloat16: the pre-check flags Functional.gelu alone; dropout is replayed from its dumped mask and
 communication is named as such."""
-import importlib.util
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from .conftest import api_of, run_precheck, verdicts
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def megatron_copy(tmp_path_factory):
-    if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
-        pytest.skip("megatron-core is not installed")
-    site = Path(importlib.util.find_spec("megatron.core").submodule_search_locations[0]).parent
-    copy = tmp_path_factory.mktemp("rewritten")
-    done = subprocess.run([sys.executable, "-m", "msprobe_rewrite", "--out", str(copy / "megatron"), "--jobs", "2",
-                           "-q", str(site)], capture_output=True, text=True, timeout=900)
-    assert done.returncode in (0, 1), done.stderr[-3000:]
-    return copy
 
 
 def test_gpt_flags_gelu_alone(megatron_copy, injected_dump, tmp_path):

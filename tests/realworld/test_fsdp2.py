@@ -13,8 +13,11 @@ fresh interpreter that spawns its two ranks. Per mode, against the plain (uninst
   LOCAL shard's shape (as msprobe records tensor-parallel shards: per rank). In step 0 the four statistics
   equal the ones the fixture computed (in float64) from ``param.grad.to_local()``, to float32 rounding.
 
+And with the sharded model under ``torch.compile`` at L1 and mix: bit-identical to the plain compiled run, the
+compiled call's boundary in every rank's dump.
+
 Cost: one plain run per mode (shared), one instrumented run per mode and level (shared by the tests), about
-8 s each on 2 cores.
+8 s each on 2 cores; the compiled runs about 20 s each.
 """
 import json
 import os
@@ -80,23 +83,22 @@ class Runs:
         target.write_bytes(rewrite_source(SCRIPT.read_bytes(), path=str(SCRIPT)))
         return target
 
-    def get(self, mode, level):
-        key = (mode, level)
+    def get(self, mode, level, compiled=False):
+        key = (mode, level, compiled)
         if key not in self._runs:
-            self._runs[key] = self._run(mode, level)
+            self._runs[key] = self._run(mode, level, compiled)
         return self._runs[key]
 
-    def _run(self, mode, level):
-        name = f"{mode}-{level}"
+    def _run(self, mode, level, compiled):
+        name = f"{mode}-{level}" + ("-compiled" if compiled else "")
         script = SCRIPT if level == "none" else self.instrumented
         out = self.workdir / name / "out"
         dump = self.workdir / name / "dump"
         command = [sys.executable, str(script), "--mode", mode, "--level", level, "--steps", str(STEPS),
-                   "--out", str(out)]
+                   "--out", str(out)] + (["--compile"] if compiled else [])
         if level != "none":
             command += ["--dump", str(dump)]
         env = training_env(str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        env.setdefault("TORCHDYNAMO_DISABLE", "1")
         start = time.perf_counter()
         done = subprocess.run(command, capture_output=True, text=True, cwd=str(self.workdir), env=env,
                               timeout=TIMEOUT)
@@ -132,6 +134,24 @@ def test_bit_identical(runs, mode, level):
         assert plain["ranks"][0]["losses"] != plain["ranks"][1]["losses"]
     else:  # tensor parallel: one batch, one loss
         assert plain["ranks"][0]["losses"] == plain["ranks"][1]["losses"]
+
+
+@pytest.mark.parametrize("level", ["L1", "mix"])
+@pytest.mark.parametrize("mode", MODES)
+def test_bit_identical_under_torch_compile(runs, mode, level):
+    """``torch.compile(model)`` of the sharded model: collecting changes no bit, logs no error, and the dump holds
+    the compiled call's boundary, forward and backward, on every rank and step (docs/compile.md)."""
+    plain = runs.get(mode, "none", compiled=True).check()
+    run = runs.get(mode, level, compiled=True)
+    collected = run.check()
+    for rank in range(WORLD):
+        assert collected["ranks"][rank]["losses"] == plain["ranks"][rank]["losses"], rank
+        assert collected["ranks"][rank]["grads"] == plain["ranks"][rank]["grads"], rank
+        boundary = "Compiled.FSDPMLP.0" if mode == "fsdp2" else "Compiled.MLP.0"  # fully_shard's class
+        for step in range(STEPS):
+            names = list(_load(run, step, rank))
+            assert f"{boundary}.forward" in names and f"{boundary}.backward" in names, names
+    assert [line for line in run.stderr.splitlines() if "msprobe_runtime" in line] == []
 
 
 @pytest.mark.parametrize("level", LEVELS)
