@@ -28,6 +28,7 @@ def worker(level, steps):
     import argparse as _argparse
     import gc
 
+    # eager, as bench/megatron_step.py measures it (its comment says why); compiled: bench/compiled_step.py
     os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
     import torch
 
@@ -93,7 +94,7 @@ def main():
         return worker(args.worker, args.steps)
     out = tempfile.mkdtemp(prefix="gc-share-megatron-")
     megatron_step.rewritten_copy(out)
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "TORCHDYNAMO_DISABLE": "1", "PYTHONPATH": out}
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "TORCHDYNAMO_DISABLE": "1", "PYTHONPATH": out}  # eager, above
     results = {}
     for level in ("off", "L1", "mix"):
         done = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", level, "--steps",

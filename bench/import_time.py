@@ -41,6 +41,8 @@ print(json.dumps({"seconds": elapsed, "files": files}))
 
 def child(mode: str, module: str, prefix: str, prefetch: str = "") -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "MSPROBE_REWRITE_PREFETCH")}
+    # megatron's @jit_fuser loads torch._dynamo at import (about a second, with the hook or without): off, so that
+    # the rewrite's share of the import shows
     env.update(PYTHONPYCACHEPREFIX=prefix, TORCHDYNAMO_DISABLE="1", PYTHONWARNINGS="ignore")
     if prefetch:
         env["MSPROBE_REWRITE_PREFETCH"] = prefetch

@@ -46,6 +46,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SIZES = {"mid": dict(hidden=512, layers=4, heads=8, intermediate=1376, vocab=1000, seq=128, batch=2),
          "tiny": dict(hidden=64, layers=2, heads=4, intermediate=176, vocab=128, seq=16, batch=2)}
 OURS = ("rewritten, off", "ours L1", "ours mix")
+# eager: msprobe and the do-it-yourself TorchFunctionMode measured beside us run eagerly; the compiled step is
+# bench/compiled_step.py
 ENV = {"PYTHONWARNINGS": "ignore", "TORCHDYNAMO_DISABLE": "1", "HF_HUB_OFFLINE": "1",
        "TRANSFORMERS_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
 

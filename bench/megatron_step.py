@@ -99,6 +99,9 @@ def step_factory(args):
     """``make_step(begin=None, end=None, around=nullcontext)``: a fresh model and optimizer of ``args.size`` and
     ``args.config`` (the process's gloo world and megatron's CPU stand-ins set up at the first call), and a
     folder for the dumps; ``make_step`` returns the step function."""
+    # eager: the msprobe and do-it-yourself TorchFunctionMode steps measured beside ours run eagerly (under
+    # torch.compile Dynamo would trace msprobe's wrappers and the mode into megatron's @jit_fuser functions), so
+    # all of them do; the compiled step is bench/compiled_step.py
     os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
     import torch
 
@@ -211,6 +214,7 @@ def run_in_rewritten_copy(script, options, what):
     copy = tempfile.mkdtemp(prefix="megatron-rewritten-")
     try:
         rewritten_copy(copy)
+        # eager, as step_factory says why
         env = {**os.environ, "PYTHONWARNINGS": "ignore", "TORCHDYNAMO_DISABLE": "1", "PYTHONPATH": copy}
         done = subprocess.run([sys.executable, os.path.abspath(script), "--worker", *options],
                               capture_output=True, text=True, env=env, timeout=3600)
@@ -222,7 +226,7 @@ def run_in_rewritten_copy(script, options, what):
 
 
 def run_worker(python, group, config, args, pythonpath=None):
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "TORCHDYNAMO_DISABLE": "1"}
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "TORCHDYNAMO_DISABLE": "1"}  # eager: step_factory says why
     env.pop("PYTHONPATH", None)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath

@@ -23,6 +23,7 @@ SMALL = [
     ("per_entry.py", ["--calls", "300", "--rounds", "3"]),
     ("per_module.py", ["--cells", "10", "--rounds", "10"]),
     ("python_calls.py", ["--warmup", "3"]),
+    ("compiled_step.py", ["--steps", "3", "--rounds", "1", "--warmup", "2"]),
     ("module_path_bound.py", ["--steps", "10", "--warmup", "3"]),
     ("gc_share.py", ["--steps", "10"]),
     ("precheck_replay.py", ["--calls", "100", "--tokens", "64", "--hidden", "128"]),
