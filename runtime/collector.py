@@ -19,6 +19,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from . import backward as bw
 from . import call_stacks, compiled_calls, dump_names, native_stats, operators
 from .compiled_regions import POLYFILLED as _POLYFILLED
+from .module_tracking import tracing as _tracing
 from .config import switched_on
 from .foreign import (BOUND_METHOD_TYPES, bound_self, children, is_subclass, key_text, mapping_items, method_name,
                       own_parameters, sequence_items, type_name)
@@ -52,10 +53,8 @@ _NO_TORCH_FUNCTION = torch._C.DisableTorchFunction
 _modes_on = torch._C._is_torch_function_mode_enabled  # a TorchFunctionMode active on this thread: ours or a user's
 _grad_enabled = torch.is_grad_enabled
 _get_ident = threading.get_ident
-# True only while Dynamo traces (a constant to it, False in eager: one Python frame): an entry reached from a
-# compiled region is the plain call there. Asked only until the polyfills are registered (``_POLYFILLED``, a
-# list: empty until then): from then on Dynamo never traces the collector (compiled_regions)
-_tracing = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
+# module_tracking.tracing is asked only until the polyfills are registered (``_POLYFILLED``, a list: empty until
+# then): from then on Dynamo never traces the collector's entries (compiled_regions)
 _BUILTIN_METHOD, _METHOD_WRAPPER, _METHOD = BOUND_METHOD_TYPES
 _FUNCTION = types.FunctionType
 _COMPILE_WRAPPER = compiled_calls.WRAPPER_NAME
@@ -341,13 +340,10 @@ class Collector:
         kind = type(fn)
         # a call into compiled code, told by type and the code's name first: most callees are none, and Dynamo
         # may have been loaded since start() (compiled_calls)
-        if kind is _FUNCTION:
-            if fn.__code__.co_name == _COMPILE_WRAPPER and self.compiled.function(fn) is not None:
-                return self.compiled_call(fn, args, kwargs, sys._getframe(2))
-        elif kind is _METHOD:
-            method = fn.__func__
-            if (type(method) is _FUNCTION and method.__code__.co_name == _COMPILE_WRAPPER
-                    and self.compiled.function(method) is not None):
+        if kind is _FUNCTION or kind is _METHOD:
+            function = fn if kind is _FUNCTION else fn.__func__
+            if (type(function) is _FUNCTION and function.__code__.co_name == _COMPILE_WRAPPER
+                    and self.compiled.function(function) is not None):
                 return self.compiled_call(fn, args, kwargs, sys._getframe(2))
         elif kind is self.compiled.optimized_module or self.compiled_modules.get(id(fn)) is fn:
             return self.compiled_call(fn, args, kwargs, sys._getframe(2))

@@ -49,7 +49,7 @@ class CompiledCallables:
         for const in getattr(code, "co_consts", ()):
             if type(const) is types.CodeType and const.co_name == WRAPPER_NAME:
                 self.wrapper_code = const
-        self.optimized_module = getattr(eval_frame, "OptimizedModule", None)
+        self.optimized_module = optimized_module_class()
 
     def function(self, fn):
         """The original function of a compiled function or bound method ``fn``, or None."""
@@ -71,6 +71,13 @@ class CompiledCallables:
         return cls is self.optimized_module and cls is not None
 
 
+def optimized_module_class():
+    """torch's ``OptimizedModule`` (what ``torch.compile(module)`` returns), or None while Dynamo is not loaded:
+    then nothing is compiled."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    return getattr(eval_frame, "OptimizedModule", None) if eval_frame is not None else None
+
+
 def original_module(module):
     """An ``OptimizedModule``'s original module (torch keeps it in ``_modules``), or None."""
     try:
@@ -80,11 +87,9 @@ def original_module(module):
 
 
 def unwrapped(module):
-    """The module ``torch.compile(module)`` compiled, or ``module`` itself (told by its class's name and module,
-    since Dynamo may not be loaded: then nothing is compiled)."""
-    cls = type(module)
-    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
-    if eval_frame is None or cls is not getattr(eval_frame, "OptimizedModule", None):
+    """The module ``torch.compile(module)`` compiled, or ``module`` itself."""
+    optimized = optimized_module_class()
+    if optimized is None or type(module) is not optimized:
         return module
     original = original_module(module)
     return original if original is not None else module
@@ -93,8 +98,7 @@ def unwrapped(module):
 def named_as_eager(root):
     """``root.named_modules()``, each path without the ``_orig_mod`` level that ``torch.compile(child)`` adds, so
     that a compiled run names its modules and parameters as an eager run of the same model does."""
-    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
-    optimized = getattr(eval_frame, "OptimizedModule", None) if eval_frame is not None else None
+    optimized = optimized_module_class()
     wrappers = set()
     for path, module in root.named_modules():
         if optimized is not None and type(module) is optimized:

@@ -7,13 +7,14 @@ recompilations within a few steps, then run eagerly, with other numerics). Each 
 ``torch.compiler.substitute_in_graph``: Dynamo then traces the polyfill below in its place, and guards only on
 the entry's identity, which never changes (``shims``).
 
-Registration needs ``torch._dynamo``, which costs about a second to import, so it happens as soon as Dynamo is
-loaded and the runtime is asked anything: at the runtime's import, and at every ``start()``, ``stop()`` and
-``step()`` (``register_if_loaded``). Nothing can have been compiled before Dynamo was loaded; a function first
-compiled between Dynamo's loading and the next of these calls is traced through the shim itself, which reads
-``_collector`` (a guard on its value): it compiles once more at most, when that value changes
-(tests/compile/test_off_is_invisible.py). The collector's own entries return the plain call while compiling,
-so even then nothing is recorded and no graph breaks (``Collector.dyn`` and friends).
+Registration needs ``torch._dynamo``, which costs about a second to import, so it is never imported here: the
+polyfills are registered at the runtime's import where Dynamo is loaded already, else as Dynamo's own import
+ends (``_WhenDynamoLoads``), and again at every ``start()``, ``stop()`` and ``step()`` (``register_if_loaded``),
+which also keeps Dynamo from compiling the frames of the runtime's modules loaded since. Nothing can have been
+compiled before Dynamo was loaded. Where another finder took Dynamo's import before ours saw it, a function
+compiled before the next of these calls is traced through the shim itself, which reads ``_collector`` (a guard
+on its value): it compiles once more at most, when that value changes; the collector's own entries return the
+plain call while Dynamo traces them, so nothing is recorded and no graph breaks (tests/compile/test_unregistered.py).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import operator
 import sys
 import types
 
-from . import shims
+from . import operators, shims
 
 _tried = []  # one item once registration was tried in this process (with Dynamo loaded)
 POLYFILLED = []  # one item once the polyfills are registered: Dynamo traces no shim nor collector code from then
@@ -76,9 +77,10 @@ def polyfills():
     """``[(entry, what Dynamo traces in its place)]`` for every entry point that reads the collector."""
     pairs = [(shims.call, _plain_call), (shims.dyn, _plain_dyn), (shims.truth, _plain_truth),
              (shims.store, _plain_store), (shims.aug, _plain_aug)]
-    for name, entry in shims.OPERATOR_ENTRIES.items():
-        code = entry.__code__
-        pairs.append((entry, _plain_binary(name) if code.co_argcount == 2 else _plain_unary(name)))
+    for row in operators.rows(operators.BINARY, operators.COMPARISON, operators.AUGMENTED):
+        pairs.append((shims.OPERATOR_ENTRIES[row.entry], _plain_binary(row.entry)))
+    for row in operators.rows(operators.UNARY):
+        pairs.append((shims.OPERATOR_ENTRIES[row.entry], _plain_unary(row.entry)))
     return pairs
 
 

@@ -13,18 +13,22 @@ import dis
 import sys
 import threading
 import types
+from collections import OrderedDict
 
 import torch
+from torch.nn.modules import module as _nn_module
 from torch.overrides import TorchFunctionMode
+from torch.utils.hooks import RemovableHandle
 
 from . import operators
 from .compiled_calls import original_module
 from .contract import RUNTIME_NAME
 from .foreign import class_attribute, function_globals
 
-# True only while Dynamo traces: a hook or mode of ours met inside a compiled region (one whose boundary the
-# runtime did not see, entered from uninstrumented code) is a no-op there, never a graph break (compiled_regions)
-_tracing = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
+# True only while Dynamo traces (a constant to it; in eager, False in one Python frame): a hook or mode of ours, or
+# a collector entry, met inside a compiled region is the plain call there, never a record nor a graph break
+# (compiled_regions)
+tracing = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
 
 
 def is_instrumented(function):
@@ -48,7 +52,7 @@ class ObserveMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if kwargs is None:
             kwargs = {}
-        if _tracing():
+        if tracing():
             return func(*args, **kwargs)
         collector = self.collector
         if collector.level_api and not collector.busy() and collector.in_uninstrumented_code():
@@ -180,7 +184,7 @@ def _global_pre_hook(module, args):
     every install: Dynamo, tracing a module call inside a compiled region that the runtime did not see the
     boundary of, guards on the hook tables' keys and on the hooks' identity; new ones at each ``start()`` would
     recompile such a region at every step (tests/compile/test_boundaries.py)."""
-    if _tracing():
+    if tracing():
         return None  # a compiled region's module call (the hook after it skips it too)
     for tracker in _INSTALLED:
         tracker._pre(module, args)
@@ -188,7 +192,7 @@ def _global_pre_hook(module, args):
 
 
 def _global_hook(module, args, *rest):
-    if _tracing():
+    if tracing():
         return None
     for tracker in _INSTALLED:
         tracker._post(module, args, *rest)
@@ -197,10 +201,6 @@ def _global_hook(module, args, *rest):
 
 def _hook_ids():
     if not _HOOK_IDS:
-        from collections import OrderedDict
-
-        from torch.utils.hooks import RemovableHandle
-
         table = OrderedDict()  # torch's handles count their keys process-wide: two that no other hook gets
         _HOOK_IDS.extend((RemovableHandle(table).id, RemovableHandle(table).id))
     return _HOOK_IDS
@@ -209,22 +209,19 @@ def _hook_ids():
 def _put_hooks():
     """Our two global forward hooks into torch's tables, under their keys, as ``register_module_forward_pre_hook``
     and ``register_module_forward_hook(with_kwargs=True, always_call=True)`` put them."""
-    from torch.nn.modules import module as nn_module
-
     pre, post = _hook_ids()
-    nn_module._global_forward_pre_hooks[pre] = _global_pre_hook
-    nn_module._global_forward_hooks[post] = _global_hook
-    nn_module._global_forward_hooks_with_kwargs[post] = True
-    nn_module._global_forward_hooks_always_called[post] = True
+    _nn_module._global_forward_pre_hooks[pre] = _global_pre_hook
+    _nn_module._global_forward_hooks[post] = _global_hook
+    _nn_module._global_forward_hooks_with_kwargs[post] = True
+    _nn_module._global_forward_hooks_always_called[post] = True
 
 
 def _take_hooks():
-    from torch.nn.modules import module as nn_module
-
+    """Our hooks out of torch's tables, each mark with them (torch's own handle leaves the with_kwargs one)."""
     pre, post = _hook_ids()
-    nn_module._global_forward_pre_hooks.pop(pre, None)
-    for table in (nn_module._global_forward_hooks, nn_module._global_forward_hooks_with_kwargs,
-                  nn_module._global_forward_hooks_always_called):
+    _nn_module._global_forward_pre_hooks.pop(pre, None)
+    for table in (_nn_module._global_forward_hooks, _nn_module._global_forward_hooks_with_kwargs,
+                  _nn_module._global_forward_hooks_always_called):
         table.pop(post, None)
 
 
@@ -235,7 +232,6 @@ class ModuleTracker:
     def __init__(self, collector):
         self.collector = collector
         self._instrumented = {}  # id(type) -> (type, bool or None); by id: a metaclass may define __hash__
-        self.compiled = collector.compiled
 
     def install(self):
         # module calls a previous session left open (stopped inside a forward) are not this session's
@@ -317,8 +313,9 @@ class ModuleTracker:
         """Whether ``cls``'s ``forward`` is instrumented (None: ``cls`` is torch.compile's wrapper of a module),
         remembered in ``_instrumented`` (which ``_pre`` looks up first); read statically: the class (or its
         metaclass) may compute attributes in routed code."""
-        self.compiled.refresh()
-        if self.compiled.is_optimized_module(cls):
+        compiled = self.collector.compiled
+        compiled.refresh()
+        if compiled.is_optimized_module(cls):
             instrumented = None
         else:
             instrumented = is_instrumented(class_attribute(cls, "forward"))
