@@ -181,16 +181,19 @@ class StatBuffer:
         import torch
 
         t = t.detach()
+        repeat = 1
+        if not t.is_contiguous():
+            # first, so that a view of a tensor's elements (a transpose) is reduced as that tensor is, the same
+            # ops in the same order: its statistics served again for the view are the bits it would get read
+            # afresh (tests/runtime/test_statistics_reuse.py)
+            t, repeat = _dense_view(t)
         # staging copies into a plain buffer: not for tensor subclasses (a DTensor cannot be copied into one)
         # nor inference tensors (a buffer made in inference mode could not be written outside it)
-        if (kind == KIND_FLOAT and t.numel() <= _STAGE_MAX_NUMEL and type(t) is torch.Tensor
+        if (kind == KIND_FLOAT and repeat == 1 and t.numel() <= _STAGE_MAX_NUMEL and type(t) is torch.Tensor
                 and t.is_contiguous() and not t.is_inference() and not torch.is_inference_mode_enabled()):
             staged = self._stage(t)
             if staged is not None:
                 return staged
-        repeat = 1
-        if not t.is_contiguous():
-            t, repeat = _dense_view(t)
         if kind == KIND_FLOAT:
             if t.dtype is torch.float32 and t.is_contiguous():
                 flat = t.reshape(-1)
@@ -336,17 +339,20 @@ def _launch(device, by_dtype, target):
 
 
 def _dense_view(t):
-    """The same multiset of values in a cheaper layout: a transposed matrix (Linear's weight gradient) is
-    reduced in memory order, and a broadcast (stride-0) dimension once, with ``repeat`` copies of each value.
-    Every statistic here is independent of element order."""
+    """The same multiset of values in a cheaper layout: a permuted one (a transposed matrix: Linear's weight
+    gradient) is reduced in memory order, as the tensor it is a view of, and a broadcast (stride-0) dimension
+    once, with ``repeat`` copies of each value. Every statistic here is independent of element order."""
     repeat = 1
     if any(stride == 0 for stride in t.stride()):
         for dim, (size, stride) in enumerate(zip(t.shape, t.stride())):
             if stride == 0 and size > 1:
                 t = t.narrow(dim, 0, 1)
                 repeat *= size
-    if t.dim() == 2 and not t.is_contiguous() and t.t().is_contiguous():
-        t = t.t()
+    if not t.is_contiguous():
+        strides = t.stride()
+        in_memory_order = t.permute(sorted(range(t.dim()), key=lambda dim: -strides[dim]))
+        if in_memory_order.is_contiguous():
+            t = in_memory_order
     return t, repeat
 
 

@@ -123,6 +123,39 @@ def test_a_view_of_the_same_elements_is_served_and_nothing_else(tmp_path, monkey
         assert sorted(reads) == sorted(inputs_read + outputs_read)
 
 
+LAYOUTS = """
+def step(debugger, tensors):
+    debugger.start()
+    for t in tensors:
+        __msprobe__.call("Torch.clone", torch.clone, t)
+    debugger.stop()
+    debugger.wait()
+"""
+
+
+@pytest.mark.parametrize("path", ["native", "torch ops"])
+def test_a_view_read_afresh_has_the_bits_of_the_tensor_it_views(tmp_path, monkeypatch, path):
+    """Served again, a view gets its tensor's statistics; read afresh (MSPROBE_STATS_REUSE=0), it must get the
+    same bits, or a dump would depend on whether reuse is on. Each view is reduced in its tensor's memory order:
+    a staged matrix (4 096 elements, 64 x 64, as megatron's weights of the tiny GPT) and its transpose, a larger
+    one and its transpose, a 3-D tensor and a permutation of it."""
+    _take_path(monkeypatch, path)
+    monkeypatch.setenv("MSPROBE_STATS_REUSE", "0")
+    generator = torch.Generator().manual_seed(3)
+    tensors = []
+    for _ in range(8):  # the torch ops' two norms (staged rows, a dot) differ in the last bit on about 2 of 3
+        square = torch.randn(64, 64, generator=generator) * 0.03
+        tensors += [square, square.t()]
+    wide = torch.randn(128, 96, generator=generator)
+    cube = torch.randn(8, 16, 24, generator=generator)
+    tensors += [wide, wide.t(), cube, cube.permute(2, 0, 1)]
+    data, _ = _run_instrumented(LAYOUTS, tmp_path, tensors)
+    records = [data[f"Torch.clone.{i}.forward"]["input_args"][0] for i in range(len(tensors))]
+    fields = ("Max", "Min", "Mean", "Norm", "NaN_count", "Inf_count")
+    for base, view in zip(records[0::2], records[1::2]):
+        assert [base[field] for field in fields] == [view[field] for field in fields], (base, view)
+
+
 PARAMETERS = """
 def step(debugger, w, others):
     debugger.start()
