@@ -211,14 +211,15 @@ _MAX_WALK = 20000
 
 
 def gradient_targets(inputs):
-    """``({an input's gradient edge: [the input, its positions]}, positions of the inputs that require grad)``:
-    the edges ``consumer_edges`` looks for (a non-leaf's grad_fn and output number, or a leaf itself)."""
+    """``({an input's gradient edge: [the input, its positions, its grad_fn]}, positions of the inputs that
+    require grad)``: the edges ``consumer_edges`` looks for (a non-leaf's grad_fn and output number, or a leaf
+    itself). The grad_fn is held with its key: see ``_consumer_edges`` on ids."""
     targets, positions = {}, []
     for position, t in enumerate(inputs):
         if t is not None and t.requires_grad:
             node = t.grad_fn
             key = (id(node), t.output_nr) if node is not None else ("leaf", id(t))
-            targets.setdefault(key, [t, []])[1].append(position)
+            targets.setdefault(key, [t, [], node])[1].append(position)
             positions.append(position)
     return targets, positions
 
@@ -252,17 +253,24 @@ def _consumer_edges(inputs, outputs, targets):
     (by autograd sequence number), so the walk covers the module's part of the graph and stops at its inputs.
     A leaf input is met as its ``AccumulateGrad`` node, told by type; each node's ``next_functions`` (a new
     tuple at every read) is read once.
+
+    Nodes are told apart by the ids of their Python objects, so every object whose id is kept is held until
+    the walk ends (``seen`` maps an id to its object; ``targets`` holds the inputs' grad_fns). Before torch
+    2.13 a node's Python object lives only as long as its references: one let go gives its id to the next
+    node asked for, and the walk then found other nodes than its inputs' consumers, a different set in each
+    run (torch 2.11: tests/runtime/test_graph_walk.py; the bit-exact compare of two identical runs, issue 37).
     """
     accumulate_grad = torch._C._functions.AccumulateGrad
     threshold = -1
     for t in inputs:
         if t is not None and t.grad_fn is not None:
             threshold = max(threshold, t.grad_fn._sequence_nr())
-    stack, seen, found = [], set(), {}
+    stack, seen, found = [], {}, {}
     for t in outputs:
-        if t is not None and t.grad_fn is not None and id(t.grad_fn) not in seen:
-            seen.add(id(t.grad_fn))
-            stack.append(t.grad_fn)
+        node = t.grad_fn if t is not None else None
+        if node is not None and id(node) not in seen:
+            seen[id(node)] = node
+            stack.append(node)
     walked = 0
     get = targets.get
     while stack:
@@ -289,7 +297,7 @@ def _consumer_edges(inputs, outputs, targets):
                     entry[1].append((index, position))
                 continue
             if id(child) not in seen:
-                seen.add(id(child))
+                seen[id(child)] = child
                 stack.append(child)
     return list(found.values())
 

@@ -142,3 +142,48 @@ def test_empty_and_unreadable_tensors():
     assert checksums.checksum_of(torch.zeros(0, 3), "fingerprint", True, None).value() == "0" * 16
     assert checksums.checksum_of(torch.zeros(2, device="meta"), "md5", False, None).value() is None
     assert checksums.checksum_of(torch.zeros(2, device="meta"), "fingerprint", False, None).value() is None
+
+
+@pytest.mark.parametrize("mode", checksums.MODES)
+def test_a_dump_hashes_what_was_recorded_while_another_thread_writes_the_tensors(tmp_path, mode):
+    """The writer hashes (md5) or reads back (fingerprint) while the tensors are written in place by another
+    thread from the moment each call returns: every checksum is still of the bits the call saw."""
+    import glob
+    import json
+    import os
+    import threading
+
+    import msprobe_runtime as rt
+    from msprobe_runtime import PrecisionDebugger
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"dump_path": str(tmp_path / "dump"), "level": "L1",
+                                  "statistics": {"summary_mode": mode}}))
+    tensors = [sample(torch.float32, (256, 64), seed) for seed in range(24)]
+    expected = [checksums.fingerprint_reference(raw_bytes(t)) if mode == "fingerprint"
+                else f"{zlib.crc32(raw_bytes(t)):08x}" for t in tensors]
+    done = threading.Event()
+
+    def write_all_along():
+        while not done.is_set():
+            for t in tensors:
+                t.add_(1.0)
+
+    debugger = PrecisionDebugger(config_path=str(config))
+    debugger.start()
+    for t in tensors:
+        rt.call("Tensor.sum", torch.Tensor.sum, t)
+    writer = threading.Thread(target=write_all_along)
+    writer.start()
+    try:
+        debugger.stop()
+        debugger.step()
+        debugger.wait()
+    finally:
+        done.set()
+        writer.join()
+    [directory] = glob.glob(os.path.join(str(tmp_path / "dump"), "step0", "*"))
+    with open(os.path.join(directory, "dump.json")) as handle:
+        data = json.load(handle)["data"]
+    seen = [data[f"Tensor.sum.{k}.forward"]["input_args"][0][mode] for k in range(len(tensors))]
+    assert seen == expected

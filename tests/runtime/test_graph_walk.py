@@ -1,12 +1,13 @@
 """A module's consumer nodes (backward.consumer_edges): the native op's walk of autograd's graph finds what the
 Python walk finds, node for node and edge for edge, in the same order, and gives up at the same limit."""
 import random
+import weakref
 
 import pytest
-import torch
+torch = pytest.importorskip("torch")
 
-from msprobe_runtime import backward as bw
-from msprobe_runtime import native_stats
+from msprobe_runtime import backward as bw  # noqa: E402
+from msprobe_runtime import native_stats  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -220,3 +221,73 @@ def test_a_mix_dump_is_the_same_with_the_native_op_off(tmp_path, monkeypatch, na
             assert a == pytest.approx(b, rel=1e-6, abs=1e-7), path
         else:
             assert a == b, path
+
+
+class _Node:
+    """An autograd node of a fake graph: its sequence number and its next edges ``[(node, output number)]``."""
+
+    def __init__(self, name, sequence_nr, next_edges=()):
+        self.name, self.sequence_nr, self.next_edges = name, sequence_nr, list(next_edges)
+
+
+class _PythonNode:
+    """A node as torch before 2.13 shows it to Python (torch 2.11 on the device machine): one object while
+    something holds it, a new one, often at a freed object's address, once nothing does."""
+
+    __slots__ = ("node", "__weakref__")
+    live = weakref.WeakValueDictionary()
+
+    def __init__(self, node):
+        self.node = node
+
+    @classmethod
+    def of(cls, node):
+        held = cls.live.get(id(node))
+        if held is None:
+            held = cls.live[id(node)] = cls(node)
+        return held
+
+    def _sequence_nr(self):
+        return self.node.sequence_nr
+
+    @property
+    def next_functions(self):
+        return tuple((_PythonNode.of(child), output_nr) for child, output_nr in self.node.next_edges)
+
+
+class _Value:
+    """A tensor that requires grad, as the walk reads it: ``grad_fn`` (a fresh read each time) and ``output_nr``."""
+
+    requires_grad = True
+
+    def __init__(self, node, output_nr=0):
+        self._node, self.output_nr = node, output_nr
+
+    @property
+    def grad_fn(self):
+        return _PythonNode.of(self._node)
+
+
+def test_the_python_walk_holds_every_node_whose_id_it_keeps():
+    """The module's input ``x`` feeds three nodes along a chain of 200; each node's Python object is let go
+    as soon as nothing holds it. The walk must find exactly the three consumers of ``x``, whatever ids the
+    objects it let go gave away (a walk that kept bare ids found other nodes, differently from run to run)."""
+    source = _Node("source", 0)
+    x = _Node("x", 1, [(source, 0)])
+    chain, consumers, sequence = [], [], 2
+    previous = None
+    for k in range(200):
+        edges = [(previous, 0)] if previous is not None else []
+        if k in (0, 70, 150):  # these take x as their second (or only) edge
+            edges.append((x, 0))
+            consumers.append(f"n{k}")
+        previous = _Node(f"n{k}", sequence, edges)
+        chain.append(previous)
+        sequence += 1
+    inputs, outputs = [_Value(x)], [_Value(chain[-1])]
+    for _ in range(5):
+        targets, positions = bw.gradient_targets(inputs)
+        assert positions == [0]
+        found = bw._consumer_edges(inputs, outputs, targets)
+        assert sorted(node.node.name for node, _ in found) == sorted(consumers)
+        assert all(edges == [(len(node.node.next_edges) - 1, 0)] for node, edges in found)
