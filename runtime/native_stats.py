@@ -82,6 +82,12 @@ SOURCE = r"""
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
+#include <type_traits>
+#include <utility>
+
+// An autograd node's owning handle as this torch's Tensor::grad_fn gives it: c10::intrusive_ptr from torch
+// 2.13, std::shared_ptr before (2.11's headers, docs/versions.md); one source builds on both.
+using NodeRef = std::decay_t<decltype(std::declval<const at::Tensor&>().grad_fn())>;
 
 namespace {
 
@@ -463,15 +469,15 @@ struct Leaf {
 }  // namespace
 
 using GraphKey = std::pair<std::pair<const torch::autograd::Node*, uint32_t>, std::vector<int64_t>>;
-using Consumers = std::vector<std::pair<c10::intrusive_ptr<torch::autograd::Node>,
+using Consumers = std::vector<std::pair<NodeRef,
                                         std::vector<std::pair<int64_t, int64_t>>>>;
 
 // An input's gradient edge: its grad_fn and output number, or a leaf's gradient accumulator (null where it has
 // none yet, as a leaf that nothing in this graph takes).
 std::pair<const torch::autograd::Node*, uint32_t> gradient_edge(const at::Tensor& t) {
-  const c10::intrusive_ptr<torch::autograd::Node>& fn = t.grad_fn();
+  const NodeRef& fn = t.grad_fn();
   if (fn) return {fn.get(), static_cast<uint32_t>(t.output_nr())};
-  c10::intrusive_ptr<torch::autograd::Node> accumulator = torch::autograd::impl::try_get_grad_accumulator(t);
+  NodeRef accumulator = torch::autograd::impl::try_get_grad_accumulator(t);
   return {accumulator.get(), 0u};
 }
 
@@ -502,19 +508,19 @@ bool walk_keys(py::handle inputs, py::handle outputs, const std::vector<GraphKey
   int64_t threshold = -1;
   for (py::handle item : inputs) {
     if (item.is_none() || !THPVariable_Check(item.ptr())) continue;
-    const c10::intrusive_ptr<Node>& fn = THPVariable_Unpack(item.ptr()).grad_fn();
+    const NodeRef& fn = THPVariable_Unpack(item.ptr()).grad_fn();
     if (fn) threshold = std::max(threshold, static_cast<int64_t>(fn->sequence_nr()));
   }
-  std::vector<c10::intrusive_ptr<Node>> stack;
+  std::vector<NodeRef> stack;
   std::unordered_set<const Node*> seen;
   for (py::handle item : outputs) {
     if (item.is_none() || !THPVariable_Check(item.ptr())) continue;
-    const c10::intrusive_ptr<Node>& fn = THPVariable_Unpack(item.ptr()).grad_fn();
+    const NodeRef& fn = THPVariable_Unpack(item.ptr()).grad_fn();
     if (fn && seen.insert(fn.get()).second) stack.push_back(fn);
   }
   int64_t walked = 0;
   while (!stack.empty()) {
-    c10::intrusive_ptr<Node> node = std::move(stack.back());
+    NodeRef node = std::move(stack.back());
     stack.pop_back();
     if (threshold >= 0 && node->sequence_nr() <= static_cast<uint64_t>(threshold)) continue;
     if (++walked > limit) {
@@ -756,7 +762,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     PyObject* seq = outputs.ptr();
     if (!PyTuple_CheckExact(seq) && !PyList_CheckExact(seq)) throw py::type_error("a tuple or a list");
     std::vector<std::pair<torch::autograd::Node*, std::vector<std::pair<int64_t, int64_t>>>> nodes;
-    std::vector<c10::intrusive_ptr<torch::autograd::Node>> held;
+    std::vector<NodeRef> held;
     const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     for (Py_ssize_t i = 0; i < n; ++i) {
       PyObject* item = PySequence_Fast_GET_ITEM(seq, i);
@@ -1188,7 +1194,7 @@ py::tuple capture(py::handle frame, py::handle anchor, py::handle outer, int64_t
 // backward._consumer_edges over autograd's own graph (walk_module): ``[(node, [(edge index, input position)])]``,
 // or None past ``limit`` nodes.
 py::object consumer_edges(py::handle inputs, py::handle outputs, py::handle targets, int64_t limit) {
-  std::vector<std::pair<c10::intrusive_ptr<torch::autograd::Node>, std::vector<std::pair<int64_t, int64_t>>>> found;
+  std::vector<std::pair<NodeRef, std::vector<std::pair<int64_t, int64_t>>>> found;
   if (!walk_module(inputs, outputs, targets, limit, &found)) return py::none();
   py::list out;
   for (const auto& node : found) {
@@ -1296,14 +1302,16 @@ def load():
             try:
                 module = _load()
             except Exception as error:  # no compiler, no ninja, a failed build: the torch ops serve
-                message = str(error).strip().splitlines()
                 logger.warning("msprobe_runtime: the native statistics op cannot be built (%s); statistics use "
                                "torch ops (slower; Mean and Norm may differ in the last float32 bit)",
-                               message[-1] if message else type(error).__name__)
+                               _build_error_line(str(error).strip().splitlines()) or type(error).__name__)
                 module = None
         _state["module"] = module
         _state["done"] = True
         return module
+
+
+FAILED = "failed"  # the build directory's note of a build that failed there: its reason, one line
 
 
 def _load():
@@ -1313,8 +1321,51 @@ def _load():
     library = os.path.join(directory, f"{NAME}.so")
     if os.path.exists(os.path.join(directory, "ready")) and os.path.exists(library):
         return _import(library)
+    # a build that failed here fails again: the directory's key holds everything the build reads but the
+    # compiler, so later processes skip the minute it costs (a compiler installed since: delete the note)
+    failed = os.path.join(directory, FAILED)
+    reason = _read_note(failed)
+    if reason is not None:
+        raise RuntimeError(f"{reason} (remembered from an earlier build: delete {failed} to try again)")
     logger.warning("msprobe_runtime: building the native statistics op once (about a minute) into %s", directory)
-    return _build(directory)
+    try:
+        return _build(directory)
+    except Exception as error:
+        lines = str(error).strip().splitlines()
+        _write_note(directory, failed, _build_error_line(lines) or type(error).__name__)
+        raise
+
+
+def _build_error_line(lines):
+    """The line that says why a build failed: the compiler's first ``error:``, else the message's last line."""
+    for line in lines:
+        if "error:" in line:
+            return line.strip()
+    return lines[-1].strip() if lines else ""
+
+
+def _read_note(path):
+    """The first line of the note at ``path``, or None where there is none (a link there is not followed)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    with os.fdopen(fd, "r", encoding="utf-8", errors="replace") as handle:
+        return handle.read(4096).split("\n", 1)[0] or "a failed build"
+
+
+def _write_note(directory, path, text):
+    """Write ``text`` to ``path`` in ``directory`` whole or not at all; a note that cannot be written is only a
+    build tried again by the next process."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+        temporary = f"{path}.{os.getpid()}"
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text + "\n")
+        os.replace(temporary, path)  # replaces a link planted at ``path``, never what it points to
+    except OSError as error:
+        logger.debug("msprobe_runtime: the note of the failed build was not kept (%s)", error)
 
 
 def reset():

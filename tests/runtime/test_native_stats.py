@@ -12,11 +12,11 @@ import math
 import os
 
 import pytest
-import torch
+torch = pytest.importorskip("torch")
 
-import msprobe_runtime as rt
-from msprobe_runtime import PrecisionDebugger, native_stats
-from msprobe_runtime.statistics import KIND_EMPTY, StatBuffer, slot_values, tensor_kind
+import msprobe_runtime as rt  # noqa: E402
+from msprobe_runtime import PrecisionDebugger, native_stats  # noqa: E402
+from msprobe_runtime.statistics import KIND_EMPTY, StatBuffer, slot_values, tensor_kind  # noqa: E402
 
 
 def both(t, native, counts=True):
@@ -204,6 +204,57 @@ def test_no_compiler_falls_back_with_one_warning(monkeypatch, tmp_path, caplog):
         slot, counts = stats.add(t, tensor_kind(t))  # the torch ops serve
         stats.take()
         assert slot_values(slot)[:2] == [4.0, -2.0] and slot_values(counts) == [0.0, 0.0]
+    finally:
+        native_stats.reset()
+
+
+COMPILE_ERROR = ("Error building extension 'msprobe_stats': [1/2] c++ -MMD main.cpp -o main.o\n"
+                 "main.cpp:407:66: error: invalid initialization of reference of type 'const "
+                 "c10::intrusive_ptr<Node>&' from expression of type 'const std::shared_ptr<Node>'\n"
+                 "ninja: build stopped: subcommand failed.")
+
+
+def test_a_failed_build_is_remembered_by_the_next_process(monkeypatch, tmp_path, caplog):
+    """A build that failed is not tried again by every later process (a minute each, issue 37): its reason is
+    kept in its build directory, whose key changes with the source, the flags, the CPU, torch and Python."""
+    builds = []
+
+    def failing_build(directory):
+        builds.append(directory)
+        raise RuntimeError(COMPILE_ERROR)
+
+    monkeypatch.setenv("MSPROBE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(native_stats, "_build", failing_build)
+    try:
+        for _process in range(3):
+            native_stats.reset()  # as a fresh process: nothing loaded in memory
+            with caplog.at_level(logging.WARNING, logger="msprobe_runtime"):
+                assert native_stats.load() is None
+        assert builds == [native_stats.build_directory()]
+        warnings = [r.getMessage() for r in caplog.records if "cannot be built" in r.getMessage()]
+        assert len(warnings) == 3 and all("main.cpp:407:66: error: invalid initialization" in w for w in warnings)
+        assert "remembered" not in warnings[0] and all("remembered" in w for w in warnings[1:])
+        os.remove(os.path.join(builds[0], native_stats.FAILED))  # as the warning says: delete it to try again
+        native_stats.reset()
+        assert native_stats.load() is None and len(builds) == 2
+    finally:
+        native_stats.reset()
+
+
+def test_a_link_planted_as_the_failure_note_is_not_followed(monkeypatch, tmp_path):
+    monkeypatch.setenv("MSPROBE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(native_stats, "_build", lambda directory: (_ for _ in ()).throw(RuntimeError(COMPILE_ERROR)))
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not ours\n")
+    directory = native_stats.build_directory()
+    os.makedirs(directory)
+    os.symlink(outside, os.path.join(directory, native_stats.FAILED))
+    native_stats.reset()
+    try:
+        assert native_stats.load() is None  # the planted note is not read as ours: the build is tried
+        assert outside.read_text() == "not ours\n"
+        note = os.path.join(directory, native_stats.FAILED)
+        assert not os.path.islink(note) and "error: invalid initialization" in open(note).read()
     finally:
         native_stats.reset()
 
