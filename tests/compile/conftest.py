@@ -3,6 +3,7 @@ import concurrent.futures
 import json
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,19 @@ from fixtures.reproducible_env import training_env
 ROOT = Path(__file__).resolve().parents[2]
 CASES_DIR = ROOT / "fixtures" / "compiled"
 LEVELS = ("L0", "L1", "mix")
+
+
+def as_module(source, name):
+    """The namespace of ``source`` run as module ``name``, as an import would leave it: in ``sys.modules``,
+    where Dynamo looks a traced function's module up (torch 2.11 imports it by name and fails without), and
+    with the runtime bound as ``__msprobe__``."""
+    import msprobe_runtime
+
+    module = types.ModuleType(name)
+    module.__msprobe__ = msprobe_runtime
+    sys.modules[name] = module
+    exec(compile(source, f"{name}.py", "exec"), vars(module))
+    return vars(module)
 
 
 def run_cases(script, level, workdir, pythonpath, *extra):

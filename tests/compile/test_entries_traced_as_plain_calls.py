@@ -17,6 +17,8 @@ from torch._dynamo.utils import counters  # noqa: E402
 import msprobe_runtime  # noqa: E402
 from msprobe_runtime import PrecisionDebugger, compiled_regions, operators, shims  # noqa: E402
 
+from .conftest import as_module  # noqa: E402
+
 SOURCE = '''
 import torch
 import torch.nn.functional as F
@@ -70,10 +72,8 @@ def program():
     from msprobe_rewrite.api import rewrite_source
 
     rewritten = rewrite_source(SOURCE.encode()).decode()
-    namespace = {"__name__": "every_form_program"}
-    exec(compile(rewritten, "every_form_program.py", "exec"), namespace)
-    plain = {"__name__": "every_form_plain"}
-    exec(compile(SOURCE, "every_form_plain.py", "exec"), plain)
+    namespace = as_module(rewritten, "every_form_program")
+    plain = as_module(SOURCE, "every_form_plain")
     return rewritten, namespace, plain
 
 

@@ -2,8 +2,6 @@
 ``nn.Sequential``), as written and as rewritten, in this process: the same graphs, breaks and operations, with
 collection off and while a debugger collects. Until 2026-12-04 the rewritten model gave 2 graphs and 1 break
 where the original gave 1 and 0 (``dyn`` was ``operator.call`` while nothing collected)."""
-import sys
-import types
 
 import pytest
 
@@ -12,19 +10,9 @@ pytest.importorskip("libcst")
 
 import torch._dynamo  # noqa: E402
 
-import msprobe_runtime  # noqa: E402
 from msprobe_runtime import PrecisionDebugger  # noqa: E402
 
-from .conftest import CASES_DIR  # noqa: E402
-
-
-def _module(source, name):
-    """``source`` run as module ``name`` (Dynamo looks a traced function's module up in ``sys.modules``)."""
-    module = types.ModuleType(name)
-    module.__msprobe__ = msprobe_runtime
-    sys.modules[name] = module
-    exec(compile(source, f"{name}.py", "exec"), vars(module))
-    return vars(module)
+from .conftest import CASES_DIR, as_module  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +22,7 @@ def models():
     source = (CASES_DIR / "cases.py").read_bytes()
     rewritten = rewrite_source(source, path=str(CASES_DIR / "cases.py"))
     assert rewritten != source
-    return _module(source.decode(), "cases_original"), _module(rewritten.decode(), "cases_rewritten")
+    return as_module(source.decode(), "cases_original"), as_module(rewritten.decode(), "cases_rewritten")
 
 
 def _explain(namespace):
