@@ -53,6 +53,19 @@ def distribution_files(name: str) -> List[str]:
     return sorted(str(dist.locate_file(f)) for f in dist.files or () if str(f).endswith(".py"))
 
 
+def extra_files(name: str) -> List[str]:
+    """``distribution_files(name)`` for a test extra; the calling test is skipped, with the name, where the
+    distribution is not installed (``make test`` installs the extras, and fails where one cannot be)."""
+    from importlib.metadata import PackageNotFoundError
+
+    import pytest
+
+    try:
+        return distribution_files(name)
+    except PackageNotFoundError:
+        pytest.skip(f"{name} is not installed (a test extra: pip install -e '.[test]')")
+
+
 # -- invariants ------------------------------------------------------------------------------------------
 
 def _python_accepts(source: bytes, path: str) -> Tuple[Optional[ast.Module], str]:

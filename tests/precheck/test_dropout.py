@@ -4,9 +4,9 @@ import csv
 import json
 
 import pytest
-import torch
+torch = pytest.importorskip("torch")
 
-from .conftest import run_precheck
+from .conftest import run_precheck  # noqa: E402
 
 
 def _record(tensor, name, requires_grad=False):

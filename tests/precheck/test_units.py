@@ -2,10 +2,10 @@
 import importlib.util
 
 import pytest
-import torch
+torch = pytest.importorskip("torch")
 
-from msprobe_rewrite.precheck import apis, metrics, standards
-from msprobe_rewrite.precheck.errors import Unreplayable
+from msprobe_rewrite.precheck import apis, metrics, standards  # noqa: E402
+from msprobe_rewrite.precheck.errors import Unreplayable  # noqa: E402
 
 
 def graded(standard, device, golden, cpu):

@@ -8,12 +8,12 @@ import sys
 import textwrap
 
 import pytest
-import torch
-import torch.nn.functional as F
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
 
-import msprobe_runtime as rt
-from msprobe_runtime import PrecisionDebugger
-from msprobe_runtime.debugger import DumpPathError
+import msprobe_runtime as rt  # noqa: E402
+from msprobe_runtime import PrecisionDebugger  # noqa: E402
+from msprobe_runtime.debugger import DumpPathError  # noqa: E402
 
 MODEL_SOURCE = textwrap.dedent('''
     import torch

@@ -10,13 +10,13 @@ import types
 import weakref
 
 import pytest
-import torch
-from torch import nn
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
 
-import msprobe_runtime
-from msprobe_runtime import PrecisionDebugger
-from msprobe_runtime import backward as bw
-from msprobe_runtime import collector as collector_module
+import msprobe_runtime  # noqa: E402
+from msprobe_runtime import PrecisionDebugger  # noqa: E402
+from msprobe_runtime import backward as bw  # noqa: E402
+from msprobe_runtime import collector as collector_module  # noqa: E402
 
 
 MODEL = '''

@@ -3,10 +3,12 @@ import glob
 import json
 import os
 
-import torch
+import pytest
 
-import msprobe_runtime
-from msprobe_runtime import PrecisionDebugger
+torch = pytest.importorskip("torch")
+
+import msprobe_runtime  # noqa: E402
+from msprobe_runtime import PrecisionDebugger  # noqa: E402
 
 LAYER = '''
 import torch

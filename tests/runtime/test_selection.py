@@ -7,10 +7,10 @@ import os
 import subprocess
 
 import pytest
-import torch
+torch = pytest.importorskip("torch")
 
-import msprobe_runtime as rt
-from msprobe_runtime import PrecisionDebugger
+import msprobe_runtime as rt  # noqa: E402
+from msprobe_runtime import PrecisionDebugger  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIXTURE = os.path.join(ROOT, "fixtures", "selection")

@@ -6,10 +6,10 @@ import json
 import os
 
 import pytest
-import torch
+torch = pytest.importorskip("torch")
 
-import msprobe_runtime as rt
-from msprobe_runtime import PrecisionDebugger, native_stats, statistics
+import msprobe_runtime as rt  # noqa: E402
+from msprobe_runtime import PrecisionDebugger, native_stats, statistics  # noqa: E402
 
 
 STEP = """
