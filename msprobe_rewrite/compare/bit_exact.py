@@ -9,11 +9,11 @@ before the module.
 """
 from __future__ import annotations
 
-import csv
 import json
 import os
 from typing import Any, Dict, List, Optional
 
+from ..csv_cells import SafeCsvWriter
 from .engine import EntryReader, align_sides, check_compatible, index_side
 from .errors import CompareError
 from .loading import iter_entries, make_out_dir, pair_runs
@@ -141,7 +141,7 @@ def compare_runs_bit_exact(run_a: str, run_b: str, out_dir: Optional[str] = None
         if out_dir is not None:
             tag = (dump_a.label or "dump").replace("/", "_")
             handle = open(os.path.join(out_dir, f"compare_result_{tag}.csv"), "w", newline="", encoding="utf-8")
-            writer = csv.writer(handle)
+            writer = SafeCsvWriter(handle)
             writer.writerow(["NPU Name", "Bench Name", "Tensor", "Role", "NPU checksum", "Bench checksum",
                              "Result"])
         try:

@@ -15,13 +15,31 @@ COLUMNS = ("Cosine", "EucDist", "MaxAbsErr", "MaxRelativeErr", "One Thousandth E
            "Five Thousandths Err Ratio")
 
 
-def _load(path: str):
+class UnsafeTensorFile(Exception):
+    """A record's tensor file that compare will not open: outside the dump's tensor directory, a link, or
+    readable only by unpickling."""
+
+
+def _load(directory: str, data_name: str):
+    """The tensor of ``data_name``, a plain file name in ``directory``: a name with a folder in it, or a link,
+    is refused (a dump is not trusted to name files elsewhere), and nothing is unpickled (``weights_only``;
+    a torch without it is refused rather than trusted with the file)."""
     import torch
 
+    if os.path.basename(data_name) != data_name or data_name in ("", ".", ".."):
+        raise UnsafeTensorFile(f"data_name {data_name!r} is not a file name in the dump's tensor directory")
     try:
-        value = torch.load(path, map_location="cpu", weights_only=True)
-    except TypeError:  # torch before 1.13 has no weights_only
-        value = torch.load(path, map_location="cpu")
+        fd = os.open(os.path.join(directory, data_name), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as error:
+        if os.path.islink(os.path.join(directory, data_name)):
+            raise UnsafeTensorFile(f"{data_name} is a link; compare does not follow it") from None
+        raise error
+    with os.fdopen(fd, "rb") as handle:
+        try:
+            value = torch.load(handle, map_location="cpu", weights_only=True)
+        except TypeError:  # torch before 1.13 has no weights_only: a plain load would unpickle the file
+            raise UnsafeTensorFile("this torch cannot load tensors without unpickling (weights_only needs "
+                                   "torch 1.13 or later)") from None
     if not isinstance(value, torch.Tensor):
         raise ValueError("not a tensor")
     return value
@@ -49,10 +67,12 @@ def tensor_metrics(dir_a: str, name_a: Optional[str], dir_b: str, name_b: Option
     if not name_a or not name_b:
         return {"Err_message": "no tensor data"}
     try:
-        a = _load(os.path.join(dir_a, name_a))
-        b = _load(os.path.join(dir_b, name_b))
+        a = _load(dir_a, name_a)
+        b = _load(dir_b, name_b)
     except ModuleNotFoundError:
         return {"Err_message": "torch is not installed: element-wise metrics need it"}
+    except UnsafeTensorFile as error:
+        return {"Err_message": f"tensor data not read: {error}"}
     except Exception as error:  # a missing or unreadable file is reported on its row, not fatal
         return {"Err_message": f"cannot load tensor data ({type(error).__name__}: {error})"}
     import torch

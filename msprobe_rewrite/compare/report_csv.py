@@ -8,9 +8,10 @@ entry's call site (``file:line``) on its first row. Two columns of our own come 
 """
 from __future__ import annotations
 
-import csv
 import math
 from typing import List, Optional
+
+from ..csv_cells import SafeCsvWriter
 
 from .elementwise import COLUMNS as ELEMENTWISE
 from .metrics import TensorDiff
@@ -52,7 +53,7 @@ class CsvSink:
 
     def __init__(self, path: str, tensor_task: bool):
         self.handle = open(path, "w", newline="", encoding="utf-8")
-        self.writer = csv.writer(self.handle)
+        self.writer = SafeCsvWriter(self.handle)
         self.tensor_task = tensor_task
         self.writer.writerow(header(tensor_task))
 

@@ -24,10 +24,10 @@ CSV_COLUMNS = ("entry", "bench_entry", "direction", "op_class", "tensor", "stati
 
 def write_csv(path: str, suspects: List[Dict[str, Any]]) -> None:
     """The suspects of one pair of dumps, in execution order, one row each."""
-    import csv
+    from ..csv_cells import SafeCsvWriter
 
     with open(path, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
+        writer = SafeCsvWriter(handle)
         writer.writerow(CSV_COLUMNS)
         for item in suspects:
             writer.writerow([item.get(column) for column in CSV_COLUMNS])

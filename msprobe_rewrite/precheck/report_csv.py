@@ -1,9 +1,10 @@
 """``precheck_result.csv``: one row per API call, direction, tensor and metric, with its status."""
 from __future__ import annotations
 
-import csv
 import math
 from typing import Any, Dict, List
+
+from ..csv_cells import SafeCsvWriter
 
 COLUMNS = [("API", "api"), ("Rank", "label"), ("Direction", "direction"), ("Tensor", "tensor"), ("Dtype", "dtype"),
            ("Shape", "shape"), ("Standard", "standard"), ("Metric", "metric"), ("Device", "device"),
@@ -21,7 +22,7 @@ def _cell(value: Any) -> Any:
 
 def write(path: str, apis: List[Dict[str, Any]]) -> None:
     with open(path, "w", encoding="utf-8", newline="") as handle:
-        out = csv.writer(handle)
+        out = SafeCsvWriter(handle)
         out.writerow([title for title, _ in COLUMNS])
         for api in apis:
             for row in api["rows"]:
