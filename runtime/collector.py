@@ -929,10 +929,15 @@ class Collector:
             if not readable:
                 kind = KIND_EMPTY  # its record keeps dtype, shape and requires_grad; statistics null
         slot = counts = None
-        if kind != KIND_EMPTY:
-            slot, counts = self._slots(t, kind)
+        has_values = kind != KIND_EMPTY
+        if has_values:
+            try:
+                slot, counts = self._slots(t, kind)
+            except Exception as error:  # a statistic torch cannot compute for this dtype: null, the record kept
+                self._no_statistics(t, error)
+                kind = KIND_EMPTY  # null statistics; its values are still saved (task tensor) and hashed
         data_name = None
-        if self.tensor_task and file_stem is not None and kind != KIND_EMPTY:
+        if self.tensor_task and file_stem is not None and has_values:
             data_name = f"{file_stem}.pt"
             self.tensors.append((data_name, t.detach().clone()))
         checksum = None
@@ -962,6 +967,16 @@ class Collector:
             logger.warning("msprobe_runtime: %s tensors are recorded without statistics (dtype and shape only)",
                            what)
         return False
+
+    def _no_statistics(self, t, error):
+        """Say once per dtype that its tensors are recorded with null statistics, and why (torch has no
+        ``amax`` for uint16/32/64 on the CPU): the entry keeps its record, as an unreadable tensor's."""
+        if t.dtype not in self._unreadable:
+            self._unreadable.add(t.dtype)
+            lines = str(error).strip().splitlines()
+            logger.warning("msprobe_runtime: statistics of %s tensors cannot be computed here (%s: %s); they are "
+                           "recorded with dtype and shape and null statistics", _dtype_name(t.dtype),
+                           type(error).__name__, lines[0][:200] if lines else "")
 
     def _slots(self, t, kind):
         """Statistics slots of ``t`` (``StatBuffer.add``), shared with an earlier record of the same tensor."""

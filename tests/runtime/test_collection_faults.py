@@ -64,6 +64,50 @@ def test_tensors_without_readable_data_are_recorded_with_null_statistics(tmp_pat
     assert "failed" not in caplog.text
 
 
+@pytest.mark.parametrize("level", ["L1", "mix"])
+def test_a_statistic_torch_cannot_compute_nulls_the_statistics_not_the_entry(tmp_path, caplog, level):
+    """torch has no amax for unsigned 16/32/64-bit tensors on the CPU: the entries that hold one keep every
+    record, with dtype and shape and null statistics (the promise for what cannot be read), said once a dtype;
+    the records beside them are whole."""
+    debugger = PrecisionDebugger(dump_path=str(tmp_path / "dump"), level=level)
+    unsigned = [torch.tensor([1, 2, 3]).to(dtype) for dtype in (torch.uint16, torch.uint32, torch.uint64)]
+    with caplog.at_level(logging.WARNING, logger="msprobe_runtime"):
+        debugger.start(torch.nn.Identity())
+        for t in unsigned + unsigned:
+            torch.clone(t)
+        mixed = torch.add(torch.ones(3), unsigned[1].to(torch.float32))
+        debugger.stop()
+    debugger.wait()
+    assert mixed.tolist() == [2.0, 3.0, 4.0]
+    [path] = glob.glob(os.path.join(str(tmp_path / "dump"), "step0", "*", "dump.json"))
+    with open(path) as handle:
+        data = json.load(handle)["data"]
+    for k, t in enumerate(unsigned + unsigned):
+        entry = data[f"Torch.clone.{k}.forward"]
+        for record in (entry["input_args"][0], entry["output"][0]):
+            assert record["dtype"] == str(t.dtype) and record["shape"] == [3]
+            assert record["Max"] is None and record["Norm"] is None
+    assert data["Torch.add.0.forward"]["output"][0]["Max"] == 4.0
+    for name in ("uint16", "uint32", "uint64"):
+        assert caplog.text.count(f"statistics of torch.{name} tensors cannot be computed") == 1
+    assert "that record is skipped" not in caplog.text
+
+
+def test_a_tensor_without_statistics_is_still_saved_with_task_tensor(tmp_path):
+    debugger = PrecisionDebugger(dump_path=str(tmp_path / "dump"), level="L1", task="tensor")
+    t = torch.tensor([1, 2, 3], dtype=torch.uint32)
+    debugger.start()
+    torch.clone(t)
+    debugger.stop()
+    debugger.wait()
+    [directory] = glob.glob(os.path.join(str(tmp_path / "dump"), "step0", "*"))
+    with open(os.path.join(directory, "dump.json")) as handle:
+        record = json.load(handle)["data"]["Torch.clone.0.forward"]["output"][0]
+    assert record["Max"] is None and record["data_name"].endswith(".pt")
+    saved = torch.load(os.path.join(directory, "dump_tensor_data", record["data_name"]), weights_only=True)
+    assert saved.dtype == torch.uint32 and saved.tolist() == [1, 2, 3]
+
+
 def test_a_dump_path_that_cannot_be_written_is_refused_at_start(tmp_path):
     """Found before the first step trains, not after the run as one warning per step."""
     from msprobe_runtime.debugger import DumpPathNotWritable
