@@ -366,7 +366,7 @@ class PrecisionDebugger:
             header = {"task": self.config.task, "level": self.config.level, "framework": "pytorch",
                       "dump_data_dir": None}
             job = StepJob(directory, header, data, stacks, construct, tensors, plain)
-            if on_host and collector.checksum_mode is None:
+            if on_host and collector.checksum_mode is None and self._writer.may_prepare():
                 # every number is here: made into files now, in one go (writer.py says why not on its thread)
                 try:
                     with collector.own_work:

@@ -86,6 +86,10 @@ class Writer:
         self._sent = {}        # file name -> (object, key, child) last sent whole to the writing process
         self._keys = {}        # key -> object, the last few sent whole: to write a message here (Unavailable)
         self._report_lock = threading.Lock()  # errors: this thread, or a training thread reading posts' answers
+        # steps queued for this thread to make into files: while there are any, no later step may be made into
+        # files elsewhere (``may_prepare``), since a kept file is sent by key to the writing process in the
+        # order messages are made, and they must be made in the order they are written
+        self._unprepared = 0
 
     def submit(self, job):
         """Write ``job`` in the background. A prepared step (its message made, no tensor files) is posted to
@@ -98,6 +102,13 @@ class Writer:
             except Exception as error:  # never into the training loop: the writer thread takes the job
                 logger.debug("msprobe_runtime: posting a step failed (%s)", error)
         self.submit_to_thread(job)
+
+    def may_prepare(self):
+        """Whether a step may be made into its files now, on the calling thread (``prepare``): not while an
+        earlier step waits for this thread to make its files (a failed statistics take or prepare sends one
+        here unprepared; the next step, prepared first, took its kept files' keys: tests/runtime/
+        test_writer_faults.py)."""
+        return self._unprepared == 0
 
     def _idle(self):
         # no job queued or being written (a stale answer only sends this job the slow way)
@@ -142,6 +153,9 @@ class Writer:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="msprobe-runtime-writer", daemon=True)
             self._thread.start()
+        if type(job) is StepJob:
+            with self._lock:
+                self._unprepared += 1
         self._queue.put(job)
 
     def _run(self):
@@ -158,6 +172,9 @@ class Writer:
                 self._failed(job.directory, error)
             finally:
                 sys.setswitchinterval(interval)
+                if type(job) is StepJob:
+                    with self._lock:
+                        self._unprepared -= 1
                 self._queue.task_done()
 
     def _written(self, directory):
