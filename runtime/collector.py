@@ -938,7 +938,7 @@ class Collector:
                 kind = KIND_EMPTY  # null statistics; its values are still saved (task tensor) and hashed
         data_name = None
         if self.tensor_task and file_stem is not None and has_values:
-            data_name = f"{file_stem}.pt"
+            data_name = dump_names.tensor_file_name(file_stem)
             self.tensors.append((data_name, t.detach().clone()))
         checksum = None
         if self.checksum_mode is not None:

@@ -10,11 +10,13 @@
                      {prefix}parameters_grad.{n}    Module.net1.ln1.Linear.parameters_grad.0
 
 A record's tensor files (``task: tensor``) extend an entry's name with the field and position:
-``{entry}.input.0.pt``, ``{entry}.output.0.pt``, ``{entry}.parameters.weight.pt``, ``{entry}.{param}.pt``.
-Imports nothing: the runtime's hot path and the compiler's compare both use it.
+``{entry}.input.0.pt``, ``{entry}.output.0.pt``, ``{entry}.parameters.weight.pt``, ``{entry}.{param}.pt``,
+each made one plain file name by ``tensor_file_name``.
+Imports nothing heavy: the runtime's hot path and the compiler's compare both use it.
 """
 from __future__ import annotations
 
+import hashlib
 from typing import Optional, Tuple
 
 FORWARD = "forward"
@@ -64,6 +66,25 @@ def stem(entry: str, *fields: str) -> str:
     """The stem of a record's tensor files: ``stem("Functional.gelu.0.forward", "input")`` is
     ``Functional.gelu.0.forward.input`` (the position and ``.pt`` follow)."""
     return ".".join((entry, *fields))
+
+
+_NOT_IN_FILE_NAMES = str.maketrans({"/": "_", "\\": "_", "\0": "_"})
+_MAX_FILE_NAME = 255  # bytes: the limit of common file systems (ext4, xfs, NTFS, APFS)
+
+
+def tensor_file_name(stem: str) -> str:
+    """The file of a record's tensor, ``{stem}.pt``, as one plain name in the dump's tensor folder.
+
+    Names come from the user (``save(t, "loss/train")``, a ``ModuleDict`` key ``"attn/q"``, a crafted
+    ``"../../escaped"``): a separator or NUL becomes ``_``, so no name leaves the folder or needs a folder
+    that is not there, and a name past the file system's limit keeps its head and a hash of the whole. The
+    entry's own name in dump.json stays as the user wrote it; its record's ``data_name`` is this name."""
+    name = stem.translate(_NOT_IN_FILE_NAMES) + ".pt"
+    if len(name.encode("utf-8", "surrogatepass")) > _MAX_FILE_NAME:
+        digest = hashlib.sha256(stem.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        head = name.encode("utf-8", "surrogatepass")[:_MAX_FILE_NAME - 24].decode("utf-8", "ignore")
+        name = f"{head}.{digest}.pt"
+    return name
 
 
 def is_forward(name: str) -> bool:

@@ -25,7 +25,6 @@ import os
 import select
 import struct
 import sys
-import threading
 import time
 
 _LENGTH = struct.Struct("<Q")
@@ -36,13 +35,29 @@ def json_text(obj):
     return json.dumps(obj, ensure_ascii=False)  # no indent: only then does json use its C encoder
 
 
+_EXCLUSIVE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def exclusive_temp(path):
+    """``(fd, name)`` of a new temporary file beside ``path``, under a name no one can guess, opened only if
+    nothing was there (``O_EXCL``, no link followed), as CPython's own ``.pyc`` writer does: a link planted
+    at a predictable name is never written through. Renamed onto ``path`` with ``os.replace``, which
+    replaces a link at ``path`` itself, never what it points to."""
+    directory, base = os.path.split(path)
+    while True:
+        tmp = os.path.join(directory, f".{base}.{os.urandom(8).hex()}.tmp")
+        try:
+            return os.open(tmp, _EXCLUSIVE, 0o666), tmp
+        except FileExistsError:
+            continue
+
+
 def atomic_write_text(path, text):
     """Write ``text`` to ``path`` through a temporary file in the same directory; a failure (a full disk, a
     folder made read-only) leaves no temporary file behind and ``path`` as it was."""
-    directory = os.path.dirname(path)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{threading.get_ident()}.tmp")
+    fd, tmp = exclusive_temp(path)
     try:
-        with open(tmp, "w", encoding="utf-8") as handle:
+        with open(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
         os.replace(tmp, path)
     except BaseException:

@@ -276,10 +276,13 @@ class Writer:
             tensor_dir = tensor_dir or os.path.join(directory, "dump_tensor_data")
             os.makedirs(tensor_dir, exist_ok=True)
             for name, tensor in tensors:
+                if os.path.basename(name) != name or name in ("", ".", ".."):  # dump_names.tensor_file_name
+                    raise ValueError(f"tensor file name {name!r} is not one name in {tensor_dir}")
                 path = os.path.join(tensor_dir, name)
-                tmp = path + ".tmp"
+                fd, tmp = json_files.exclusive_temp(path)
                 try:
-                    torch.save(tensor.to("cpu"), tmp)
+                    with open(fd, "wb") as handle:
+                        torch.save(tensor.to("cpu"), handle)
                     os.replace(tmp, path)
                 except BaseException:
                     json_files.remove_quietly(tmp)
