@@ -19,7 +19,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from . import atomic
 from .cache import FAIL, NEW, SAME, ResultCache, source_digest
 from .files import EXCLUDED, LINK, NOT_REGULAR, OTHER, PYTHON, SPECIAL, Entry, is_python
-from .markers import SKIP_FILE_MARKER
+from .markers import SKIP_FILE_MARKER, package_of
 
 REWRITE = "rewrite"
 RESTORE = "restore"
@@ -200,6 +200,7 @@ class _Pending:
     source: bytes
     stat: os.stat_result
     key: Optional[str]
+    key_mode: str  # the mode and package the cache entry is keyed by
 
 
 def _out_path(options: Options, entry: Entry) -> str:
@@ -353,8 +354,11 @@ def run(entries: Sequence[Entry], options: Options,
                 notice=True)
             progressed(entry.path)
             continue
-        key = cache.key(source_digest(source), key_mode) if cache is not None else None
-        item = _Pending(entry, source, file_stat, key)
+        # the rewrite depends on the file's package too (relative imports decide which calls are catalogued):
+        # a byte-identical file in another package is another entry
+        entry_mode = f"{key_mode}\0{package_of(entry.path) or ''}" if cache is not None else key_mode
+        key = cache.key(source_digest(source), entry_mode) if cache is not None else None
+        item = _Pending(entry, source, file_stat, key, entry_mode)
         hit = cache.get(key) if cache is not None else None
         if hit is not None:
             hits.append((index, item, hit))
@@ -395,7 +399,7 @@ def run(entries: Sequence[Entry], options: Options,
                 # After an in-place run the tree holds the results. Rewriting is idempotent (and a
                 # restored file has nothing left to restore), so recording "result -> unchanged" makes
                 # the next run over that tree all cache hits.
-                cache.put(cache.key(source_digest(payload), key_mode), SAME)
+                cache.put(cache.key(source_digest(payload), item.key_mode), SAME)
         outcomes[index] = _finish(options, item, kind, payload)
         progressed(item.entry.path)
 

@@ -4,9 +4,10 @@ A cache file lives where ``importlib.util.cache_from_source`` puts the normal on
 and ``-O`` levels are honoured), under a tag of its own (``mod.cpython-311.msprobe-rewrite.pyc``), and holds
 a header and the marshalled code. The header carries a key: a hash of the source bytes, the tool version and
 the catalogue and options. Validity is decided by content, never by modification time, so an edit within
-the same second is picked up. Files are written atomically (``tmp.{pid}`` then ``os.replace``), so two
-processes importing the same cold package at once both leave a valid file; anything unreadable, truncated
-or from another key is ignored and rewritten.
+the same second is picked up. Files are written atomically (``atomic.write_atomic``: a temporary file of a
+name no one can guess, opened exclusively, then ``os.replace``), so two processes importing the same cold
+package at once both leave a valid file and a link planted beside the cache is never written through;
+anything unreadable, truncated or from another key is ignored and rewritten.
 """
 from __future__ import annotations
 
@@ -18,14 +19,20 @@ import sys
 from types import CodeType
 from typing import Optional
 
+from .atomic import write_atomic
+
 TAG = "msprobe-rewrite"
 _HEADER = b"msprobe-rewrite-bytecode\x00" + importlib.util.MAGIC_NUMBER
 _KEY_SIZE = 32
 
 
-def cache_key(source: bytes, fingerprint: str) -> bytes:
-    """What a cached code object must match: the source bytes and the compiler's fingerprint."""
+def cache_key(source: bytes, fingerprint: str, package: str) -> bytes:
+    """What a cached code object must match: the source bytes, the compiler's fingerprint and the package the
+    module is imported in (its relative imports, and so which calls are catalogued, resolve against it: the
+    same file imported as ``megatron.core.x`` and as ``core.x`` is rewritten differently)."""
     digest = hashlib.sha256(fingerprint.encode())
+    digest.update(b"\x00")
+    digest.update(package.encode("utf-8", "surrogatepass"))
     digest.update(b"\x00")
     digest.update(source)
     return digest.digest()
@@ -62,16 +69,9 @@ def write(path: Optional[str], key: bytes, code: CodeType) -> bool:
     """Write the cache file atomically; False (and nothing left behind) where the folder is not writable."""
     if path is None or sys.dont_write_bytecode:
         return False
-    temporary = f"{path}.tmp.{os.getpid()}"
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(temporary, "wb") as handle:
-            handle.write(_HEADER + key + marshal.dumps(code))
-        os.replace(temporary, path)
+        write_atomic(path, _HEADER + key + marshal.dumps(code), mode=0o644, refuse_hard_links=False)
         return True
-    except OSError:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
+    except OSError:  # write_atomic leaves no temporary file behind
         return False

@@ -47,7 +47,7 @@ class InstrumentingLoader(importlib.machinery.SourceFileLoader):
         source_path = self.get_filename(fullname)
         source = self.get_data(source_path)
         catalogue, fingerprint = self.options.prepare()
-        key = bytecode_cache.cache_key(source, fingerprint)
+        key = bytecode_cache.cache_key(source, fingerprint, self._package)
         cached_at = bytecode_cache.cache_path(source_path)
         code = bytecode_cache.read(cached_at, key)
         if code is not None:

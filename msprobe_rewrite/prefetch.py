@@ -274,10 +274,10 @@ def run_worker(job: dict) -> int:
                 source = handle.read()
         except OSError:
             continue
-        key = bytecode_cache.cache_key(source, fingerprint)
+        package = name if is_package else name.rpartition(".")[0]
+        key = bytecode_cache.cache_key(source, fingerprint, package)
         if bytecode_cache.read(cached_at, key) is not None:
             continue
-        package = name if is_package else name.rpartition(".")[0]
         try:
             code = instrumented_code(source, path, package, catalogue, options.skip_decorators)
         except Exception:  # the importing process reports it, with its warning, when it gets there

@@ -648,6 +648,27 @@ def test_real_cache_hit_means_no_compiler_call(tmp_path, monkeypatch):
     assert len(calls) == len(ROUND_TRIP_SOURCES)
 
 
+def test_the_result_cache_is_keyed_by_the_files_package(tmp_path, capsys):
+    """A byte-identical file in megatron's package and in another rewrites differently (its relative import
+    resolves to megatron's catalogued fused op only in the first); the second ``--diff`` used to show the
+    first file's rewrite, served from the cache."""
+    files = {"megatron/__init__.py": b"", "megatron/core/__init__.py": b"",
+             "megatron/core/fusions/__init__.py": b"", "other/__init__.py": b""}
+    for package in ("megatron/core/fusions", "other"):
+        files[f"{package}/fused_bias_gelu.py"] = b"def bias_gelu_impl(x, b):\n    return x + b\n"
+        files[f"{package}/user.py"] = (b"from .fused_bias_gelu import bias_gelu_impl\n\n\ndef f(x, b):\n"
+                                       b"    return bias_gelu_impl(x, b)\n")
+    tree = make_tree(tmp_path / "src", files)
+    diffs = {}
+    for package in ("megatron/core/fusions", "other", "megatron/core/fusions"):  # cold, cold, warm
+        run([os.path.join(tree, package, "user.py"), "--diff"], capsys)
+        _, out, _ = run([os.path.join(tree, package, "user.py"), "--diff"], capsys)  # served from the cache
+        diffs.setdefault(package, []).append(out)
+    assert all('__msprobe__.call("Megatron.bias_gelu_impl"' in out for out in diffs["megatron/core/fusions"])
+    assert "__msprobe__.dyn(bias_gelu_impl, x, b)" in diffs["other"][0]
+    assert "Megatron." not in diffs["other"][0]
+
+
 def test_real_jobs_1_and_2_agree(tmp_path, capsys):
     files = dict(ROUND_TRIP_SOURCES)
     files.update({f"extra{i}.py": TORCH_SOURCE + b"z%d = torch.relu\n" % i for i in range(12)})

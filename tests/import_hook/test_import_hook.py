@@ -427,3 +427,58 @@ def test_a_syntax_error_under_the_hook_surfaces_as_pythons_own(tree, source):
 
     assert error(hooked.stderr) == error(plain.stderr)
     assert error(plain.stderr)[-1].startswith(("SyntaxError:", "ValueError:"))
+
+
+def test_a_link_planted_beside_the_bytecode_cache_is_not_written_through(tmp_path, monkeypatch):
+    """The cache file's temporary name was ``{path}.tmp.{pid}``, opened without O_EXCL: a link planted there
+    (the pid is easy to guess) was written through. It is now a name no one can guess, opened exclusively."""
+    from msprobe_rewrite import bytecode_cache
+
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)  # the environment sets PYTHONDONTWRITEBYTECODE=1
+    source = tmp_path / "mod.py"
+    source.write_text("x = 1\n")
+    path = bytecode_cache.cache_path(str(source))
+    os.makedirs(os.path.dirname(path))
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"not ours")
+    for guess in (f"{path}.tmp.{os.getpid()}", f"{path}.tmp"):
+        os.symlink(outside, guess)
+    key = bytecode_cache.cache_key(source.read_bytes(), "fingerprint", "")
+    code = compile(source.read_text(), str(source), "exec")
+    assert bytecode_cache.write(path, key, code)
+    assert outside.read_bytes() == b"not ours"
+    assert bytecode_cache.read(path, key) is not None and not os.path.islink(path)
+
+
+def _consts(code):
+    for const in code.co_consts:
+        if isinstance(const, type(code)):
+            yield from _consts(const)
+        else:
+            yield const
+
+
+def test_the_bytecode_cache_is_keyed_by_the_package_the_module_is_imported_in(tmp_path, monkeypatch):
+    """One file imported as ``megatron.core.fusions.user`` and as ``core.fusions.user`` (two sys.path
+    entries): its relative import resolves to megatron's catalogued fused op only under the first name. The
+    second import used to read the first one's code from the cache."""
+    from msprobe_rewrite import bytecode_cache
+    from msprobe_rewrite.import_hook import InstrumentingLoader
+    from msprobe_rewrite.module_code import RewriteOptions
+
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    fusions = tmp_path / "megatron" / "core" / "fusions"
+    fusions.mkdir(parents=True)
+    for folder in (tmp_path / "megatron", tmp_path / "megatron" / "core", fusions):
+        (folder / "__init__.py").write_text("")
+    (fusions / "fused_bias_gelu.py").write_text("def bias_gelu_impl(x, b):\n    return x + b\n")
+    user = fusions / "user.py"
+    user.write_text("from .fused_bias_gelu import bias_gelu_impl\n\n\ndef f(x, b):\n"
+                    "    return bias_gelu_impl(x, b)\n")
+    options = RewriteOptions()
+    names = {}
+    for fullname in ("megatron.core.fusions.user", "core.fusions.user"):
+        code = InstrumentingLoader(fullname, str(user), options, is_package=False).get_code(fullname)
+        names[fullname] = "Megatron.bias_gelu_impl" in set(_consts(code))
+    assert names == {"megatron.core.fusions.user": True, "core.fusions.user": False}
+    assert os.path.exists(bytecode_cache.cache_path(str(user)))  # the cache was written, and read as keyed
