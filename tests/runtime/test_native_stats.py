@@ -191,6 +191,7 @@ def test_no_compiler_falls_back_with_one_warning(monkeypatch, tmp_path, caplog):
         raise RuntimeError("Ninja is required to load C++ extensions")
 
     monkeypatch.setenv("MSPROBE_CACHE_DIR", str(tmp_path))  # nothing cached there: a build is tried
+    monkeypatch.delenv("MSPROBE_NATIVE_STATS", raising=False)  # (a run with the op turned off tries none)
     monkeypatch.setattr(native_stats, "_build", no_compiler)
     native_stats.reset()
     try:
@@ -224,6 +225,7 @@ def test_a_failed_build_is_remembered_by_the_next_process(monkeypatch, tmp_path,
         raise RuntimeError(COMPILE_ERROR)
 
     monkeypatch.setenv("MSPROBE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("MSPROBE_NATIVE_STATS", raising=False)
     monkeypatch.setattr(native_stats, "_build", failing_build)
     try:
         for _process in range(3):
@@ -243,6 +245,7 @@ def test_a_failed_build_is_remembered_by_the_next_process(monkeypatch, tmp_path,
 
 def test_a_link_planted_as_the_failure_note_is_not_followed(monkeypatch, tmp_path):
     monkeypatch.setenv("MSPROBE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("MSPROBE_NATIVE_STATS", raising=False)
     monkeypatch.setattr(native_stats, "_build", lambda directory: (_ for _ in ()).throw(RuntimeError(COMPILE_ERROR)))
     outside = tmp_path / "outside.txt"
     outside.write_text("not ours\n")
