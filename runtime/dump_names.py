@@ -87,6 +87,12 @@ def tensor_file_name(stem: str) -> str:
     return name
 
 
+def is_plain_file_name(name: str) -> bool:
+    """Whether ``name`` is one file name in its folder (what ``tensor_file_name`` makes): the writer and
+    compare's reader refuse any other, since a dump's names are not trusted to reach elsewhere."""
+    return bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name and "\0" not in name
+
+
 def is_forward(name: str) -> bool:
     """``Functional.gelu.0.forward`` or ``Module.net1.Linear.forward.0`` (a module cannot be named "forward")."""
     return name.endswith(".forward") or ".forward." in name

@@ -1355,15 +1355,14 @@ def _read_note(path):
 
 
 def _write_note(directory, path, text):
-    """Write ``text`` to ``path`` in ``directory`` whole or not at all; a note that cannot be written is only a
-    build tried again by the next process."""
+    """Write ``text`` to ``path`` in ``directory`` whole or not at all (``json_files.atomic_write_text``: a
+    link planted there is replaced, never written through); a note that cannot be written is only a build
+    tried again by the next process."""
+    from .json_files import atomic_write_text
+
     try:
         os.makedirs(directory, exist_ok=True)
-        temporary = f"{path}.{os.getpid()}"
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text + "\n")
-        os.replace(temporary, path)  # replaces a link planted at ``path``, never what it points to
+        atomic_write_text(path, text + "\n")
     except OSError as error:
         logger.debug("msprobe_runtime: the note of the failed build was not kept (%s)", error)
 

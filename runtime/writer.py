@@ -23,6 +23,7 @@ import threading
 
 from . import json_files, writing_process
 from .call_stacks import Resolver
+from .dump_names import is_plain_file_name
 from .records import resolve
 
 logger = logging.getLogger("msprobe_runtime")
@@ -276,7 +277,7 @@ class Writer:
             tensor_dir = tensor_dir or os.path.join(directory, "dump_tensor_data")
             os.makedirs(tensor_dir, exist_ok=True)
             for name, tensor in tensors:
-                if os.path.basename(name) != name or name in ("", ".", ".."):  # dump_names.tensor_file_name
+                if not is_plain_file_name(name):
                     raise ValueError(f"tensor file name {name!r} is not one name in {tensor_dir}")
                 path = os.path.join(tensor_dir, name)
                 fd, tmp = json_files.exclusive_temp(path)

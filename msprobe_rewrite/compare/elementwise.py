@@ -11,6 +11,8 @@ import math
 import os
 from typing import Dict, Optional
 
+from msprobe_runtime.dump_names import is_plain_file_name
+
 COLUMNS = ("Cosine", "EucDist", "MaxAbsErr", "MaxRelativeErr", "One Thousandth Err Ratio",
            "Five Thousandths Err Ratio")
 
@@ -26,14 +28,14 @@ def _load(directory: str, data_name: str):
     a torch without it is refused rather than trusted with the file)."""
     import torch
 
-    if os.path.basename(data_name) != data_name or data_name in ("", ".", ".."):
+    if not is_plain_file_name(data_name):
         raise UnsafeTensorFile(f"data_name {data_name!r} is not a file name in the dump's tensor directory")
     try:
         fd = os.open(os.path.join(directory, data_name), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError as error:
+    except OSError:
         if os.path.islink(os.path.join(directory, data_name)):
             raise UnsafeTensorFile(f"{data_name} is a link; compare does not follow it") from None
-        raise error
+        raise
     with os.fdopen(fd, "rb") as handle:
         try:
             value = torch.load(handle, map_location="cpu", weights_only=True)
