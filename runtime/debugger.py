@@ -16,6 +16,7 @@ import multiprocessing.util
 import os
 import sys
 import types
+import weakref
 
 from . import compiled_calls, compiled_regions, seeding, shims
 from .config import load_config, read_dump_enable
@@ -57,6 +58,7 @@ class PrecisionDebugger:
     """Collect msprobe-compatible dumps from instrumented code (see docs/contract.md)."""
 
     _instance = None  # the debugger built last: the one class-level calls and module_dump reach
+    _collecting = None  # the debugger collecting now: the shims route to one collector at a time
     _built = False
 
     def __new__(cls, *args, **kwargs):
@@ -92,10 +94,12 @@ class PrecisionDebugger:
         self._built = True
         PrecisionDebugger._instance = self
         _eager_save()  # made now (when torch.compile is loaded), not first inside a compiled region
-        atexit.register(self._writer.wait)
+        self._refusal_said = False
+        # held weakly: exit hooks must not keep a debugger (its collector, the model) alive for the process's life
+        atexit.register(_at_exit, weakref.ref(self), self._writer)
         # multiprocessing children (mp.spawn) leave through os._exit, which skips atexit; its own exit
         # function still runs these finalizers, so the last flushed step reaches the disk there too
-        multiprocessing.util.Finalize(None, self._writer.wait, exitpriority=10)
+        multiprocessing.util.Finalize(None, _at_exit, args=(weakref.ref(self), self._writer), exitpriority=10)
 
     # ------------------------------------------------------------------ public API
 
@@ -113,6 +117,8 @@ class PrecisionDebugger:
         if config.dump_enable is False:
             return
         if self._collector is not None and self._collector.collecting:
+            return
+        if self._other_collecting():
             return
         if not config.wants_step(self.current_step):
             return
@@ -162,6 +168,7 @@ class PrecisionDebugger:
         if self._module_dump is not None:
             self._apply_module_dump()
         collector.set_collecting(True)
+        PrecisionDebugger._collecting = self
         self._dirty = True
         compiled_regions.register_if_loaded()  # the modules start() loaded: Dynamo never compiles their frames
         shims.attach(collector)
@@ -176,6 +183,21 @@ class PrecisionDebugger:
             self._flush(dump=False)
         self._reload_dump_enable()
 
+    def _other_collecting(self):
+        """Whether another debugger collects now. The instrumented calls reach one collector at a time, so a
+        start() inside another debugger's window is refused, said once, and the outer dump keeps every call;
+        else the outer one would lose all that follows (tests/runtime/test_process_life.py)."""
+        other = PrecisionDebugger._collecting
+        if other is None or other is self:
+            return False
+        if not self._refusal_said:
+            self._refusal_said = True
+            logger.warning("msprobe_runtime: start() of the debugger writing to %r is refused: the debugger "
+                           "writing to %r is collecting, and one debugger collects at a time. That one records "
+                           "every call; start this one after its stop().", self.config.dump_path,
+                           other.config.dump_path)
+        return True
+
     def _end_collection(self):
         """Unhook everything start() hooked; whether collection was on."""
         collector = self._collector
@@ -183,6 +205,8 @@ class PrecisionDebugger:
             return False
         shims.detach()
         collector.set_collecting(False)
+        if PrecisionDebugger._collecting is self:
+            PrecisionDebugger._collecting = None
         if self._tokens is not None:
             self._tokens.remove()
             self._tokens = None
@@ -420,6 +444,19 @@ class PrecisionDebugger:
         collector = self._collector
         if not value and self._end_collection() and (collector.data or collector.pending_backward):
             self._flush()  # what this step collected so far is written (not an empty step begun by step())
+
+
+def _at_exit(debugger_ref, writer):
+    """At the interpreter's exit (an uncaught exception included, as msprobe writes what it has then): the step
+    being collected is written, then every file waits to reach the disk (tests/runtime/test_process_life.py)."""
+    debugger = debugger_ref()
+    try:
+        if debugger is not None and debugger._collector is not None and (
+                debugger._collector.collecting or debugger._debug.dirty):
+            debugger.stop()
+    except Exception as error:  # noqa: BLE001 - at exit the user's own traceback must stay the last word
+        logger.error("msprobe_runtime: writing the last step at exit failed: %s", error)
+    writer.wait()
 
 
 def _detached(job):

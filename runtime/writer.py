@@ -20,6 +20,7 @@ import os
 import queue
 import sys
 import threading
+import weakref
 
 from . import json_files, writing_process
 from .call_stacks import Resolver
@@ -76,6 +77,7 @@ class Writer:
         self._queue = queue.Queue()
         self._thread = None
         self._lock = threading.Lock()
+        _LIVE.add(self)
         self.errors = []  # every failed step's error; the first of a kind is logged, loudly, the rest counted
         self._reported = set()
         self._failing = False
@@ -91,6 +93,19 @@ class Writer:
         # files elsewhere (``may_prepare``), since a kept file is sent by key to the writing process in the
         # order messages are made, and they must be made in the order they are written
         self._unprepared = 0
+
+    def forget_parent_thread(self):
+        """In a child forked from the process this writer serves: no thread of the parent runs here, so the
+        handle of its writer thread, its queue (the parent writes what it holds) and any lock it may have held at
+        the fork are dropped; the child's steps get a thread of their own. Else the child's ``wait()`` waits on
+        the parent's queue forever (tests/runtime/test_process_life.py)."""
+        self._queue = queue.Queue()
+        self._thread = None
+        self._lock = threading.Lock()
+        self._files_lock = threading.Lock()
+        self._report_lock = threading.Lock()
+        self._unprepared = 0
+        self._sent = {}  # sent to the parent's writing process; the child's has none of them
 
     def submit(self, job):
         """Write ``job`` in the background. A prepared step (its message made, no tensor files) is posted to
@@ -350,6 +365,18 @@ class Writer:
             if obj is None:
                 raise KeyError(f"{name} sent earlier ({key}) is no longer held")
         return name, obj
+
+
+_LIVE = weakref.WeakSet()  # every writer of this process: a forked child resets them all
+
+
+def _forget_parent_threads():
+    for writer in list(_LIVE):
+        writer.forget_parent_thread()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(after_in_child=_forget_parent_threads)
 
 
 def _report(answers):

@@ -263,5 +263,15 @@ def close_shared():
         process.close()
 
 
+def _unlock_in_child():
+    # the parent's writer thread may hold the lock at the fork; no thread of the child ever releases it
+    global _shared_lock
+    _shared_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_unlock_in_child)
+
+
 # after every debugger's own atexit wait (registered later, so run earlier): the child has written everything
 atexit.register(close_shared)
