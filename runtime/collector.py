@@ -21,7 +21,7 @@ from . import call_stacks, compiled_calls, dump_names, native_stats, operators
 from .compiled_regions import POLYFILLED as _POLYFILLED
 from .module_tracking import tracing as _tracing
 from .config import switched_on
-from .foreign import (BOUND_METHOD_TYPES, bound_self, children, is_subclass, key_text, mapping_items, method_name,
+from .foreign import (BOUND_METHOD_TYPES, bound_self, children, defines_before, is_subclass, key_text, mapping_items, method_name,
                       own_parameters, sequence_items, type_name)
 from .records import TensorRecord, describe_builtin
 from .selection import Selection
@@ -914,7 +914,7 @@ class Collector:
             recorder = None  # declined: the torch ops serve it
         requires_grad = t.requires_grad
         if type(t) is not _TENSOR:
-            local = _local_shard(t)
+            local = _documented_part(t)
             if local is not None:
                 t = local
                 if recorder is not None:  # a DTensor's shard, recorded with the DTensor's own requires_grad
@@ -922,6 +922,15 @@ class Collector:
                     if not todo:
                         record = records[0]
                         return record[:2] + (requires_grad,) + record[3:]
+            elif _dispatches_to_python(type(t)):
+                # its values are reached only through the subclass's own __torch_dispatch__ (a wrapper subclass
+                # has no storage of its own: the native op read garbage, the torch ops ran the user's dispatch
+                # 32 times a call): dtype, shape and requires_grad from the tensor's struct, statistics null
+                # (tests/runtime/test_tensor_subclasses.py)
+                self._say_opaque(type(t))
+                self.tensor_records += 1
+                return TensorRecord("torch.Tensor", _dtype_name(t.dtype), tuple(t.shape), requires_grad,
+                                    KIND_EMPTY, None, None, None, None)
         kind = tensor_kind(t)
         readable = None
         if kind != KIND_EMPTY:
@@ -967,6 +976,13 @@ class Collector:
             logger.warning("msprobe_runtime: %s tensors are recorded without statistics (dtype and shape only)",
                            what)
         return False
+
+    def _say_opaque(self, kind):
+        if kind not in self._unreadable:
+            self._unreadable.add(kind)
+            logger.warning("msprobe_runtime: tensors of class %s are recorded with dtype and shape and null "
+                           "statistics: their values are reached only through the class's own "
+                           "__torch_dispatch__, which the runtime does not run", type_name(kind))
 
     def _no_statistics(self, t, error):
         """Say once per dtype that its tensors are recorded with null statistics, and why (torch has no
@@ -1095,25 +1111,54 @@ def _place(t):
         return None
 
 
-_DTENSOR_TYPES = {}  # tensor subclass -> whether it is a DTensor
+_DOCUMENTED_READERS = {}  # tensor subclass -> how its values are read as a plain tensor, or None
+_DISPATCHING_TYPES = {}  # tensor subclass -> whether it defines its own __torch_dispatch__
 
 
-def _local_shard(t):
-    """A DTensor's local tensor (this rank's shard), or None for any other tensor.
+def _dtensor_shard(t):
+    # this rank's shard, read as a plain attribute: no dispatch, no collective, no autograd node (``to_local()``
+    # would add one). Reductions on the DTensor itself would give Partial placements that ``torch.stack`` cannot
+    # mix (``P(max)`` to ``P(avg)``), or redistribute with a collective on the training thread; msprobe records
+    # tensor-parallel shards per rank too
+    return t._local_tensor
 
-    Statistics of a DTensor are those of its shard, recorded per rank, as msprobe records tensor-parallel
-    shards: reductions on the DTensor itself would give Partial placements that ``torch.stack`` cannot mix
-    (``P(max)`` to ``P(avg)``), or redistribute with a collective on the training thread. ``_local_tensor`` is
-    read as a plain attribute: no dispatch, no collective, no autograd node (``to_local()`` would add one).
-    The class is looked up in ``sys.modules``: without ``torch.distributed.tensor`` there is no DTensor.
-    """
+
+def _collective_result(t):
+    # what its own dispatch does before any op reads it (``trigger_wait``: the collective waited for once, on
+    # the stream); its values are then a plain tensor's
+    return t.trigger_wait()
+
+
+_DOCUMENTED = (("torch.distributed.tensor", "DTensor", _dtensor_shard),
+               ("torch.distributed._functional_collectives", "AsyncCollectiveTensor", _collective_result))
+
+
+def _documented_part(t):
+    """The plain tensor that holds the values of ``t``, a tensor subclass of torch's whose layout torch
+    documents (a DTensor's local shard, a functional collective's result), or None for any other tensor.
+    The classes are looked up in ``sys.modules``: where their module was never imported, none exists."""
     kind = type(t)
-    known = _DTENSOR_TYPES.get(kind)
+    try:
+        reader = _DOCUMENTED_READERS[kind]
+    except KeyError:
+        reader = None
+        for module_name, class_name, read in _DOCUMENTED:
+            module = sys.modules.get(module_name)
+            cls = getattr(module, class_name, None) if module is not None else None
+            if cls is not None and is_subclass(kind, cls):
+                reader = read
+                break
+        _DOCUMENTED_READERS[kind] = reader
+    return reader(t) if reader is not None else None
+
+
+def _dispatches_to_python(kind):
+    """Whether tensors of subclass ``kind`` define their own ``__torch_dispatch__`` (a wrapper subclass, a
+    tensor of a quantization library): every op on them, a statistic's too, runs that Python code."""
+    known = _DISPATCHING_TYPES.get(kind)
     if known is None:
-        module = sys.modules.get("torch.distributed.tensor")
-        dtensor = getattr(module, "DTensor", None) if module is not None else None
-        known = _DTENSOR_TYPES[kind] = dtensor is not None and is_subclass(kind, dtensor)
-    return t._local_tensor if known else None
+        known = _DISPATCHING_TYPES[kind] = defines_before(kind, "__torch_dispatch__", _TENSOR)
+    return known
 
 
 def _tensor_owner(fn):

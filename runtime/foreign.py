@@ -44,6 +44,17 @@ def is_subclass(cls, base):
     return answer
 
 
+def defines_before(cls, name, base):
+    """Whether a class of ``cls``'s MRO that comes before ``base`` has ``name`` in its own namespace (a tensor
+    subclass's own ``__torch_dispatch__``), read from the MRO and class dicts that CPython stores."""
+    for klass in _TYPE_GETATTR(cls, "__mro__"):
+        if klass is base:
+            return False
+        if name in _TYPE_GETATTR(klass, "__dict__"):
+            return True
+    return False
+
+
 def type_name(cls):
     """``cls.__name__`` without the metaclass's ``__getattribute__``."""
     return _TYPE_GETATTR(cls, "__name__")
