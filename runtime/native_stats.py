@@ -13,7 +13,8 @@ torch-op path until it is ready, was rejected: the two paths round Mean and Norm
 float32 bit (Max, Min and the counts are equal), and which steps used which would depend on timing, so two
 identical runs could write different dumps. Here a run uses one path from its first record to its last.
 Concurrent ranks share one build through torch's lock file in the build folder; a ``ready`` marker, written
-after the build, lets later processes import the library without taking the lock.
+after the build, records the library's size and sha256 (``native_cache``): later processes import the library
+without taking the lock, and only while it still matches the record.
 
 The loop (``SOURCE``): 16 float lanes that -O3 vectorises (a plain scalar loop is about 7 times slower than
 torch's four ops, because float reductions are not reassociated without explicit lanes); sums and sums of
@@ -60,6 +61,7 @@ import platform
 import sys
 import threading
 
+from . import native_cache
 from .config import switched_on
 
 logger = logging.getLogger("msprobe_runtime")
@@ -1232,6 +1234,10 @@ NAME = "msprobe_stats"
 FLAGS = ["-O3"] + {"x86_64": ["-march=native"], "AMD64": ["-march=native"],
                    "aarch64": ["-mcpu=native"], "arm64": ["-mcpu=native"]}.get(platform.machine(), [])
 
+# the build folder's layout: a folder of an earlier layout (its ``ready`` marker held a path, not a record of
+# the library) belongs to the versions of the tool that made it, and is left to them
+CACHE_LAYOUT = "2"
+
 _lock = threading.Lock()
 _state = {"done": False, "module": None}
 
@@ -1264,12 +1270,13 @@ def build_directory():
     import torch
 
     key = hashlib.sha256("\0".join([SOURCE, " ".join(FLAGS), _cpu_id(), torch.__version__,
-                                    sys.version, platform.machine()]).encode()).hexdigest()[:16]
+                                    sys.version, platform.machine(), CACHE_LAYOUT]).encode()).hexdigest()[:16]
     return os.path.join(cache_root(), f"stats-torch{torch.__version__.replace('+', '_')}-{key}")
 
 
 def _import(path):
-    spec = importlib.util.spec_from_file_location(NAME, path)
+    # the module's name is its file's (a second build in one process is ``msprobe_stats_v1``: torch names it)
+    spec = importlib.util.spec_from_file_location(os.path.basename(path).split(".", 1)[0], path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -1282,11 +1289,7 @@ def _build(directory):
     os.makedirs(directory, exist_ok=True)
     module = cpp_extension.load_inline(NAME, cpp_sources=[SOURCE], extra_cflags=FLAGS, build_directory=directory,
                                        verbose=False)
-    marker = os.path.join(directory, "ready")
-    temporary = f"{marker}.{os.getpid()}"
-    with open(temporary, "w") as handle:
-        handle.write(getattr(module, "__file__", "") or "")
-    os.replace(temporary, marker)  # the .so is complete: later processes import it without ninja
+    native_cache.write_record(directory, module.__file__)  # complete: later processes import it without ninja
     return module
 
 
@@ -1318,8 +1321,8 @@ def _load():
     import torch  # noqa: F401  (the op's library links against torch's)
 
     directory = build_directory()
-    library = os.path.join(directory, f"{NAME}.so")
-    if os.path.exists(os.path.join(directory, "ready")) and os.path.exists(library):
+    library, problem = native_cache.checked_library(directory)
+    if library is not None:
         return _import(library)
     # a build that failed here fails again: the directory's key holds everything the build reads but the
     # compiler, so later processes skip the minute it costs (a compiler installed since: delete the note)
@@ -1327,6 +1330,13 @@ def _load():
     reason = _read_note(failed)
     if reason is not None:
         raise RuntimeError(f"{reason} (remembered from an earlier build: delete {failed} to try again)")
+    if problem is not None:
+        # never loaded (a truncated library is a SIGBUS: test_native_build_cache.py), but built again rather
+        # than left to the torch ops: a run keeps one path from its first record to its last, the op is what
+        # the user asked for, and the next process finds a good build instead of this warning
+        logger.warning("msprobe_runtime: the cached native statistics op in %s is not loaded: %s; it is built "
+                       "again", directory, problem)
+        native_cache.discard(directory)
     logger.warning("msprobe_runtime: building the native statistics op once (about a minute) into %s", directory)
     try:
         return _build(directory)
@@ -1346,12 +1356,10 @@ def _build_error_line(lines):
 
 def _read_note(path):
     """The first line of the note at ``path``, or None where there is none (a link there is not followed)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError:
+    text = native_cache.read_text(path)
+    if text is None:
         return None
-    with os.fdopen(fd, "r", encoding="utf-8", errors="replace") as handle:
-        return handle.read(4096).split("\n", 1)[0] or "a failed build"
+    return text.split("\n", 1)[0] or "a failed build"
 
 
 def _write_note(directory, path, text):

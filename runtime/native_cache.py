@@ -1,0 +1,97 @@
+"""The native op's build folder and its record: a cached library is loaded only while it is what its build made.
+
+A build's ``ready`` marker is its record, written once the library is complete: the library's file name, its
+size and its sha256. A process loads the cached library only if it still matches. One that no longer does (a
+copy of a home cut short by a full disk, a file system repaired after a crash, an edit) was loaded as it was,
+and a truncated library killed the training process with SIGBUS as soon as the loader touched a page past
+its end (tests/runtime/test_native_build_cache.py). The record and the library are opened without following a
+link; hashing the library (about 0.5 MB) costs about a millisecond.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+import tempfile
+
+from .dump_names import is_plain_file_name
+
+RECORD = "ready"
+_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def read_text(path, limit=4096):
+    """The first ``limit`` characters of the file at ``path``, or None where there is none or it cannot be
+    read; a link planted at ``path`` is not followed (a planted file is not taken as ours)."""
+    try:
+        fd = os.open(path, _READ)
+    except OSError:
+        return None
+    with os.fdopen(fd, "r", encoding="utf-8", errors="replace") as handle:
+        try:
+            return handle.read(limit)
+        except OSError:
+            return None
+
+
+def _size_and_sha256(path):
+    """``(size, sha256 hex)`` of the regular file at ``path``, opened without following a link."""
+    fd = os.open(path, _READ)
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        digest = hashlib.sha256()
+        size = 0
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+            size += len(block)
+    return size, digest.hexdigest()
+
+
+def write_record(folder, library):
+    """Record in ``folder`` what its build made: ``library`` (a file in ``folder``), its size and sha256."""
+    from .json_files import atomic_write_text
+
+    size, sha256 = _size_and_sha256(library)
+    record = {"library": os.path.basename(library), "size": size, "sha256": sha256}
+    atomic_write_text(os.path.join(folder, RECORD), json.dumps(record) + "\n")
+
+
+def checked_library(folder):
+    """``(path, None)`` of the library in ``folder`` where it is what its build recorded; ``(None, None)`` where
+    ``folder`` records no build; ``(None, why)`` where the record or the library is not what a build left."""
+    text = read_text(os.path.join(folder, RECORD))
+    if text is None:
+        return None, None
+    try:
+        record = json.loads(text)
+        name, size, sha256 = record["library"], record["size"], record["sha256"]
+    except (ValueError, TypeError, KeyError):
+        return None, f"its {RECORD} marker records no library, size and sha256"
+    if not (isinstance(name, str) and is_plain_file_name(name) and type(size) is int and isinstance(sha256, str)):
+        return None, f"its {RECORD} marker records no library, size and sha256"
+    path = os.path.join(folder, name)
+    try:
+        found_size, found_sha256 = _size_and_sha256(path)
+    except OSError as error:
+        return None, f"{name} cannot be read ({error.strerror or error})"
+    if found_size != size:
+        return None, f"{name} holds {found_size} bytes where its build made {size}"
+    if found_sha256 != sha256:
+        return None, f"{name}'s sha256 is not its build's"
+    return path, None
+
+
+def discard(folder):
+    """Take ``folder`` away: renamed first to a name of its own beside it (so no process finds half of it at
+    its name), then removed. A process that has its library loaded keeps it: a removed file stays mapped."""
+    parent, base = os.path.split(folder)
+    aside = tempfile.mkdtemp(prefix=f"{base}.", suffix=".discarded", dir=parent)
+    try:
+        os.rename(folder, os.path.join(aside, base))
+    except FileNotFoundError:
+        pass  # another process took it away first
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)

@@ -1,0 +1,89 @@
+"""The native op's build cache under faults (runtime/native_cache.py, runtime/native_stats.py): a cached library
+is loaded only while it is what its build made.
+
+Every load runs in a fresh interpreter (fixtures/native_cache/load_op.py), so that a library that kills its
+loader (SIGBUS) fails the test instead of pytest. Its build is torch's ``load_inline`` stood in for by a copy of
+this session's real build, which the corrupted copies are told apart from.
+"""
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from msprobe_runtime import native_cache, native_stats  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LOAD_OP = os.path.join(ROOT, "fixtures", "native_cache", "load_op.py")
+LIBRARY = f"{native_stats.NAME}.so"
+
+
+@pytest.fixture(scope="module")
+def built(native, tmp_path_factory):
+    """A copy of this session's whole build folder: the library a stood-in build makes, and a cache to corrupt."""
+    copy = tmp_path_factory.mktemp("built") / os.path.basename(native_stats.build_directory())
+    shutil.copytree(native_stats.build_directory(), copy, ignore=shutil.ignore_patterns("lock"))
+    return copy
+
+
+def load_op(cache, mode, library, **popen):
+    """Run load_op.py with ``cache`` as the cache folder and the op switched on, whatever this session's
+    environment says; a CompletedProcess, or the Popen where ``popen`` asks for one."""
+    env = dict(os.environ, MSPROBE_CACHE_DIR=str(cache))
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("MSPROBE_NATIVE_STATS", None)
+    command = [sys.executable, LOAD_OP, mode, str(library)]
+    if popen:
+        return subprocess.Popen(command, env=env, text=True, **popen)
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+
+
+def loaded(done):
+    """load_op.py's answer, after checking that its process ended normally with the op loaded and serving."""
+    assert done.returncode == 0, f"load_op.py ended with {done.returncode}:\n{done.stderr}"
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    assert answer["loaded"], done.stderr
+    numbers = answer["stats"]
+    assert numbers[:3] == [4.0, -2.0, 1.0] and numbers[4:] == [0.0, 0.0], numbers
+    assert math.isclose(numbers[3], math.sqrt(21.0), rel_tol=1e-6), numbers
+    return answer
+
+
+def cached_copy(built, tmp_path):
+    """``(cache, its build folder)``: a cache holding a copy of this session's build."""
+    cache = tmp_path / "cache"
+    folder = cache / built.name
+    shutil.copytree(built, folder)
+    return cache, folder
+
+
+def test_a_truncated_cached_library_is_built_again_not_loaded(built, tmp_path):
+    """A library cut short after its build, its ready marker still there, killed the process that loaded it
+    with SIGBUS. It is not loaded: a warning says why, the op is built again in its place and serves."""
+    cache, folder = cached_copy(built, tmp_path)
+    good = (built / LIBRARY).read_bytes()
+    with open(folder / LIBRARY, "r+b") as handle:
+        handle.truncate(len(good) // 2)
+    done = load_op(cache, "copy", built / LIBRARY)
+    loaded(done)
+    assert "is not loaded" in done.stderr and f"holds {len(good) // 2} bytes" in done.stderr, done.stderr
+    assert (folder / LIBRARY).read_bytes() == good
+    assert native_cache.checked_library(str(folder)) == (str(folder / LIBRARY), None)
+
+
+def test_a_cached_library_whose_bytes_changed_is_built_again_not_loaded(built, tmp_path):
+    """Bytes changed but not the size: only the sha256 tells. The changed library is not loaded."""
+    cache, folder = cached_copy(built, tmp_path)
+    good = (built / LIBRARY).read_bytes()
+    middle = len(good) // 2
+    changed = good[:middle] + bytes(b ^ 0xFF for b in good[middle:middle + 64]) + good[middle + 64:]
+    (folder / LIBRARY).write_bytes(changed)
+    done = load_op(cache, "copy", built / LIBRARY)
+    loaded(done)
+    assert "is not loaded" in done.stderr and "sha256 is not its build's" in done.stderr, done.stderr
+    assert (folder / LIBRARY).read_bytes() == good
