@@ -1,14 +1,22 @@
-"""The native op's build folder and its record: a cached library is loaded only while it is what its build made.
+"""The native op's build folder: it appears only whole, with a record, and is loaded only while it matches it.
 
 A build's ``ready`` marker is its record, written once the library is complete: the library's file name, its
 size and its sha256. A process loads the cached library only if it still matches. One that no longer does (a
 copy of a home cut short by a full disk, a file system repaired after a crash, an edit) was loaded as it was,
 and a truncated library killed the training process with SIGBUS as soon as the loader touched a page past
 its end (tests/runtime/test_native_build_cache.py). The record and the library are opened without following a
-link; hashing the library (about 0.5 MB) costs about a millisecond.
+link; hashing the library (about 0.5 MB) costs about half a millisecond.
+
+A build runs in a private folder beside its final one (``building_folder``) and is renamed into place whole,
+library and record together (``publish``): the final name never holds half a build, and a build killed midway
+leaves only its private folder (a few MB, left there: no process can tell it from the folder of a build still
+running on another machine that shares the cache). Processes of one machine take ``build_lock`` to build once; where another
+build got there first anyway (machines sharing a cache), the one in place is checked and kept.
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -16,10 +24,16 @@ import shutil
 import stat
 import tempfile
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock, the rename alone keeps a build folder whole
+    fcntl = None
+
 from .dump_names import is_plain_file_name
 
 RECORD = "ready"
-_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_NO_LINK = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_READ = os.O_RDONLY | _NO_LINK
 
 
 def read_text(path, limit=4096):
@@ -95,3 +109,69 @@ def discard(folder):
         pass  # another process took it away first
     finally:
         shutil.rmtree(aside, ignore_errors=True)
+
+
+def building_folder(folder):
+    """A new folder beside ``folder`` to build in, under a name no one can guess (``tempfile.mkdtemp``): on the
+    same file system, so that ``publish`` is one rename."""
+    parent, base = os.path.split(folder)
+    os.makedirs(parent, exist_ok=True)
+    return tempfile.mkdtemp(prefix=f"{base}.", suffix=".building", dir=parent)
+
+
+def publish(building, folder):
+    """Rename the whole build in ``building`` (its library and record written) to ``folder``: True where it is
+    there now; False where another process's whole build was there first, which stays (the processes that
+    loaded it keep it) while ``building`` is removed. A folder at ``folder`` that is not a whole build (a
+    corrupt one, a failure note of another build) is taken away for this one."""
+    os.chmod(building, 0o755)  # as the folders made by makedirs: others may load what only its owner writes
+    for _attempt in range(3):
+        try:
+            os.rename(building, folder)  # atomic; over an existing folder only where it is empty
+            return True
+        except OSError as error:
+            if error.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+        if checked_library(folder)[0] is not None:
+            shutil.rmtree(building, ignore_errors=True)
+            return False
+        discard(folder)
+    raise OSError(errno.EEXIST, f"{folder} was taken by other builds three times while this one was put there")
+
+
+@contextlib.contextmanager
+def build_lock(folder, waiting):
+    """Hold ``<folder>.lock`` (``flock``) around a build, so that the processes of one machine build once: the
+    others wait (``waiting()`` is called when one starts to), then find the build. The kernel releases the lock
+    when its holder dies. torch's own lock (a file that exists while a build runs, in the build folder) stayed
+    behind a build killed midway, and every later process waited for it forever; it is now in the killed
+    build's private folder, which no one waits on. Where no lock can be had, builds run side by side and
+    ``publish`` keeps the folder whole."""
+    fd = None
+    if fcntl is not None:
+        try:
+            os.makedirs(os.path.dirname(folder), exist_ok=True)
+            fd = os.open(f"{folder}.lock", os.O_RDWR | os.O_CREAT | _NO_LINK, 0o644)
+        except OSError:
+            fd = None
+    try:
+        if fd is not None:
+            _take(fd, waiting)
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # releases the lock
+
+
+def _take(fd, waiting):
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        waiting()
+    except OSError:
+        return  # a file system without locks
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:
+        pass

@@ -12,9 +12,10 @@ first build on two busy cores; 1 ms to import a cached one). A build in a backgr
 torch-op path until it is ready, was rejected: the two paths round Mean and Norm differently in the last
 float32 bit (Max, Min and the counts are equal), and which steps used which would depend on timing, so two
 identical runs could write different dumps. Here a run uses one path from its first record to its last.
-Concurrent ranks share one build through torch's lock file in the build folder; a ``ready`` marker, written
-after the build, records the library's size and sha256 (``native_cache``): later processes import the library
-without taking the lock, and only while it still matches the record.
+A build runs in a private folder and is renamed into place whole, its ``ready`` marker recording the library's
+size and sha256 (``native_cache``): later processes import the library without a lock, and only while it
+still matches the record. Concurrent ranks of one machine build once, the others waiting on a lock that the
+kernel releases if its holder dies.
 
 The loop (``SOURCE``): 16 float lanes that -O3 vectorises (a plain scalar loop is about 7 times slower than
 torch's four ops, because float reductions are not reassociated without explicit lanes); sums and sums of
@@ -58,6 +59,7 @@ import importlib.util
 import logging
 import os
 import platform
+import shutil
 import sys
 import threading
 
@@ -1283,13 +1285,22 @@ def _import(path):
 
 
 def _build(directory):
-    """Compile the op into ``directory`` (torch's file lock keeps concurrent ranks to one build)."""
+    """Compile the op in a private folder beside ``directory`` and rename that into place once the library and
+    its record are written: ``directory`` never holds half a build (test_native_build_cache.py). The module
+    is this build's, loaded by torch from where it was built. Where another process's build took
+    ``directory`` first, that one is kept and this one's folder removed; the module stays this build's, since
+    loading the other as well would put a second copy of the extension in the process."""
     from torch.utils import cpp_extension
 
-    os.makedirs(directory, exist_ok=True)
-    module = cpp_extension.load_inline(NAME, cpp_sources=[SOURCE], extra_cflags=FLAGS, build_directory=directory,
-                                       verbose=False)
-    native_cache.write_record(directory, module.__file__)  # complete: later processes import it without ninja
+    building = native_cache.building_folder(directory)
+    try:
+        module = cpp_extension.load_inline(NAME, cpp_sources=[SOURCE], extra_cflags=FLAGS, build_directory=building,
+                                           verbose=False)
+        native_cache.write_record(building, module.__file__)  # complete: later processes import it without ninja
+        native_cache.publish(building, directory)
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
     return module
 
 
@@ -1324,26 +1335,37 @@ def _load():
     library, problem = native_cache.checked_library(directory)
     if library is not None:
         return _import(library)
-    # a build that failed here fails again: the directory's key holds everything the build reads but the
-    # compiler, so later processes skip the minute it costs (a compiler installed since: delete the note)
-    failed = os.path.join(directory, FAILED)
-    reason = _read_note(failed)
-    if reason is not None:
-        raise RuntimeError(f"{reason} (remembered from an earlier build: delete {failed} to try again)")
+    _raise_failed_before(directory)
     if problem is not None:
         # never loaded (a truncated library is a SIGBUS: test_native_build_cache.py), but built again rather
         # than left to the torch ops: a run keeps one path from its first record to its last, the op is what
         # the user asked for, and the next process finds a good build instead of this warning
         logger.warning("msprobe_runtime: the cached native statistics op in %s is not loaded: %s; it is built "
                        "again", directory, problem)
-        native_cache.discard(directory)
-    logger.warning("msprobe_runtime: building the native statistics op once (about a minute) into %s", directory)
-    try:
-        return _build(directory)
-    except Exception as error:
-        lines = str(error).strip().splitlines()
-        _write_note(directory, failed, _build_error_line(lines) or type(error).__name__)
-        raise
+    with native_cache.build_lock(directory, waiting=lambda: logger.warning(
+            "msprobe_runtime: waiting for another process's build of the native statistics op into %s", directory)):
+        # the build of the process that held the lock, or its failure, is this one's
+        library, _ = native_cache.checked_library(directory)
+        if library is not None:
+            return _import(library)
+        _raise_failed_before(directory)
+        logger.warning("msprobe_runtime: building the native statistics op once (about a minute) into %s",
+                       directory)
+        try:
+            return _build(directory)
+        except Exception as error:
+            lines = str(error).strip().splitlines()
+            _write_note(directory, os.path.join(directory, FAILED), _build_error_line(lines) or type(error).__name__)
+            raise
+
+
+def _raise_failed_before(directory):
+    """A build that failed here fails again: the directory's key holds everything the build reads but the
+    compiler, so later processes skip the minute it costs (a compiler installed since: delete the note)."""
+    failed = os.path.join(directory, FAILED)
+    reason = _read_note(failed)
+    if reason is not None:
+        raise RuntimeError(f"{reason} (remembered from an earlier build: delete {failed} to try again)")
 
 
 def _build_error_line(lines):

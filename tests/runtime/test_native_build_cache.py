@@ -1,9 +1,10 @@
 """The native op's build cache under faults (runtime/native_cache.py, runtime/native_stats.py): a cached library
-is loaded only while it is what its build made.
+is loaded only while it is what its build made, and a build folder appears at its name only whole.
 
 Every load runs in a fresh interpreter (fixtures/native_cache/load_op.py), so that a library that kills its
 loader (SIGBUS) fails the test instead of pytest. Its build is torch's ``load_inline`` stood in for by a copy of
-this session's real build, which the corrupted copies are told apart from.
+this session's real build, which the corrupted copies are told apart from, except where two processes build
+at once.
 """
 import json
 import math
@@ -87,3 +88,54 @@ def test_a_cached_library_whose_bytes_changed_is_built_again_not_loaded(built, t
     loaded(done)
     assert "is not loaded" in done.stderr and "sha256 is not its build's" in done.stderr, done.stderr
     assert (folder / LIBRARY).read_bytes() == good
+
+
+def test_a_build_killed_midway_leaves_nothing_at_the_final_name(built, tmp_path):
+    """The build ran in the final folder: one killed midway (a rank that torchrun kills) left half a library
+    there. It runs in a private folder beside it, and nothing is at the final name until the build is whole;
+    the next process builds it and loads it."""
+    cache = tmp_path / "cache"
+    final = cache / built.name
+    process = load_op(cache, "hang", built / LIBRARY, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                      stderr=subprocess.PIPE)
+    try:
+        line = process.stdout.readline()
+        assert line, process.communicate()[1]
+        building = json.loads(line)["building"]  # half of the library is written there now
+        assert os.path.dirname(building) == str(cache) and building != str(final)
+        assert not final.exists()
+    finally:
+        process.kill()
+        process.communicate()
+    assert not final.exists()
+    loaded(load_op(cache, "copy", built / LIBRARY))
+    assert native_cache.checked_library(str(final)) == (str(final / LIBRARY), None)
+
+
+def test_a_build_that_finds_another_whole_build_in_place_keeps_that_one(built, tmp_path):
+    """Machines that share a cache do not see each other's lock: another's whole build can take the final name
+    while this one compiles. It stays as it is (a process may have loaded it: rewriting it in place is a
+    SIGBUS there), this build's folder is removed, and the op this process built serves it."""
+    cache = tmp_path / "cache"
+    final = cache / built.name
+    loaded(load_op(cache, f"other:{built}", built / LIBRARY))
+    assert (final / LIBRARY).read_bytes() == (built / LIBRARY).read_bytes()
+    assert native_cache.checked_library(str(final)) == (str(final / LIBRARY), None)
+    assert sorted(os.listdir(cache)) == [built.name, f"{built.name}.lock"]  # no build folder left behind
+
+
+@pytest.mark.slow  # a real build: about a minute
+def test_two_processes_that_load_at_once_with_an_empty_cache_both_get_the_op(native, tmp_path):
+    """Two ranks starting together with nothing cached: one builds, the other waits for its lock and loads
+    its build after checking it; both end with the op."""
+    cache = tmp_path / "cache"
+    processes = [load_op(cache, "build", "-", stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    outputs = [process.communicate(timeout=900) for process in processes]
+    ended = [subprocess.CompletedProcess(p.args, p.returncode, *output) for p, output in zip(processes, outputs)]
+    for done in ended:
+        loaded(done)
+    builders = [done for done in ended if "building the native statistics op" in done.stderr]
+    assert len(builders) == 1, [done.stderr for done in ended]
+    final = cache / os.path.basename(native_stats.build_directory())
+    assert native_cache.checked_library(str(final)) == (str(final / LIBRARY), None)
+    assert sorted(os.listdir(cache)) == [final.name, f"{final.name}.lock"]
