@@ -19,11 +19,12 @@ kernel releases if its holder dies.
 
 The loop (``SOURCE``): 16 float lanes that -O3 vectorises (a plain scalar loop is about 7 times slower than
 torch's four ops, because float reductions are not reassociated without explicit lanes); sums and sums of
-squares accumulate in double lanes, so a 100 M-element tensor's mean stays accurate to far better than float32
-rounding; Max and Min skip NaN (``v > m ? v : m``) and become NaN when the sum of squares is NaN, which happens
+squares (each squared in float, as torch squares it) accumulate in double lanes, so a 100 M-element tensor's
+mean stays accurate to far better than float32 rounding, while a sum past float's range is inf, as torch's
+float accumulators make it; Max and Min skip NaN (``v > m ? v : m``) and become NaN when the sum of squares is NaN, which happens
 exactly when a NaN is present (as ``torch.amax`` propagates NaN). The NaN and Inf counts cost nothing on a
-clean tensor: a finite float's square cannot overflow a double, so a block's sum of squares is finite exactly
-when the block holds neither NaN nor Inf, and only a block whose sum is not finite is read a second time to
+clean tensor: a block's sum of squares is finite when the block holds no NaN, no Inf and no value past
+1.8e19 (whose float square is inf), and only a block whose sum is not finite is read a second time to
 count them (``v != v``, ``|v| == inf``). Tensors of more than 64 K elements are cut into fixed blocks of 64 K
 elements, reduced by ``at::parallel_for`` and combined in block order, so values do not depend on the thread
 count. Mean and Norm are rounded to the tensor's dtype, as torch's ``mean`` and ``vector_norm`` give them.
@@ -159,18 +160,16 @@ Partial reduce_block(const T* p, int64_t n, bool counts, int64_t avail) {
       float v = load(p, i + j);
       mx[j] = v > mx[j] ? v : mx[j];  // skips NaN
       mn[j] = v < mn[j] ? v : mn[j];
-      double d = static_cast<double>(v);
-      s[j] += d;
-      q[j] += d * d;
+      s[j] += static_cast<double>(v);
+      q[j] += static_cast<double>(v * v);  // squared in float, as torch does: below its range 0, above it inf
     }
   }
   for (int j = 0; i < n; ++i, ++j) {  // the tail, into lanes 0..
     float v = load(p, i);
     mx[j] = v > mx[j] ? v : mx[j];
     mn[j] = v < mn[j] ? v : mn[j];
-    double d = static_cast<double>(v);
-    s[j] += d;
-    q[j] += d * d;
+    s[j] += static_cast<double>(v);
+    q[j] += static_cast<double>(v * v);
   }
   Partial out{-INF, INF, 0.0, 0.0, 0, 0};
   for (int j = 0; j < L; ++j) {
@@ -179,8 +178,8 @@ Partial reduce_block(const T* p, int64_t n, bool counts, int64_t avail) {
     out.s += s[j];
     out.q += q[j];
   }
-  // A finite float's square cannot overflow a double, nor can a block's sum of them: the sum of squares is
-  // finite exactly when the block holds no NaN and no Inf. Only then is a second, counting pass skipped.
+  // A block's sum of float squares is finite when the block holds no NaN, no Inf and no value whose square
+  // passes float's range (|v| > 1.8e19): only then is a second, counting pass skipped.
   if (counts && !std::isfinite(out.q)) {
     int64_t cn = 0, ci = 0;
     for (int64_t k = 0; k < n; ++k) {
@@ -223,6 +222,12 @@ double round_to(double x) { return static_cast<double>(static_cast<float>(static
 template <>
 double round_to<float>(double x) { return static_cast<double>(static_cast<float>(x)); }
 
+// ``x``, or the infinity of its sign past the largest float (NaN stays NaN).
+double in_float_range(double x) {
+  const double most = static_cast<double>(std::numeric_limits<float>::max());
+  return x > most ? std::numeric_limits<double>::infinity() : x < -most ? -std::numeric_limits<double>::infinity() : x;
+}
+
 template <typename T>
 std::vector<double> stats_of(const at::Tensor& t, bool counts, double repeat) {
   const T* p = t.data_ptr<T>();
@@ -233,8 +238,11 @@ std::vector<double> stats_of(const at::Tensor& t, bool counts, double repeat) {
   std::vector<double> out(counts ? 6 : 4);
   out[0] = has_nan ? nan : static_cast<double>(r.mx);
   out[1] = has_nan ? nan : static_cast<double>(r.mn);
-  out[2] = round_to<T>(r.s / static_cast<double>(n));
-  out[3] = round_to<T>(std::sqrt(r.q * repeat));
+  // torch accumulates a float tensor's sum and sum of squares in float: past float's range they are inf, so
+  // Mean and Norm are inf there on the torch ops (the path of CUDA and NPU tensors) and in msprobe's dump; the
+  // double sums here keep the rounding finer, not the range wider (tests/runtime/test_native_stats.py)
+  out[2] = round_to<T>(in_float_range(r.s) / static_cast<double>(n));
+  out[3] = round_to<T>(std::sqrt(in_float_range(r.q) * repeat));
   if (counts) {
     out[4] = static_cast<double>(r.nan) * repeat;
     out[5] = static_cast<double>(r.inf) * repeat;

@@ -142,6 +142,30 @@ def test_nan_and_inf(native, dtype):
     assert mine[4:] == [1.0, 2.0]
 
 
+FLOAT32_RANGE_CASES = {
+    "a square past float32": ([1e20, 1.0], [torch.float32, torch.bfloat16]),
+    "squares below float32": ([1e-30, 1e-30, -1e-30], [torch.float32, torch.bfloat16]),
+    "a sum of squares past float32": ([1e18] * 5000, [torch.float32, torch.bfloat16]),
+    "a sum past float32": ([3e38, 3e38, 1.0], [torch.float32, torch.bfloat16]),
+    "a Norm past float16": ([1000.0] * 10_000, [torch.float16]),
+    "blocks each past float32": ([1e17] * 200_000, [torch.float32, torch.bfloat16]),
+    "large and tiny together": ([1e19, 1e-30, -3e18, 2e-25] * 3, DTYPES),
+}
+
+
+@pytest.mark.parametrize("case", list(FLOAT32_RANGE_CASES))
+def test_the_same_numbers_past_the_range_of_float32(native, case):
+    """Mean and Norm where a sum or a square leaves float32's range: the torch ops (the path of CUDA and NPU
+    tensors, and msprobe's own numbers) accumulate in float, giving inf past the range and 0 below it; the op,
+    whose double sums gave 1e20 where they gave inf, gives the same numbers."""
+    values, dtypes = FLOAT32_RANGE_CASES[case]
+    for dtype in dtypes:
+        t = torch.tensor(values).to(dtype)
+        mine, theirs = both(t, native)
+        assert_same(mine, theirs, dtype, t)
+        assert mine[3] == theirs[3] or math.isfinite(theirs[3]), (dtype, mine, theirs)
+
+
 def test_without_counts(native):
     t = torch.tensor([1.0, float("nan")])
     mine, theirs = both(t, native, counts=False)
