@@ -450,5 +450,18 @@ def config_from_dict(raw, task=None, dump_path=None, level=None, step=None, conf
                           "hash on the device, docs/bit-exact.md) or 'md5' (msprobe's CRC32)"}
         config.summary_mode = _choice(section["summary_mode"], f"{where}.summary_mode", SUMMARY_MODES, refused)
     config.nan_inf_count = _bool(section.get("nan_inf_count", True), f"{where}.nan_inf_count")
-    config.dump_path = os.path.abspath(os.path.expanduser(config.dump_path))
+    config.dump_path = _utf8_path(os.path.abspath(os.path.expanduser(config.dump_path)))
     return config
+
+
+def _utf8_path(path):
+    """``path``, where its name is UTF-8 (checked whole: a relative dump_path takes the working folder's
+    name). dump.json records the tensor folder's path as UTF-8 text, and msprobe's readers need it so; a name
+    of other bytes (``os.fsdecode`` gives it lone surrogates) made every tensor-task step fail at its write,
+    so it is refused here, before the first step trains (tests/runtime/test_config.py)."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        _refuse("dump_path", f"{os.fsencode(path)!r} is not a UTF-8 name, and dump.json records it as UTF-8 "
+                             "text; choose a folder whose path is UTF-8")
+    return path

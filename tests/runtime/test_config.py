@@ -250,3 +250,18 @@ def test_seed_and_is_deterministic_are_applied_when_the_debugger_is_built(load, 
     after = torch.rand(2)
     torch.manual_seed(0)
     assert torch.equal(after, torch.rand(2)) and not torch.are_deterministic_algorithms_enabled()
+
+
+def test_a_dump_path_that_is_not_utf8_is_refused_at_construction(tmp_path, monkeypatch):
+    """dump.json records the tensor folder's path as UTF-8 text: a name of other bytes made every tensor-task
+    step fail at its write, late. It is refused with the config, named by its bytes, and a relative dump_path
+    is checked with the working folder's name."""
+    name = os.fsdecode(b"dump-\xff")
+    with pytest.raises(ConfigError, match=r"dump_path: b'.*dump-\\xff' is not a UTF-8 name"):
+        load_config(dump_path=str(tmp_path / name), task="tensor")
+    odd = tmp_path / os.fsdecode(b"cwd-\xfe")
+    odd.mkdir()
+    monkeypatch.chdir(odd)
+    with pytest.raises(ConfigError, match="is not a UTF-8 name"):
+        load_config(dump_path="dump")
+    assert load_config(dump_path=str(tmp_path / "d\u00fcmp")).dump_path.endswith("d\u00fcmp")  # UTF-8: kept
