@@ -16,10 +16,10 @@ import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from . import atomic
+from . import atomic, size_limits
 from .cache import FAIL, NEW, SAME, ResultCache, source_digest
 from .files import EXCLUDED, LINK, NOT_REGULAR, OTHER, PYTHON, SPECIAL, Entry, is_python
-from .markers import SKIP_FILE_MARKER, package_of
+from .markers import SKIP_FILE_MARKER, is_instrumented, package_of
 
 REWRITE = "rewrite"
 RESTORE = "restore"
@@ -36,9 +36,7 @@ FAILED = "failed"
 # A worker result that must not be cached: the compiler itself broke, which a fixed version may not.
 _CRASH = "crash"
 
-
-
-DEFAULT_MAX_BYTES = 2 << 20
+DEFAULT_MAX_BYTES = size_limits.DEFAULT_MAX_BYTES
 
 
 @dataclass
@@ -53,8 +51,9 @@ class Options:
     catalogue: object = None
     cache: Optional[ResultCache] = None
     verify: bool = True         # refuse a rewritten file that does not compile
-    # A rewrite holds about 0.75 GB per MB of source, as libcst's tree does (restore, on text, a third of that;
-    # bench/rewrite_memory.py): past this size a file is skipped and said, never attempted; None: no limit
+    # A rewrite holds about 0.75 GB per MB of source, as libcst's tree does: past this size a file is skipped
+    # and said, never attempted. A restore reads up to size_limits.RESTORE_GROWTH times as much, and a rewrite
+    # writes no more than that (size_limits says why). None: no limit
     max_bytes: Optional[int] = DEFAULT_MAX_BYTES
 
 
@@ -272,6 +271,18 @@ def _finish(options: Options, pending: _Pending, kind: str, payload: bytes) -> O
                 return Outcome(entry.path, FAILED, f"cannot copy to {_out_path(options, entry)}: {error}")
         return outcome
     result = payload
+    limit = size_limits.restore_limit(options.max_bytes)
+    if options.mode == REWRITE and limit is not None and len(result) > limit:
+        # Written, it could not be restored with the same --max-file-size (size_limits; test_cli_faults.py,
+        # test_a_rewrite_that_would_outgrow_the_restore_limit_is_not_written).
+        outcome = Outcome(entry.path, SKIPPED, size_limits.rewritten_too_large(len(result), options.max_bytes),
+                          notice=True)
+        if options.write == OUT:
+            try:
+                _copy_out(entry.path, _out_path(options, entry))
+            except OSError as error:
+                outcome = Outcome(entry.path, FAILED, f"cannot copy to {_out_path(options, entry)}: {error}")
+        return outcome
     outcome = Outcome(entry.path, CHANGED)
     if options.keep_results:
         outcome.source, outcome.result = source, result
@@ -288,6 +299,29 @@ def _finish(options: Options, pending: _Pending, kind: str, payload: bytes) -> O
     except OSError as error:
         return Outcome(entry.path, FAILED, f"cannot write: {error}")
     return outcome
+
+
+def _too_large(options: Options, path: str, source: bytes) -> Optional[Outcome]:
+    """The outcome of a file too large to work on, or None.
+
+    A restore reads more than a rewrite does (``size_limits``). A file it leaves instrumented for its size is a
+    failure, named, so that the run's status says the tree is not restored; one that is not instrumented has
+    nothing to restore and is only skipped (test_cli_faults.py,
+    test_restore_leaves_a_file_instrumented_only_as_an_error).
+    """
+    if options.max_bytes is None:
+        return None
+    if options.mode == REWRITE:
+        if len(source) <= options.max_bytes:
+            return None
+        return Outcome(path, SKIPPED, f"{len(source) / (1 << 20):.1f} MiB, past the {options.max_bytes / (1 << 20):g} "
+                       f"MiB limit (--max-file-size): libcst needs about 1 GB of memory per MB; left as it is",
+                       notice=True)
+    if len(source) <= size_limits.restore_limit(options.max_bytes):
+        return None
+    if is_instrumented(source):
+        return Outcome(path, FAILED, size_limits.restore_too_large(len(source), options.max_bytes))
+    return Outcome(path, SKIPPED, size_limits.restore_skips(len(source), options.max_bytes), notice=True)
 
 
 def _read_regular_file(path: str) -> Tuple[Optional[bytes], os.stat_result]:
@@ -347,11 +381,9 @@ def run(entries: Sequence[Entry], options: Options,
             outcomes[index] = Outcome(entry.path, SKIPPED, NOT_REGULAR)
             progressed(entry.path)
             continue
-        if options.max_bytes is not None and len(source) > options.max_bytes:
-            outcomes[index] = Outcome(
-                entry.path, SKIPPED, f"{len(source) / (1 << 20):.1f} MiB, past the {options.max_bytes / (1 << 20):g} "
-                f"MiB limit (--max-file-size): libcst needs about 1 GB of memory per MB; left as it is",
-                notice=True)
+        too_large = _too_large(options, entry.path, source)
+        if too_large is not None:
+            outcomes[index] = too_large
             progressed(entry.path)
             continue
         # the rewrite depends on the file's package too (relative imports decide which calls are catalogued):

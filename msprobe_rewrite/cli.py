@@ -20,7 +20,7 @@ import sys
 import warnings
 from typing import Callable, Dict, List, Optional, Sequence
 
-from . import __version__, batch
+from . import __version__, batch, size_limits
 from .cache import ResultCache, compiler_fingerprint, default_directory
 from .files import PYTHON, PathNotFound, discover
 from .progress import Progress
@@ -106,7 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "(default location: $MSPROBE_REWRITE_CACHE_DIR, else $XDG_CACHE_HOME/msprobe-rewrite)")
     how.add_argument("--max-file-size", type=float, default=batch.DEFAULT_MAX_BYTES / (1 << 20), metavar="MIB",
                      help="skip (and name) files larger than this many MiB: libcst needs about 1 GB of memory per "
-                          "MB of source (default: %(default)g; 0: no limit)")
+                          "MB of source (default: %(default)g; 0: no limit). --restore reads files up to "
+                          f"{size_limits.RESTORE_GROWTH}x as large (what a rewrite writes is larger than what it "
+                          "read), and a rewrite writes none larger")
     how.add_argument("--no-verify", action="store_true",
                      help="do not check that each rewritten file compiles before writing it (a few percent faster)")
     out = parser.add_argument_group("output")

@@ -291,3 +291,50 @@ def test_a_file_past_the_size_limit_is_skipped_and_named_never_parsed(tmp_path, 
     assert f"skipped {tmp_path / 'big.py'} (1.2 MiB, past the 1 MiB limit" in err
     assert "1 changed, 0 unchanged, 1 skipped, 0 failed" in err
     assert parsed and max(parsed) < len(big)
+
+
+# --- 5. restoring every file a rewrite wrote, whatever its size ---------------------------------------------
+
+def test_restore_reads_every_file_the_rewrite_wrote(tmp_path, capsys):
+    """A module just under --max-file-size grows past it when rewritten (here 4x); the restore, held to the
+    same limit, used to skip it and exit 0 with the file still instrumented. It reads up to 8x the limit."""
+    limit_mib = 0.05
+    line = b"y = torch.relu(x) + -x * 2\n"
+    source = b"import torch\n" + line * ((int(limit_mib * (1 << 20)) - 13) // len(line))
+    assert len(source) <= limit_mib * (1 << 20)
+    target = tmp_path / "big.py"
+    target.write_bytes(source)
+    flags = ["--max-file-size", str(limit_mib), "--no-cache", "--jobs", "1"]
+    assert run([target, *flags]) == 1
+    assert len(target.read_bytes()) > limit_mib * (1 << 20)  # the rewrite wrote a file past the limit
+    code, _, err = run([target, "--restore", *flags], capsys)
+    assert (code, target.read_bytes()) == (1, source), err  # restored files are changed files: exit 1
+    assert "1 changed, 0 unchanged, 0 skipped, 0 failed" in err
+
+
+def test_restore_leaves_a_file_instrumented_only_as_an_error(fake, tmp_path, capsys):
+    """An instrumented file past what --restore reads (here rewritten with no limit, restored with a small one) is
+    left instrumented: a failure, named, exit 2. A file as large that is not instrumented is only skipped."""
+    body = b"x = 1\n" * 2000  # 12 kB, past 8 x 1 kB
+    instrumented = FakeCompiler.PREFIX + body
+    make_tree(tmp_path / "src", {"instrumented.py": instrumented, "plain.py": body})
+    code, _, err = run([tmp_path / "src", "--restore", "--max-file-size", "0.001", "--jobs", "1"], capsys)
+    assert code == 2
+    assert f"error: {tmp_path / 'src' / 'instrumented.py'}: " in err and "left instrumented" in err
+    assert f"skipped {tmp_path / 'src' / 'plain.py'} (" in err  # named without -v, and no error
+    assert "error" not in err.split("plain.py", 1)[1].split("\n", 1)[0]
+    assert "0 changed, 0 unchanged, 1 skipped, 1 failed" in err
+    assert (tmp_path / "src" / "instrumented.py").read_bytes() == instrumented
+    assert (tmp_path / "src" / "plain.py").read_bytes() == body
+
+
+def test_a_rewrite_that_would_outgrow_the_restore_limit_is_not_written(tmp_path, capsys):
+    """Each `~` becomes `__msprobe__.invert(...)`: a file within --max-file-size rewrites to 13x its size, past the
+    8x a restore with the same limit reads. Written, it could not be restored; so it is left as it is, named."""
+    source = b"y = ~~~~~~~~~~x\n" * 600  # 9.6 kB, within 0.01 MiB
+    target = tmp_path / "unary.py"
+    target.write_bytes(source)
+    code, _, err = run([target, "--max-file-size", "0.01", "--no-cache", "--jobs", "1"], capsys)
+    assert target.read_bytes() == source
+    assert f"skipped {target} (rewritten it would be " in err and "could not be restored" in err
+    assert code == 0 and "0 changed, 0 unchanged, 1 skipped, 0 failed" in err
