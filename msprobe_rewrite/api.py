@@ -57,9 +57,22 @@ def _python_reason(source: bytes, path: str) -> Optional[str]:
     return f"{message} ({where})" if where else message
 
 
+def _keeping_final_carriage_return(module: cst.Module, source: bytes) -> cst.Module:
+    """``module``, rendering the lone ``\\r`` that ends ``source`` (old Mac line endings, or a mixed file whose
+    last line ends so).
+
+    libcst's parser counts only ``\\n`` as a final newline (``has_trailing_newline``), so it renders such a file
+    without its last byte: the rewrite, and the libcst restore, would drop it (test_line_endings.py). Python
+    accepts no file ending in a line continuation, so a final ``\\r`` is always the last line's ending.
+    """
+    if source.endswith(b"\r") and not module.has_trailing_newline:
+        return module.with_changes(has_trailing_newline=True)
+    return module
+
+
 def _parse(source: bytes, path: str) -> cst.Module:
     try:
-        return cst.parse_module(source)
+        return _keeping_final_carriage_return(cst.parse_module(source), source)
     except cst.ParserSyntaxError as error:
         reason = f"{str(error).splitlines()[0]} (line {error.raw_line}, column {error.raw_column})"
     except (UnicodeDecodeError, LookupError) as error:

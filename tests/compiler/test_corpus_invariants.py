@@ -151,6 +151,20 @@ def _crlf(source: bytes) -> bytes:
     return source.replace(b"\r\n", b"\n").replace(b"\n", b"\r\n")
 
 
+def _cr(source: bytes) -> bytes:
+    return source.replace(b"\r\n", b"\n").replace(b"\n", b"\r")
+
+
+def _mixed_endings(source: bytes) -> bytes:
+    """Lines ending in \n, \r\n and a lone \r in turn, counted from the end: the last ends in \r, the ending libcst
+    dropped (test_line_endings.py)."""
+    lines = source.replace(b"\r\n", b"\n").split(b"\n")
+    endings = (b"\r", b"\r\n", b"\n")
+    last = len(lines) - 2  # the last line with an ending
+    return b"".join(line + (endings[(last - number) % 3] if number < len(lines) - 1 else b"")
+                    for number, line in enumerate(lines))
+
+
 def _bom(source: bytes) -> bytes:
     return b"\xef\xbb\xbf" + source
 
@@ -190,6 +204,8 @@ def _form_feeds(source: bytes) -> bytes:
 
 VARIANTS = {
     "crlf": _crlf,
+    "cr": _cr,
+    "mixed line endings": _mixed_endings,
     "bom": _bom,
     "latin-1 cookie": _latin1,
     "tabs": _tabs,
