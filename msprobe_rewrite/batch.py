@@ -16,7 +16,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from . import atomic, size_limits
+from . import atomic, size_limits, worker_signals
 from .cache import FAIL, NEW, SAME, ResultCache, source_digest
 from .files import EXCLUDED, LINK, NOT_REGULAR, OTHER, PYTHON, SPECIAL, Entry, is_python
 from .markers import SKIP_FILE_MARKER, is_instrumented, package_of
@@ -141,8 +141,9 @@ def _pool_worker(*args, **kwargs) -> None:
     A parent killed with SIGKILL closes its end of the result pipe; the worker's next result then meets
     a broken pipe, which multiprocessing lets escape as a traceback on the terminal the parent shared.
     Only the parent reads that pipe (and closing the pool ends the workers before the pipe), so a broken
-    pipe means there is no one left to report to.
+    pipe means there is no one left to report to. Ctrl-C is the parent's to handle (``worker_signals``).
     """
+    worker_signals.ignore_sigint_in_worker()
     try:
         multiprocessing.pool.worker(*args, **kwargs)
     except (BrokenPipeError, ConnectionResetError, EOFError):
@@ -173,18 +174,30 @@ def _run_transforms(tasks: List[Tuple[int, str, bytes, str]], jobs: int, catalog
 
     workers = min(jobs, len(tasks))
     if workers > 1:
+        # Started with SIGINT blocked, so that no worker ever takes a Ctrl-C (worker_signals).
+        blocked = worker_signals.block_sigint()
+        pool = None
         try:
             pool = _Pool(workers, initializer=_init_worker, initargs=(catalogue, verify),
                          context=_pool_context())
         except OSError:  # no /dev/shm, process limits: one process still does the job
-            pool = None
+            pass
+        finally:
+            if pool is None:
+                worker_signals.unblock_sigint(blocked)
         if pool is not None:
-            with pool:
+            try:
+                worker_signals.unblock_sigint(blocked)  # a Ctrl-C held back meanwhile is raised here, in the try
                 # Largest files first, so one big file does not start last and keep the run waiting.
                 ordered = sorted(tasks, key=lambda task: len(task[2]), reverse=True)
                 yield from pool.imap_unordered(_transform, ordered, chunksize=1)
                 pool.close()
                 pool.join()
+            finally:
+                # What `with pool` does, but a second Ctrl-C cannot break it off halfway (test_cli_faults.py,
+                # test_ctrl_c_during_a_parallel_rewrite_exits_130_quietly).
+                with worker_signals.sigint_ignored():
+                    pool.terminate()
             return
     _init_worker(catalogue, verify)
     for task in tasks:
@@ -423,16 +436,22 @@ def run(entries: Sequence[Entry], options: Options,
         outcomes[index] = _finish(options, item, *hit)
         progressed(item.entry.path)
 
-    for index, kind, payload in _run_transforms(tasks, options.jobs, catalogue, options.verify):
-        item = pending.pop(index)
-        if cache is not None and kind != _CRASH:
-            cache.put(item.key, kind, payload)
-            if kind == NEW:
-                # After an in-place run the tree holds the results. Rewriting is idempotent (and a
-                # restored file has nothing left to restore), so recording "result -> unchanged" makes
-                # the next run over that tree all cache hits.
-                cache.put(cache.key(source_digest(payload), item.key_mode), SAME)
-        outcomes[index] = _finish(options, item, kind, payload)
-        progressed(item.entry.path)
+    results = _run_transforms(tasks, options.jobs, catalogue, options.verify)
+    try:
+        for index, kind, payload in results:
+            item = pending.pop(index)
+            if cache is not None and kind != _CRASH:
+                cache.put(item.key, kind, payload)
+                if kind == NEW:
+                    # After an in-place run the tree holds the results. Rewriting is idempotent (and a
+                    # restored file has nothing left to restore), so recording "result -> unchanged" makes
+                    # the next run over that tree all cache hits.
+                    cache.put(cache.key(source_digest(payload), item.key_mode), SAME)
+            outcomes[index] = _finish(options, item, kind, payload)
+            progressed(item.entry.path)
+    finally:
+        # An interrupt (or any error) while a result is written ends the workers now, before the caller reports
+        # it, rather than whenever the suspended generator is collected.
+        results.close()
 
     return [outcome for outcome in outcomes if outcome is not None]

@@ -272,6 +272,86 @@ def test_workers_exit_quietly_when_the_parent_is_killed(tmp_path):
     assert "Error" not in printed, printed[-4000:]
 
 
+def _ignores_sigint(pid):
+    """Whether process ``pid`` ignores SIGINT (its SigIgn mask in /proc); False once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            for line in handle:
+                if line.startswith("SigIgn:"):
+                    return bool(int(line.split()[1], 16) & (1 << (signal.SIGINT - 1)))
+    except OSError:
+        pass
+    return False
+
+
+@pytest.mark.slow  # rewrites a copy of megatron with two workers, and interrupts it
+@pytest.mark.skipif(not os.path.isdir("/proc") or sys.platform != "linux", reason="reads /proc")
+def test_ctrl_c_during_a_parallel_rewrite_exits_130_quietly(tmp_path):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) during ``-j 2``: exit status 130 and
+    one line, no worker traceback, no worker left, and every file wholly rewritten or wholly as it was.
+
+    Each process of the group gets the signal at once and the scheduler decides which acts first. Workers that
+    act before the CLI printed a KeyboardInterrupt traceback each (and one that died holding a pool lock could
+    hang the CLI's shutdown); the CLI, acting first, terminated them mid-print. The test holds the CLI stopped
+    until each worker has either ended or is seen to ignore SIGINT, so the workers always act first.
+    """
+    tree = _megatron_tree()
+    if tree is None:
+        pytest.skip("megatron-core is not installed")
+    import shutil
+
+    from msprobe_rewrite import api
+
+    root = tmp_path / "megatron"
+    shutil.copytree(tree, root, ignore=shutil.ignore_patterns("__pycache__"))
+    before = snapshot(root)
+    stderr_path = tmp_path / "stderr"
+    with open(stderr_path, "wb") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "msprobe_rewrite", "--no-cache", "--jobs", "2", str(root)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True,
+            env=dict(os.environ, MSPROBE_REWRITE_CACHE_DIR=str(tmp_path / "cache")))
+    pgid = process.pid
+    try:
+        deadline = time.monotonic() + 60
+        while len(_processes_in_group(pgid)) < 3:  # the CLI and its two workers
+            assert process.poll() is None, "the CLI finished before it could be interrupted"
+            assert time.monotonic() < deadline, "the workers never started"
+            time.sleep(0.02)
+        time.sleep(0.5)  # let them get into their files, and the CLI write some
+        assert process.poll() is None, "the CLI finished before it could be interrupted"
+        workers = [pid for pid in _processes_in_group(pgid) if pid != process.pid]
+        os.kill(process.pid, signal.SIGSTOP)
+        os.killpg(pgid, signal.SIGINT)
+        deadline = time.monotonic() + 60
+        while any(pid in _processes_in_group(pgid) and not _ignores_sigint(pid) for pid in workers):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        os.kill(process.pid, signal.SIGCONT)
+        try:
+            code = process.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the CLI hung after Ctrl-C")
+        deadline = time.monotonic() + 60
+        while _processes_in_group(pgid):
+            assert time.monotonic() < deadline, "workers outlived the interrupted CLI"
+            time.sleep(0.05)
+    finally:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    printed = stderr_path.read_text(errors="replace")
+    assert (code, printed.strip()) == (130, "msprobe-rewrite: interrupted"), printed[-4000:]
+    after = snapshot(root)
+    assert sorted(after) == sorted(before)  # no file added (no temporary file left), none lost
+    for name, data in after.items():
+        if data != before[name]:  # rewritten: all of it, so it restores to the original
+            assert api.RUNTIME_IMPORT.encode() in data, name
+            assert api.restore_source(data, path=name) == before[name], name
+
+
 def test_a_file_past_the_size_limit_is_skipped_and_named_never_parsed(tmp_path, capsys, monkeypatch):
     """libcst holds about 1 GB per MB of source: a file past --max-file-size is named on stderr (without -v),
     counted as skipped and left as it is; the other files are rewritten."""
