@@ -21,10 +21,11 @@ from . import call_stacks, compiled_calls, dump_names, native_stats, operators
 from .compiled_regions import POLYFILLED as _POLYFILLED
 from .module_tracking import tracing as _tracing
 from .config import switched_on
-from .foreign import (BOUND_METHOD_TYPES, bound_self, children, defines_before, is_subclass, key_text, mapping_items, method_name,
+from .foreign import (BOUND_METHOD_TYPES, bound_self, children, class_attribute, defines_before, is_subclass, key_text, mapping_items, method_name,
                       own_parameters, sequence_items, type_name)
 from .records import TensorRecord, describe_builtin
 from .selection import Selection
+from .shims import MODULE_CALL, NOT_ROUTED
 from .checksums import MODES as CHECKSUM_MODES, checksum_of
 from .statistics import KIND_EMPTY, LATER, StatBuffer, tensor_kind
 
@@ -333,10 +334,12 @@ class Collector:
         return self.api(api_name, fn, args, kwargs, record_args, sys._getframe(2))
 
     def dyn(self, fn, args, kwargs):
+        """The result of a routed call of ``fn``, or NOT_ROUTED (MODULE_CALL) where ``fn`` is not recorded, in
+        eager code: the entry (``shims.dyn``) then calls it, one frame less deep."""
         if not _POLYFILLED and _tracing():
-            return fn(*args, **kwargs)
+            return fn(*args, **kwargs)  # the plain call, which Dynamo traces (tests/compile)
         if self.compiled_depth and self.in_api.get(_get_ident()):
-            return fn(*args, **kwargs)  # eager code inside a compiled call (past a graph break): nothing recorded
+            return NOT_ROUTED  # eager code inside a compiled call (past a graph break): nothing recorded
         kind = type(fn)
         # a call into compiled code, told by type and the code's name first: most callees are none, and Dynamo
         # may have been loaded since start() (compiled_calls)
@@ -348,7 +351,7 @@ class Collector:
         elif kind is self.compiled.optimized_module or self.compiled_modules.get(id(fn)) is fn:
             return self.compiled_call(fn, args, kwargs, sys._getframe(2))
         if self.in_api.get(_get_ident()) or not self.level_api:
-            return fn(*args, **kwargs)
+            return _not_routed(kind)
         name = self.identity.get(id(fn))
         if name is not None:
             return self.api(name, fn, args, kwargs, args, sys._getframe(2))
@@ -362,7 +365,7 @@ class Collector:
                 name = self.tensor_methods.get(method_name(fn) if kind is _METHOD else fn.__name__)
                 if name is not None:
                     return self.api(name, fn, args, kwargs, (owner,) + args, sys._getframe(2))
-        return fn(*args, **kwargs)
+        return _not_routed(kind)
 
     def operator(self, name, python_op, *operands):
         if (not _POLYFILLED and _tracing()) or self.in_api.get(_get_ident()) or not self.level_api:
@@ -1109,6 +1112,25 @@ def _place(t):
         return (t.data_ptr(), t.numel(), t.dtype)
     except Exception:  # no storage (a meta or sparse tensor): no place
         return None
+
+
+_MODULE_CALL_IMPL = getattr(torch.nn.Module, "_wrapped_call_impl", None)  # nn.Module's own ``__call__``
+_MODULE_CALLS = {}  # id(class) -> (class, whether it is called through nn.Module's own __call__)
+
+
+def _not_routed(kind):
+    """What ``Collector.dyn`` answers for a callee of type ``kind`` it does not record: MODULE_CALL for a module
+    that nn.Module's own ``__call__`` calls (the entry then runs that method's two lines itself, a frame less
+    deep: test_nesting_depth.py), NOT_ROUTED for anything else. Read from the class's MRO, by id (a metaclass
+    may define ``__hash__``)."""
+    known = _MODULE_CALLS.get(id(kind))
+    if known is None or known[0] is not kind:
+        plain = (_MODULE_CALL_IMPL is not None and is_subclass(kind, torch.nn.Module)
+                 and class_attribute(kind, "__call__") is _MODULE_CALL_IMPL)
+        if len(_MODULE_CALLS) > 4096:
+            _MODULE_CALLS.clear()
+        known = _MODULE_CALLS[id(kind)] = (kind, plain)  # the class is held: its id is not reused meanwhile
+    return MODULE_CALL if known[1] else NOT_ROUTED
 
 
 _DOCUMENTED_READERS = {}  # tensor subclass -> how its values are read as a plain tensor, or None

@@ -37,11 +37,28 @@ def call(api_name, fn, /, *args, **kwargs):
     return _collector.call(api_name, fn, args, kwargs)
 
 
+# Collector.dyn's answers for a callee it does not record, which the entry then calls itself: not inside
+# Collector.dyn, so that a level of nested modules costs one frame more than in the plain program, not three
+# (tests/runtime/test_nesting_depth.py)
+NOT_ROUTED = object()
+MODULE_CALL = object()  # a module called through nn.Module's own __call__ (``_wrapped_call_impl``)
+
+
 def dyn(fn, /, *args, **kwargs):
     """A call whose callee is known only at run time."""
-    if _collector is None:
+    collector = _collector
+    if collector is None:
         return fn(*args, **kwargs)
-    return _collector.dyn(fn, args, kwargs)
+    result = collector.dyn(fn, args, kwargs)
+    if result is NOT_ROUTED:
+        return fn(*args, **kwargs)
+    if result is MODULE_CALL:
+        # nn.Module._wrapped_call_impl's body, the same reads in the same order: with collection on, torch's
+        # hooks add a frame of their own (``_call_impl``'s ``inner``), and this one takes the place of that
+        if fn._compiled_call_impl is not None:
+            return fn._compiled_call_impl(*args, **kwargs)
+        return fn._call_impl(*args, **kwargs)
+    return result
 
 
 def truth(value, /):
