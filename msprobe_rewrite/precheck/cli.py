@@ -77,6 +77,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     progress = Progress(len(work), enabled=False if args.quiet else None)
     try:
         results = runner.run(work, table, jobs, on_done=lambda done, label: progress.update(done, label))
+    except PrecheckError as error:  # no worker process could start
+        progress.clear()
+        _error(str(error))
+        return 2
     finally:
         progress.clear()
     checked = verdicts(results)

@@ -1,8 +1,9 @@
 """Run the checks of every item over worker processes, in dump order, with a progress line.
 
 The parent reads only JSON and never imports torch, so workers are forked cheaply; each worker reads the
-tensors of one call from disk, replays it and returns rows, so memory holds at most one call per worker.
-With one job the checks run in this process.
+tensors of one call from disk, replays it and returns rows, so memory holds at most one call per worker
+(``worker_processes``: a worker that dies costs only the call it held). With one job the checks run in this
+process.
 """
 from __future__ import annotations
 
@@ -11,9 +12,6 @@ import multiprocessing
 import os
 import sys
 from typing import Any, Callable, Dict, Iterable, List, Optional
-
-# calls handed to a worker at once: enough to hide the round trip, few enough to keep the order smooth
-CHUNK = 4
 
 
 def _context():
@@ -41,14 +39,9 @@ def run(items: List[Dict[str, Any]], table: Dict[str, str], jobs: int,
             if on_done:
                 on_done(done, item["name"])
         return results
-    from . import worker_entry
+    from . import worker_processes
 
-    with _context().Pool(processes=jobs, initializer=worker_entry.init, initargs=(table, 1)) as pool:
-        for done, result in enumerate(pool.imap(worker_entry.check, items, chunksize=CHUNK), 1):
-            results.append(result)
-            if on_done:
-                on_done(done, items[done - 1]["name"])
-    return results
+    return worker_processes.run(items, table, jobs, _context(), on_done)
 
 
 def default_jobs() -> int:
