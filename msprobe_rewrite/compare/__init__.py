@@ -1,8 +1,9 @@
 """``msprobe-rewrite compare RUN_A RUN_B``: align two runs' dumps and name the first divergence.
 
-Modules: ``loading`` finds and streams dumps, ``names`` splits entry names, ``records`` flattens an entry's
-tensors, ``align`` pairs entries by sequence alignment, ``metrics`` decides what diverges, ``elementwise``
-adds task=tensor metrics (the only user of torch), ``engine`` runs the two passes over one pair of dumps,
+Modules: ``loading`` finds and streams dumps, ``dump_format`` refuses one that lacks a member msprobe always
+writes, ``names`` splits entry names, ``records`` flattens an entry's tensors, ``align`` pairs entries by
+sequence alignment, ``metrics`` decides what diverges, ``elementwise`` adds task=tensor metrics (the only user
+of torch), ``engine`` runs the two passes over one pair of dumps,
 ``propagation`` and ``noise`` name the suspects when every entry differs a little, ``summary``,
 ``report_csv``, ``report_html`` and ``report_propagation`` write the results, ``cli`` is the command line;
 the progress line is the package-wide ``msprobe_rewrite.progress``.

@@ -51,8 +51,8 @@ def compare_pair_bit_exact(dump_a, dump_b, progress: Progress, writer=None) -> D
     side_a = index_side(dump_a, progress)
     side_b = index_side(dump_b, progress)
     merged = align_sides(side_a, side_b)
-    reader_a = EntryReader(iter(iter_entries(dump_a)), side_a)
-    reader_b = EntryReader(iter(iter_entries(dump_b)), side_b)
+    reader_a = EntryReader(iter(iter_entries(dump_a, checked=False)), side_a)
+    reader_b = EntryReader(iter(iter_entries(dump_b, checked=False)), side_b)
     kinds_a, kinds_b = set(), set()
     entries: List[_Entry] = []
     tensors = differ = 0

@@ -215,8 +215,8 @@ def compare_pair(dump_a: RankDump, dump_b: RankDump, thresholds: Thresholds, pro
     result = PairResult(side_a, side_b, task, level)
     result.merged = align_sides(side_a, side_b)
     tensor_task = task == "tensor"
-    reader_a = EntryReader(iter(iter_entries(dump_a)), side_a)
-    reader_b = EntryReader(iter(iter_entries(dump_b)), side_b)
+    reader_a = EntryReader(iter(iter_entries(dump_a, checked=False)), side_a)
+    reader_b = EntryReader(iter(iter_entries(dump_b, checked=False)), side_b)
     nan = math.nan
     total = len(result.merged)
     tracker = Tracker()

@@ -81,11 +81,13 @@ class _Reader:
 
 
 def iter_members(handle: TextIO, stream_key: Optional[str] = None,
-                 on_header: Optional[Callable[[str, Any], None]] = None) -> Iterator[Tuple[str, Any]]:
+                 on_header: Optional[Callable[[str, Any], None]] = None,
+                 on_stream: Optional[Callable[[], None]] = None) -> Iterator[Tuple[str, Any]]:
     """Yield the members of the top-level object in ``handle``.
 
     With ``stream_key``, that member's value (an object) is not built: its members are yielded one by one
-    instead, and every other top-level member goes to ``on_header(key, value)`` as it is read.
+    instead (``on_stream()`` is called when it is reached, so that an empty one is told from none), and every
+    other top-level member goes to ``on_header(key, value)`` as it is read.
     """
     reader = _Reader(handle)
     if stream_key is None:
@@ -101,6 +103,8 @@ def iter_members(handle: TextIO, stream_key: Optional[str] = None,
             reader.fail("expected a member name")
         reader.expect(":")
         if key == stream_key:
+            if on_stream is not None:
+                on_stream()
             if reader.peek() == "{":
                 yield from _inner(reader)
             else:

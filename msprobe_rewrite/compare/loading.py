@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+from .dump_format import HEADER, EntryChecker, check_header
 from .errors import CompareError
 from .jsonstream import JsonStreamError, iter_members
 
@@ -151,28 +152,34 @@ def _open(path: str):
 
 
 def read_header(dump: RankDump) -> Dict[str, Any]:
-    """The members of dump.json other than ``data`` (task, level, framework, ...), without reading data."""
+    """The members of dump.json other than ``data`` (task, level, framework, ...), without reading data;
+    CompareError where one that msprobe always writes is missing (``dump_format``)."""
     header: Dict[str, Any] = {}
+    has_data = []
     with _open(dump.path) as handle:
         try:
-            for _ in iter_members(handle, "data", header.__setitem__):
-                if "task" in header and "level" in header:
+            for _ in iter_members(handle, "data", header.__setitem__, lambda: has_data.append(True)):
+                if all(member in header for member in HEADER if member != "data"):
                     break  # both runtimes write the header first: no need to read on
         except JsonStreamError as error:
             raise CompareError(f"{dump.path}: not a readable dump.json ({error})") from None
         except UnicodeDecodeError:
             raise CompareError(f"{dump.path}: not a readable dump.json (not UTF-8 text)") from None
-    header.setdefault("task", "statistics")
-    header.setdefault("level", "L1")
+    check_header(dump.path, header, bool(has_data))
     dump.header = header
     return header
 
 
-def iter_entries(dump: RankDump) -> Iterator[Tuple[str, Any]]:
-    """(name, entry) for every entry of ``data``, in the order written (execution order)."""
+def iter_entries(dump: RankDump, checked: bool = True) -> Iterator[Tuple[str, Any]]:
+    """(name, entry) for every entry of ``data``, in the order written (execution order); with ``checked``,
+    CompareError at the first entry that lacks a member msprobe always writes (``dump_format``). A second
+    pass over a file the first pass checked need not check again."""
+    checker = EntryChecker(dump.path, dump.header.get("task")) if checked else None
     with _open(dump.path) as handle:
         try:
             for name, entry in iter_members(handle, "data", dump.header.setdefault):
+                if checker is not None:
+                    checker.check(name, entry)
                 yield name, entry
         except JsonStreamError as error:
             raise CompareError(f"{dump.path}: not a readable dump.json ({error})") from None

@@ -11,6 +11,8 @@ from typing import Any, Iterator, List, Optional, Tuple
 
 INPUT, OUTPUT = "input", "output"
 STATS = ("Max", "Min", "Mean", "Norm")
+# the members of an entry that hold its inputs and outputs (any other entry is parameter name -> gradient)
+ARGUMENT_KEYS = ("input_args", "input_kwargs", "output", "parameters", "input")
 _NONFINITE_TEXT = {"nan", "inf", "-inf", "+inf", "infinity", "-infinity"}  # how some writers spell them
 
 
@@ -88,8 +90,7 @@ def tensors_of(entry: Any) -> List[Tensor]:
     out: List[Tensor] = []
     if not isinstance(entry, dict):
         return out
-    keys = set(entry)
-    if keys & {"input_args", "input_kwargs", "output", "parameters", "input"}:
+    if any(key in entry for key in ARGUMENT_KEYS):
         _walk(entry.get("input_args"), "input", INPUT, out)
         kwargs = entry.get("input_kwargs")
         if isinstance(kwargs, dict):

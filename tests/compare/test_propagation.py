@@ -96,7 +96,8 @@ def _chain(directory, errors, ops, noise_seed=1, inputs_extra=None):
     for side in ("a", "b"):
         path = directory / side
         path.mkdir(parents=True)
-        (path / "dump.json").write_text(json.dumps({"task": "statistics", "level": "L1", "data": data[side]}))
+        (path / "dump.json").write_text(json.dumps({"task": "statistics", "level": "L1", "framework": "pytorch",
+                                                    "dump_data_dir": None, "data": data[side]}))
     return str(directory / "a"), str(directory / "b")
 
 

@@ -82,7 +82,8 @@ def _write_dump(directory, scale=1.0, level="L1"):
               "Min": -1.0 * scale, "Mean": 0.5 * scale, "Norm": 3.0 * scale, "requires_grad": False}
     data = {"Torch.relu.0.forward": {"input_args": [dict(record, Max=2.0, Min=-1.0, Mean=0.5, Norm=3.0)],
                                      "input_kwargs": {}, "output": [record]}}
-    (directory / "dump.json").write_text(json.dumps({"task": "statistics", "level": level, "data": data}))
+    (directory / "dump.json").write_text(json.dumps({"task": "statistics", "level": level, "framework": "pytorch",
+                                                    "dump_data_dir": None, "data": data}))
 
 
 def test_ranks_are_paired_by_number(tmp_path):
@@ -158,7 +159,8 @@ def _write_entries(directory, names, level="mix"):
     record = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [4], "Max": 2.0, "Min": -1.0,
               "Mean": 0.5, "Norm": 3.0, "requires_grad": False}
     data = {name: {"input": [record], "output": [record]} for name in names}
-    (directory / "dump.json").write_text(json.dumps({"task": "statistics", "level": level, "data": data}))
+    (directory / "dump.json").write_text(json.dumps({"task": "statistics", "level": level, "framework": "pytorch",
+                                                    "dump_data_dir": None, "data": data}))
 
 
 def test_module_backward_entries_pair_across_the_two_writing_orders(tmp_path):
