@@ -6,6 +6,7 @@ import math
 from typing import Any, Dict, List, Optional
 
 from .engine import IN_DIFF, OUT_DIFF, UNMATCHED_LIMIT, PairResult, detail
+from .headline import relate
 from .propagation import pair_suspects
 
 
@@ -74,12 +75,22 @@ def run_summary(run_a: str, run_b: str, results: List[PairResult], thresholds: D
         if pair["suspects"]:
             suspect = dict(pair["suspects"][0], pair=pair["pair"], step=pair["step"], rank=pair["rank"])
             break
+    by_label = {result.label: result for result in results}
+
+    def order_of(label: str, position: int):
+        result = by_label.get(label)
+        if result is None or not 0 <= position < len(result.merged) or result.merged[position][0] is None:
+            return None
+        index = result.merged[position][0]
+        return result.a.ends[index], -index  # completion order, as the first divergence and the suspects use
+
     return _clean({
         "run_a": run_a,
         "run_b": run_b,
         "thresholds": thresholds,
         "first_divergence": first,
         "first_suspect": suspect,
+        "views": relate(first, suspect, order_of),
         "pairs": pairs,
     })
 
@@ -126,6 +137,8 @@ def terminal_summary(summary: Dict[str, Any], top: int) -> str:
                 lines.append(f"    {item['entry']:<50} {item['tensor']:<12} {_fmt(item.get('statistic'))}: "
                              f"A={_fmt(item.get('a'))} B={_fmt(item.get('b'))} error={_fmt(item.get('error'))}")
     suspect = summary.get("first_suspect")
+    # one headline, the suspect; the threshold view below it, and why the two differ when they do
+    # (tests/compare/test_headline.py)
     if suspect is None:
         lines.append("first suspect: none (every output error is explained by its inputs' error and the noise)")
     else:
@@ -133,22 +146,27 @@ def terminal_summary(summary: Dict[str, Any], top: int) -> str:
                      + (f" at {suspect['call_site']}" if suspect.get("call_site") else ""))
         lines.append("  " + _suspect_line(suspect, name=False))
     first = summary["first_divergence"]
+    views = summary.get("views") or {}
     if first is None:
-        lines.append("first divergence: none")
+        lines.append("  threshold view, first divergence: none (no tensor differs beyond its dtype's threshold)")
     else:
         if first["kind"] == "outputs":
             how = "its outputs diverge while its inputs agree"
         else:
             how = "its inputs already diverge: the difference entered through code the dump does not show" + \
                 (f", inside {first['parent']}" if first.get("parent") else "")
-        lines.append(f"first divergence: {first['entry']} in {first['pair']} ({how})")
-        if first.get("call_site"):
-            lines.append(f"  at {first['call_site']}")
+        same = suspect is not None and views.get("same")
+        lines.append(f"  threshold view, first divergence: {first['entry']} in {first['pair']} ({how})"
+                     + (" - the same entry" if same else ""))
+        if first.get("call_site") and not same:
+            lines.append(f"    at {first['call_site']}")
         if first.get("statistic"):
-            lines.append(f"  {first['tensor']} {first['statistic']}: A={_fmt(first.get('a'))} "
+            lines.append(f"    {first['tensor']} {first['statistic']}: A={_fmt(first.get('a'))} "
                          f"B={_fmt(first.get('b'))} error={_fmt(first.get('error'))}"
                          + (" (NaN/Inf onset)" if first.get("nan_onset") else ""))
         if first.get("chain"):
-            lines.append(f"  followed by {first['chain_length']} diverging entries: "
+            lines.append(f"    followed by {first['chain_length']} diverging entries: "
                          f"{', '.join(first['chain'][:5])}" + (" ..." if first['chain_length'] > 5 else ""))
+    if views and not views.get("same"):
+        lines.append(f"  why they differ: {views['reason']}")
     return "\n".join(lines)
