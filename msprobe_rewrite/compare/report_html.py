@@ -93,42 +93,93 @@ def plot(result: PairResult, threshold: float) -> str:
     return "".join(parts)
 
 
-def render(summary: Dict[str, Any], results: List[PairResult], threshold: float) -> str:
+def _where(item: Dict[str, Any]) -> str:
+    return f" at <code>{html.escape(str(item['call_site']))}</code>" if item.get("call_site") else ""
+
+
+def _headline(summary: Dict[str, Any]) -> List[str]:
+    """The first suspect as the one headline, the threshold view under it and why the two differ, as the
+    terminal prints them (summary.terminal_summary)."""
+    out = []
+    suspect = summary.get("first_suspect")
+    if suspect is None:
+        out.append("<p class=ok><b>First suspect: none</b> (every output error is explained by its inputs' "
+                   "error and the noise).</p>")
+    else:
+        out.append(f"<p class=bad><b>First suspect:</b> <code>{html.escape(suspect['entry'])}</code> in "
+                   f"{html.escape(str(suspect['pair']))}: output error {_number(suspect['output_error'])}, "
+                   f"input error {_number(suspect['input_error'])}, noise floor {_number(suspect['noise_floor'])}"
+                   + _where(suspect) + "</p>")
     first = summary["first_divergence"]
+    views = summary.get("views") or {}
+    out.append('<div class="view">')
+    if first is None:
+        out.append("<p>Threshold view, first divergence: none (no tensor differs beyond its dtype's "
+                   "threshold).</p>")
+    else:
+        how = ("its outputs diverge while its inputs agree" if first["kind"] == "outputs" else
+               "its inputs already diverge: the difference entered through code the dump does not show")
+        out.append(f"<p>Threshold view, first divergence: <code>{html.escape(first['entry'])}</code> in "
+                   f"{html.escape(str(first['pair']))} ({html.escape(how)})" + _where(first)
+                   + (" &mdash; the same entry" if suspect is not None and views.get("same") else "") + "</p>")
+    if views and not views.get("same"):
+        out.append(f"<p><b>Why they differ:</b> {html.escape(str(views['reason']))}</p>")
+    out.append("</div>")
+    return out
+
+
+def _chain(first: Dict[str, Any], index: int) -> str:
+    """The first divergence and the diverging entries after it, in execution order, as the terminal's
+    "followed by" line (there: five names; here: all the summary keeps)."""
+    names = [first["entry"]] + list(first.get("chain") or [])
+    more = int(first.get("chain_length") or 0) - len(first.get("chain") or [])
+    items = "".join(f"<li><code>{html.escape(str(name))}</code></li>" for name in names)
+    return (f'<h3 id="chain-{index}">Divergence chain</h3><p>The first divergence, then the '
+            f"{first.get('chain_length', 0)} entries that diverge after it, in execution order:</p><ol>{items}</ol>"
+            + (f"<p>(+{more} more)</p>" if more > 0 else ""))
+
+
+TOP_COLUMNS = (("entry", "the entry (run A's name)"), ("tensor", "which of its outputs"),
+               ("statistic", "the statistic with the largest decision error"), ("a", "its value in run A"),
+               ("b", "its value in run B"), ("error", "|A - B| / max(|A|, |B|, rms): the decision error"),
+               ("call_site", "file:line of the call, from stack.json"))
+
+
+def _top_divergences(pair: Dict[str, Any], index: int) -> str:
+    items = pair["top_divergences"]
+    if not items:
+        return ""
+    legend = "; ".join(f"<b>{name}</b>: {html.escape(text)}" for name, text in TOP_COLUMNS)
+    rows = ["<tr>" + "".join(f"<td>{html.escape(str(item.get(k)))}</td>" for k, _ in TOP_COLUMNS) + "</tr>"
+            for item in items]
+    return (f'<h3 id="top-{index}">Top divergences</h3><p>The {len(items)} entries with the largest output '
+            f"error beyond the threshold, worst first. {legend}.</p><table class=\"top\"><tr>"
+            + "".join(f'<th title="{html.escape(text)}">{name}</th>' for name, text in TOP_COLUMNS) + "</tr>"
+            + "".join(rows) + "</table>")
+
+
+def render(summary: Dict[str, Any], results: List[PairResult], threshold: float) -> str:
     body = ["<h1>msprobe-rewrite compare</h1>",
             f"<p>A: <code>{html.escape(str(summary['run_a']))}</code><br>"
             f"B: <code>{html.escape(str(summary['run_b']))}</code></p>"]
-    suspect = summary.get("first_suspect")
-    if suspect is None:
-        body.append("<p class=ok><b>First suspect: none.</b></p>")
-    else:
-        body.append(f"<p class=bad><b>First suspect:</b> <code>{html.escape(suspect['entry'])}</code> in "
-                    f"{html.escape(str(suspect['pair']))}: output error {_number(suspect['output_error'])}, "
-                    f"input error {_number(suspect['input_error'])}, noise floor {_number(suspect['noise_floor'])}"
-                    + (f" at <code>{html.escape(str(suspect.get('call_site')))}</code>" if suspect.get("call_site")
-                       else "") + "</p>")
-    if first is None:
-        body.append("<p class=ok><b>First divergence: none.</b></p>")
-    else:
-        body.append(f"<p class=bad><b>First divergence:</b> <code>{html.escape(first['entry'])}</code> in "
-                    f"{html.escape(str(first['pair']))} ({html.escape(first['kind'])} diverge)"
-                    + (f" at <code>{html.escape(str(first.get('call_site')))}</code>" if first.get("call_site")
-                       else "") + "</p>")
+    body.extend(_headline(summary))
     for index, (result, pair) in enumerate(zip(results, summary["pairs"])):
         body.append(f"<h2>{html.escape(pair['pair'])}</h2>")
         body.append(f"<p>{pair['matched']} entries matched, {pair['unmatched_a_count']} only in A, "
                     f"{pair['unmatched_b_count']} only in B; {pair['diverged_entries']} entries diverge.</p>")
+        for side in ("a", "b"):
+            onset = (pair.get("nan_onset") or {}).get(side)
+            if onset:
+                body.append(f"<p class=bad>NaN/Inf first appears in {side.upper()} at "
+                            f"<code>{html.escape(str(onset['entry']))}</code>"
+                            + (f" (<code>{html.escape(str(onset['call_site']))}</code>)" if onset.get("call_site")
+                               else "") + "</p>")
         body.append("<p>Decision error of each output statistic, |A - B| / max(|A|, |B|, rms), per entry:</p>")
         body.append(plot(result, threshold))
         body.append(propagation_section(result, pair, index))
-        if pair["top_divergences"]:
-            body.append("<table><tr><th>entry</th><th>tensor</th><th>statistic</th><th>A</th><th>B</th>"
-                        "<th>error</th><th>call site</th></tr>")
-            for item in pair["top_divergences"]:
-                body.append("<tr>" + "".join(f"<td>{html.escape(str(item.get(k)))}</td>" for k in
-                                             ("entry", "tensor", "statistic", "a", "b", "error", "call_site"))
-                            + "</tr>")
-            body.append("</table>")
+        if pair.get("first_divergence"):
+            body.append(_chain(pair["first_divergence"], index))
+        body.append(_top_divergences(pair, index))
         for side in ("a", "b"):
             names = pair[f"unmatched_{side}"]
             if names:
@@ -138,6 +189,6 @@ def render(summary: Dict[str, Any], results: List[PairResult], threshold: float)
                 + html.escape(json.dumps(summary, indent=1)) + "</pre></details>")
     style = ("body{font-family:sans-serif;margin:2em;max-width:1000px}table{border-collapse:collapse;"
              "font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}.bad{color:#a00}.ok{color:#070}"
-             "pre{font-size:11px;overflow:auto}" + PROPAGATION_STYLE)
+             "pre{font-size:11px;overflow:auto}.view{margin-left:2em}" + PROPAGATION_STYLE)
     return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>msprobe-rewrite compare</title>"
             f"<style>{style}</style></head><body>{''.join(body)}</body></html>")

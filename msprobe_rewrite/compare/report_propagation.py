@@ -132,6 +132,21 @@ def plot(series, suspects: List[Dict[str, Any]], band: float, anchor: str) -> st
     return "".join(parts)
 
 
+SUSPECT_COLUMNS = (
+    ("#", "its number on the plot; the entry's name shows its call site and stack"),
+    ("entry", "the API or module entry (run A's name)"),
+    ("tensor", "the output whose error is largest against its budget"),
+    ("statistic", "which statistic of that output (Max, Min, Mean, Norm; MaxAbsErr from tensor dumps)"),
+    ("output error", "that statistic's difference over the tensor's own scale"),
+    ("input error", "the largest such error of its inputs (for a backward entry also of what its forward saved)"),
+    ("gain", "output error / input error"),
+    ("allowance", "how many times its input error the entry's op class may pass on"),
+    ("noise floor", "the error rounding alone gives, for this dtype and statistic, estimated from the pair"),
+    ("score", "output error / (allowance x input error + noise floor): a suspect scores above 1"),
+    ("rank by score", "1 for the highest score among the pair's suspects"),
+)
+
+
 def fmt(value: Any) -> str:
     return f"{value:.3g}" if isinstance(value, float) else html.escape(str(value))
 
@@ -156,9 +171,11 @@ def section(result, pair: Dict[str, Any], index: int) -> str:
         body.append("<p class=ok>No suspect: every output error is explained by its inputs and the noise.</p>")
         return "".join(body)
     stacks = read_stacks(result.a.dump.path, [s["entry"] for s in suspects])
-    body.append('<table class="suspects"><tr><th>#</th><th>entry</th><th>tensor</th><th>statistic</th>'
-                "<th>output error</th><th>input error</th><th>gain</th><th>allowance</th><th>noise floor</th>"
-                "<th>score</th><th>rank by score</th></tr>")
+    # the columns are explained where they are read, not only above the plot (tests/compare/test_html_report.py)
+    body.append("<p>Suspects in execution order. " + "; ".join(
+        f"<b>{html.escape(name)}</b>: {html.escape(text)}" for name, text in SUSPECT_COLUMNS) + ".</p>")
+    body.append('<table class="suspects"><tr>' + "".join(
+        f'<th title="{html.escape(text)}">{html.escape(name)}</th>' for name, text in SUSPECT_COLUMNS) + "</tr>")
     for number, item in enumerate(suspects, 1):
         body.append(f'<tr><td>{number}</td><td><a href="#{anchor}-{number}"><code>{html.escape(item["entry"])}'
                     "</code></a></td>" + "".join(f"<td>{fmt(item.get(k))}</td>" for k in (
