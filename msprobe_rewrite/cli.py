@@ -359,6 +359,7 @@ SUBCOMMANDS: Dict[str, Callable[[Sequence[str]], int]] = {
     "check": _check_main,
     "guard": _guard_main,
     "compare": _compare_main,
+    "nan": lambda argv: __import__("msprobe_rewrite.compare.nan_cli", fromlist=["main"]).main(argv),
     "precheck": lambda argv: __import__("msprobe_rewrite.precheck.cli", fromlist=["main"]).main(argv),
 }
 

@@ -4,8 +4,10 @@ Modules: ``loading`` finds and streams dumps, ``dump_format`` refuses one that l
 writes, ``names`` splits entry names, ``records`` flattens an entry's tensors, ``align`` pairs entries by
 sequence alignment, ``metrics`` decides what diverges, ``elementwise`` adds task=tensor metrics (the only user
 of torch), ``engine`` runs the two passes over one pair of dumps,
-``propagation`` and ``noise`` name the suspects when every entry differs a little, ``summary``,
-``report_csv``, ``report_html`` and ``report_propagation`` write the results, ``cli`` is the command line;
+``propagation`` and ``noise`` name the suspects when every entry differs a little, ``headline`` says why
+the first suspect and the first divergence differ, ``summary``, ``report_csv``, ``report_html`` and
+``report_propagation`` write the results, ``cli`` is the command line; ``nonfinite`` finds where NaN/Inf
+first appears in a dump, for compare and for ``msprobe-rewrite nan`` (``nan_origin``, ``nan_cli``);
 the progress line is the package-wide ``msprobe_rewrite.progress``.
 
 Neither libcst nor (for statistics dumps) torch is imported: the comparison runs anywhere Python does.

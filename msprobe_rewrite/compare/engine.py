@@ -18,6 +18,7 @@ from .errors import CompareError
 from .loading import RankDump, iter_entries, read_call_sites, read_construct, read_header
 from .metrics import Thresholds, TensorDiff, apply_elementwise, compare_tensors
 from .names import forward_name, is_module, split_name
+from .nonfinite import NONFINITE_IN, NONFINITE_OUT, first_nonfinite, nonfinite_flags
 from ..progress import Progress
 from .propagation import Tracker
 from .records import INPUT, OUTPUT, STATS, pair_tensors, tensors_of
@@ -25,8 +26,8 @@ from .records import INPUT, OUTPUT, STATS, pair_tensors, tensors_of
 CHAIN_LIMIT = 20
 UNMATCHED_LIMIT = 1000
 
-# flag bits per entry
-IN_DIFF, OUT_DIFF, NONFINITE_IN, NONFINITE_OUT = 1, 2, 4, 8
+# flag bits per entry (and NONFINITE_IN, NONFINITE_OUT: 4, 8, from ``nonfinite``)
+IN_DIFF, OUT_DIFF = 1, 2
 
 
 class Side:
@@ -142,14 +143,6 @@ def _entry_flags(diffs: List[TensorDiff]) -> Tuple[int, int]:
     return flags | nonfinite_a, nonfinite_b
 
 
-def _nonfinite_flags(entry: Any) -> int:
-    flags = 0
-    for tensor in tensors_of(entry):
-        if tensor.nonfinite():
-            flags |= NONFINITE_IN if tensor.role == INPUT else NONFINITE_OUT
-    return flags
-
-
 class EntryReader:
     """One side's entries in the second pass, streamed; an entry asked for ahead of the stream's position
     leaves the ones read past in a buffer until they are asked for (only module entries paired out of order
@@ -226,9 +219,9 @@ def compare_pair(dump_a: RankDump, dump_b: RankDump, thresholds: Thresholds, pro
         progress.update(position + 1, f"comparing {result.label}", total)
         if i is None or j is None:
             if i is not None:
-                side_a.flags[i] = _nonfinite_flags(entry_a)
+                side_a.flags[i] = nonfinite_flags(entry_a)
             if j is not None:
-                side_b.flags[j] = _nonfinite_flags(entry_b)
+                side_b.flags[j] = nonfinite_flags(entry_b)
             result.flags.append(0)
             result.worst.append(0.0)
             for errors in result.stat_errors:
@@ -335,9 +328,8 @@ def _find_divergence(result: PairResult) -> None:
         found["nan_onset"] = nonfinite
         result.first_divergence = found
     for key, side in (("a", result.a), ("b", result.b)):
-        ordered = sorted((t for t in range(len(side.names)) if side.flags[t]), key=lambda t: (side.ends[t], -t))
+        seen, made = first_nonfinite(side.names, side.flags, side.ends)
         # where NaN/Inf first comes out of an entry that did not receive any; else wherever it is first seen
-        onset = next((t for t in ordered if side.flags[t] & NONFINITE_OUT and not side.flags[t] & NONFINITE_IN),
-                     ordered[0] if ordered else None)
+        onset = made if made is not None else seen
         if onset is not None:
             result.nan_onset[key] = {"entry": side.names[onset], "call_site": side.sites[onset]}
