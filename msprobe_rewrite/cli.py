@@ -6,9 +6,12 @@ subcommands registered in ``SUBCOMMANDS``: when the first argument is one of the
 dispatched there, so adding one never changes what ``msprobe-rewrite PATH`` means for any other PATH.
 A folder whose name is a subcommand is still reachable as ``./run`` or ``msprobe-rewrite rewrite run``.
 
-Exit status: 0 nothing changed (or would change), 1 something changed (or would), 2 an error: bad
-arguments, a missing PATH, a bad catalogue, or a file that could not be processed (every other file is
-still processed).
+Exit status, as black and ruff use it: 0 when the work asked for was done (a rewrite in place, ``--out``
+or ``--restore``, whether or not a file changed), 1 only where the user asked to be told: ``--check`` or
+``--diff`` found a file that would change; 2 an error: bad arguments, a missing PATH, a bad catalogue, or a
+file that could not be processed, or left instrumented by ``--restore`` (every other file is still
+processed). So ``msprobe-rewrite --out DIR . && python DIR/train.py`` runs the copy
+(``tests/compiler/test_cli.py::test_exit_status_as_black_uses_it``).
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from .progress import Progress
 PROG = "msprobe-rewrite"
 
 EXIT_CLEAN = 0
-EXIT_CHANGED = 1
+EXIT_WOULD_CHANGE = 1  # --check / --diff only: the user asked to be told
 EXIT_ERROR = 2
 
 # Written into every --out folder this tool creates or fills. A folder that is not empty is written into
@@ -73,7 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Instrument PyTorch call sites in Python source trees for precision debugging.",
-        epilog="Exit status: 0 clean, 1 files changed (or would change), 2 error. "
+        epilog="Exit status (as black's): 0 done, whether or not a file changed (a rewrite in place, --out, "
+               "--restore); 1 only with --check or --diff, when a file would change; 2 error (a file that "
+               "could not be processed, or that --restore left instrumented). "
                f"Other commands: {', '.join(f'{PROG} {name}' for name in SUBCOMMANDS if name != 'rewrite')}"
                ". A folder named like a command can be given as ./NAME.",
     )
@@ -316,7 +321,9 @@ def _report(args: argparse.Namespace, mode: str, outcomes: List[batch.Outcome], 
 
     if failed:
         return EXIT_ERROR
-    return EXIT_CHANGED if changed else EXIT_CLEAN
+    if args.check or args.diff:  # only where the user asked to be told, as black --check
+        return EXIT_WOULD_CHANGE if changed else EXIT_CLEAN
+    return EXIT_CLEAN
 
 
 def _run_main(argv: Sequence[str]) -> int:

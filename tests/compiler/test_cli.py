@@ -105,9 +105,9 @@ def run(args, capsys=None):
 
 # --- rewriting in place --------------------------------------------------------------------------
 
-def test_in_place_rewrites_changed_files_and_exits_1(fake, tree, capsys):
+def test_in_place_rewrites_changed_files_and_exits_0(fake, tree, capsys):
     code, out, err = run([tree, "--jobs", "1"], capsys)
-    assert code == 1
+    assert code == 0
     assert (tree / "a.py").read_bytes() == FakeCompiler.PREFIX + TORCH_SOURCE
     assert (tree / "pkg/b.py").read_bytes().startswith(FakeCompiler.PREFIX)
     assert (tree / "plain.py").read_bytes() == PLAIN_SOURCE
@@ -121,7 +121,7 @@ def test_in_place_rewrites_changed_files_and_exits_1(fake, tree, capsys):
 
 def test_single_file_path(fake, tree, capsys):
     code, _, err = run([tree / "a.py"], capsys)
-    assert code == 1
+    assert code == 0
     assert (tree / "a.py").read_bytes().startswith(FakeCompiler.PREFIX)
     assert (tree / "pkg/b.py").read_bytes() == b"import torch\ny = torch.ones(2)\n"
     assert "1 changed, 0 unchanged" in err
@@ -129,7 +129,7 @@ def test_single_file_path(fake, tree, capsys):
 
 def test_in_place_keeps_file_mode_and_leaves_no_temp_files(fake, tree):
     (tree / "a.py").chmod(0o751)
-    assert run([tree, "--jobs", "2"]) == 1
+    assert run([tree, "--jobs", "2"]) == 0
     assert stat.S_IMODE((tree / "a.py").stat().st_mode) == 0o751
     leftovers = [p for p in tree.parent.rglob("*") if atomic.TEMP_SUFFIX in p.name]
     assert leftovers == []
@@ -139,7 +139,7 @@ def test_named_symlink_rewrites_its_target_and_keeps_the_link(fake, tmp_path):
     target = make_tree(tmp_path / "real", {"m.py": TORCH_SOURCE}) / "m.py"
     link = tmp_path / "link.py"
     link.symlink_to(target)
-    assert run([link]) == 1
+    assert run([link]) == 0
     assert link.is_symlink()
     assert target.read_bytes().startswith(FakeCompiler.PREFIX)
 
@@ -172,7 +172,7 @@ def test_tool_and_environment_folders_are_not_walked(fake, tree):
 def test_exclude_globs_by_name_and_by_relative_path(fake, tree, capsys):
     make_tree(tree, {"tests/test_x.py": TORCH_SOURCE, "gen/model_pb2.py": TORCH_SOURCE})
     code, _, err = run([tree, "--exclude", "tests", "--exclude", "*_pb2.py", "--exclude", "pkg/b.py", "-v"], capsys)
-    assert code == 1
+    assert code == 0
     assert (tree / "tests/test_x.py").read_bytes() == TORCH_SOURCE
     assert (tree / "gen/model_pb2.py").read_bytes() == TORCH_SOURCE
     assert (tree / "pkg/b.py").read_bytes() == b"import torch\ny = torch.ones(2)\n"
@@ -223,7 +223,7 @@ def test_compiler_crash_costs_one_file_and_is_not_cached(fake, tree, capsys, mon
     assert "a.py: internal error: RecursionError: too deep" in err
     assert (tree / "a.py").read_bytes() == TORCH_SOURCE
     monkeypatch.setattr(api, "rewrite_source", original)
-    assert run([tree, "--jobs", "1"]) == 1  # the crash was not remembered as this file's result
+    assert run([tree, "--jobs", "1"]) == 0  # the crash was not remembered as this file's result
     assert (tree / "a.py").read_bytes().startswith(FakeCompiler.PREFIX)
 
 
@@ -237,7 +237,7 @@ def test_output_that_does_not_compile_is_refused(fake, tree, capsys, monkeypatch
     assert "a.py: internal error: the rewritten file does not compile (line 5)" in err
     assert (tree / "a.py").read_bytes() == TORCH_SOURCE
     # --no-verify trusts the compiler, and what it caches is never served to a verifying run.
-    assert run([tree, "--jobs", "1", "--no-verify"]) == 1
+    assert run([tree, "--jobs", "1", "--no-verify"]) == 0
     assert b"f(x for x in y, 1)" in (tree / "a.py").read_bytes()
     (tree / "a.py").write_bytes(TORCH_SOURCE)
     assert run([tree, "--jobs", "1"], capsys)[0] == 2
@@ -246,7 +246,7 @@ def test_output_that_does_not_compile_is_refused(fake, tree, capsys, monkeypatch
 def test_source_that_never_compiled_is_not_blamed_on_the_compiler(fake, tmp_path):
     # libcst parses some things this Python's compiler rejects (here: `return` outside a function).
     tree = make_tree(tmp_path / "src", {"odd.py": b"import torch\nreturn torch.relu(1)\n"})
-    assert run([tree, "--jobs", "1"]) == 1
+    assert run([tree, "--jobs", "1"]) == 0
 
 
 def test_reason_does_not_repeat_the_path(fake, tree, capsys, monkeypatch):
@@ -373,7 +373,7 @@ def test_out_writes_instrumented_copy_with_other_files(fake, tree, tmp_path, cap
     before = snapshot(tree)
     out_dir = tmp_path / "out"
     code, _, err = run([tree, "--out", out_dir, "--exclude", "tests"], capsys)
-    assert code == 1
+    assert code == 0
     assert snapshot(tree) == before
     copied = snapshot(out_dir)
     assert copied["a.py"] == FakeCompiler.PREFIX + TORCH_SOURCE
@@ -384,7 +384,7 @@ def test_out_writes_instrumented_copy_with_other_files(fake, tree, tmp_path, cap
     assert stat.S_IMODE((out_dir / "run.sh").stat().st_mode) == 0o755
     assert ".git/config" not in copied and "__pycache__/a.cpython-311.pyc" not in copied
     # Running again into the same folder reproduces it.
-    assert run([tree, "--out", out_dir, "--exclude", "tests"]) == 1
+    assert run([tree, "--out", out_dir, "--exclude", "tests"]) == 0
     assert snapshot(out_dir) == copied
 
 
@@ -396,7 +396,7 @@ def test_out_copies_unparsable_files_verbatim(fake, tree, tmp_path):
 
 
 def test_out_with_a_single_file(fake, tree, tmp_path):
-    assert run([tree / "a.py", "--out", tmp_path / "o"]) == 1
+    assert run([tree / "a.py", "--out", tmp_path / "o"]) == 0
     assert (tmp_path / "o" / "a.py").read_bytes().startswith(FakeCompiler.PREFIX)
 
 
@@ -408,7 +408,7 @@ def test_restore_mechanics(fake, tree, capsys):
     code, _, err = run([tree, "--restore", "--check"], capsys)
     assert code == 1 and "2 would change" in err
     code, _, err = run([tree, "--restore"], capsys)
-    assert code == 1
+    assert code == 0
     assert snapshot(tree) == before
     assert run([tree, "--restore"]) == 0
 
@@ -432,13 +432,13 @@ def test_jobs_1_and_2_give_the_same_results(fake, tmp_path, capsys):
 # --- the cache -----------------------------------------------------------------------------------
 
 def test_second_run_is_served_from_the_cache(fake, tree, cache_dir):
-    assert run([tree, "--jobs", "1"]) == 1
+    assert run([tree, "--jobs", "1"]) == 0
     assert len(fake.rewrites) == 4
     # In place, the tree now holds instrumented files: still no compiler call.
     assert run([tree, "--jobs", "1"]) == 0
     assert len(fake.rewrites) == 4
     # A copy of the original tree hits too.
-    assert run([tree, "--restore", "--jobs", "1"]) == 1
+    assert run([tree, "--restore", "--jobs", "1"]) == 0
     assert run([tree, "--check", "--jobs", "1"]) == 1
     assert len(fake.rewrites) == 4
     assert cache_dir.is_dir()
@@ -459,7 +459,7 @@ def test_corrupt_cache_entries_are_ignored(fake, tree, cache_dir):
         data = entry.read_bytes()
         entry.write_bytes(data[: len(data) // 2] if i % 2 else b"garbage")
     calls = len(fake.rewrites)
-    assert run([tree, "--jobs", "1"]) == 1
+    assert run([tree, "--jobs", "1"]) == 0
     assert len(fake.rewrites) == calls + 4
     assert (tree / "a.py").read_bytes() == FakeCompiler.PREFIX + TORCH_SOURCE
 
@@ -497,7 +497,7 @@ def test_unwritable_cache_does_not_fail_the_run(fake, tree, tmp_path, monkeypatc
     blocker.write_bytes(b"")
     monkeypatch.setenv("MSPROBE_REWRITE_CACHE_DIR", str(blocker / "cache"))
     code, _, err = run([tree], capsys)
-    assert code == 1
+    assert code == 0
     assert "warning: cache" in err
 
 
@@ -575,7 +575,7 @@ def test_subcommands_dispatch_on_first_argument(fake, tmp_path, monkeypatch):
     # A folder named like a subcommand stays reachable.
     folder = make_tree(tmp_path / "run", {"a.py": TORCH_SOURCE})
     monkeypatch.chdir(tmp_path)
-    assert cli.main(["./run"]) == 1
+    assert cli.main(["./run"]) == 0
     assert cli.main(["rewrite", "run", "--check"]) == 0
     assert (folder / "a.py").read_bytes().startswith(FakeCompiler.PREFIX)
 
@@ -604,14 +604,14 @@ def test_real_rewrite_then_restore_round_trips_bytes(tmp_path, capsys):
     code, out, err = run([tree, "--check"], capsys)
     assert code == 1, err
     assert len(out.splitlines()) == len(ROUND_TRIP_SOURCES)
-    assert run([tree], capsys)[0] == 1
+    assert run([tree], capsys)[0] == 0
     after = snapshot(tree)
     for rel, data in after.items():
         assert api.is_instrumented(data), rel
         assert data.count(b"\n") == before[rel].count(b"\n"), rel  # no line moved
         compile(data, rel, "exec")
     assert run([tree, "--check"], capsys)[0] == 0  # idempotent
-    assert run([tree, "--restore"], capsys)[0] == 1
+    assert run([tree, "--restore"], capsys)[0] == 0
     assert snapshot(tree) == before
     assert run([tree, "--restore", "--check"], capsys)[0] == 0
 
@@ -642,7 +642,7 @@ def test_real_cache_hit_means_no_compiler_call(tmp_path, monkeypatch):
         return real_rewrite(source, catalogue, path=path)
 
     monkeypatch.setattr(api, "rewrite_source", counting)
-    assert run([tree, "--jobs", "1"]) == 1
+    assert run([tree, "--jobs", "1"]) == 0
     assert len(calls) == len(ROUND_TRIP_SOURCES)
     assert run([tree, "--jobs", "1"]) == 0
     assert len(calls) == len(ROUND_TRIP_SOURCES)
@@ -682,7 +682,7 @@ def test_real_jobs_1_and_2_agree(tmp_path, capsys):
 
 def test_real_out_copy(tmp_path, capsys):
     tree = make_tree(tmp_path / "src", {"a.py": TORCH_SOURCE, "conf/x.yaml": b"k: v\n"})
-    assert run([tree, "--out", tmp_path / "out"], capsys)[0] == 1
+    assert run([tree, "--out", tmp_path / "out"], capsys)[0] == 0
     assert api.is_instrumented((tmp_path / "out" / "a.py").read_bytes())
     assert (tmp_path / "out" / "conf" / "x.yaml").read_bytes() == b"k: v\n"
     assert (tree / "a.py").read_bytes() == TORCH_SOURCE
@@ -718,14 +718,52 @@ def test_entry_point_end_to_end(command, tmp_path, cache_dir):
     assert result.returncode == 1, result.stderr
     assert result.stdout.splitlines() == [str(tree / "a.py")]
     result = invoke(tree)
-    assert result.returncode == 1, result.stderr
+    assert result.returncode == 0, result.stderr
     assert "1 changed, 1 unchanged, 0 skipped, 0 failed" in result.stderr
     assert "\r" not in result.stderr  # not a terminal: no progress line
     assert invoke(tree, "--check").returncode == 0
-    assert invoke(tree, "--restore").returncode == 1
+    assert invoke(tree, "--restore").returncode == 0
     assert (tree / "a.py").read_bytes() == TORCH_SOURCE
     result = invoke(tmp_path / "nope")
     assert result.returncode == 2 and "no such file" in result.stderr
+
+
+@pytest.mark.slow  # spawns the CLI and the instrumented script
+def test_exit_status_as_black_uses_it(tmp_path, cache_dir):
+    """A rewrite, --out and --restore that did their work exit 0, as black does when it reformats: before, they
+    exited 1 whenever a file changed, so `msprobe-rewrite --out DIR . && python DIR/train.py` never trained.
+    Exit 1 is only for --check and --diff, where the user asked to be told."""
+    import shlex
+
+    tree = make_tree(tmp_path / "src", {"train.py": b"import torch\nprint(torch.relu(-torch.ones(1)).item())\n"})
+    cli_command = " ".join(shlex.quote(part) for part in (sys.executable, "-m", "msprobe_rewrite"))
+    env = dict(os.environ, MSPROBE_REWRITE_CACHE_DIR=str(cache_dir))
+    out = tmp_path / "copy"
+    chained = subprocess.run(["sh", "-c", f"{cli_command} --out {shlex.quote(str(out))} {shlex.quote(str(tree))} "
+                                          f"&& {shlex.quote(sys.executable)} {shlex.quote(str(out / 'train.py'))}"],
+                             capture_output=True, text=True, env=env, timeout=300)
+    assert chained.returncode == 0, chained.stderr
+    assert chained.stdout.strip() == "0.0" and "__msprobe__" in (out / "train.py").read_text()
+
+    def status(*args):
+        done = subprocess.run([sys.executable, "-m", "msprobe_rewrite", *args, str(tree)], capture_output=True,
+                              text=True, env=env, timeout=300)
+        return done.returncode, done.stdout
+
+    assert status("--check") == (1, f"{tree / 'train.py'}\n")  # asked to be told: would change
+    assert status("--diff")[0] == 1
+    assert status() == (0, "")  # rewrote a file: done
+    assert status("--check") == (0, "") and status("--diff") == (0, "")
+    assert status("--restore", "--check")[0] == 1
+    assert status("--restore") == (0, "")  # restored a file: done
+    assert status("--restore") == (0, "")  # nothing left to restore
+
+
+def test_help_says_which_exit_status_means_what(capsys):
+    assert cli.main(["--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "0 done, whether or not a file changed" in help_text
+    assert "1 only with --check or --diff" in help_text
 
 
 def test_the_cache_fingerprint_covers_the_runtime_contract_the_rewrite_reads(tmp_path):

@@ -56,7 +56,7 @@ def test_out_refuses_a_non_empty_folder_it_did_not_write(fake, tree, tmp_path, c
 
 def test_out_force_writes_into_a_non_empty_folder(fake, tree, tmp_path):
     dest = make_tree(tmp_path / "dest", {"a.py": b"precious user file", "keep.txt": b"mine\n"})
-    assert run([tree, "--out", dest, "--force"]) == 1
+    assert run([tree, "--out", dest, "--force"]) == 0
     assert (dest / "a.py").read_bytes() == FakeCompiler.PREFIX + TORCH_SOURCE
     assert (dest / "keep.txt").read_bytes() == b"mine\n"
     assert (dest / cli.OUT_MARKER).is_file()
@@ -64,15 +64,15 @@ def test_out_force_writes_into_a_non_empty_folder(fake, tree, tmp_path):
 
 def test_out_marks_its_folder_and_accepts_it_again(fake, tree, tmp_path):
     dest = tmp_path / "dest"
-    assert run([tree, "--out", dest]) == 1
+    assert run([tree, "--out", dest]) == 0
     assert (dest / cli.OUT_MARKER).is_file()
     (tree / "plain.py").write_bytes(PLAIN_SOURCE + b"# edited\n")
-    assert run([tree, "--out", dest]) == 1  # its own output: refreshed without --force
+    assert run([tree, "--out", dest]) == 0  # its own output: refreshed without --force
     assert (dest / "plain.py").read_bytes() == PLAIN_SOURCE + b"# edited\n"
     # An existing empty folder is fine too, and gets the marker.
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert run([tree, "--out", empty]) == 1
+    assert run([tree, "--out", empty]) == 0
     assert (empty / cli.OUT_MARKER).is_file()
 
 
@@ -83,11 +83,11 @@ def test_out_marks_its_folder_and_accepts_it_again(fake, tree, tmp_path):
 def test_in_place_keeps_owner_group_and_mode(fake, tree, restore):
     target = tree / "a.py"
     if restore:
-        assert run([tree, "--jobs", "1"]) == 1
+        assert run([tree, "--jobs", "1"]) == 0
     os.chown(target, 1234, 1234)
     target.chmod(0o640)
     args = [tree, "--jobs", "1"] + (["--restore"] if restore else [])
-    assert run(args) == 1
+    assert run(args) == 0
     assert target.read_bytes() == (TORCH_SOURCE if restore else FakeCompiler.PREFIX + TORCH_SOURCE)
     st = target.stat()
     assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (1234, 1234, 0o640)
@@ -119,7 +119,7 @@ def test_in_place_refuses_a_hard_linked_file(fake, tree, tmp_path, capsys):
 
 
 def test_restore_refuses_a_hard_linked_file(fake, tree, tmp_path, capsys):
-    assert run([tree, "--jobs", "1"]) == 1
+    assert run([tree, "--jobs", "1"]) == 0
     os.link(tree / "a.py", tmp_path / "elsewhere.py")
     code, _, err = run([tree, "--restore", "--jobs", "1"], capsys)
     assert code == 2 and "hard link" in err
@@ -190,7 +190,7 @@ def test_out_skips_non_regular_files_it_cannot_copy(fake, tree, tmp_path, capsys
     os.mkfifo(tree / "events.fifo")
     dest = tmp_path / "out"
     code, _, err = run([tree, "--out", dest, "-v"], capsys)
-    assert code == 1, err
+    assert code == 0, err
     assert "not a regular file" in err and "0 failed" in err
     assert not os.path.lexists(dest / "events.fifo")
     assert (dest / "a.py").read_bytes() == FakeCompiler.PREFIX + TORCH_SOURCE
@@ -366,7 +366,7 @@ def test_a_file_past_the_size_limit_is_skipped_and_named_never_parsed(tmp_path, 
     (tmp_path / "small.py").write_bytes(b"import torch\ny = torch.relu(x)\n")
     code = cli.main([str(tmp_path), "--max-file-size", "1", "--no-cache", "--jobs", "1"])
     err = capsys.readouterr().err
-    assert code == 1  # small.py changed
+    assert code == 0  # small.py changed: done, exit 0
     assert (tmp_path / "big.py").read_bytes() == big
     assert f"skipped {tmp_path / 'big.py'} (1.2 MiB, past the 1 MiB limit" in err
     assert "1 changed, 0 unchanged, 1 skipped, 0 failed" in err
@@ -385,10 +385,10 @@ def test_restore_reads_every_file_the_rewrite_wrote(tmp_path, capsys):
     target = tmp_path / "big.py"
     target.write_bytes(source)
     flags = ["--max-file-size", str(limit_mib), "--no-cache", "--jobs", "1"]
-    assert run([target, *flags]) == 1
+    assert run([target, *flags]) == 0
     assert len(target.read_bytes()) > limit_mib * (1 << 20)  # the rewrite wrote a file past the limit
     code, _, err = run([target, "--restore", *flags], capsys)
-    assert (code, target.read_bytes()) == (1, source), err  # restored files are changed files: exit 1
+    assert (code, target.read_bytes()) == (0, source), err  # restored: done, exit 0
     assert "1 changed, 0 unchanged, 0 skipped, 0 failed" in err
 
 

@@ -74,7 +74,7 @@ def test_cli_restore_counts_a_file_whose_import_was_deleted_as_restored(tmp_path
     with pytest.warns(api.RestoreWarning, match="was missing"):
         code = cli.main([str(path), "--restore", "--jobs", "1"])
     err = capsys.readouterr().err
-    assert code == 1, err
+    assert code == 0, err
     assert "1 changed, 0 unchanged" in err
     assert path.read_bytes() == ORIGINAL
 
@@ -214,7 +214,7 @@ def test_the_command_says_a_restore_note_as_one_line_of_its_own(tmp_path):
     path.write_text('import torch\ny = __msprobe__.call("Torch.relu", torch.relu, x)\n')
     done = subprocess.run([sys.executable, "-m", "msprobe_rewrite", "--restore", str(tmp_path), "--no-cache"],
                           capture_output=True, text=True, timeout=120)
-    assert done.returncode == 1, done.stderr
+    assert done.returncode == 0, done.stderr
     assert f"msprobe-rewrite: warning: {path}: its runtime import" in done.stderr
     assert "RestoreWarning" not in done.stderr and "batch.py" not in done.stderr
     assert path.read_text() == "import torch\ny = torch.relu(x)\n"
