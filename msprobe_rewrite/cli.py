@@ -315,7 +315,11 @@ def _report(args: argparse.Namespace, mode: str, outcomes: List[batch.Outcome], 
     if cache is not None and cache.problem and not args.quiet:
         print(f"{PROG}: warning: {cache.problem}", file=sys.stderr)
     if not args.quiet:
-        changed_word = "would change" if (args.check or args.diff) else "changed"
+        # A restore says what it did in its own word (test_restore_summary_says_restored).
+        if mode == batch.RESTORE:
+            changed_word = "would be restored" if (args.check or args.diff) else "restored"
+        else:
+            changed_word = "would change" if (args.check or args.diff) else "changed"
         print(f"{PROG}: {counts[batch.CHANGED]} {changed_word}, {counts[batch.UNCHANGED]} unchanged, "
               f"{counts[batch.SKIPPED]} skipped, {counts[batch.FAILED]} failed", file=sys.stderr)
 

@@ -406,11 +406,20 @@ def test_restore_mechanics(fake, tree, capsys):
     before = snapshot(tree)
     run([tree])
     code, _, err = run([tree, "--restore", "--check"], capsys)
-    assert code == 1 and "2 would change" in err
+    assert code == 1 and "2 would be restored" in err
     code, _, err = run([tree, "--restore"], capsys)
     assert code == 0
     assert snapshot(tree) == before
     assert run([tree, "--restore"]) == 0
+
+
+def test_restore_summary_says_restored(fake, tree, capsys):
+    """--restore's summary used to read "2 changed", as a rewrite's does: it says what it did."""
+    run([tree], capsys)
+    code, _, err = run([tree, "--restore"], capsys)
+    assert code == 0
+    assert "msprobe-rewrite: 2 restored, 2 unchanged, 0 skipped, 0 failed" in err
+    assert "changed" not in err.replace("unchanged", "")
 
 
 # --- --jobs --------------------------------------------------------------------------------------

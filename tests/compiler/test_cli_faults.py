@@ -389,7 +389,7 @@ def test_restore_reads_every_file_the_rewrite_wrote(tmp_path, capsys):
     assert len(target.read_bytes()) > limit_mib * (1 << 20)  # the rewrite wrote a file past the limit
     code, _, err = run([target, "--restore", *flags], capsys)
     assert (code, target.read_bytes()) == (0, source), err  # restored: done, exit 0
-    assert "1 changed, 0 unchanged, 0 skipped, 0 failed" in err
+    assert "1 restored, 0 unchanged, 0 skipped, 0 failed" in err
 
 
 def test_restore_leaves_a_file_instrumented_only_as_an_error(fake, tmp_path, capsys):
@@ -403,7 +403,7 @@ def test_restore_leaves_a_file_instrumented_only_as_an_error(fake, tmp_path, cap
     assert f"error: {tmp_path / 'src' / 'instrumented.py'}: " in err and "left instrumented" in err
     assert f"skipped {tmp_path / 'src' / 'plain.py'} (" in err  # named without -v, and no error
     assert "error" not in err.split("plain.py", 1)[1].split("\n", 1)[0]
-    assert "0 changed, 0 unchanged, 1 skipped, 1 failed" in err
+    assert "0 restored, 0 unchanged, 1 skipped, 1 failed" in err
     assert (tmp_path / "src" / "instrumented.py").read_bytes() == instrumented
     assert (tmp_path / "src" / "plain.py").read_bytes() == body
 

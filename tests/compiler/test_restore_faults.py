@@ -75,7 +75,7 @@ def test_cli_restore_counts_a_file_whose_import_was_deleted_as_restored(tmp_path
         code = cli.main([str(path), "--restore", "--jobs", "1"])
     err = capsys.readouterr().err
     assert code == 0, err
-    assert "1 changed, 0 unchanged" in err
+    assert "1 restored, 0 unchanged" in err
     assert path.read_bytes() == ORIGINAL
 
 
