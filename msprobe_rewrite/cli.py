@@ -20,6 +20,7 @@ import difflib
 import hashlib
 import os
 import sys
+import textwrap
 import warnings
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -72,15 +73,49 @@ def _format_restore_warning(message, category, filename, lineno, line=None):
 _PYTHON_FORMATWARNING = warnings.formatwarning
 
 
+# What each command does, for the overview that --help and a bare `msprobe-rewrite` print
+# (test_bare_command_lists_every_command). A command missing here is still listed, by name.
+COMMAND_SUMMARIES: Dict[str, str] = {
+    "rewrite": "PATH...: instrument files in place (the default: `msprobe-rewrite PATH...`); "
+               "options: --out, --check, --diff, --restore, ...",
+    "run": "[--packages PKG] -- script.py ARGS | -m MODULE ARGS: run a program with its imports instrumented, "
+           "nothing written to disk",
+    "compare": "RUN_A RUN_B: align two runs' dumps and name the first divergence",
+    "precheck": "DUMP: replay each dumped API call on the CPU and grade it, with no reference run",
+    "check": "PATH...: report API calls the instrumentation cannot see (the lint)",
+    "guard": "PATH...: fail on instrumented files, or restore them with --fix (for pre-commit)",
+    "hook-path": "print the folder to put on PYTHONPATH so that $MSPROBE_REWRITE_PACKAGES instruments on import",
+}
+
+
+def _commands_overview(width: int = 100) -> str:
+    names = list(SUBCOMMANDS)
+    pad = max(len(name) for name in names) + 2
+    lines = ["commands (`msprobe-rewrite COMMAND --help` for each):"]
+    for name in names:
+        wrapped = textwrap.wrap(COMMAND_SUMMARIES.get(name, ""), width - pad - 2) or [""]
+        lines.append(f"  {name:<{pad}}{wrapped[0]}".rstrip())
+        lines.extend(" " * (pad + 2) + line for line in wrapped[1:])
+    return "\n".join(lines)
+
+
+def _bare_overview() -> str:
+    parser = build_parser()
+    return (f"{parser.format_usage()}\n{parser.description}\n\n{_commands_overview()}\n\n"
+            f"The rewrite's options: {PROG} --help")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    exit_status = textwrap.fill(
+        "Exit status (as black's): 0 done, whether or not a file changed (a rewrite in place, --out, --restore); "
+        "1 only with --check or --diff, when a file would change; 2 error (a file that could not be processed, "
+        "or that --restore left instrumented). A folder named like a command can be given as ./NAME.", 100)
     parser = argparse.ArgumentParser(
         prog=PROG,
+        usage=f"%(prog)s [options] PATH [PATH ...]\n       %(prog)s COMMAND [arguments]",
         description="Instrument PyTorch call sites in Python source trees for precision debugging.",
-        epilog="Exit status (as black's): 0 done, whether or not a file changed (a rewrite in place, --out, "
-               "--restore); 1 only with --check or --diff, when a file would change; 2 error (a file that "
-               "could not be processed, or that --restore left instrumented). "
-               f"Other commands: {', '.join(f'{PROG} {name}' for name in SUBCOMMANDS if name != 'rewrite')}"
-               ". A folder named like a command can be given as ./NAME.",
+        epilog=f"{_commands_overview()}\n\n{exit_status}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("paths", nargs="+", metavar="PATH", help="files and folders to process")
     what = parser.add_argument_group("what to do (default: rewrite in place)")
@@ -377,6 +412,11 @@ SUBCOMMANDS: Dict[str, Callable[[Sequence[str]], int]] = {
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        # Bare `msprobe-rewrite` used to say only "the following arguments are required: PATH", hiding every
+        # command; it prints the overview instead, and exits 2 as any usage error (test_bare_command_...).
+        print(_bare_overview())
+        return EXIT_ERROR
     try:
         if argv and argv[0] in SUBCOMMANDS:
             return SUBCOMMANDS[argv[0]](argv[1:])

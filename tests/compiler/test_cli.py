@@ -589,6 +589,19 @@ def test_subcommands_dispatch_on_first_argument(fake, tmp_path, monkeypatch):
     assert (folder / "a.py").read_bytes().startswith(FakeCompiler.PREFIX)
 
 
+@pytest.mark.slow  # spawns the CLI
+def test_bare_command_lists_every_command(tmp_path):
+    """Bare `msprobe-rewrite` used to print only "the following arguments are required: PATH", hiding run,
+    compare, precheck and the rest. It lists every command with what it does, and exits 2 (nothing was done)."""
+    done = subprocess.run([sys.executable, "-m", "msprobe_rewrite"], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=120)
+    assert done.returncode == 2
+    listed = {line.split()[0] for line in done.stdout.splitlines() if line.startswith("  ") and line[2] != " "}
+    assert listed == set(cli.SUBCOMMANDS), done.stdout
+    assert "msprobe-rewrite --help" in done.stdout and "required" not in done.stdout + done.stderr
+    assert set(cli.COMMAND_SUMMARIES) == set(cli.SUBCOMMANDS)  # a new command says what it does
+
+
 def test_version_flag(capsys):
     assert cli.main(["--version"]) == 0
     assert capsys.readouterr().out.strip().endswith(cli.__version__)
