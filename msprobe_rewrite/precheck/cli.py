@@ -1,6 +1,7 @@
-"""``msprobe-rewrite precheck DUMP -o DIR``: replay every API call of a task 'tensor' dump and grade it.
+"""``msprobe-rewrite precheck DUMP [-o DIR]``: replay every API call of a task 'tensor' dump and grade it.
 
-Writes ``DIR/precheck_result.csv`` (one row per API, tensor and metric), ``DIR/precheck_summary.json`` and
+Prints the failing APIs and the counts. With ``-o DIR`` (optional, as for ``compare``) it also writes
+``DIR/precheck_result.csv`` (one row per API, tensor and metric), ``DIR/precheck_summary.json`` and
 ``DIR/precheck_report.html`` (failing APIs first, with an error-distribution plot each). Exit status: 0 every
 replayed API passed (warnings included), 1 some API failed, 2 the dump cannot be checked or some of its
 files are bad (missing or truncated tensors, API names the catalogue does not know; the reports are still
@@ -28,7 +29,11 @@ def build_parser() -> argparse.ArgumentParser:
                                "its own dtype, and grade the dumped result (criteria: docs/precheck.md).")
     parser.add_argument("dump", metavar="DUMP", help="a task 'tensor' dump (ours or msprobe's): the dump directory, "
                                                      "a step or rank directory, or a dump.json")
-    parser.add_argument("-o", "--out", required=True, metavar="DIR", help="folder for the CSV, JSON and HTML reports")
+    # Optional, as compare's -o: without it the terminal shows the verdicts and no file is written
+    # (test_precheck_without_out_prints_the_verdicts_and_writes_nothing).
+    parser.add_argument("-o", "--out", metavar="DIR",
+                        help="write precheck_result.csv, precheck_summary.json and precheck_report.html into DIR "
+                             "(without it, only the terminal report)")
     parser.add_argument("-j", "--jobs", type=int, default=None, metavar="N",
                         help="worker processes (default: all available cores)")
     parser.add_argument("--catalogue", metavar="FILE", action="append", default=[],
@@ -42,6 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "CPU reaches), so that every row has its CPU figure")
     parser.add_argument("-q", "--quiet", action="store_true", help="print only errors")
     return parser
+
+
+def _write_reports(args: argparse.Namespace, checked, summary) -> None:
+    report_csv.write(os.path.join(args.out, "precheck_result.csv"), checked)
+    report_json.write(os.path.join(args.out, "precheck_summary.json"), summary)
+    report_html.write(os.path.join(args.out, "precheck_report.html"), args.dump, checked, summary)
 
 
 def _error(message: str) -> None:
@@ -69,7 +80,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         _error(str(error))
         return 2
     try:
-        os.makedirs(args.out, exist_ok=True)
+        if args.out is not None:
+            os.makedirs(args.out, exist_ok=True)
     except OSError as error:
         _error(f"-o {args.out}: {error.strerror or error}")
         return 2
@@ -86,9 +98,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     checked = verdicts(results)
     summary = report_json.build(args.dump, checked, no_tensor, time.monotonic() - started, jobs)
     try:
-        report_csv.write(os.path.join(args.out, "precheck_result.csv"), checked)
-        report_json.write(os.path.join(args.out, "precheck_summary.json"), summary)
-        report_html.write(os.path.join(args.out, "precheck_report.html"), args.dump, checked, summary)
+        if args.out is not None:
+            _write_reports(args, checked, summary)
     except OSError as error:
         _error(f"cannot write the reports into {args.out}: {error.strerror or error}")
         return 2
@@ -100,8 +111,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for api in checked:
             if api["status"] == standards.ERROR:
                 print(f"error   {api['api']} ({api['label']}): {api['reason']}", file=sys.stderr)
+        where = f"reports in {args.out}" if args.out is not None else "no report files (-o DIR writes them)"
         print(f"{PROG}: {len(checked)} APIs: {counts['pass']} pass, {counts['warning']} warning, "
-              f"{counts['error']} error, {counts['skip']} not replayed; reports in {args.out}", file=sys.stderr)
+              f"{counts['error']} error, {counts['skip']} not replayed; {where}", file=sys.stderr)
     if problems:
         return 2
     return 1 if counts["error"] else 0
