@@ -137,7 +137,7 @@ SECTION_KEYS = _section_table()  # task -> key -> Key
 # refusals of values of supported keys: (key, value) -> why, and what to use instead
 REFUSED_TASKS = {
     "acc_check": "collect with task 'tensor' at level L1 for one step, then 'msprobe-rewrite precheck DUMP' "
-                 "replays every API against a float64 golden on the CPU (docs/precheck.md)",
+                 "replays every API against a float64 golden on the CPU ('msprobe-rewrite precheck --help')",
     "structure": "use task 'statistics': construct.json is written with every dump",
     "diff_check": "dump both runs with task 'statistics' and compare them with 'msprobe-rewrite compare'",
     "nan_check": "use task 'statistics': NaN shows in Max/Min, and NaN and Inf are counted (nan_inf_count)",

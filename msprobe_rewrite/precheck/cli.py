@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 import time
 from typing import Optional, Sequence
 
@@ -26,7 +27,11 @@ PROG = "msprobe-rewrite precheck"
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="API accuracy pre-check: replay each dumped API call on the CPU in float64 and in "
-                               "its own dtype, and grade the dumped result (criteria: docs/precheck.md).")
+                               "its own dtype, and grade the dumped result (criteria below).",
+        epilog=f"{standards.criteria_text()}\n\n" + textwrap.fill(
+            "Exit status: 0 every replayed API passed (warnings included), 1 some API failed, 2 the dump cannot "
+            "be checked or some of its files are bad.", 100),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dump", metavar="DUMP", help="a task 'tensor' dump (ours or msprobe's): the dump directory, "
                                                      "a step or rank directory, or a dump.json")
     # Optional, as compare's -o: without it the terminal shows the verdicts and no file is written

@@ -56,7 +56,7 @@ def write(path: str, dump: str, apis: List[Dict[str, Any]], summary: Dict[str, A
            f"<h1>API pre-check of {html.escape(dump)}</h1>",
            "<p>" + ", ".join(f'<b style="color:{_COLOURS[s]}">{n} {s}</b>' for s, n in totals.items())
            + f" — {summary.get('entries_without_tensors', 0)} API entries without tensors; criteria: "
-             "docs/precheck.md</p>"]
+             f"<code>{html.escape(standards.CRITERIA_HINT)}</code></p>"]
     ordered = failing_first(apis)
     failing = [a for a in ordered if a["status"] in (standards.ERROR, standards.WARNING)]
     out.append(f"<h2>Failing APIs ({len(failing)})</h2>")

@@ -19,7 +19,7 @@ def _clean(value: Any) -> Any:
 def build(dump: str, apis: List[Dict[str, Any]], no_tensor: int, seconds: float, jobs: int) -> Dict[str, Any]:
     return {
         "dump": dump,
-        "criteria": "docs/precheck.md",
+        "criteria": standards.CRITERIA_HINT,
         "apis": len(apis),
         "counts": counts(apis),
         "entries_without_tensors": no_tensor,

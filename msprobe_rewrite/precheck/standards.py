@@ -64,6 +64,10 @@ RATIO_FACTORS = {"max_rel_err": (5.0, 10.0), "mean_rel_err": (1.5, 2.0), "rmse":
 SHARE_FACTOR = 2.0
 ULP_FACTOR = 2.0
 
+# Where the reports send a reader for the criteria: a command every install has (it prints criteria_text()),
+# where docs/precheck.md is only in a checkout (test_reports_point_at_criteria_a_pip_user_has).
+CRITERIA_HINT = "msprobe-rewrite precheck --help"
+
 
 def _key(dtype) -> str:
     return str(dtype)
@@ -177,3 +181,42 @@ def worst(statuses) -> str:
         if SEVERITY.get(status, 0) > SEVERITY[best]:
             best = status
     return best
+
+
+def criteria_text(width: int = 100) -> str:
+    """The criteria as `msprobe-rewrite precheck --help` prints them, from the constants above: the reports point
+    there, since a pip install has no docs/ folder (test_reports_point_at_criteria_a_pip_user_has)."""
+    import textwrap
+
+    standards = [
+        ("exact", "integer and bool results", "mismatch_ratio"),
+        ("binary consistency", "relu, abs, neg, reshape, transpose, gather, sort, topk, cat, ...", "mismatch_ratio"),
+        ("ULP", "matmul, linear, mm, bmm, addmm, baddbmm, ...",
+         f"ulp_err_proportion (share above {_ULP['torch.float32'][2]:g} ULP in float32, "
+         f"{_ULP['torch.float16'][2]:g} in float16/bfloat16; float32 also passes with a mean below "
+         f"{FP32_MEAN_ULP_BOUND:g} ULP), rel_bias"),
+        ("absolute threshold", "add, sub, mul, div, rsqrt, reciprocal, square, ... and their operators",
+         "rel_err_ratio, abs_err_ratio, rel_bias"),
+        ("benchmark", "every other API", ", ".join(RATIO_FACTORS)),
+    ]
+    others = sorted({factors for metric, factors in RATIO_FACTORS.items() if metric != "max_rel_err"})
+    factors = (f"max_rel_err {RATIO_FACTORS['max_rel_err'][0]:g} / {RATIO_FACTORS['max_rel_err'][1]:g}, "
+               + ", ".join(f"the others {w:g} / {e:g}" for w, e in others))
+    lines = [textwrap.fill(
+        "Criteria: the dumped result (the device) and the CPU replay in the same dtype are both measured "
+        "against a float64 CPU golden, and the device fails when it is worse than the CPU by more than a "
+        "factor. Each API is held to one standard, chosen as msprobe's api_precision_standard.yaml does:",
+        width), ""]
+    for name, apis, metrics in standards:
+        lines.append(textwrap.fill(f"{name}: {apis}; grades {metrics}", width, initial_indent="  ",
+                                   subsequent_indent="      "))
+    for text in (
+            "Every floating result also grades nonfinite_mismatch (NaN or Inf where the golden has none, or the "
+            "reverse).",
+            "Ratio metrics: device / max(cpu, the dtype's minimum error); warning / error above " + factors + ".",
+            f"Shares (rel_err_ratio, abs_err_ratio): an error when the device has any and more than "
+            f"{SHARE_FACTOR:g}x the CPU's; mismatch_ratio and nonfinite_mismatch: when it has more than the CPU.",
+            "Each row of precheck_result.csv names the metric, both figures and the threshold it was held to; an "
+            "API's status is its worst row."):
+        lines += ["", textwrap.fill(text, width)]
+    return "\n".join(lines)

@@ -34,3 +34,26 @@ def test_precheck_without_out_prints_the_verdicts_and_writes_nothing(tmp_path):
     assert "error   Functional.gelu.0 (" in err
     assert "no report files (-o DIR writes them)" in err
     assert os.listdir(work) == []
+
+
+def test_reports_point_at_criteria_a_pip_user_has(tmp_path):
+    """The summary and the HTML said "criteria: docs/precheck.md", a file only a checkout has. They name a
+    command instead, and that command, run as written, prints the criteria."""
+    import json
+    import shlex
+
+    code, out, err = _precheck(MSPROBE_TENSOR_DUMP, "-o", tmp_path / "report", "-j", "1", cwd=tmp_path)
+    assert code == 0, err
+    hint = json.loads((tmp_path / "report" / "precheck_summary.json").read_text())["criteria"]
+    page = (tmp_path / "report" / "precheck_report.html").read_text()
+    assert f"criteria: <code>{hint}</code>" in page and "docs/" not in page and "docs/" not in hint
+    program, *arguments = shlex.split(hint)
+    assert program == "msprobe-rewrite"
+    shown = subprocess.run([sys.executable, "-m", "msprobe_rewrite", *arguments], capture_output=True, text=True,
+                           env=_env(), cwd=tmp_path, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    text = " ".join(shown.stdout.split())
+    assert "Criteria:" in text and "docs/" not in text
+    for standard in ("exact:", "binary consistency:", "ULP:", "absolute threshold:", "benchmark:"):
+        assert standard in text
+    assert "warning / error above max_rel_err 5 / 10, the others 1.5 / 2" in text
