@@ -49,7 +49,8 @@ _MSPROBE_ONLY_TASK = ("task {task!r} is not supported, so its section is never r
 COMMON_KEYS = {
     "task": Key(SUPPORTED, "statistics or tensor; msprobe's other tasks (acc_check, structure, diff_check, "
                            "nan_check) are refused"),
-    "dump_path": Key(SUPPORTED, "a non-empty string; the constructor's dump_path wins"),
+    "dump_path": Key(SUPPORTED, "a non-empty string; the constructor's dump_path wins; one that holds a dump is "
+                                "refused (DumpPathError), where msprobe overwrites, unless MSPROBE_DUMP_OVERWRITE=1"),
     "rank": Key(SUPPORTED, "a list of ints and 'a-b' ranges; [] = every rank"),
     "step": Key(SUPPORTED, "a list of ints and 'a-b' ranges; [] = every step; the constructor's step wins"),
     "level": Key(SUPPORTED, "L0, L1, mix, or debug (only save() records, into debug.json); L2 is refused"),
@@ -116,9 +117,10 @@ _MSPROBE_SECTION_KEYS = {
 }
 
 
-def switched_on(name):
-    """Whether the environment's on/off switch ``name`` is on: it is, unless set to 0, false, no or off."""
-    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "no", "off")
+def switched_on(name, default="1"):
+    """Whether the environment's on/off switch ``name`` is on: it is, unless set to 0, false, no or off (or unset,
+    where ``default`` is "0")."""
+    return os.environ.get(name, default).strip().lower() not in ("0", "false", "no", "off")
 
 
 def _section_table():

@@ -10,7 +10,6 @@ class reaches the debugger built last, so other modules need no reference to it.
 from __future__ import annotations
 
 import atexit
-import glob
 import logging
 import multiprocessing.util
 import os
@@ -18,18 +17,15 @@ import sys
 import types
 import weakref
 
-from . import compiled_calls, compiled_regions, seeding, shims
+from . import compiled_calls, compiled_regions, earlier_dumps, seeding, shims
 from .config import load_config, read_dump_enable
 from .debug_save import DebugJob, DebugRecords, DumpWriter, valid_variable
+from .earlier_dumps import DumpPathError  # noqa: F401  (raised at start(); its home is earlier_dumps)
 from .json_files import copy_records
 from .records import copied
 from .writer import PreparedJob, StepJob
 
 logger = logging.getLogger("msprobe_runtime")
-
-
-class DumpPathError(FileExistsError):
-    """The dump path already holds a dump from another run; nothing was overwritten."""
 
 
 class _ClassOrInstance:
@@ -361,7 +357,7 @@ class PrecisionDebugger:
 
     def _prepare_dump_path(self, rank):
         if not self._checked:
-            self._refuse_existing_dump(rank)
+            earlier_dumps.refuse_or_replace(self.config.dump_path, rank)
             _check_writable(self.config.dump_path)
             self._checked = True
 
@@ -408,16 +404,6 @@ class PrecisionDebugger:
             self._writer.submit(DebugJob(directory, header, debug, tensors, tensor_dir))
         if dump:
             self._dirty = False
-
-    def _refuse_existing_dump(self, rank):
-        root = self.config.dump_path
-        leaf = f"rank{rank}" if rank is not None else "*"
-        existing = sorted(glob.glob(os.path.join(glob.escape(root), "step*", leaf, "dump.json"))
-                          + glob.glob(os.path.join(glob.escape(root), "step*", leaf, "debug.json")))
-        if existing:
-            raise DumpPathError(
-                f"msprobe_runtime: {root!r} already holds a dump ({os.path.relpath(existing[0], root)}); "
-                f"nothing was overwritten. Choose a new dump_path or remove the old dump.")
 
     def _reload_dump_enable(self):
         """msprobe's hot reload of ``dump_enable``: when the config file changed since it was last read, read the
