@@ -82,6 +82,8 @@ COMMAND_SUMMARIES: Dict[str, str] = {
            "nothing written to disk",
     "compare": "RUN_A RUN_B: align two runs' dumps and name the first divergence",
     "precheck": "DUMP: replay each dumped API call on the CPU and grade it, with no reference run",
+    "nan": "DUMP: name where NaN or Inf started in one run (the op, step, rank and line), as msprobe's "
+           "overflow_check",
     "check": "PATH...: report API calls the instrumentation cannot see (the lint)",
     "guard": "PATH...: fail on instrumented files, or restore them with --fix (for pre-commit)",
     "hook-path": "print the folder to put on PYTHONPATH so that $MSPROBE_REWRITE_PACKAGES instruments on import",
