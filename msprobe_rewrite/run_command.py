@@ -142,7 +142,13 @@ def _run_module(module: str, args: List[str], hook_options) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    from msprobe_runtime import call_stacks
+
     from .import_hook import packages_from_environment
+
+    # stack.json shows the program's frames as under ``python``: this launcher's and whatever started it
+    # (cli.py, the console script, runpy) are the tool's (tests/runtime/test_tool_frames.py)
+    call_stacks.hide_launcher(_run_script.__code__, _run_module.__code__)
 
     ours, module, script, args = _split(sys.argv[1:] if argv is None else argv)
     options = _parser().parse_args(ours)

@@ -5,6 +5,10 @@ and the offset of the instruction it is executing (``f_lasti``, an integer read)
 and function names, and the filtering of the runtime's own frames are worked out by ``resolve`` on the writer
 thread, from the code object's line table, once per distinct stack. Reading ``f_lineno`` for every frame, as
 the training thread did before, walks that table there, frame by frame, entry by entry.
+
+A stack says what the user's program was doing, as msprobe's does: ``resolve`` leaves out the frames of the
+tools (this runtime's, and the compiler's: ``msprobe-rewrite run``'s launcher and whatever started it, which a
+program started by ``python`` does not have).
 """
 from __future__ import annotations
 
@@ -18,6 +22,17 @@ _RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__))
 # f_lasti is a byte offset into the code, and co_lines maps those offsets to lines, from Python 3.10;
 # before that the line itself is taken on the training thread
 _OFFSETS = sys.version_info >= (3, 10)
+
+
+# Code objects of launchers (``msprobe-rewrite run``'s, which runs the user's program): a stack ends at the
+# frame inside one, and runpy's frames directly inside it, so that the program's outermost frame is its
+# ``<module>`` as under ``python`` (tests/runtime/test_tool_frames.py)
+_LAUNCHERS = set()
+
+
+def hide_launcher(*codes):
+    """Leave ``codes``' frames, every frame outside them and runpy's frames just inside them out of stacks."""
+    _LAUNCHERS.update(codes)
 
 
 _CAPTURED = {}  # (code ids, positions, id(outer) or None) -> pair: capture's equal stacks as one object
@@ -134,7 +149,9 @@ class Resolver:
 
     def __init__(self, skip_files=None):
         self.skip_files = frozenset(_module_call_files() if skip_files is None else skip_files)
-        self._codes = {}     # id(code) -> (code, kept, {position: line})
+        self._tool_dirs = _tool_dirs()
+        self._runpy_files = _runpy_files()
+        self._codes = {}     # id(code) -> (code, kind, {position: line})
         self._stacks = {}    # id(pair) -> (pair, frames): a stack, or the outer part of one
         self._interned = {}  # frames -> frames
 
@@ -149,14 +166,25 @@ class Resolver:
         if known is not None and known[0] is stack:
             return known[1]
         raw, outer = stack
-        outer_frames = () if outer is None else self.resolve(outer)
         frames = []
+        kinds = []
+        launched = False
         for code, position in zip(raw[0::2], raw[1::2]):
             info = self._code(code)
-            if info[1]:
+            kind = info[1]
+            if kind is _LAUNCHER:
+                launched = True
+                break
+            if kind is not _DROPPED:
                 frames.append((code.co_filename, self._line(info, position), code.co_name))
+                kinds.append(kind)
                 if len(frames) == MAX_FRAMES:
                     break
+        if launched:  # runpy's frames between the launcher and the program are the launcher's too
+            while kinds and kinds[-1] is _RUNPY:
+                kinds.pop()
+                frames.pop()
+        outer_frames = () if outer is None or launched else self.resolve(outer)
         frames = (tuple(frames) + outer_frames)[:MAX_FRAMES]
         frames = self._interned.setdefault(frames, frames)
         self._stacks[id(stack)] = (stack, frames)
@@ -165,10 +193,19 @@ class Resolver:
     def _code(self, code):
         info = self._codes.get(id(code))
         if info is None:
-            filename = code.co_filename
-            kept = not filename.startswith(_RUNTIME_DIR) and filename not in self.skip_files
-            info = self._codes[id(code)] = (code, kept, {})
+            info = self._codes[id(code)] = (code, self._kind(code), {})
         return info
+
+    def _kind(self, code):
+        filename = code.co_filename
+        if code in _LAUNCHERS:
+            return _LAUNCHER
+        if (filename.startswith(_RUNTIME_DIR) or filename in self.skip_files
+                or any(filename.startswith(folder) for folder in self._tool_dirs)):
+            return _DROPPED
+        if filename in self._runpy_files:
+            return _RUNPY
+        return _KEPT
 
     @staticmethod
     def _line(info, position):
@@ -179,6 +216,24 @@ class Resolver:
         if line is None:
             line = lines[position] = _line_at(info[0], position)
         return line
+
+
+# what a frame is to ``resolve`` (compared by identity)
+_KEPT, _DROPPED, _LAUNCHER, _RUNPY = "kept", "dropped", "launcher", "runpy"
+
+
+def _tool_dirs():
+    """The compiler's package folder (its import hook, its CLI) where it is loaded: none of its frames is the
+    user's. This runtime's own folder is ``_RUNTIME_DIR``."""
+    module = sys.modules.get("msprobe_rewrite")
+    path = getattr(module, "__file__", None) if module is not None else None
+    return (os.path.dirname(os.path.abspath(path)) + os.sep,) if isinstance(path, str) else ()
+
+
+def _runpy_files():
+    import runpy
+
+    return frozenset({runpy.run_module.__code__.co_filename, runpy.__file__})
 
 
 def _module_call_files():
