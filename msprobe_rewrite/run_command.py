@@ -78,7 +78,10 @@ def _run_script(script: str, args: List[str], hook_options) -> int:
     if not os.path.exists(script):
         print(f"msprobe-rewrite run: can't open file {script!r}: no such file", file=sys.stderr)
         return 2
-    directory = os.path.dirname(os.path.abspath(script))
+    # python names a script's code and __file__ by its absolute path (3.9+), as stack.json and tracebacks
+    # then do; argv[0] stays as typed (tests/runtime/test_tool_frames.py)
+    path = os.path.abspath(script)
+    directory = os.path.dirname(path)
     sys.path[0] = directory
     hook = install_import_hook(hook_options["packages"], paths=[directory],
                                catalogue_files=hook_options["catalogue"],
@@ -87,16 +90,16 @@ def _run_script(script: str, args: List[str], hook_options) -> int:
     with open(script, "rb") as handle:
         source = handle.read()
     try:
-        code = instrumented_code(source, script, "", catalogue, hook_options["skip_decorators"])
+        code = instrumented_code(source, path, "", catalogue, hook_options["skip_decorators"])
     except Exception as error:
         from .api import RewriteError
 
         if not isinstance(error, RewriteError):
             raise
         print(f"msprobe-rewrite run: running {script} uninstrumented: {error}", file=sys.stderr)
-        code = compile(source, script, "exec", dont_inherit=True)
+        code = compile(source, path, "exec", dont_inherit=True)
     main = types.ModuleType("__main__")
-    main.__dict__.update(__file__=script, __builtins__=__builtins__, __cached__=None, __spec__=None,
+    main.__dict__.update(__file__=path, __builtins__=__builtins__, __cached__=None, __spec__=None,
                          __package__=None, **{RUNTIME_NAME: msprobe_runtime})
     main.__loader__ = None
     saved_main = sys.modules.get("__main__")
@@ -107,7 +110,7 @@ def _run_script(script: str, args: List[str], hook_options) -> int:
     except SystemExit as exit_:
         return _exit_code(exit_)
     except Exception as error:
-        _report(error, lambda frame: frame.f_code.co_filename == script)
+        _report(error, lambda frame: frame.f_code.co_filename == path)
         return 1
     finally:
         sys.modules["__main__"] = saved_main if saved_main is not None else main

@@ -113,3 +113,11 @@ def test_stack_json_holds_no_frame_of_the_tool(runs):
                 # the program's outermost frame is its own, as under ``python driver.py``
                 assert os.path.basename(files[-1]) == "driver.py", (launcher, name, frames)
                 assert frames[-1].split(", ")[2] == "in <module>", (launcher, name, frames)
+
+
+def test_stack_json_is_the_same_under_run_and_the_hook_with_either_capture(runs):
+    # python names a script by its absolute path (3.9+); ``run`` named it as given on the command line
+    stacks = {launcher: (a / "stack.json").read_text() for launcher, (a, _, _) in runs.items()}
+    assert len(set(stacks.values())) == 1, stacks
+    assert all(_file(frames[-1]) == str(a.parents[2] / "driver.py")
+               for launcher, (a, _, _) in runs.items() for frames in _stacks(a).values())
