@@ -8,7 +8,9 @@ the training thread did before, walks that table there, frame by frame, entry by
 
 A stack says what the user's program was doing, as msprobe's does: ``resolve`` leaves out the frames of the
 tools (this runtime's, and the compiler's: ``msprobe-rewrite run``'s launcher and whatever started it, which a
-program started by ``python`` does not have).
+program started by ``python`` does not have), and torch's ``__torch_function__`` dispatch that brings a call
+to the observing mode (``handle_torch_function`` and the function that called it), so that such a call's
+stack starts where the call was made, as it does for a call msprobe's wrapper sees.
 """
 from __future__ import annotations
 
@@ -150,6 +152,7 @@ class Resolver:
     def __init__(self, skip_files=None):
         self.skip_files = frozenset(_module_call_files() if skip_files is None else skip_files)
         self._tool_dirs = _tool_dirs()
+        self._dispatch_file = _dispatch_file()
         self._runpy_files = _runpy_files()
         self._codes = {}     # id(code) -> (code, kind, {position: line})
         self._stacks = {}    # id(pair) -> (pair, frames): a stack, or the outer part of one
@@ -184,6 +187,14 @@ class Resolver:
             while kinds and kinds[-1] is _RUNPY:
                 kinds.pop()
                 frames.pop()
+        if kinds and kinds[0] is _DISPATCH:
+            # a call the observing mode saw through handle_torch_function: that frame and the function that
+            # called it (the API itself) are not the call site; msprobe's wrapper is called where the user
+            # called the API (Functional.batch_norm at batchnorm.py:210, not at overrides.py)
+            start = 0
+            while start < len(kinds) and kinds[start] is _DISPATCH:
+                start += 1
+            frames = frames[start + 1:]
         outer_frames = () if outer is None or launched else self.resolve(outer)
         frames = (tuple(frames) + outer_frames)[:MAX_FRAMES]
         frames = self._interned.setdefault(frames, frames)
@@ -203,6 +214,8 @@ class Resolver:
         if (filename.startswith(_RUNTIME_DIR) or filename in self.skip_files
                 or any(filename.startswith(folder) for folder in self._tool_dirs)):
             return _DROPPED
+        if filename == self._dispatch_file:
+            return _DISPATCH
         if filename in self._runpy_files:
             return _RUNPY
         return _KEPT
@@ -219,7 +232,7 @@ class Resolver:
 
 
 # what a frame is to ``resolve`` (compared by identity)
-_KEPT, _DROPPED, _LAUNCHER, _RUNPY = "kept", "dropped", "launcher", "runpy"
+_KEPT, _DROPPED, _LAUNCHER, _DISPATCH, _RUNPY = "kept", "dropped", "launcher", "dispatch", "runpy"
 
 
 def _tool_dirs():
@@ -228,6 +241,12 @@ def _tool_dirs():
     module = sys.modules.get("msprobe_rewrite")
     path = getattr(module, "__file__", None) if module is not None else None
     return (os.path.dirname(os.path.abspath(path)) + os.sep,) if isinstance(path, str) else ()
+
+
+def _dispatch_file():
+    """torch's overrides.py, whose handle_torch_function hands a call to a TorchFunctionMode."""
+    overrides = sys.modules.get("torch.overrides")
+    return getattr(overrides, "__file__", None) if overrides is not None else None
 
 
 def _runpy_files():

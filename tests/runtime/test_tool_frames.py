@@ -121,3 +121,12 @@ def test_stack_json_is_the_same_under_run_and_the_hook_with_either_capture(runs)
     assert len(set(stacks.values())) == 1, stacks
     assert all(_file(frames[-1]) == str(a.parents[2] / "driver.py")
                for launcher, (a, _, _) in runs.items() for frames in _stacks(a).values())
+
+
+def test_a_call_seen_by_the_observing_mode_starts_where_it_was_called(runs):
+    # msprobe-shaped: torch's own frame that made the call is the first, not torch's __torch_function__
+    # dispatch (overrides.py's handle_torch_function, then functional.py's batch_norm) that reached the mode
+    for launcher, (a, _, _) in runs.items():
+        frames = _stacks(a)["Functional.batch_norm.0.forward"]
+        assert _file(frames[0]).endswith(os.path.join("torch", "nn", "modules", "batchnorm.py")), frames
+        assert _file(frames[1]) == str(BIGNET / "bignet.py") and ", line 31, " in frames[1], frames
