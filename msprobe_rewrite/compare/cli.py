@@ -36,7 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "while its inputs agree (or whose inputs already diverge, when the difference entered "
                     "through code the dump does not record).",
         epilog="A run is a dump directory, a step directory, a rank directory or a dump.json; ranks are paired "
-               "by number. Run A is msprobe's NPU (target) side, run B the Bench (golden) side. Exit status: "
+               "by number. Run A is msprobe's NPU (target) side, run B the Bench (golden) side. An entry's call "
+               "site is the first frame of its stack.json stack outside torch and the tools: the line of your "
+               "program that led to the call. Exit status: "
                "0 no divergence, 1 divergence found, 2 error.")
     parser.add_argument("run_a", metavar="RUN_A")
     parser.add_argument("run_b", metavar="RUN_B")

@@ -193,19 +193,20 @@ def _sibling(dump: RankDump, name: str) -> Optional[str]:
 
 
 _FRAME = re.compile(r"^File (?P<file>.*?), line (?P<line>\d+), in (?P<func>[^,]*)")
-# frames of the tools and of torch's module-call and dispatch machinery say nothing about the user's call site
-_NOISE = (os.sep + "msprobe" + os.sep, os.sep + "msprobe_runtime" + os.sep,
-          os.sep + "torch" + os.sep + "nn" + os.sep + "modules" + os.sep + "module.py",
-          os.sep + "torch" + os.sep + "utils" + os.sep + "hooks.py",
-          # a Python-level functional (F.softmax) seen by a TorchFunctionMode has these two innermost
-          os.sep + "torch" + os.sep + "overrides.py",
-          os.sep + "torch" + os.sep + "nn" + os.sep + "functional.py")
+# the tools' frames (msprobe's, this runtime's and compiler's, in dumps made before they were left out) are
+# never a call site; torch's are not the user's line (Functional.batch_norm is called at batchnorm.py:210
+# inside the user's ``self.bn1(x)``), so the call site is the first frame outside both
+# (tests/runtime/test_tool_frames.py)
+_TOOLS = tuple(os.sep + name + os.sep for name in ("msprobe", "msprobe_runtime", "msprobe_rewrite"))
+_TORCH = os.sep + "torch" + os.sep
 
 
 def call_site(frames: Any) -> Optional[str]:
-    """``file:line`` of the innermost frame that belongs to neither the tool nor torch's module machinery."""
+    """``file:line`` of the innermost frame outside torch and the tools: the user's line that led to the call;
+    where every frame is torch's, the innermost that is not the tools'."""
     if not isinstance(frames, list):
         return None
+    first = None
     for frame in frames:
         if not isinstance(frame, str):
             continue
@@ -213,10 +214,14 @@ def call_site(frames: Any) -> Optional[str]:
         if match is None:
             continue
         path = match.group("file")
-        if any(part in path for part in _NOISE):
+        if any(part in path for part in _TOOLS):
             continue
-        return f"{path}:{match.group('line')}"
-    return None
+        site = f"{path}:{match.group('line')}"
+        if _TORCH not in path:
+            return site
+        if first is None:
+            first = site
+    return first
 
 
 def read_call_sites(dump: RankDump) -> Dict[str, str]:

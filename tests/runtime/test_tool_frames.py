@@ -7,6 +7,7 @@ first divergence is ``Functional.batch_norm``, a torch call inside ``nn.BatchNor
 observing mode sees it), whose user line is ``bignet.py:31`` (``x2 = self.bn1(x)``); ``Tensor.__add__`` at
 ``bignet.py:33`` is recorded by the rewrite.
 """
+import csv
 import glob
 import json
 import os
@@ -80,6 +81,19 @@ def _file(frame):
     return frame[len("File "):frame.index(", line ")]
 
 
+def _compare(out, a, b):
+    result = subprocess.run([sys.executable, "-m", "msprobe_rewrite", "compare", "-o", str(out), str(a), str(b)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 1, result.stdout + result.stderr  # 1: the runs diverge
+    sites = {}
+    for path in out.glob("compare_result_*.csv"):
+        with open(path, newline="") as handle:
+            for row in csv.DictReader(handle):
+                if row["NPU_Stack_Info"] not in ("", "N/A"):  # on an entry's first row only
+                    sites.setdefault(row["NPU Name"].rsplit(".", 2)[0], row["NPU_Stack_Info"])
+    return result.stdout, sites
+
+
 RUN_MODULE = [sys.executable, "-m", "msprobe_rewrite"]
 # how the program is started, and with which capture of the stacks (the native op's or Python's)
 LAUNCHERS = {"run, console script": ([str(CONSOLE_SCRIPT)] if CONSOLE_SCRIPT.exists() else RUN_MODULE, {}),
@@ -130,3 +144,15 @@ def test_a_call_seen_by_the_observing_mode_starts_where_it_was_called(runs):
         frames = _stacks(a)["Functional.batch_norm.0.forward"]
         assert _file(frames[0]).endswith(os.path.join("torch", "nn", "modules", "batchnorm.py")), frames
         assert _file(frames[1]) == str(BIGNET / "bignet.py") and ", line 31, " in frames[1], frames
+
+
+def test_compare_names_the_users_line_as_the_call_site(runs):
+    bignet = str(BIGNET / "bignet.py")
+    for launcher, (a, b, out) in runs.items():
+        printed, sites = _compare(out, a, b)
+        # before: "at .../torch/nn/modules/batchnorm.py:210" for the divergence whose user line is bignet.py:31
+        assert "first divergence: Functional.batch_norm.0.forward" in printed, printed
+        assert f"at {bignet}:31\n" in printed and "batchnorm.py" not in printed, (launcher, printed)
+        assert sites["Functional.batch_norm.0.forward"] == f"{bignet}:31", launcher  # seen by the observing mode
+        assert sites["Functional.linear.0.forward"] == f"{bignet}:29", launcher      # in nn.Linear, not rewritten
+        assert sites["Tensor.__add__.0.forward"] == f"{bignet}:33", launcher         # recorded by the rewrite
