@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from .errors import CompareError
 from .nan_origin import find_origin
-from .summary import _clean as strict_json
+from .summary import strict_json
 from ..progress import Progress
 
 PROG = "msprobe-rewrite nan"

@@ -10,14 +10,15 @@ from .headline import relate
 from .propagation import pair_suspects
 
 
-def _clean(value: Any) -> Any:
-    # JSON has no NaN or Infinity; strict readers (JavaScript, jq) reject Python's extension
+def strict_json(value: Any) -> Any:
+    """``value`` with every non-finite float as a string: JSON has no NaN or Infinity, and strict readers
+    (JavaScript, jq) reject Python's extension."""
     if isinstance(value, float) and not math.isfinite(value):
         return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
     if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
+        return {k: strict_json(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_clean(v) for v in value]
+        return [strict_json(v) for v in value]
     return value
 
 
@@ -84,7 +85,7 @@ def run_summary(run_a: str, run_b: str, results: List[PairResult], thresholds: D
         index = result.merged[position][0]
         return result.a.ends[index], -index  # completion order, as the first divergence and the suspects use
 
-    return _clean({
+    return strict_json({
         "run_a": run_a,
         "run_b": run_b,
         "thresholds": thresholds,
