@@ -19,13 +19,15 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from . import backward as bw
 from . import call_stacks, compiled_calls, dump_names, native_stats, operators
 from .compiled_regions import POLYFILLED as _POLYFILLED
+from .module_tracking import ObserveMode, instrumented_globals, mode_active, on_top
 from .module_tracking import tracing as _tracing
 from .config import switched_on
 from .foreign import (BOUND_METHOD_TYPES, bound_self, children, class_attribute, defines_before, is_subclass, key_text, mapping_items, method_name,
                       own_parameters, sequence_items, type_name)
 from .records import TensorRecord, describe_builtin
 from .selection import Selection
-from .shims import MODULE_CALL, NOT_ROUTED
+from .contract import RUNTIME_MODULE
+from .shims import FOREIGN_CALL, MODULE_CALL, NOT_ROUTED
 from .checksums import MODES as CHECKSUM_MODES, checksum_of
 from .statistics import KIND_EMPTY, LATER, StatBuffer, tensor_kind
 
@@ -211,6 +213,23 @@ class Collector:
     def in_uninstrumented_code(self):
         return not self.ctx[-1]
 
+    def enter_foreign(self):
+        """A plain function that was not rewritten begins, called from instrumented code (``shims.dyn``): its
+        torch calls are observed by the mode as those of an uninstrumented module's ``forward`` are (pushed here
+        unless one is active already); returns the mode pushed, or None."""
+        self.ctx.append(False)
+        if self.mode_depth and mode_active():
+            return None
+        mode = ObserveMode(self)
+        self.push_mode(mode)
+        return mode
+
+    def leave_foreign(self, mode):
+        if mode is not None and on_top(mode):  # not on top: the function left a mode of its own pushed
+            self.pop_mode(mode)
+        if len(self.ctx) > 1:  # one only: start() inside the function began the context afresh
+            self.ctx.pop()
+
     def enter_compiled(self):
         """A call into compiled code begins on this thread: nothing inside it is recorded, not even the eager
         code that runs past a graph break (``busy``)."""
@@ -365,6 +384,9 @@ class Collector:
                 name = self.tensor_methods.get(method_name(fn) if kind is _METHOD else fn.__name__)
                 if name is not None:
                     return self.api(name, fn, args, kwargs, (owner,) + args, sys._getframe(2))
+        if kind is _FUNCTION or kind is _METHOD:
+            if self.ctx[-1] and _foreign(fn if kind is _FUNCTION else fn.__func__):
+                return FOREIGN_CALL  # called by the entry with the mode on (enter_foreign)
         return _not_routed(kind)
 
     def operator(self, name, python_op, *operands):
@@ -1116,6 +1138,21 @@ def _place(t):
 
 _MODULE_CALL_IMPL = getattr(torch.nn.Module, "_wrapped_call_impl", None)  # nn.Module's own ``__call__``
 _MODULE_CALLS = {}  # id(class) -> (class, whether it is called through nn.Module's own __call__)
+
+
+_RUNTIME_PACKAGE = RUNTIME_MODULE + "."
+
+
+def _foreign(function):
+    """Whether ``function`` is a plain Python function that was not rewritten and is not the runtime's own
+    (``debugger.stop``, called from instrumented code, ends the very context the call would open)."""
+    if type(function) is not _FUNCTION:
+        return False
+    namespace = function.__globals__
+    if instrumented_globals(namespace):
+        return False
+    module = namespace.get("__name__")
+    return not (type(module) is str and (module == RUNTIME_MODULE or module.startswith(_RUNTIME_PACKAGE)))
 
 
 def _not_routed(kind):

@@ -136,7 +136,7 @@ def fold_keywords(func, args, kwargs):
     return tuple(args), kwargs
 
 
-def _mode_active():
+def mode_active():
     """Whether an ObserveMode is on this thread's torch function mode stack now. ``mode_depth`` counts the modes
     pushed, but the autograd engine runs backward (and a recomputation in it, Megatron's CheckpointFunction)
     without the caller's modes: there the count says one is pushed while none is active."""
@@ -338,7 +338,7 @@ class ModuleTracker:
             if instrumented and collector.mode_depth:
                 frame[3] = _set_aside(collector)
             elif (not instrumented and collector.level_api and not busy
-                    and (collector.mode_depth == 0 or not _mode_active())):
+                    and (collector.mode_depth == 0 or not mode_active())):
                 mode = ObserveMode(collector)
                 collector.push_mode(mode)
                 frame[0] = mode

@@ -42,6 +42,10 @@ def call(api_name, fn, /, *args, **kwargs):
 # (tests/runtime/test_nesting_depth.py)
 NOT_ROUTED = object()
 MODULE_CALL = object()  # a module called through nn.Module's own __call__ (``_wrapped_call_impl``)
+# a plain function that was not rewritten (torch's ``optimizer.step``, ``clip_grad_norm_``): called with the
+# observing mode on, which records the torch calls it makes, as it records those of torch's own modules
+# (tests/runtime/test_window_coverage.py)
+FOREIGN_CALL = object()
 
 
 def dyn(fn, /, *args, **kwargs):
@@ -58,6 +62,12 @@ def dyn(fn, /, *args, **kwargs):
         if fn._compiled_call_impl is not None:
             return fn._compiled_call_impl(*args, **kwargs)
         return fn._call_impl(*args, **kwargs)
+    if result is FOREIGN_CALL:
+        observing = collector.enter_foreign()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            collector.leave_foreign(observing)
     return result
 
 
