@@ -158,6 +158,6 @@ def aug(ref, op_name, value, /):
     """Finish ``target op= value``: the in-place operation, then the store, as Python does."""
     result = OPERATOR_ENTRIES[op_name](ref.value, value)
     if ref.is_item:
-        ref.container[ref.key] = result
+        store(ref.container, ref.key, result)  # ``Tensor.__setitem__``, as the plain store records it
     else:
         setattr(ref.container, ref.key, result)

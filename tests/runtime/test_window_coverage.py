@@ -85,3 +85,24 @@ def test_optimizer_step_and_clipping_are_recorded_when_rewritten(tmp_path):
     # AdamW's update and the clipping, recorded by the plain run's mode
     for name in ("Tensor.lerp_", "Tensor.addcdiv_", "Torch._foreach_norm", "Torch.clamp"):
         assert counts["step1"][name] > 0, name
+
+
+AUGMENTED_STORE = '''
+    import torch
+
+
+    def run(debugger):
+        for _ in range(2):
+            debugger.start()
+            y = torch.zeros(4)
+            idx = torch.tensor([0, 2])
+            y[idx] += torch.ones(2)
+            y[1] *= 3.0
+            debugger.stop()
+            debugger.step()
+'''
+
+
+def test_augmented_subscript_store_records_setitem(tmp_path):
+    counts = same_as_plain(tmp_path, AUGMENTED_STORE)
+    assert counts["step0"]["Tensor.__setitem__"] == 2
