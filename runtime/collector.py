@@ -14,7 +14,7 @@ import types
 import weakref
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from . import backward as bw
 from . import call_stacks, compiled_calls, dump_names, native_stats, operators
@@ -116,7 +116,11 @@ class Collector:
         self._reuse_min = _reuse_min()
         # the native op's Recorder, None where it does not serve (also backward.hook_module_backward's hooks)
         self.recorder = self.stats.native_recorder(self._reuse_min, _RECENT) if self.native_first else None
-        self._optimizer_hook = None  # while collecting: any torch optimizer's step calls forget_reads
+        self._optimizer_hooks = []  # while collecting: any torch optimizer's step opens and ends its phase
+        # msprobe's optimizer status: "optimizer" during a torch optimizer's step, "clip_grad" during torch's
+        # gradient clipping called from instrumented code; at mix, each API entry made then has it as its parent
+        # in construct.json, the phase itself a root (``"optimizer": null``) once a step, as msprobe writes it
+        self.phase = None
         # The native op's backward hooks (Recorder.hook_api, hook_module, where
         # ``native_backward``) put their records here, in the order they ran, until the next entry joins
         # ``data`` (take_arrivals). The Recorder holds the collector by a weak reference only: nothing of the
@@ -213,18 +217,23 @@ class Collector:
     def in_uninstrumented_code(self):
         return not self.ctx[-1]
 
-    def enter_foreign(self):
+    def enter_foreign(self, fn):
         """A plain function that was not rewritten begins, called from instrumented code (``shims.dyn``): its
         torch calls are observed by the mode as those of an uninstrumented module's ``forward`` are (pushed here
-        unless one is active already); returns the mode pushed, or None."""
+        unless one is active already); returns what ``leave_foreign`` restores: the mode pushed (or None) and
+        the phase before (torch's gradient clipping is msprobe's ``clip_grad``)."""
         self.ctx.append(False)
+        phase = self.phase
+        if _CLIPPING.get(id(fn)) is fn:
+            self.phase = "clip_grad"
         if self.mode_depth and mode_active():
-            return None
+            return None, phase
         mode = ObserveMode(self)
         self.push_mode(mode)
-        return mode
+        return mode, phase
 
-    def leave_foreign(self, mode):
+    def leave_foreign(self, begun):
+        mode, self.phase = begun
         if mode is not None and on_top(mode):  # not on top: the function left a mode of its own pushed
             self.pop_mode(mode)
         if len(self.ctx) > 1:  # one only: start() inside the function began the context afresh
@@ -255,13 +264,22 @@ class Collector:
         if collecting:
             self.native_backward = recorder is not None and self.selection is None and not _compiled_autograd()
         self.forget_reads()
-        if self._optimizer_hook is not None:
-            self._optimizer_hook.remove()
-            self._optimizer_hook = None
+        for handle in self._optimizer_hooks:
+            handle.remove()
+        self._optimizer_hooks = []
+        self.phase = None
         if collecting:
             # an optimizer may write its parameters without moving their version counters (a fused kernel,
             # megatron's copy through ``.data``): any torch optimizer's step ends what is known of them
-            self._optimizer_hook = register_optimizer_step_post_hook(self.forget_reads)
+            self._optimizer_hooks = [register_optimizer_step_pre_hook(self._optimizer_begins),
+                                     register_optimizer_step_post_hook(self._optimizer_ends)]
+
+    def _optimizer_begins(self, *_hook_args):
+        self.phase = "optimizer"
+
+    def _optimizer_ends(self, *_hook_args):
+        self.phase = None
+        self.forget_reads()
 
     def forget_reads(self, *_hook_args):
         """The tensors read so far may change from here without moving their version counters (start, stop, an
@@ -581,7 +599,13 @@ class Collector:
                 self.data[forward] = entry
             self.stacks[forward] = self.anchors.capture(frame if frame is not None else sys._getframe(1))
             if self.construct_apis:
-                self.construct[forward] = self.module_stack[-1] if self.module_stack else None
+                phase = self.phase
+                if phase is None:
+                    self.construct[forward] = self.module_stack[-1] if self.module_stack else None
+                else:
+                    if phase not in self.construct:
+                        self.construct[phase] = None
+                    self.construct[forward] = phase
         if backward_selected and self.want_backward and _grad_enabled():
             if type(result) is _TENSOR:  # the common case, without flattening
                 if not result.requires_grad:
@@ -1141,6 +1165,10 @@ _MODULE_CALLS = {}  # id(class) -> (class, whether it is called through nn.Modul
 
 
 _RUNTIME_PACKAGE = RUNTIME_MODULE + "."
+# torch's gradient clipping, which msprobe wraps to tag its calls ``clip_grad``: id -> function
+_CLIPPING = {id(f): f for f in (getattr(torch.nn.utils, name, None)
+                                for name in ("clip_grad_norm_", "clip_grad_norm", "clip_grad_value_"))
+             if f is not None}
 
 
 def _foreign(function):

@@ -63,11 +63,11 @@ def dyn(fn, /, *args, **kwargs):
             return fn._compiled_call_impl(*args, **kwargs)
         return fn._call_impl(*args, **kwargs)
     if result is FOREIGN_CALL:
-        observing = collector.enter_foreign()
+        begun = collector.enter_foreign(fn)
         try:
             return fn(*args, **kwargs)
         finally:
-            collector.leave_foreign(observing)
+            collector.leave_foreign(begun)
     return result
 
 

@@ -106,3 +106,42 @@ AUGMENTED_STORE = '''
 def test_augmented_subscript_store_records_setitem(tmp_path):
     counts = same_as_plain(tmp_path, AUGMENTED_STORE)
     assert counts["step0"]["Tensor.__setitem__"] == 2
+
+
+TAGGED = textwrap.dedent('''
+    import json, pathlib, sys, types
+    from msprobe_rewrite.api import rewrite_source
+    source = b"""import torch
+    def run(debugger):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 2))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+        debugger.start(model)
+        model(torch.ones(3, 4)).sum().backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        debugger.stop()
+        debugger.step()
+    """
+    module = types.ModuleType("program")
+    exec(compile(rewrite_source(source), "program.py", "exec"), module.__dict__)
+    from msprobe_runtime import PrecisionDebugger
+    debugger = PrecisionDebugger(dump_path=sys.argv[1], level="mix", task="statistics")
+    module.run(debugger)
+    debugger.wait()
+    print(json.dumps(json.loads(next(pathlib.Path(sys.argv[1]).glob("step0/*/construct.json")).read_text())))
+''')
+
+
+def test_optimizer_and_clipping_entries_are_tagged_as_msprobe_tags_them(tmp_path):
+    """msprobe (register_optimizer_hook.py) parents every API entry of an optimizer's step to ``optimizer`` and
+    of torch's gradient clipping to ``clip_grad`` in construct.json, each phase a root of its own."""
+    done = subprocess.run([sys.executable, "-c", TAGGED, str(tmp_path / "dump")], capture_output=True, text=True,
+                          timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    construct = json.loads(done.stdout.splitlines()[-1])
+    assert construct["optimizer"] is None and construct["clip_grad"] is None
+    assert construct["Torch._foreach_norm.0.forward"] == "clip_grad"
+    assert construct["Tensor.lerp_.0.forward"] == "optimizer"
+    assert construct["Tensor.sum.0.forward"] is None  # the model's own calls keep their parents
+    assert construct["Functional.linear.0.forward"] == "Module.0.Linear.forward.0"
