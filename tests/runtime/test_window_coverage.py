@@ -108,6 +108,57 @@ def test_augmented_subscript_store_records_setitem(tmp_path):
     assert counts["step0"]["Tensor.__setitem__"] == 2
 
 
+def entry_counts(dump):
+    """Per ``step/rank`` folder of a dump, how many forward entries each API name has (modules left out)."""
+    counts = {}
+    for path in sorted(dump.glob("step*/*/dump.json")):
+        names = json.loads(path.read_text())["data"]
+        counts[f"{path.parent.parent.name}/{path.parent.name.split('proc')[0]}"] = collections.Counter(
+            name.rsplit(".", 2)[0] for name in names
+            if name.endswith(".forward") and not name.startswith(("Module.", "Cell.")))
+    return counts
+
+
+def run_fixture(script, dump, args):
+    done = subprocess.run([sys.executable, str(script), *args, "--dump", str(dump)], capture_output=True,
+                          text=True, timeout=900, cwd=ROOT)
+    assert done.returncode == 0, f"{script} failed:\n{done.stderr}"
+    return entry_counts(dump)
+
+
+# (fixture, its arguments but --dump): each script calls start() itself, so its plain run is observed by the
+# mode from start() on, as msprobe would record it
+FIXTURES = [
+    ("fixtures/bignet/bignet.py", ["--level", "L1", "--steps", "2"]),
+    ("fixtures/nested_model/nested.py", ["--level", "L1", "--steps", "2"]),
+    ("fixtures/compare_models/train.py", ["--level", "L1"]),
+    ("fixtures/transformers_models/train_tiny.py", ["--arch", "llama", "--level", "L1", "--steps", "2"]),
+    ("fixtures/transformers_models/train_tiny.py", ["--arch", "llama", "--level", "L1", "--steps", "2",
+                                                    "--optimizer-in-window"]),
+    ("fixtures/transformers_models/train_tiny.py", ["--arch", "mixtral", "--level", "L1", "--steps", "2"]),
+]
+
+
+@pytest.mark.parametrize("fixture, args", FIXTURES,
+                         ids=[f"{os.path.basename(os.path.dirname(f))}-{' '.join(a)}" for f, a in FIXTURES])
+def test_rewritten_fixture_records_every_call_of_the_plain_run(tmp_path, fixture, args):
+    if "transformers" in fixture:
+        pytest.importorskip("transformers")
+    plain_script = os.path.join(ROOT, fixture)
+    rewritten_dir = tmp_path / "rewritten"
+    rewritten_dir.mkdir()
+    rewritten_script = rewrite_file(plain_script, rewritten_dir)
+    runs = {}
+    for how, script in (("plain", plain_script), ("rewritten", rewritten_script)):
+        runs[how] = run_fixture(script, tmp_path / how, args)
+    plain, rewritten = runs["plain"], runs["rewritten"]
+    assert plain and set(rewritten) == set(plain)
+    missing = {folder: {name: (count, rewritten[folder][name]) for name, count in counts.items()
+                        if rewritten[folder][name] < count}
+               for folder, counts in plain.items()}
+    assert missing == {folder: {} for folder in plain}, "calls the plain run records and the rewritten one lost"
+
+
 TAGGED = textwrap.dedent('''
     import json, pathlib, sys, types
     from msprobe_rewrite.api import rewrite_source
