@@ -294,23 +294,39 @@ def test_ctrl_c_during_a_parallel_rewrite_exits_130_quietly(tmp_path):
     act before the CLI printed a KeyboardInterrupt traceback each (and one that died holding a pool lock could
     hang the CLI's shutdown); the CLI, acting first, terminated them mid-print. The test holds the CLI stopped
     until each worker has either ended or is seen to ignore SIGINT, so the workers always act first.
+
+    On a loaded machine the signal can land after the CLI has its last result (it then finishes the run, as it
+    should: a Ctrl-C while the workers are being ended is dropped); such an attempt proves nothing and is made
+    again, up to three times. Any attempt that prints a traceback, or ends otherwise, fails the test.
     """
     tree = _megatron_tree()
     if tree is None:
         pytest.skip("megatron-core is not installed")
+    for attempt in range(3):
+        code, printed = _interrupt_a_parallel_rewrite(tree, tmp_path / f"attempt{attempt}")
+        assert "Traceback" not in printed, printed[-4000:]
+        if code == 0 and printed.strip().endswith("0 failed"):
+            continue  # the run was over before the signal was taken
+        break
+    assert (code, printed.strip()) == (130, "msprobe-rewrite: interrupted"), printed[-4000:]
+
+
+def _interrupt_a_parallel_rewrite(tree, folder):
+    """Ctrl-C a ``-j 2`` rewrite of a copy of ``tree`` in ``folder``; checks that every file is left wholly
+    rewritten or wholly as it was, and returns the CLI's exit status and what it printed."""
     import shutil
 
     from msprobe_rewrite import api
 
-    root = tmp_path / "megatron"
+    root = folder / "megatron"
     shutil.copytree(tree, root, ignore=shutil.ignore_patterns("__pycache__"))
     before = snapshot(root)
-    stderr_path = tmp_path / "stderr"
+    stderr_path = folder / "stderr"
     with open(stderr_path, "wb") as stderr:
         process = subprocess.Popen(
             [sys.executable, "-m", "msprobe_rewrite", "--no-cache", "--jobs", "2", str(root)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True,
-            env=dict(os.environ, MSPROBE_REWRITE_CACHE_DIR=str(tmp_path / "cache")))
+            env=dict(os.environ, MSPROBE_REWRITE_CACHE_DIR=str(folder / "cache")))
     pgid = process.pid
     try:
         deadline = time.monotonic() + 60
@@ -342,14 +358,13 @@ def test_ctrl_c_during_a_parallel_rewrite_exits_130_quietly(tmp_path):
             os.killpg(pgid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    printed = stderr_path.read_text(errors="replace")
-    assert (code, printed.strip()) == (130, "msprobe-rewrite: interrupted"), printed[-4000:]
     after = snapshot(root)
     assert sorted(after) == sorted(before)  # no file added (no temporary file left), none lost
     for name, data in after.items():
         if data != before[name]:  # rewritten: all of it, so it restores to the original
             assert api.RUNTIME_IMPORT.encode() in data, name
             assert api.restore_source(data, path=name) == before[name], name
+    return code, stderr_path.read_text(errors="replace")
 
 
 def test_a_file_past_the_size_limit_is_skipped_and_named_never_parsed(tmp_path, capsys, monkeypatch):
