@@ -295,9 +295,11 @@ def test_ctrl_c_during_a_parallel_rewrite_exits_130_quietly(tmp_path):
     hang the CLI's shutdown); the CLI, acting first, terminated them mid-print. The test holds the CLI stopped
     until each worker has either ended or is seen to ignore SIGINT, so the workers always act first.
 
-    On a loaded machine the signal can land after the CLI has its last result (it then finishes the run, as it
-    should: a Ctrl-C while the workers are being ended is dropped); such an attempt proves nothing and is made
-    again, up to three times. Any attempt that prints a traceback, or ends otherwise, fails the test.
+    On a heavily loaded machine the signal has landed after the CLI had its last result (it then finishes the
+    run, as it should: a Ctrl-C while the workers are being ended is dropped), in three attempts in a row, in
+    two whole-suite runs beside other test runs; alone it lands every time. Such an attempt proves nothing and
+    is made again, up to three times, then the test is skipped saying so. Any attempt that prints a traceback,
+    leaves a file half-written, hangs, or ends with any other status fails the test.
     """
     tree = _megatron_tree()
     if tree is None:
@@ -305,10 +307,18 @@ def test_ctrl_c_during_a_parallel_rewrite_exits_130_quietly(tmp_path):
     for attempt in range(3):
         code, printed = _interrupt_a_parallel_rewrite(tree, tmp_path / f"attempt{attempt}")
         assert "Traceback" not in printed, printed[-4000:]
-        if code == 0 and printed.strip().endswith("0 failed"):
-            continue  # the run was over before the signal was taken
-        break
+        if not (code == 0 and printed.strip().endswith("0 failed")):
+            break
+    else:
+        pytest.skip("in three attempts the Ctrl-C landed only after the run was over (a loaded machine)")
     assert (code, printed.strip()) == (130, "msprobe-rewrite: interrupted"), printed[-4000:]
+
+
+def _as_a_shell_starts_it():
+    # a program started from a terminal takes Ctrl-C: SIGINT handled by default and not blocked, whatever this
+    # test process's own state (a child inherits both a blocked mask and an ignored SIGINT across exec)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _interrupt_a_parallel_rewrite(tree, folder):
@@ -326,7 +336,7 @@ def _interrupt_a_parallel_rewrite(tree, folder):
         process = subprocess.Popen(
             [sys.executable, "-m", "msprobe_rewrite", "--no-cache", "--jobs", "2", str(root)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True,
-            env=dict(os.environ, MSPROBE_REWRITE_CACHE_DIR=str(folder / "cache")))
+            preexec_fn=_as_a_shell_starts_it, env=dict(os.environ, MSPROBE_REWRITE_CACHE_DIR=str(folder / "cache")))
     pgid = process.pid
     try:
         deadline = time.monotonic() + 60
