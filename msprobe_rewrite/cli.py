@@ -377,6 +377,12 @@ def _hook_path_main(argv: Sequence[str]) -> int:
     """Print the folder to put on PYTHONPATH so that $MSPROBE_REWRITE_PACKAGES installs the import hook."""
     from . import startup
 
+    # A parser of no arguments, so that --help prints usage like every other command's, and a stray argument is
+    # a usage error: before, `hook-path --help` printed the path (test_every_command_answers_help).
+    argparse.ArgumentParser(
+        prog=f"{PROG} hook-path", description="P" + COMMAND_SUMMARIES["hook-path"][1:] + ", as in: "
+        "PYTHONPATH=$(msprobe-rewrite hook-path) MSPROBE_REWRITE_PACKAGES=megatron python train.py",
+    ).parse_args(argv)
     print(os.path.dirname(os.path.abspath(startup.__file__)))
     return EXIT_CLEAN
 

@@ -602,6 +602,30 @@ def test_bare_command_lists_every_command(tmp_path):
     assert set(cli.COMMAND_SUMMARIES) == set(cli.SUBCOMMANDS)  # a new command says what it does
 
 
+def _listed_commands():
+    """The commands bare `msprobe-rewrite` lists (its overview, read as test_bare_command_lists_every_command
+    reads it)."""
+    return [line.split()[0] for line in cli._bare_overview().splitlines() if line.startswith("  ") and line[2] != " "]
+
+
+@pytest.mark.parametrize("name", _listed_commands())
+def test_every_command_answers_help(name, capsys):
+    """The overview says `msprobe-rewrite COMMAND --help` for each; `hook-path --help` used to print the hook's
+    folder instead. Each prints its usage and exits 0, as argparse does."""
+    assert cli.main([name, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: msprobe-rewrite"), out
+    assert name == "rewrite" or out.startswith(f"usage: msprobe-rewrite {name}"), out
+
+
+def test_hook_path_prints_its_folder_and_refuses_arguments(capsys):
+    from msprobe_rewrite import startup
+
+    assert cli.main(["hook-path"]) == 0
+    assert capsys.readouterr().out == os.path.dirname(os.path.abspath(startup.__file__)) + "\n"
+    assert cli.main(["hook-path", "extra"]) == 2
+
+
 def test_version_flag(capsys):
     assert cli.main(["--version"]) == 0
     assert capsys.readouterr().out.strip().endswith(cli.__version__)
