@@ -19,7 +19,6 @@ from typing import List, Optional, Tuple
 from . import __version__
 from .atomic import write_atomic
 
-ENV_DIR = "MSPROBE_REWRITE_CACHE_DIR"
 _MAGIC = b"msprobe-rewrite-cache 1\n"
 
 # Entry kinds.
@@ -30,11 +29,11 @@ _KINDS = frozenset({SAME, NEW, FAIL})
 
 
 def default_directory() -> str:
-    explicit = os.environ.get(ENV_DIR)
-    if explicit:
-        return explicit
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "msprobe-rewrite")
+    """``$MSPROBE_REWRITE_CACHE_DIR`` (kept for compatibility), else ``rewrite/`` in the tool's one cache folder
+    (``msprobe_runtime.cache_folders``), which the runtime's native op build shares."""
+    from msprobe_runtime.cache_folders import rewrite_cache_folder
+
+    return rewrite_cache_folder()
 
 
 def fingerprint_files() -> List[str]:

@@ -145,7 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="worker processes (default: all available cores)")
     how.add_argument("--no-cache", action="store_true",
                      help="neither read nor write the result cache "
-                          "(default location: $MSPROBE_REWRITE_CACHE_DIR, else $XDG_CACHE_HOME/msprobe-rewrite)")
+                          "(default location: rewrite/ in $MSPROBE_CACHE_DIR, else in $XDG_CACHE_HOME/msprobe-rewrite; "
+                          "$MSPROBE_REWRITE_CACHE_DIR, where set, is the folder itself)")
     how.add_argument("--max-file-size", type=float, default=batch.DEFAULT_MAX_BYTES / (1 << 20), metavar="MIB",
                      help="skip (and name) files larger than this many MiB: libcst needs about 1 GB of memory per "
                           "MB of source (default: %(default)g; 0: no limit). --restore reads files up to "

@@ -1,8 +1,8 @@
 """The fused statistics pass: one read of a CPU tensor gives Max, Min, Mean, Norm and the NaN and Inf counts.
 
 A native op (C++, ``torch.utils.cpp_extension``) compiled once on the user's machine, on first use, and cached
-under ``$MSPROBE_CACHE_DIR`` (default ``$XDG_CACHE_HOME/msprobe_rewrite``, else ``~/.cache/msprobe_rewrite``) in
-a folder keyed by the source, the compiler flags, the CPU, torch and Python; a cached build is imported
+under ``native/`` in the tool's cache folder (``cache_folders``: ``$MSPROBE_CACHE_DIR``, default
+``$XDG_CACHE_HOME/msprobe-rewrite``, else ``~/.cache/msprobe-rewrite``) in a folder keyed by the source, the compiler flags, the CPU, torch and Python; a cached build is imported
 directly, without ninja (a few milliseconds). ``MSPROBE_NATIVE_STATS=0`` turns it off. Without a compiler or
 ninja, ``load`` warns once and returns None, and ``statistics.StatBuffer`` keeps its torch-op path.
 
@@ -64,7 +64,7 @@ import shutil
 import sys
 import threading
 
-from . import native_cache
+from . import cache_folders, native_cache
 from .config import switched_on
 
 logger = logging.getLogger("msprobe_runtime")
@@ -1257,11 +1257,8 @@ def enabled():
 
 
 def cache_root():
-    root = os.environ.get("MSPROBE_CACHE_DIR")
-    if not root:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        root = os.path.join(base, "msprobe_rewrite")
-    return root
+    """The folder of the builds: ``native/`` in the tool's one cache folder (``cache_folders``)."""
+    return cache_folders.native_cache_folder()
 
 
 def _cpu_id():

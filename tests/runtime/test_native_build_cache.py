@@ -17,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from msprobe_runtime import native_cache, native_stats  # noqa: E402
+from msprobe_runtime import cache_folders, native_cache, native_stats  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LOAD_OP = os.path.join(ROOT, "fixtures", "native_cache", "load_op.py")
@@ -32,10 +32,17 @@ def built(native, tmp_path_factory):
     return copy
 
 
+def builds_folder(tmp_path):
+    """The folder of the op's builds: ``native/`` in the tool's cache folder (``cache_folders``)."""
+    return tmp_path / "cache" / cache_folders.NATIVE
+
+
 def load_op(cache, mode, library, **popen):
-    """Run load_op.py with ``cache`` as the cache folder and the op switched on, whatever this session's
-    environment says; a CompletedProcess, or the Popen where ``popen`` asks for one."""
-    env = dict(os.environ, MSPROBE_CACHE_DIR=str(cache))
+    """Run load_op.py with ``cache`` as the folder of the op's builds (its parent as the tool's cache folder) and
+    the op switched on, whatever this session's environment says; a CompletedProcess, or the Popen where
+    ``popen`` asks for one."""
+    assert os.path.basename(cache) == cache_folders.NATIVE, cache
+    env = dict(os.environ, MSPROBE_CACHE_DIR=os.path.dirname(cache))
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env.pop("MSPROBE_NATIVE_STATS", None)
     command = [sys.executable, LOAD_OP, mode, str(library)]
@@ -57,7 +64,7 @@ def loaded(done):
 
 def cached_copy(built, tmp_path):
     """``(cache, its build folder)``: a cache holding a copy of this session's build."""
-    cache = tmp_path / "cache"
+    cache = builds_folder(tmp_path)
     folder = cache / built.name
     shutil.copytree(built, folder)
     return cache, folder
@@ -94,7 +101,7 @@ def test_a_build_killed_midway_leaves_nothing_at_the_final_name(built, tmp_path)
     """The build ran in the final folder: one killed midway (a rank that torchrun kills) left half a library
     there. It runs in a private folder beside it, and nothing is at the final name until the build is whole;
     the next process builds it and loads it."""
-    cache = tmp_path / "cache"
+    cache = builds_folder(tmp_path)
     final = cache / built.name
     process = load_op(cache, "hang", built / LIBRARY, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                       stderr=subprocess.PIPE)
@@ -116,7 +123,7 @@ def test_a_build_that_finds_another_whole_build_in_place_keeps_that_one(built, t
     """Machines that share a cache do not see each other's lock: another's whole build can take the final name
     while this one compiles. It stays as it is (a process may have loaded it: rewriting it in place is a
     SIGBUS there), this build's folder is removed, and the op this process built serves it."""
-    cache = tmp_path / "cache"
+    cache = builds_folder(tmp_path)
     final = cache / built.name
     loaded(load_op(cache, f"other:{built}", built / LIBRARY))
     assert (final / LIBRARY).read_bytes() == (built / LIBRARY).read_bytes()
@@ -128,7 +135,7 @@ def test_a_build_that_finds_another_whole_build_in_place_keeps_that_one(built, t
 def test_two_processes_that_load_at_once_with_an_empty_cache_both_get_the_op(native, tmp_path):
     """Two ranks starting together with nothing cached: one builds, the other waits for its lock and loads
     its build after checking it; both end with the op."""
-    cache = tmp_path / "cache"
+    cache = builds_folder(tmp_path)
     processes = [load_op(cache, "build", "-", stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
     outputs = [process.communicate(timeout=900) for process in processes]
     ended = [subprocess.CompletedProcess(p.args, p.returncode, *output) for p, output in zip(processes, outputs)]
