@@ -148,6 +148,46 @@ def test_an_unused_input_that_differs_wholly_does_not_excuse_the_output(tmp_path
     assert compare_runs(a, b)["first_suspect"]["entry"] == "Functional.gelu.1.forward"
 
 
+def _stats(values, shape):
+    return _record(*values, shape=shape)
+
+
+# step 0 of fixtures/bignet as recorded by the demo (python -m fixtures.demo), run A with the default seed and
+# run B with --seed 7: net1's first linear (input x, weight, bias -> output) and the batch_norm it feeds
+# (that output, running mean, running var, weight, bias -> normalised output), Max, Min, Mean, Norm
+SEEDED_LINEAR = {
+    "a": [(2.7440667, -2.3309395, -0.0232627, 9.9738016), (0.1764288, -0.1765512, -0.0002825, 3.1622252),
+          (0.1731171, -0.1547506, -0.0216476, 0.4922506), (1.3671668, -1.4511256, -0.0584613, 5.1804814)],
+    "b": [(2.5966012, -2.7002826, -0.0039410, 9.8077621), (0.1766308, -0.1765421, 0.0001034, 3.2956371),
+          (0.1711940, -0.1761866, -0.0208750, 0.6286973), (1.5190893, -1.2341632, 0.0042249, 5.6230364)],
+}
+SEEDED_BATCH_NORM_OUTPUT = {"a": (1.4137990, -1.4132441, -1.64e-08, 9.7976532),
+                            "b": (1.4135700, -1.4130316, -1.42e-08, 9.7977266)}
+
+
+def test_a_normalisation_whose_input_differs_wholly_is_explained_by_it(tmp_path):
+    """Two runs with different seeds: every input differs. batch_norm over a batch of 3 bounds its output by
+    sqrt(2) and makes its Norm sqrt(numel), so its output's statistics move by 1.6e-4 while its input moves
+    by 0.14: the rule that takes such an input for an unused one (baddbmm's buffer, above) dropped it, and the
+    compare named batch_norm the first suspect with "input error 0" (the demo with --seed 7)."""
+    zeros, ones = (0.0, 0.0, 0.0, 0.0), (1.0, 1.0, 1.0, math.sqrt(32))
+    for side in ("a", "b"):
+        x, weight, bias, out = SEEDED_LINEAR[side]
+        data = {
+            "Functional.linear.0.forward": {
+                "input_args": [_stats(x, (3, 32)), _stats(weight, (32, 32)), _stats(bias, (32,))],
+                "input_kwargs": {}, "output": [_stats(out, (3, 32))]},
+            "Functional.batch_norm.0.forward": {
+                "input_args": [_stats(out, (3, 32))] + [_stats(v, (32,)) for v in (zeros, ones, ones, zeros)],
+                "input_kwargs": {}, "output": [_stats(SEEDED_BATCH_NORM_OUTPUT[side], (3, 32))]},
+        }
+        (tmp_path / side).mkdir()
+        (tmp_path / side / "dump.json").write_text(json.dumps(
+            {"task": "statistics", "level": "L1", "framework": "pytorch", "dump_data_dir": None, "data": data}))
+    summary = compare_runs(str(tmp_path / "a"), str(tmp_path / "b"))
+    assert summary["pairs"][0]["suspects"] == [] and summary["first_suspect"] is None, summary["first_suspect"]
+
+
 def test_a_nan_onset_is_the_first_suspect_and_the_reports_render(tmp_path):
     errors = [0.0] * len(OPS)
     for later in range(5, len(OPS)):
