@@ -55,6 +55,9 @@ _GAP = frozenset(b" \t\x0c\r\n\\(")  # what may stand between a keyword and its 
 GAP_NONE, GAP_SPACE, GAP_PAREN = "none", "space", "paren"
 
 
+_UNPACKING = (ast.Tuple, ast.List)  # an assignment or loop target that unpacks
+
+
 class Unsure(Exception):
     """This module cannot take the decision for certain; the libcst transformer must."""
 
@@ -176,7 +179,7 @@ class AstCallSiteTransformer:
             ast.Call: self._call, ast.BinOp: self._binary, ast.UnaryOp: self._unary,
             ast.Compare: self._comparison, ast.Assign: self._assignment, ast.AugAssign: self._augmented,
             ast.If: self._test_owner, ast.While: self._test_owner, ast.Assert: self._test_owner,
-            ast.IfExp: self._test_owner, ast.comprehension: self._comprehension_ifs,
+            ast.IfExp: self._test_owner, ast.comprehension: self._comprehension_ifs, ast.For: self._for_loop,
         }
         self.tests = set()  # ids of the nodes in a test position, as transformer.CallSiteTransformer.tests
         if hasattr(ast, "match_case"):  # Python 3.10+
@@ -303,6 +306,11 @@ class AstCallSiteTransformer:
 
     def _call(self, node: ast.Call):
         self._children(node)
+        builtin = self._builtin_name(node.func)
+        if builtin is not None and decisions.observes_builtin(builtin):
+            self._positions_known()
+            node.func = self._runtime("builtin", [node.func], node.func)  # as transformer.leave_Call
+            return node
         resolution = self.resolver.resolve_dotted(callee_path(node.func), self.stack[-1])
         if resolution.kind == NOT_API:
             return node
@@ -362,8 +370,44 @@ class AstCallSiteTransformer:
     def _comprehension_ifs(self, node):
         for test in node.ifs:
             self._mark_test(test)
+        entry = None if node.is_async else self._iteration_entry(node.iter, isinstance(node.target, _UNPACKING))
         self._children(node)
         node.ifs = [self._truth_test(test) for test in node.ifs]
+        self._iterate_loop(node, entry)
+        return node
+
+    # -- iteration (as transformer.CallSiteTransformer's) --------------------------------------------
+    def _builtin_name(self, node: ast.AST) -> Optional[str]:
+        if isinstance(node, ast.Name) and self.stack[-1].lookup(node.id) == (None, True):
+            return node.id
+        return None
+
+    def _iteration_entry(self, value: ast.AST, unpacks_items: bool) -> Optional[str]:
+        """``decisions.iteration_entry`` on the facts of an ast value, read before its own rewrite."""
+        display = decisions.NOT_DISPLAY
+        if isinstance(value, (ast.List, ast.Tuple, ast.Set)):
+            display = decisions.DISPLAY_OF_DISPLAYS if all(
+                isinstance(item, (ast.List, ast.Tuple)) or decisions.is_literal(_literal_kind(item))
+                for item in value.elts) else decisions.DISPLAY
+        elif isinstance(value, (ast.Dict, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            display = decisions.DISPLAY
+        builtin = self._builtin_name(value.func) if isinstance(value, ast.Call) else None
+        return decisions.iteration_entry(_literal_kind(value), display, builtin, unpacks_items)
+
+    def _iterate_loop(self, node, entry: Optional[str]) -> None:
+        """``for x in t`` -> ``for x in __msprobe__.iterate(t)``, where whitespace follows ``in``."""
+        if entry is None:
+            return
+        self._positions_known()
+        if isinstance(node.iter, ast.Tuple) and not self._enclosed(node.iter):
+            return  # `for a, b in "ab", "cd"`: a bare tuple is no single argument
+        if self.text.gap_before(node.iter) == GAP_SPACE:
+            node.iter = self._runtime(entry, [node.iter], node.iter)
+
+    def _for_loop(self, node: ast.For):
+        entry = self._iteration_entry(node.iter, isinstance(node.target, _UNPACKING))
+        self._children(node)
+        self._iterate_loop(node, entry)
         return node
 
     def _truth_test(self, node, first_operand: bool = False):
@@ -448,11 +492,18 @@ class AstCallSiteTransformer:
         return data[position] == 0x28  # '('
 
     def _assignment(self, node: ast.Assign):
-        """``obj[k] = v`` -> ``__msprobe__.item(obj)[k] = v``, as ``leave_Assign``."""
+        """``obj[k] = v`` -> ``__msprobe__.item(obj)[k] = v`` and ``a, b = t`` -> ``a, b =
+        __msprobe__.iterate(t)``, as ``leave_Assign``."""
+        entry = None
+        if (any(isinstance(target, _UNPACKING) for target in node.targets)
+                and not isinstance(node.value, (ast.Yield, ast.YieldFrom))):
+            entry = self._iteration_entry(node.value, False)
         self._children(node)
         for index, target in enumerate(node.targets):
             if isinstance(target, ast.Subscript) and not self._parenthesized_target(node, target, index == 0):
                 target.value = self._runtime("item", [target.value], target.value)
+        if entry is not None:
+            node.value = self._runtime(entry, [node.value], node.value)
         return node
 
     def _augmented(self, node: ast.AugAssign):

@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 from typing import Callable, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
+from msprobe_runtime.operators import OBSERVED_BUILTINS
+
 # -- literal kinds: what an operand is when it is written as a literal -------------------------------------------
 NOT_LITERAL = 0
 NUMBER = 1      # 1, 1.0, 1j
@@ -67,6 +69,42 @@ def routes_truth_test(literal: int, is_not: bool, comparison: Optional[Tuple[Seq
         operators, operands = comparison
         return not (all(op in ALWAYS_BOOL_COMPARISONS for op in operators) or any(is_text(k) for k in operands))
     return name not in FLAGS
+
+
+# -- iteration -------------------------------------------------------------------------------------------
+# Iterating a tensor runs ``Tensor.__iter__`` (``unbind``), which the observing mode records in a program left
+# as written; rewritten code iterates through ``__msprobe__.iterate`` (``for x in t``, a comprehension's
+# ``for``, ``a, b = t``) or ``iterate_unpacked`` (a ``for`` whose target unpacks each item: ``for h, w in t``),
+# and calls the builtins that iterate or run tensor methods through ``__msprobe__.builtin``
+# (``operators.OBSERVED_BUILTINS``; tests/runtime/test_window_coverage.py).
+NOT_DISPLAY, DISPLAY, DISPLAY_OF_DISPLAYS = 0, 1, 2  # a list, tuple, set, dict display or comprehension;
+# DISPLAY_OF_DISPLAYS: a list, tuple or set display whose every item is a list or tuple display or a literal
+NEVER_A_TENSOR = frozenset({"range", "zip", "enumerate", "map", "filter", "sorted", "list", "tuple", "set",
+                            "frozenset", "dict", "iter", "str", "bytes", "bytearray"})
+"""builtins whose result is never a tensor"""
+ITEMS_NEVER_TENSORS = frozenset({"range", "zip", "enumerate"})
+"""builtins whose result's items are never tensors (ints, tuples)"""
+
+
+def iteration_entry(literal: int, display: int, builtin: Optional[str], unpacks_items: bool) -> Optional[str]:
+    """The entry an iterated value goes through (``iterate``, ``iterate_unpacked``), or None where no tensor
+    can be iterated: a literal, a display (``a, b = b, a``), the result of a builtin that is never a tensor.
+    ``builtin``: the name of the builtin the value is a call of, where the callee is one; ``unpacks_items``:
+    a ``for`` target that unpacks each item, where the items of a display of displays are never tensors."""
+    if is_literal(literal):
+        return None
+    if unpacks_items:
+        if display == DISPLAY_OF_DISPLAYS or builtin in ITEMS_NEVER_TENSORS:
+            return None
+        return "iterate_unpacked"
+    if display != NOT_DISPLAY or builtin in NEVER_A_TENSOR:
+        return None
+    return "iterate"
+
+
+def observes_builtin(name: str) -> bool:
+    """Whether a call of the builtin ``name`` goes through ``__msprobe__.builtin``."""
+    return name in OBSERVED_BUILTINS
 
 
 # -- zones never rewritten ---------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 import libcst as cst
 
 from .dispatch import CachedDispatch
+from .text_forms import UNWRAPPED
 from .forms import (AUGMENTED_BY_NAME, BINARY_BY_NAME, COMPARISON_BY_NAME, EMPTY, UNARY_BY_NAME, has_line_break,
                     is_empty, operator_whitespace, runtime_entry)
 
@@ -19,8 +20,8 @@ class Restorer(CachedDispatch):
         if entry is None:
             return updated
         args = updated.args
-        if entry == "truth":
-            return args[0].value  # truth(t): the test as written, its own parentheses included
+        if entry in UNWRAPPED:
+            return args[0].value  # truth(t), iterate(t), builtin(f): as written, its own parentheses included
         if entry in ("call", "dyn"):
             callee = 1 if entry == "call" else 0  # call("Api.name", fn, ...) / dyn(fn, ...)
             whitespace = updated.whitespace_before_args

@@ -129,14 +129,17 @@ def unary(text: Text, node: ast.Call, name: str) -> List[Edit]:
     return [(call.start, operand[0], UNARY[name]), (operand[1], call.end, b"")]
 
 
-def truth(text: Text, node: ast.Call, parent: ast.AST) -> List[Edit]:
-    """``__msprobe__.truth(t)`` back to ``t``. The reference drops parentheses around the call itself, so a
-    call that may have some is left to it."""
+UNWRAPPED = frozenset({"truth", "iterate", "iterate_unpacked", "builtin"})  # the forms that wrap one expression
+
+
+def unwrapped(text: Text, node: ast.Call, parent: ast.AST) -> List[Edit]:
+    """``__msprobe__.truth(t)``, ``iterate(t)``, ``iterate_unpacked(t)`` and ``builtin(f)`` back to ``t`` (``f``).
+    The reference drops parentheses around the call itself, so a call that may have some is left to it."""
     call = Call(text, node, count=1)
     (test,) = call.spans(1)
     _not_a_runtime_call(node.args[0])
     if _maybe_parenthesized(text, node, parent, call):
-        raise Undecided("parentheses around a truth test")
+        raise Undecided("parentheses around a one-argument form")
     return call.unwrap(test)
 
 

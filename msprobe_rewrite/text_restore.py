@@ -64,8 +64,8 @@ def _form_edits(text: Text, tree: ast.Module) -> List[Edit]:
         if kind is ast.Call:
             name = entry(node)
             if name is not None:
-                if name == "truth":
-                    edits.extend(text_forms.truth(text, node, parent))
+                if name in text_forms.UNWRAPPED:
+                    edits.extend(text_forms.unwrapped(text, node, parent))
                 elif name == "call" or name == "dyn":
                     edits.extend(text_forms.call_or_dyn(text, node, name))
                 elif name in text_forms.BINARY:

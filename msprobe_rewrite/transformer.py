@@ -157,9 +157,21 @@ class CallSiteTransformer(CachedDispatch):
         self.changes += 1
         return cst.Call(func=runtime_attr(entry), args=args, lpar=template.lpar, rpar=template.rpar)
 
+    def _builtin_name(self, node: cst.BaseExpression) -> Optional[str]:
+        """The builtin's name where ``node`` is a plain name that resolves to one, else None."""
+        if isinstance(node, cst.Name) and self.scope.lookup(node.value) == (None, True):
+            return node.value
+        return None
+
     def leave_Call(self, original: cst.Call, updated: cst.Call):
-        if self.frozen or any(isinstance(arg.value, cst.GeneratorExp) and not arg.value.lpar
-                              for arg in updated.args):
+        if self.frozen:
+            return updated
+        builtin = self._builtin_name(original.func)
+        if builtin is not None and decisions.observes_builtin(builtin):
+            # `zip(t, u)` -> `__msprobe__.builtin(zip)(t, u)`: the callee is wrapped, so a bare generator stays
+            self.changes += 1
+            return updated.with_changes(func=cst.Call(func=runtime_attr("builtin"), args=[cst.Arg(value=updated.func)]))
+        if any(isinstance(arg.value, cst.GeneratorExp) and not arg.value.lpar for arg in updated.args):
             return updated  # f(x for x in y): a bare generator must stay the only argument
         resolution = self.resolver.resolve_dotted(dotted_name(original.func), self.scope)
         if resolution.kind == NOT_API:
@@ -198,6 +210,38 @@ class CallSiteTransformer(CachedDispatch):
             return updated
         args = [cst.Arg(value=updated.left, comma=comma), cst.Arg(value=updated.right)]
         return self._runtime_call(entry, args, updated)
+
+    # -- iteration ----------------------------------------------------------------------------------
+    # `for x in t`, a comprehension's `for`, `a, b = t` call iter() on t; `__msprobe__.iterate(t)` makes that
+    # iterator as the plain run does (decisions.iteration_entry).
+    def _iteration_entry(self, value: cst.BaseExpression, unpacks_items: bool) -> Optional[str]:
+        display = decisions.NOT_DISPLAY
+        if isinstance(value, (cst.List, cst.Tuple, cst.Set)):
+            display = decisions.DISPLAY_OF_DISPLAYS if all(
+                isinstance(element, cst.Element) and (isinstance(element.value, (cst.List, cst.Tuple))
+                                                      or decisions.is_literal(literal_kind(element.value)))
+                for element in value.elements) else decisions.DISPLAY
+        elif isinstance(value, (cst.Dict, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)):
+            display = decisions.DISPLAY
+        builtin = self._builtin_name(value.func) if isinstance(value, cst.Call) else None
+        return decisions.iteration_entry(literal_kind(value), display, builtin, unpacks_items)
+
+    def _iterated(self, entry: str, value: cst.BaseExpression) -> cst.Call:
+        self.changes += 1
+        return cst.Call(func=runtime_attr(entry), args=[cst.Arg(value=value)])
+
+    def _leave_loop(self, original, updated):
+        """``for x in t`` -> ``for x in __msprobe__.iterate(t)``; a comprehension's ``for`` alike. Not where
+        ``in`` touches its value (``in(t)``: ``__msprobe__`` would join the keyword), nor ``async for``."""
+        if (self.frozen or updated.asynchronous is not None or is_empty(updated.whitespace_after_in)
+                or not safe_as_argument(original.iter)):
+            return updated  # `for a, b in "ab", "cd"`: a bare tuple is no single argument
+        entry = self._iteration_entry(original.iter, isinstance(original.target, (cst.Tuple, cst.List)))
+        if entry is None:
+            return updated
+        return updated.with_changes(iter=self._iterated(entry, updated.iter))
+
+    leave_For = leave_CompFor = _leave_loop
 
     # -- truth tests --------------------------------------------------------------------------------
     # `if t:`, `while t:`, `assert t`, `a if t else b`, a comprehension's `if t` and `not t` each call bool()
@@ -301,7 +345,15 @@ class CallSiteTransformer(CachedDispatch):
                 target = target.with_changes(target=store.with_changes(value=loader))
                 self.changes += 1
             targets.append(target)
-        return updated.with_changes(targets=targets)
+        updated = updated.with_changes(targets=targets)
+        # `a, b = t` iterates t: `a, b = __msprobe__.iterate(t)`; not a yield's value, whose parentheses the
+        # ast path cannot see
+        if (any(isinstance(target.target, (cst.Tuple, cst.List)) for target in original.targets)
+                and not isinstance(original.value, cst.Yield) and safe_as_argument(original.value)):
+            entry = self._iteration_entry(original.value, False)
+            if entry is not None:
+                updated = updated.with_changes(value=self._iterated(entry, updated.value))
+        return updated
 
     def leave_AugAssign(self, original, updated):
         if self.frozen or not safe_as_argument(updated.value):

@@ -4,7 +4,7 @@ Importing this package imports neither torch nor libcst: a rewritten tree import
 module, on machines that may have no libcst, and before torch_npu or any device is set up.
 """
 from . import shims as _shims
-from .shims import attr, aug, call, dyn, item, truth  # noqa: F401  (the instrumented code's contract, docs/contract.md)
+from .shims import attr, aug, builtin, call, dyn, item, iterate, iterate_unpacked, truth  # noqa: F401  (the instrumented code's contract, docs/contract.md)
 
 # the operator entry points (add, neg, iadd, ..., one per row of the operator table): the same objects for the
 # life of the process, collecting or not (shims' docstring)

@@ -7,6 +7,7 @@ is never repeated and never sees the error.
 """
 from __future__ import annotations
 
+import builtins
 import logging
 import sys
 import threading
@@ -425,6 +426,39 @@ class Collector:
         if api_name is None:
             return python_op(*operands)
         return self.api(api_name, python_op, operands, {}, record_args, sys._getframe(2))
+
+    def builtin(self, fn):
+        """The callee of a rewritten call of a builtin that runs tensor methods (``shims.builtin``): in
+        instrumented code, ``fn`` called with the mode on, which records them as the plain run's mode does
+        (``zip(t, u)``'s ``unbind``, ``sum(ts)``'s additions); else ``fn`` itself (a name rebound at run time
+        included)."""
+        if ((not _POLYFILLED and _tracing()) or not self.collecting or self.in_api.get(_get_ident())
+                or not self.level_api or not self.ctx[-1] or _OBSERVED_BUILTINS.get(id(fn)) is not fn):
+            return fn
+        return _ObservedBuiltin(self, fn)
+
+    def iterate(self, value):
+        """What a rewritten ``for``, comprehension or unpacking iterates (``shims.iterate``): for a tensor, in
+        instrumented code, its iterator made with the mode on, which records what ``Tensor.__iter__`` runs
+        (``unbind``) as the plain run's mode does; anything else as it is, for Python to iterate."""
+        if ((not _POLYFILLED and _tracing()) or not self.collecting or self.in_api.get(_get_ident())
+                or not self.level_api or not self.ctx[-1]):
+            return value  # ctx[-1] false: uninstrumented code's mode is on and sees the loop's own iter()
+        kind = type(value)
+        if not (kind is _TENSOR or kind is _PARAMETER or is_subclass(kind, _TENSOR)):
+            return value
+        begun = self.enter_foreign(iter)
+        try:
+            return iter(value)
+        finally:
+            self.leave_foreign(begun)
+
+    def iterate_unpacked(self, value):
+        """``iterate`` for a ``for`` target that unpacks each item (``for h, w in sizes``): each item that is a
+        tensor is unpacked by the target through ``iterate``, as the plain run unpacks it with the mode on."""
+        if (not _POLYFILLED and _tracing()) or not self.collecting:
+            return value
+        return _each_iterated(self, iter(self.iterate(value)))
 
     def truth(self, value):
         """A truth test: recorded as the tensor's ``__bool__`` (msprobe's ``Tensor.__bool__``, and what the
@@ -1181,6 +1215,32 @@ def _foreign(function):
         return False
     module = namespace.get("__name__")
     return not (type(module) is str and (module == RUNTIME_MODULE or module.startswith(_RUNTIME_PACKAGE)))
+
+
+class _ObservedBuiltin:
+    """A builtin called with the observing mode on (``Collector.builtin``), as ``dyn`` calls a foreign function."""
+
+    __slots__ = ("collector", "fn")
+
+    def __init__(self, collector, fn):
+        self.collector = collector
+        self.fn = fn
+
+    def __call__(self, *args, **kwargs):
+        collector = self.collector
+        begun = collector.enter_foreign(self.fn)
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            collector.leave_foreign(begun)
+
+
+def _each_iterated(collector, iterator):
+    for item in iterator:
+        yield collector.iterate(item)
+
+
+_OBSERVED_BUILTINS = {id(b): b for b in (getattr(builtins, name) for name in operators.OBSERVED_BUILTINS)}
 
 
 def _not_routed(kind):

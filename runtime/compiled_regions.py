@@ -41,6 +41,14 @@ def _plain_truth(value, /):
     return bool(value)
 
 
+def _plain_iterate(value, /):
+    return value
+
+
+def _plain_builtin(fn, /):
+    return fn
+
+
 def _plain_store(container, key, value, /):
     container[key] = value
 
@@ -76,6 +84,7 @@ def _plain_unary(name):
 def polyfills():
     """``[(entry, what Dynamo traces in its place)]`` for every entry point that reads the collector."""
     pairs = [(shims.call, _plain_call), (shims.dyn, _plain_dyn), (shims.truth, _plain_truth),
+             (shims.iterate, _plain_iterate), (shims.builtin, _plain_builtin), (shims.iterate_unpacked, _plain_iterate),
              (shims.store, _plain_store), (shims.aug, _plain_aug)]
     for row in operators.rows(operators.BINARY, operators.COMPARISON, operators.AUGMENTED):
         pairs.append((shims.OPERATOR_ENTRIES[row.entry], _plain_binary(row.entry)))

@@ -124,3 +124,15 @@ def dump_names(tensor_methods):
 
     return {row.entry: (first(row.dunder, row.reported), first(row.reflected, row.reported_reflected))
             for row in TABLE}
+
+
+# -- builtins that call a tensor's own methods ----------------------------------------------------------------
+# Called on a tensor, each of these runs a method torch reports to ``__torch_function__`` (``iter(t)`` and
+# ``zip(t, u)`` run ``Tensor.__iter__``, hence ``Tensor.unbind``; ``abs(t)`` runs ``Tensor.abs``; ``sum``,
+# ``min``, ``max`` and ``sorted`` run the operators and ``Tensor.__bool__``): the observing mode records those
+# calls in a program left as written, so rewritten code calls these builtins through ``__msprobe__.builtin``,
+# which runs them with the mode on (``Collector.builtin``; tests/runtime/test_window_coverage.py). Builtins
+# that only format (``str``, ``print``, f-strings) are not here: torch's printing records nothing in either run.
+OBSERVED_BUILTINS = ("iter", "list", "tuple", "set", "frozenset", "dict", "zip", "enumerate", "map", "filter",
+                     "reversed", "sorted", "sum", "min", "max", "any", "all", "abs", "pow")
+"""builtin names whose calls rewritten code makes through ``__msprobe__.builtin``"""

@@ -78,6 +78,31 @@ def truth(value, /):
     return _collector.truth(value)
 
 
+def builtin(fn, /):
+    """The callee of ``fn(...)`` where ``fn`` is a builtin that runs tensor methods (``zip``, ``sum``, ``abs``:
+    ``operators.OBSERVED_BUILTINS``): ``fn`` itself, or while collecting, ``fn`` to be called with the observing
+    mode on. The callee is wrapped, not the call, so that ``sum(x for x in y)`` keeps its bare generator."""
+    if _collector is None:
+        return fn
+    return _collector.builtin(fn)
+
+
+def iterate(value, /):
+    """The value a ``for`` loop, a comprehension or an unpacking assignment iterates: ``value`` itself, or
+    while collecting, for a tensor, its iterator made as the plain run makes it (``Tensor.unbind`` recorded)."""
+    if _collector is None:
+        return value
+    return _collector.iterate(value)
+
+
+def iterate_unpacked(value, /):
+    """As ``iterate``, for a ``for`` target that unpacks each item (``for a, b in t``): while collecting, each
+    tensor item is handed on as its iterator, made as the plain run's unpacking makes it."""
+    if _collector is None:
+        return value
+    return _collector.iterate_unpacked(value)
+
+
 def _binary(name, python_op):
     def shim(a, b, /):
         if _collector is None:

@@ -263,8 +263,9 @@ FOUND = {
     # (its insides are still instrumented); 103 stdlib and 5 megatron-core files have one.
     "bare generator argument": (
         b"import torch\ny = torch.cat(t + 1 for t in ts)\nz = f((t for t in ts))\n",
-        b"import msprobe_runtime as __msprobe__; import torch\ny = torch.cat(__msprobe__.add(t, 1) for t in ts)\n"
-        b"z = __msprobe__.dyn(f, (t for t in ts))\n",
+        b"import msprobe_runtime as __msprobe__; import torch\n"
+        b"y = torch.cat(__msprobe__.add(t, 1) for t in __msprobe__.iterate(ts))\n"
+        b"z = __msprobe__.dyn(f, (t for t in __msprobe__.iterate(ts)))\n",
     ),
     # match patterns are not expressions: `case -1:` and `case 0+0j:` must stay literal (test_patma.py)
     "match patterns": (

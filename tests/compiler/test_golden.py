@@ -351,9 +351,9 @@ def test_nested_functions_classes_lambdas_and_comprehensions():
                 def go(self, x):
                     return __msprobe__.call("Torch.relu", torch.relu, x)
             act = lambda t: __msprobe__.call("Torch.sigmoid", torch.sigmoid, t)
-            ys = [__msprobe__.call("Torch.tanh", torch.tanh, x) for x in xs if __msprobe__.truth(__msprobe__.call("Torch.any", torch.any, x))]
-            table = {k: __msprobe__.call("Torch.abs", torch.abs, v) for k, v in pairs}
-            total = sum(__msprobe__.call("Torch.sum", torch.sum, x) for x in xs)
+            ys = [__msprobe__.call("Torch.tanh", torch.tanh, x) for x in __msprobe__.iterate(xs) if __msprobe__.truth(__msprobe__.call("Torch.any", torch.any, x))]
+            table = {k: __msprobe__.call("Torch.abs", torch.abs, v) for k, v in __msprobe__.iterate_unpacked(pairs)}
+            total = __msprobe__.builtin(sum)(__msprobe__.call("Torch.sum", torch.sum, x) for x in __msprobe__.iterate(xs))
             return Inner, act, ys, table, total
         """,
     )
@@ -578,7 +578,7 @@ def test_truth_tests_call_bool_through_the_runtime_once_each():
                 break
             assert __msprobe__.truth(t), "message"
             y = 1 if __msprobe__.truth(t) else 2
-            z = [x for x in xs if __msprobe__.truth(x)]
+            z = [x for x in __msprobe__.iterate(xs) if __msprobe__.truth(x)]
             w = not __msprobe__.truth((a and b))
             u = a and b
             match cmd:
@@ -672,7 +672,7 @@ def test_subscript_stores_go_through_the_runtime_in_pythons_order():
             __msprobe__.item(x)[k] = v
             a = __msprobe__.item(x)[1:2, ...] = __msprobe__.item(d)["a"] = v
             x.attr = v
-            (y, x[0]) = v
+            (y, x[0]) = __msprobe__.iterate(v)
             del x[k]
         """,
     )
@@ -975,3 +975,96 @@ def test_restore_after_a_formatter_split_the_import_off_the_first_line_is_exact(
         """)
     assert rewrite_source(before.encode()).decode() == instrumented
     assert restore_source(formatted.encode()).decode() == before
+
+
+def test_iterating_goes_through_the_runtime_where_a_tensor_may_be_iterated():
+    """``for``, a comprehension's ``for`` and an unpacking assignment call iter() on their value, which for a
+    tensor runs ``Tensor.unbind``; builtins that iterate or run tensor methods are called through
+    ``builtin``. Left as written: literals, displays, builtins whose result is never a tensor (and, for a
+    target that unpacks each item, whose items never are), ``in(t)``, ``async for``, a bare tuple, a yield."""
+    check(
+        """\
+        import torch
+        from helpers import shards
+
+        def f(t, ts, pairs, sizes):
+            for row in t:
+                pass
+            for i in range(3):
+                pass
+            for h, w in sizes:
+                pass
+            for i, row in enumerate(t):
+                pass
+            for a, b in zip(t, ts):
+                pass
+            for a, b in [(1, 2), (3, 4)]:
+                pass
+            for a, b in "ab", "cd":
+                pass
+            for x in(t):
+                pass
+            for x in (t):
+                pass
+            a, b = t
+            first, *rest = shards(t)
+            a, b = b, a
+            c = [x * 2 for x in t for y in x]
+            total = sum(x for x in ts)
+            largest = max(ts, key=len)
+            return list(t), abs(t), len(t), print(t)
+
+        async def g(stream, t):
+            async for x in stream:
+                pass
+            a, b = (yield)
+            a, b = await t
+
+        def h(t):
+            def sum(values):
+                return 0
+            return sum(t)
+        """,
+        """\
+        import msprobe_runtime as __msprobe__; import torch
+        from helpers import shards
+
+        def f(t, ts, pairs, sizes):
+            for row in __msprobe__.iterate(t):
+                pass
+            for i in range(3):
+                pass
+            for h, w in __msprobe__.iterate_unpacked(sizes):
+                pass
+            for i, row in __msprobe__.builtin(enumerate)(t):
+                pass
+            for a, b in __msprobe__.builtin(zip)(t, ts):
+                pass
+            for a, b in [(1, 2), (3, 4)]:
+                pass
+            for a, b in "ab", "cd":
+                pass
+            for x in(t):
+                pass
+            for x in __msprobe__.iterate((t)):
+                pass
+            a, b = __msprobe__.iterate(t)
+            first, *rest = __msprobe__.iterate(__msprobe__.dyn(shards, t))
+            a, b = b, a
+            c = [__msprobe__.mul(x, 2) for x in __msprobe__.iterate(t) for y in __msprobe__.iterate(x)]
+            total = __msprobe__.builtin(sum)(x for x in __msprobe__.iterate(ts))
+            largest = __msprobe__.builtin(max)(ts, key=len)
+            return __msprobe__.builtin(list)(t), __msprobe__.builtin(abs)(t), len(t), print(t)
+
+        async def g(stream, t):
+            async for x in stream:
+                pass
+            a, b = (yield)
+            a, b = __msprobe__.iterate(await t)
+
+        def h(t):
+            def sum(values):
+                return 0
+            return sum(t)
+        """,
+    )
