@@ -303,7 +303,7 @@ class Collector:
             handle.remove()  # a tensor or node that outlives its step would otherwise keep one dead hook a step
         # torch's hooks of this step (backward.py's Python hooks): a tensor may outlive the step, as a parameter
         # that a module returns or takes does (megatron's linear layers return their bias), and a node with it
-        # (a cache computed with grad). The native op drops its own (native_stats.drop_stale).
+        # (a cache computed with grad). The native op drops its own (native/stats_op.cpp's drop_stale).
         self.step_hooks = []
         self.api_counts = {}
         self.module_counts = {}

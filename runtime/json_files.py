@@ -11,7 +11,7 @@ and numbers by then) behind an 8-byte length. A file may also come as ``(name, o
 kept, and a later ``(name, None, key)`` with the same key writes that text again. stack.json and
 construct.json are the same step after step (the same call sites, the same modules), so the training thread
 sends them once while they do not change (``writer.Writer``). A record of a tensor that the native op read
-is still the tuple the training thread made (``native_stats.Recorder``): it becomes msprobe's record here
+is still the tuple the training thread made (``native/stats_op.cpp``'s ``Recorder``): it becomes msprobe's record here
 (``expand``), in the process that writes, which is most of what turning a step's records into JSON used to
 cost the training thread. The answer is ``(errno or -1 or 0, message)``: 0 when every file is written,
 otherwise the error, which the writer thread raises as its own (docs: one loud message, the step not

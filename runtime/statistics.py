@@ -165,7 +165,7 @@ class StatBuffer:
         records of a tuple or list of values as ``(list, todo)``: plain tensors it serves, None and exact
         builtins; each other item is ``LATER`` in the list, and ``todo`` counts them. A tensor of ``below``
         elements or more is looked for among the last ``keep`` it read, as ``Collector._reuse`` does;
-        ``recorder.clear()`` forgets them. See ``native_stats.SOURCE``."""
+        ``recorder.clear()`` forgets them. See ``native/stats_op.cpp``."""
         if self._native is None:
             return None
         return self._native.Recorder(self.nan_inf_count, below, keep, LATER)

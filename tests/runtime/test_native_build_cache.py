@@ -2,8 +2,8 @@
 is loaded only while it is what its build made, and a build folder appears at its name only whole.
 
 Every load runs in a fresh interpreter (fixtures/native_cache/load_op.py), so that a library that kills its
-loader (SIGBUS) fails the test instead of pytest. Its build is torch's ``load_inline`` stood in for by a copy of
-this session's real build, which the corrupted copies are told apart from, except where two processes build
+loader (SIGBUS) fails the test instead of pytest. Its build is torch's ``cpp_extension.load`` stood in for by a copy
+of this session's real build, which the corrupted copies are told apart from, except where two processes build
 at once.
 """
 import json
@@ -146,3 +146,28 @@ def test_two_processes_that_load_at_once_with_an_empty_cache_both_get_the_op(nat
     final = cache / os.path.basename(native_stats.build_directory())
     assert native_cache.checked_library(str(final)) == (str(final / LIBRARY), None)
     assert sorted(os.listdir(cache)) == [final.name, f"{final.name}.lock"]
+
+
+def test_an_edit_of_any_file_of_the_op_is_a_build_of_its_own(tmp_path, monkeypatch):
+    """The build folder is keyed by the bytes of every file in runtime/native/: an edited .cpp, or a file
+    added there (a header that a .cpp includes), names another folder, never the build of the old bytes.
+    Where the files lie is not part of the key: an installed copy shares a checkout's build."""
+    real = native_stats.build_directory()
+    copy = tmp_path / "native"
+    shutil.copytree(native_stats.NATIVE_DIR, copy)
+    monkeypatch.setattr(native_stats, "NATIVE_DIR", str(copy))
+    assert native_stats.build_directory() == real
+    seen = {real}
+    for name in native_stats.SOURCES:
+        source = copy / name
+        original = source.read_bytes()
+        middle = len(original) // 2  # one byte changed, the size kept
+        source.write_bytes(original[:middle] + bytes([original[middle] ^ 1]) + original[middle + 1:])
+        seen.add(native_stats.build_directory())
+        source.write_bytes(original + b"\n")
+        seen.add(native_stats.build_directory())
+        source.write_bytes(original)
+    assert native_stats.build_directory() == real
+    (copy / "lanes.h").write_bytes(b"#pragma once\n")
+    seen.add(native_stats.build_directory())
+    assert len(seen) == 2 * len(native_stats.SOURCES) + 2

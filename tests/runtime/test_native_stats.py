@@ -233,9 +233,11 @@ def test_no_compiler_falls_back_with_one_warning(monkeypatch, tmp_path, caplog):
         native_stats.reset()
 
 
-COMPILE_ERROR = ("Error building extension 'msprobe_stats': [1/2] c++ -MMD main.cpp -o main.o\n"
-                 "main.cpp:407:66: error: invalid initialization of reference of type 'const "
-                 "c10::intrusive_ptr<Node>&' from expression of type 'const std::shared_ptr<Node>'\n"
+# as cpp_extension.load reports one (the compiler's line names the file under runtime/native/)
+SOURCE_FILE = os.path.join(native_stats.NATIVE_DIR, native_stats.SOURCES[0])
+COMPILE_ERROR = (f"Error building extension 'msprobe_stats': [1/2] c++ -MMD -c {SOURCE_FILE} -o stats_op.o\n"
+                 f"FAILED: stats_op.o\n{SOURCE_FILE}:412:66: error: invalid initialization of reference of type "
+                 "'const c10::intrusive_ptr<Node>&' from expression of type 'const std::shared_ptr<Node>'\n"
                  "ninja: build stopped: subcommand failed.")
 
 
@@ -258,7 +260,7 @@ def test_a_failed_build_is_remembered_by_the_next_process(monkeypatch, tmp_path,
                 assert native_stats.load() is None
         assert builds == [native_stats.build_directory()]
         warnings = [r.getMessage() for r in caplog.records if "cannot be built" in r.getMessage()]
-        assert len(warnings) == 3 and all("main.cpp:407:66: error: invalid initialization" in w for w in warnings)
+        assert len(warnings) == 3 and all(f"{SOURCE_FILE}:412:66: error: invalid" in w for w in warnings)
         assert "remembered" not in warnings[0] and all("remembered" in w for w in warnings[1:])
         os.remove(os.path.join(builds[0], native_stats.FAILED))  # as the warning says: delete it to try again
         native_stats.reset()
@@ -282,6 +284,53 @@ def test_a_link_planted_as_the_failure_note_is_not_followed(monkeypatch, tmp_pat
         assert outside.read_text() == "not ours\n"
         note = os.path.join(directory, native_stats.FAILED)
         assert not os.path.islink(note) and "error: invalid initialization" in open(note).read()
+    finally:
+        native_stats.reset()
+
+
+def test_a_compile_error_names_the_source_file_and_line(monkeypatch, tmp_path, caplog):
+    """The op is compiled from its files where they lie (cpp_extension.load of runtime/native/), so the warning
+    and the failure note name the file and line to fix; load_inline compiled a copy, main.cpp in the build
+    folder, whose lines were offset from the Python string's. A file that includes nothing fails in a moment."""
+    from torch.utils import cpp_extension
+
+    if not cpp_extension.is_ninja_available():
+        pytest.skip("no ninja: torch builds no extension here")
+    sources = tmp_path / "native"
+    sources.mkdir()
+    (sources / "stats_op.cpp").write_text("// a broken copy of the op\n\nint broken = ;\n")
+    monkeypatch.setattr(native_stats, "NATIVE_DIR", str(sources))
+    monkeypatch.setattr(native_stats, "SOURCES", ("stats_op.cpp",))
+    monkeypatch.setenv("MSPROBE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("MSPROBE_NATIVE_STATS", raising=False)
+    native_stats.reset()
+    try:
+        with caplog.at_level(logging.WARNING, logger="msprobe_runtime"):
+            assert native_stats.load() is None
+        where = f"{sources / 'stats_op.cpp'}:3:"
+        warnings = [r.getMessage() for r in caplog.records if "cannot be built" in r.getMessage()]
+        assert len(warnings) == 1 and f"({where}" in warnings[0] and "error:" in warnings[0], warnings
+        note = os.path.join(native_stats.build_directory(), native_stats.FAILED)
+        assert open(note).read().startswith(where)
+    finally:
+        native_stats.reset()
+
+
+def test_an_install_without_the_sources_falls_back_saying_so(monkeypatch, tmp_path, caplog):
+    """A non-editable install that lost runtime/native/ (its package data, pyproject.toml) builds nothing and
+    notes no failure: the warning names the missing file, and the torch ops serve."""
+    monkeypatch.setattr(native_stats, "NATIVE_DIR", str(tmp_path / "native"))
+    monkeypatch.setenv("MSPROBE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("MSPROBE_NATIVE_STATS", raising=False)
+    monkeypatch.setattr(native_stats, "_build", lambda directory: pytest.fail("built without its source"))
+    native_stats.reset()
+    try:
+        with caplog.at_level(logging.WARNING, logger="msprobe_runtime"):
+            assert native_stats.load() is None
+        warnings = [r.getMessage() for r in caplog.records if "cannot be built" in r.getMessage()]
+        missing = os.path.join(str(tmp_path / "native"), native_stats.SOURCES[0])
+        assert len(warnings) == 1 and f"its source {missing} is missing" in warnings[0], warnings
+        assert not (tmp_path / "cache").exists()
     finally:
         native_stats.reset()
 

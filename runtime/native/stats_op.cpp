@@ -1,0 +1,1172 @@
+// The native statistics op (msprobe_runtime.native_stats, which builds it with torch.utils.cpp_extension.load
+// and describes it): the fused statistics pass, the records made from it (Recorder), the backward hooks that
+// record gradients, the walk of a module's part of the graph and the capture of call stacks. Every file in
+// this folder is part of the build's cache key: an edit here is a new build.
+
+#include <torch/extension.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/autograd/python_cpp_function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <algorithm>
+#include <memory>
+#include <frameobject.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+#include <type_traits>
+#include <utility>
+
+// An autograd node's owning handle as this torch's Tensor::grad_fn gives it: c10::intrusive_ptr from torch
+// 2.13, std::shared_ptr before (2.11's headers, docs/versions.md); one source builds on both.
+using NodeRef = std::decay_t<decltype(std::declval<const at::Tensor&>().grad_fn())>;
+
+namespace {
+
+constexpr int L = 16;                 // float lanes
+constexpr int64_t BLOCK = 1 << 16;    // elements per parallel block (fixed: results never depend on threads)
+
+struct Partial {
+  float mx, mn;
+  double s, q;
+  int64_t nan, inf;
+};
+
+inline float load(const float* p, int64_t i) { return p[i]; }
+inline float load(const c10::BFloat16* p, int64_t i) {
+  uint16_t raw;
+  std::memcpy(&raw, reinterpret_cast<const char*>(p) + 2 * i, 2);
+  uint32_t bits = static_cast<uint32_t>(raw) << 16;
+  float v;
+  std::memcpy(&v, &bits, 4);
+  return v;
+}
+inline float load(const c10::Half* p, int64_t i) {  // branch-free, so the loop vectorises
+  uint16_t raw;
+  std::memcpy(&raw, reinterpret_cast<const char*>(p) + 2 * i, 2);
+  const uint32_t h = raw;
+  const uint32_t em = h & 0x7fffu;
+  uint32_t bits = em << 13;
+  float v;
+  std::memcpy(&v, &bits, 4);
+  v *= 0x1p112f;  // rebias the exponent (15 -> 127); exact, and right for subnormal halves too
+  std::memcpy(&bits, &v, 4);
+  const uint32_t special = (em << 13) | 0x7f800000u;  // Inf and NaN keep their payload
+  bits = em >= 0x7c00u ? special : bits;
+  bits |= (h & 0x8000u) << 16;
+  std::memcpy(&v, &bits, 4);
+  return v;
+}
+
+// How far ahead of the loop its memory is asked for. The loop converts each element to double, so it runs
+// too slowly for the hardware prefetcher to keep many lines in flight: a tensor not in cache (a weight in the
+// forward) was read 1.8x (float32) to 5.9x (float16) slower than torch.sum reads it. Asking for the line
+// 16 KiB ahead closes most of that gap (bench/statistics_pass.py's out-of-cache rows); it changes no value.
+constexpr int64_t AHEAD_BYTES = 16384;
+#if defined(__GNUC__) || defined(__clang__)
+#define MSPROBE_PREFETCH(address) __builtin_prefetch(address)
+#else
+#define MSPROBE_PREFETCH(address) ((void)0)
+#endif
+
+// ``p``'s first ``n`` elements; ``avail`` (>= n) of them lie inside the tensor, so may be asked for ahead.
+template <typename T>
+Partial reduce_block(const T* p, int64_t n, bool counts, int64_t avail) {
+  constexpr int64_t AHEAD = AHEAD_BYTES / static_cast<int64_t>(sizeof(T));
+  constexpr int64_t LINE = 64 / static_cast<int64_t>(sizeof(T));  // elements per cache line
+  const float INF = std::numeric_limits<float>::infinity();
+  float mx[L], mn[L];
+  double s[L], q[L];
+  for (int j = 0; j < L; ++j) {
+    mx[j] = -INF; mn[j] = INF; s[j] = 0.0; q[j] = 0.0;
+  }
+  int64_t i = 0;
+  for (; i + L <= n; i += L) {
+    if (i % LINE == 0 && i + AHEAD < avail) MSPROBE_PREFETCH(p + i + AHEAD);
+    for (int j = 0; j < L; ++j) {
+      float v = load(p, i + j);
+      mx[j] = v > mx[j] ? v : mx[j];  // skips NaN
+      mn[j] = v < mn[j] ? v : mn[j];
+      s[j] += static_cast<double>(v);
+      q[j] += static_cast<double>(v * v);  // squared in float, as torch does: below its range 0, above it inf
+    }
+  }
+  for (int j = 0; i < n; ++i, ++j) {  // the tail, into lanes 0..
+    float v = load(p, i);
+    mx[j] = v > mx[j] ? v : mx[j];
+    mn[j] = v < mn[j] ? v : mn[j];
+    s[j] += static_cast<double>(v);
+    q[j] += static_cast<double>(v * v);
+  }
+  Partial out{-INF, INF, 0.0, 0.0, 0, 0};
+  for (int j = 0; j < L; ++j) {
+    out.mx = mx[j] > out.mx ? mx[j] : out.mx;
+    out.mn = mn[j] < out.mn ? mn[j] : out.mn;
+    out.s += s[j];
+    out.q += q[j];
+  }
+  // A block's sum of float squares is finite when the block holds no NaN, no Inf and no value whose square
+  // passes float's range (|v| > 1.8e19): only then is a second, counting pass skipped.
+  if (counts && !std::isfinite(out.q)) {
+    int64_t cn = 0, ci = 0;
+    for (int64_t k = 0; k < n; ++k) {
+      float v = load(p, k);
+      cn += (v != v);
+      ci += (std::fabs(v) == INF);
+    }
+    out.nan = cn;
+    out.inf = ci;
+  }
+  return out;
+}
+
+template <typename T>
+Partial reduce_all(const T* p, int64_t n, bool counts) {
+  if (n <= BLOCK) return reduce_block<T>(p, n, counts, n);
+  const int64_t blocks = (n + BLOCK - 1) / BLOCK;
+  std::vector<Partial> parts(blocks);
+  at::parallel_for(0, blocks, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t start = b * BLOCK;
+      parts[b] = reduce_block<T>(p + start, std::min(BLOCK, n - start), counts, n - start);
+    }
+  });
+  Partial out = parts[0];
+  for (int64_t b = 1; b < blocks; ++b) {  // block order: deterministic
+    const Partial& x = parts[b];
+    out.mx = x.mx > out.mx ? x.mx : out.mx;
+    out.mn = x.mn < out.mn ? x.mn : out.mn;
+    out.s += x.s;
+    out.q += x.q;
+    out.nan += x.nan;
+    out.inf += x.inf;
+  }
+  return out;
+}
+
+template <typename T>
+double round_to(double x) { return static_cast<double>(static_cast<float>(static_cast<T>(static_cast<float>(x)))); }
+template <>
+double round_to<float>(double x) { return static_cast<double>(static_cast<float>(x)); }
+
+// ``x``, or the infinity of its sign past the largest float (NaN stays NaN).
+double in_float_range(double x) {
+  const double most = static_cast<double>(std::numeric_limits<float>::max());
+  return x > most ? std::numeric_limits<double>::infinity() : x < -most ? -std::numeric_limits<double>::infinity() : x;
+}
+
+template <typename T>
+std::vector<double> stats_of(const at::Tensor& t, bool counts, double repeat) {
+  const T* p = t.data_ptr<T>();
+  const int64_t n = t.numel();
+  Partial r = reduce_all<T>(p, n, counts);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const bool has_nan = std::isnan(r.q);
+  std::vector<double> out(counts ? 6 : 4);
+  out[0] = has_nan ? nan : static_cast<double>(r.mx);
+  out[1] = has_nan ? nan : static_cast<double>(r.mn);
+  // torch accumulates a float tensor's sum and sum of squares in float: past float's range they are inf, so
+  // Mean and Norm are inf there on the torch ops (the path of CUDA and NPU tensors) and in msprobe's dump; the
+  // double sums here keep the rounding finer, not the range wider (tests/runtime/test_native_stats.py)
+  out[2] = round_to<T>(in_float_range(r.s) / static_cast<double>(n));
+  out[3] = round_to<T>(std::sqrt(in_float_range(r.q) * repeat));
+  if (counts) {
+    out[4] = static_cast<double>(r.nan) * repeat;
+    out[5] = static_cast<double>(r.inf) * repeat;
+  }
+  return out;
+}
+
+bool own_cpu_data(const at::Tensor& t) {
+  if (!t.defined() || t.layout() != at::kStrided || !t.device().is_cpu() || t.is_quantized() || t.is_nested() ||
+      !t.has_storage())
+    return false;
+  const c10::DispatchKeySet keys = t.key_set();
+  // a tensor whose data is somewhere else (a Python subclass, functionalization, functorch's wrappers)
+  return !(keys.has(c10::DispatchKey::Python) || keys.has(c10::DispatchKey::Functionalize) ||
+           keys.has(c10::DispatchKey::FuncTorchBatched) || keys.has(c10::DispatchKey::FuncTorchGradWrapper) ||
+           keys.has(c10::DispatchKey::ZeroTensor));
+}
+
+bool readable(const at::Tensor& t) {
+  if (!own_cpu_data(t)) return false;
+  const at::ScalarType type = t.scalar_type();
+  return type == at::kFloat || type == at::kBFloat16 || type == at::kHalf;
+}
+
+}  // namespace
+
+// Max, Min, Mean, Norm, then (with ``counts``) the NaN and Inf counts of a non-empty CPU tensor of float32,
+// float16 or bfloat16, read once; an empty list for any other tensor (the caller's torch ops serve it).
+// Every statistic is independent of element order, so a broadcast (stride-0) dimension is read once and
+// counted ``size`` times, and a tensor whose elements fill one block of memory (transposed or permuted) is
+// read as that block; only other layouts are copied first.
+// ``input``'s elements as one block of memory, each element once: a broadcast (stride-0) dimension narrowed to
+// one (``repeat`` multiplied by its size), a negative view resolved, any other layout that does not fill one
+// block copied. What is read is the same multiset of values, up to the repeats.
+at::Tensor dense_once(const at::Tensor& input, double* repeat) {
+  at::Tensor t = input;
+  if (t.is_neg()) t = t.resolve_neg();
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.stride(d) == 0 && t.size(d) > 1) {
+      *repeat *= static_cast<double>(t.size(d));
+      t = t.narrow(d, 0, 1);
+    }
+  }
+  if (!t.is_non_overlapping_and_dense()) t = t.contiguous();
+  return t;
+}
+
+std::vector<double> stats(const at::Tensor& input, bool counts) {
+  if (!readable(input) || input.numel() == 0) return {};
+  at::NoGradGuard no_grad;
+  double repeat = 1.0;
+  const at::Tensor t = dense_once(input, &repeat);
+  if (t.data_ptr() == nullptr) return {};
+  const at::ScalarType type = t.scalar_type();
+  if (type == at::kFloat) return stats_of<float>(t, counts, repeat);
+  if (type == at::kBFloat16) return stats_of<c10::BFloat16>(t, counts, repeat);
+  return stats_of<c10::Half>(t, counts, repeat);
+}
+
+namespace {
+
+PyObject* dtype_name(at::ScalarType type) {  // str(dtype), "torch.float32", made once per dtype
+  static PyObject* names[static_cast<int>(at::ScalarType::NumOptions)] = {};
+  PyObject*& name = names[static_cast<int>(type)];
+  if (name == nullptr) {
+    name = PyObject_Str(reinterpret_cast<PyObject*>(torch::getTHPDtype(type)));
+    if (name == nullptr) throw py::error_already_set();
+  }
+  Py_INCREF(name);
+  return name;
+}
+
+// A tuple of numbers, strings, None and such tuples can hold no reference cycle: the garbage collector need not
+// look at it. CPython untracks such a tuple itself, but only at the first collection that meets it; untracked
+// now, a step's records are never walked by the young collections that the step's own allocations bring on.
+PyObject* untracked(PyObject* tuple) {
+  if (tuple != nullptr) PyObject_GC_UnTrack(tuple);
+  return tuple;
+}
+
+// A record's shape: one tuple per shape seen lately (a direct-mapped table, GIL held), since a step's records
+// repeat a few shapes hundreds of times. Each record made with it allocates, frees and marshals one object (and
+// its large sizes' ints) fewer, and the step's message names a repeated shape by reference.
+constexpr size_t SHAPE_SLOTS = 1024;
+
+PyObject* shape_tuple(c10::IntArrayRef sizes) {
+  static PyObject* slots[SHAPE_SLOTS] = {};
+  size_t hash = sizes.size();
+  for (int64_t size : sizes) hash = (hash * 1000003u) ^ static_cast<size_t>(size);
+  PyObject*& slot = slots[hash % SHAPE_SLOTS];
+  const Py_ssize_t dim = static_cast<Py_ssize_t>(sizes.size());
+  if (slot != nullptr && PyTuple_GET_SIZE(slot) == dim) {
+    bool same = true;
+    for (Py_ssize_t d = 0; d < dim && same; ++d) same = PyLong_AsLongLong(PyTuple_GET_ITEM(slot, d)) == sizes[d];
+    if (same) {
+      Py_INCREF(slot);
+      return slot;
+    }
+  }
+  PyObject* shape = PyTuple_New(dim);
+  if (shape == nullptr) throw py::error_already_set();
+  for (Py_ssize_t d = 0; d < dim; ++d) {
+    PyObject* size = PyLong_FromLongLong(sizes[d]);
+    if (size == nullptr) {
+      Py_DECREF(shape);
+      throw py::error_already_set();
+    }
+    PyTuple_SET_ITEM(shape, d, size);
+  }
+  untracked(shape);
+  Py_XDECREF(slot);
+  Py_INCREF(shape);
+  slot = shape;
+  return shape;
+}
+
+PyObject* new_record(const at::Tensor& t, PyObject* row, bool scalar) {  // json_files.native_json reads it
+  PyObject* shape = shape_tuple(t.sizes());
+  PyObject* out = PyTuple_New(5);
+  if (out == nullptr) {
+    Py_DECREF(shape);
+    throw py::error_already_set();
+  }
+  PyTuple_SET_ITEM(out, 0, dtype_name(t.scalar_type()));
+  PyTuple_SET_ITEM(out, 1, shape);
+  PyTuple_SET_ITEM(out, 2, PyBool_FromLong(t.requires_grad()));
+  PyTuple_SET_ITEM(out, 3, PyBool_FromLong(scalar));
+  Py_INCREF(row);
+  if (PyTuple_CheckExact(row)) untracked(row);  // numbers and None (bytes are no container: never tracked)
+  PyTuple_SET_ITEM(out, 4, row);
+  return untracked(out);
+}
+
+PyObject* builtin_record(PyObject* item) {  // records.describe_builtin's {"type", "value"} for exact types
+  const char* type;
+  if (PyBool_Check(item)) type = "bool";
+  else if (PyLong_CheckExact(item)) type = "int";
+  else if (PyFloat_CheckExact(item)) type = "float";
+  else if (PyUnicode_CheckExact(item)) type = "str";
+  else return nullptr;
+  PyObject* out = PyDict_New();
+  PyObject* name = PyUnicode_InternFromString(type);
+  PyDict_SetItemString(out, "type", name);
+  Py_DECREF(name);
+  PyDict_SetItemString(out, "value", item);
+  return out;
+}
+
+py::object long_of(int64_t value) {
+  PyObject* out = PyLong_FromLongLong(value);
+  if (out == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(out);
+}
+
+// Max and Min of ``n`` integers (n > 0), one pass.
+template <typename T>
+void extremes_of(const T* p, int64_t n, int64_t* top, int64_t* low) {
+  T mx = p[0], mn = p[0];
+  for (int64_t i = 1; i < n; ++i) {
+    mx = p[i] > mx ? p[i] : mx;
+    mn = p[i] < mn ? p[i] : mn;
+  }
+  *top = static_cast<int64_t>(mx);
+  *low = static_cast<int64_t>(mn);
+}
+
+// The record of a non-empty CPU tensor of bool or of a signed or 8-bit unsigned integer type, as the
+// collector's torch ops give it (statistics.tensor_kind): Max and Min (``any`` and ``all`` for bool, also
+// 0-d), or a 0-d integer's value as all four; no Mean, Norm nor NaN/Inf counts. Read here in one pass over
+// the block ``dense_once`` gives: through ATen's reductions (aminmax, any, all and their ``item``) these took
+// a quarter of the native records' time on the tiny GPT, whose token ids and masks are small. Else nullptr.
+PyObject* integral_record(const at::Tensor& input) {
+  const at::ScalarType type = input.scalar_type();
+  const bool is_bool = type == at::kBool;
+  if (!is_bool && type != at::kByte && type != at::kChar && type != at::kShort && type != at::kInt &&
+      type != at::kLong)
+    return nullptr;
+  if (!own_cpu_data(input) || input.numel() == 0) return nullptr;
+  double repeat = 1.0;
+  const at::Tensor t = dense_once(input, &repeat);
+  const void* data = t.data_ptr();
+  if (data == nullptr) return nullptr;
+  const int64_t n = t.numel();
+  bool scalar = false;
+  py::object row;
+  if (is_bool) {
+    const uint8_t* p = static_cast<const uint8_t*>(data);  // a bool is one byte, 0 or 1
+    int64_t set = 0;
+    for (int64_t i = 0; i < n; ++i) set += p[i] != 0;
+    row = py::make_tuple(py::bool_(set > 0), py::bool_(set == n), py::none(), py::none());
+  } else {
+    int64_t top = 0, low = 0;
+    switch (type) {
+      case at::kByte: extremes_of(static_cast<const uint8_t*>(data), n, &top, &low); break;
+      case at::kChar: extremes_of(static_cast<const int8_t*>(data), n, &top, &low); break;
+      case at::kShort: extremes_of(static_cast<const int16_t*>(data), n, &top, &low); break;
+      case at::kInt: extremes_of(static_cast<const int32_t*>(data), n, &top, &low); break;
+      default: extremes_of(static_cast<const int64_t*>(data), n, &top, &low); break;
+    }
+    if (input.dim() == 0) {
+      scalar = true;
+      row = py::make_tuple(long_of(top));
+    } else {
+      row = py::make_tuple(long_of(top), long_of(low), py::none(), py::none());
+    }
+  }
+  return new_record(input, row.ptr(), scalar);
+}
+
+// A tensor recently read, as Collector._reuse remembers one: held, with its version counter then, where its
+// elements lie (when they fill one block of memory exactly once), and the row read.
+struct Recent {
+  at::Tensor tensor;
+  int64_t version;
+  bool placed;
+  const void* data;
+  int64_t numel;
+  at::ScalarType dtype;
+  py::object row;
+  bool scalar;
+};
+
+// A leaf that requires grad (a parameter) read this step, under the address of its elements: the last few
+// tensors (Recent) do not reach back to a weight read in an earlier microbatch, or before the many calls of a
+// megatron layer's forward. Held weakly, so it keeps no memory alive; while the weak hold lasts the leaf's
+// object is not freed, so a live lock is that leaf, and its address and version then tell a stale entry.
+struct Leaf {
+  c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> impl;
+  int64_t version;
+  int64_t numel;
+  at::ScalarType dtype;
+  py::object row;
+  bool scalar;
+};
+
+}  // namespace
+
+using GraphKey = std::pair<std::pair<const torch::autograd::Node*, uint32_t>, std::vector<int64_t>>;
+using Consumers = std::vector<std::pair<NodeRef,
+                                        std::vector<std::pair<int64_t, int64_t>>>>;
+
+// An input's gradient edge: its grad_fn and output number, or a leaf's gradient accumulator (null where it has
+// none yet, as a leaf that nothing in this graph takes).
+std::pair<const torch::autograd::Node*, uint32_t> gradient_edge(const at::Tensor& t) {
+  const NodeRef& fn = t.grad_fn();
+  if (fn) return {fn.get(), static_cast<uint32_t>(t.output_nr())};
+  NodeRef accumulator = torch::autograd::impl::try_get_grad_accumulator(t);
+  return {accumulator.get(), 0u};
+}
+
+bool walk_keys(py::handle inputs, py::handle outputs, const std::vector<GraphKey>& keys, int64_t limit,
+               Consumers* found);
+
+// The walk of backward._consumer_edges over autograd's own graph: the nodes created after the inputs (by
+// sequence number) that the walk from the outputs reaches and that take an input's gradient edge (its grad_fn
+// and output number, or a leaf's gradient accumulator), each with its (edge index, input position) pairs, in
+// ``found``; false past ``limit`` nodes. ``targets``: ``[(tensor, [positions])]``, the inputs that require
+// grad. The walk, its order and its count are the Python function's: depth first, a node's next edges in
+// order, each node once.
+bool walk_module(py::handle inputs, py::handle outputs, py::handle targets, int64_t limit, Consumers* found) {
+  std::vector<GraphKey> keys;
+  for (py::handle item : targets) {
+    py::handle tensor = item[py::int_(0)];
+    std::vector<int64_t> positions;
+    for (py::handle position : item[py::int_(1)]) positions.push_back(position.cast<int64_t>());
+    auto edge = gradient_edge(THPVariable_Unpack(tensor.ptr()));
+    if (edge.first != nullptr) keys.push_back({edge, std::move(positions)});
+  }
+  return walk_keys(inputs, outputs, keys, limit, found);
+}
+
+bool walk_keys(py::handle inputs, py::handle outputs, const std::vector<GraphKey>& keys, int64_t limit,
+               Consumers* found) {
+  using torch::autograd::Node;
+  int64_t threshold = -1;
+  for (py::handle item : inputs) {
+    if (item.is_none() || !THPVariable_Check(item.ptr())) continue;
+    const NodeRef& fn = THPVariable_Unpack(item.ptr()).grad_fn();
+    if (fn) threshold = std::max(threshold, static_cast<int64_t>(fn->sequence_nr()));
+  }
+  std::vector<NodeRef> stack;
+  std::unordered_set<const Node*> seen;
+  for (py::handle item : outputs) {
+    if (item.is_none() || !THPVariable_Check(item.ptr())) continue;
+    const NodeRef& fn = THPVariable_Unpack(item.ptr()).grad_fn();
+    if (fn && seen.insert(fn.get()).second) stack.push_back(fn);
+  }
+  int64_t walked = 0;
+  while (!stack.empty()) {
+    NodeRef node = std::move(stack.back());
+    stack.pop_back();
+    if (threshold >= 0 && node->sequence_nr() <= static_cast<uint64_t>(threshold)) continue;
+    if (++walked > limit) {
+      found->clear();
+      return false;
+    }
+    std::vector<std::pair<int64_t, int64_t>> edges;
+    const auto& next = node->next_edges();
+    for (size_t index = 0; index < next.size(); ++index) {
+      const torch::autograd::Edge& edge = next[index];
+      if (!edge.is_valid()) continue;
+      const std::vector<int64_t>* positions = nullptr;
+      for (const auto& key : keys) {
+        if (key.first.first == edge.function.get() && key.first.second == edge.input_nr) {
+          positions = &key.second;
+          break;
+        }
+      }
+      if (positions != nullptr) {
+        for (int64_t position : *positions) edges.push_back({static_cast<int64_t>(index), position});
+        continue;
+      }
+      if (seen.insert(edge.function.get()).second) stack.push_back(edge.function);
+    }
+    if (!edges.empty()) found->push_back({std::move(node), std::move(edges)});
+  }
+  return true;
+}
+
+class Recorder;
+
+// A hook's hold on its Recorder. Let go with the GIL held, since the last hold may free the Recorder and its
+// Python objects; once the interpreter is gone it is left, as torch leaves its own hooks' Python objects.
+class RecorderRef {
+ public:
+  explicit RecorderRef(std::shared_ptr<Recorder> recorder) : recorder_(std::move(recorder)) {}
+  RecorderRef(const RecorderRef&) = delete;
+  RecorderRef& operator=(const RecorderRef&) = delete;
+
+  ~RecorderRef() {
+    if (Py_IsInitialized()) {
+      py::gil_scoped_acquire gil;
+      recorder_.reset();
+    } else {
+      new std::shared_ptr<Recorder>(std::move(recorder_));
+    }
+  }
+
+  Recorder* operator->() const { return recorder_.get(); }
+  const Recorder* get() const { return recorder_.get(); }
+
+ private:
+  std::shared_ptr<Recorder> recorder_;
+};
+
+// What the op's backward hooks share: their Recorder and the step they were attached in (``generation``); a
+// hook of an earlier step stays silent. A node can outlive its step (a tensor kept from step to step, as a
+// cache computed with grad, or one that an API returns as it is), so a Recorder drops its silent hooks from a
+// node when it puts a new one there (drop_stale), rather than leave one more there every step.
+class OwnHook {
+ public:
+  OwnHook(std::shared_ptr<Recorder> recorder, int64_t generation)
+      : recorder_(std::move(recorder)), generation_(generation) {}
+  virtual ~OwnHook() = default;
+  bool of(const Recorder* owner) const { return recorder_.get() == owner; }
+  bool stale(const Recorder* owner, int64_t generation) const { return of(owner) && generation_ != generation; }
+
+ protected:
+  RecorderRef recorder_;
+  int64_t generation_;
+};
+
+template <typename Hooks>
+void drop_stale(Hooks& hooks, const Recorder* owner, int64_t generation) {
+  hooks.erase(std::remove_if(hooks.begin(), hooks.end(),
+                             [&](const auto& hook) {
+                               const OwnHook* own = dynamic_cast<const OwnHook*>(hook.get());
+                               return own != nullptr && own->stale(owner, generation);
+                             }),
+              hooks.end());
+}
+
+template <typename Hooks>
+int64_t count_own(const Hooks& hooks, const Recorder* owner) {
+  int64_t n = 0;
+  for (const auto& hook : hooks) {
+    const OwnHook* own = dynamic_cast<const OwnHook*>(hook.get());
+    n += own != nullptr && own->of(owner);
+  }
+  return n;
+}
+
+// An API call's backward, observed by the op: a post-hook on one grad_fn behind the API's outputs (``positions``:
+// (output position, the node's output number) of each), which makes the records of the gradients there and
+// adds ``(index, [(position, record)], [records])`` to the Recorder's ``arrivals`` list, where the collector
+// reads it (Collector.take_arrivals): no Python frame runs in the backward. A gradient it cannot record hands
+// the whole call to the Recorder's Python ``fallback``. It returns the gradients it was given, so the engine
+// goes on as without it.
+class ApiBackwardHook : public torch::autograd::FunctionPostHook, public OwnHook {
+ public:
+  ApiBackwardHook(std::shared_ptr<Recorder> recorder, int64_t generation, int64_t index,
+                  std::vector<std::pair<int64_t, int64_t>> positions)
+      : OwnHook(std::move(recorder), generation), index_(index), positions_(std::move(positions)) {}
+
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grad_inputs,
+                                            const torch::autograd::variable_list& grad_outputs) override;
+
+ private:
+  int64_t index_;
+  std::vector<std::pair<int64_t, int64_t>> positions_;
+};
+
+// One module call's backward, shared by its consumer hooks: for each input slot, the gradient summed so far over
+// the nodes inside the module that take that input, and the edges still to come.
+struct ModuleCall {
+  std::vector<at::Tensor> partial;
+  std::vector<int64_t> left;
+};
+
+// A module's backward, observed by the op as backward.hook_module_backward's Python hooks observe it: a tensor
+// hook on one of the module's outputs (``field`` 0, the entry's ``input``) or on an input that no node inside
+// takes (``field`` 1, ``output``), as a pre-hook on the tensor's grad_fn for its output number, which is where
+// torch runs a tensor's hooks. Its record goes to ``arrivals`` as ``(index, field, slot, record)``.
+class ModuleTensorHook : public torch::autograd::FunctionPreHook, public OwnHook {
+ public:
+  ModuleTensorHook(std::shared_ptr<Recorder> recorder, int64_t generation, int64_t index, int64_t field,
+                   int64_t slot, size_t value)
+      : OwnHook(std::move(recorder), generation), index_(index), field_(field), slot_(slot), value_(value) {}
+
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override;
+
+ private:
+  int64_t index_, field_, slot_;
+  size_t value_;
+};
+
+// A post-hook on a node inside a module that takes some of its inputs (``edges``: (the node's gradient
+// index, input slot)): it adds the gradients there to the call's sums, and records an input's sum once its
+// last edge has arrived (``field`` 1), as backward._observe_consumers does.
+class ModuleConsumerHook : public torch::autograd::FunctionPostHook, public OwnHook {
+ public:
+  ModuleConsumerHook(std::shared_ptr<Recorder> recorder, int64_t generation, int64_t index,
+                     std::shared_ptr<ModuleCall> call, std::vector<std::pair<int64_t, int64_t>> edges)
+      : OwnHook(std::move(recorder), generation), index_(index), call_(std::move(call)), edges_(std::move(edges)) {}
+
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grad_inputs,
+                                            const torch::autograd::variable_list& grad_outputs) override;
+
+ private:
+  int64_t index_;
+  std::shared_ptr<ModuleCall> call_;
+  std::vector<std::pair<int64_t, int64_t>> edges_;
+};
+
+// Records of a call's arguments or outputs, as Collector.describe gives them with no file names: a plain
+// tensor that the op serves, None, and an exact bool, int, float or str. Each other item is ``later`` in the
+// list, for the caller to describe; the second item of the result counts them. Looks at each value's type
+// only, never at its attributes. A tensor of ``below`` elements or more is first looked for among the last
+// ``keep`` such tensors (Collector._reuse's rule: the same tensor at the same version, or one whose elements
+// are exactly the same block of memory at the same version: a transpose, a view, a detach), or among the
+// parameters read (Leaf), and its row reused; ``clear`` forgets them (a new step), as ``forget`` does where they
+// may have changed unseen. ``reads`` counts the tensors read, not those served again.
+class Recorder : public std::enable_shared_from_this<Recorder> {
+ public:
+  Recorder(bool counts, int64_t below, size_t keep, py::object later)
+      : counts_(counts), below_(below), keep_(keep), later_(std::move(later)) {}
+
+  py::tuple records(py::handle values) {
+    PyObject* seq = values.ptr();
+    if (!PyTuple_CheckExact(seq) && !PyList_CheckExact(seq)) throw py::type_error("a tuple or a list");
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    py::list out(n);
+    Py_ssize_t todo = 0;
+    at::NoGradGuard no_grad;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      PyObject* item = PySequence_Fast_GET_ITEM(seq, i);
+      PyObject* record = nullptr;
+      if (item == Py_None) {
+        Py_INCREF(Py_None);
+        record = Py_None;
+      } else if (THPVariable_CheckExact(item)) {
+        try {
+          record = tensor_record(THPVariable_Unpack(item));
+        } catch (const py::error_already_set&) {
+          throw;
+        } catch (const std::exception&) {  // a layout it could not copy: the caller's torch ops serve it
+          record = nullptr;
+        }
+      } else {
+        record = builtin_record(item);
+      }
+      if (record == nullptr) {
+        record = later_.ptr();
+        Py_INCREF(record);
+        ++todo;
+      }
+      PyList_SET_ITEM(out.ptr(), i, record);
+    }
+    return py::make_tuple(out, todo);
+  }
+
+  void forget() {  // the tensors read may change from here without a sign (start, stop, an optimizer's step)
+    recent_.clear();
+    leaves_.clear();
+  }
+
+  void clear() {  // a new step: it reads afresh, and its hooks, none of the earlier steps', may record
+    forget();
+    ++generation_;
+  }
+
+  int64_t reads() const { return reads_; }
+
+  // The hooks of this Recorder on ``tensor``'s grad_fn (its post-hooks and tensor pre-hooks): for tests.
+  int64_t hooks_on(py::handle tensor) const {
+    if (!THPVariable_Check(tensor.ptr())) return 0;
+    auto fn = THPVariable_Unpack(tensor.ptr()).grad_fn();
+    if (!fn) return 0;
+    return count_own(fn->post_hooks(), this) + count_own(fn->tensor_pre_hooks(), this);
+  }
+
+  // Where the backward hooks put what they record, and who records what they cannot: an API's
+  // ``fallback(owner, index, positions, grad_inputs, grad_outputs)``, a module's ``module_fallback(owner, index,
+  // field, slot, gradient)``; ``owner`` passed back as given (a weak reference: the Recorder must not keep the
+  // collector alive).
+  void observe_backward(py::object arrivals, py::object fallback, py::object module_fallback, py::object owner) {
+    if (!PyList_CheckExact(arrivals.ptr())) throw py::type_error("arrivals: a list");
+    arrivals_ = std::move(arrivals);
+    fallback_ = std::move(fallback);
+    module_fallback_ = std::move(module_fallback);
+    owner_ = std::move(owner);
+  }
+
+  bool collecting = false;
+
+  // backward.hook_api_backward, natively: a post-hook on each grad_fn behind ``outputs`` (tensors or None), the
+  // outputs grouped by node in order of first appearance. The number of hooks attached.
+  int64_t hook_api(py::handle outputs, int64_t index) {
+    PyObject* seq = outputs.ptr();
+    if (!PyTuple_CheckExact(seq) && !PyList_CheckExact(seq)) throw py::type_error("a tuple or a list");
+    std::vector<std::pair<torch::autograd::Node*, std::vector<std::pair<int64_t, int64_t>>>> nodes;
+    std::vector<NodeRef> held;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      PyObject* item = PySequence_Fast_GET_ITEM(seq, i);
+      if (item == Py_None || !THPVariable_Check(item)) continue;
+      const at::Tensor& t = THPVariable_Unpack(item);
+      auto fn = t.grad_fn();
+      if (!fn) continue;
+      const std::pair<int64_t, int64_t> position{static_cast<int64_t>(i), static_cast<int64_t>(t.output_nr())};
+      bool found = false;
+      for (auto& node : nodes) {
+        if (node.first == fn.get()) {
+          node.second.push_back(position);
+          found = true;
+          break;
+        }
+      }
+      if (!found) {
+        nodes.push_back({fn.get(), {position}});
+        held.push_back(std::move(fn));
+      }
+    }
+    for (size_t k = 0; k < nodes.size(); ++k) {
+      drop_stale(held[k]->post_hooks(), this, generation_);
+      held[k]->add_post_hook(
+          std::make_unique<ApiBackwardHook>(shared_from_this(), generation_, index, std::move(nodes[k].second)));
+    }
+    return static_cast<int64_t>(nodes.size());
+  }
+
+  // backward.hook_module_backward in one call, where every value is None or a plain tensor (else None, for
+  // the Python hooks): the module call ``index``'s tensor hooks on its outputs that require grad, and (with
+  // ``want_output``) the consumer hooks after the walk of its inputs that require grad, or a tensor hook on
+  // an input that no node inside takes (every input past ``limit`` nodes). ``(n_out, n_in, leaves)``: the
+  // entry's widths, and ``(tensor, field, slot)`` for each hook on a leaf, whose hooks run in its gradient
+  // accumulator, for the caller to hook with torch's. Nothing is hooked where no output requires grad.
+  py::object hook_module(int64_t index, py::handle inputs, py::handle outputs, bool want_output, int64_t limit) {
+    PyObject* ins = inputs.ptr();
+    PyObject* outs = outputs.ptr();
+    if (!PyList_CheckExact(ins) || !PyList_CheckExact(outs)) throw py::type_error("inputs, outputs: lists");
+    for (PyObject* seq : {ins, outs}) {
+      for (Py_ssize_t i = 0; i < PyList_GET_SIZE(seq); ++i) {
+        PyObject* item = PyList_GET_ITEM(seq, i);
+        if (item != Py_None && !THPVariable_CheckExact(item)) return py::none();
+      }
+    }
+    auto requires_grad = [](PyObject* item) {
+      return item != Py_None && THPVariable_Unpack(item).requires_grad();
+    };
+    std::vector<int64_t> out_positions, in_slot(static_cast<size_t>(PyList_GET_SIZE(ins)), -1);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(outs); ++i) {
+      if (requires_grad(PyList_GET_ITEM(outs, i))) out_positions.push_back(i);
+    }
+    py::list leaves;
+    if (out_positions.empty()) return py::make_tuple(0, 0, leaves);
+    std::vector<GraphKey> keys;
+    int64_t n_in = 0;
+    if (want_output) {
+      for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ins); ++i) {
+        PyObject* item = PyList_GET_ITEM(ins, i);
+        if (!requires_grad(item)) continue;
+        in_slot[static_cast<size_t>(i)] = n_in++;
+        auto edge = gradient_edge(THPVariable_Unpack(item));
+        if (edge.first == nullptr) continue;
+        bool known = false;
+        for (auto& key : keys) {
+          if (key.first == edge) {
+            key.second.push_back(i);
+            known = true;
+            break;
+          }
+        }
+        if (!known) keys.push_back({edge, {static_cast<int64_t>(i)}});
+      }
+    }
+    auto tensor_hook = [&](PyObject* item, int64_t field, int64_t slot) {
+      const at::Tensor& t = THPVariable_Unpack(item);
+      auto fn = t.grad_fn();
+      if (!fn) {
+        leaves.append(py::make_tuple(py::handle(item), field, slot));
+        return;
+      }
+      drop_stale(fn->tensor_pre_hooks(), this, generation_);
+      fn->add_tensor_pre_hook(std::make_unique<ModuleTensorHook>(shared_from_this(), generation_, index, field, slot,
+                                                                 static_cast<size_t>(t.output_nr())));
+    };
+    for (size_t k = 0; k < out_positions.size(); ++k) {
+      tensor_hook(PyList_GET_ITEM(outs, out_positions[k]), 0, static_cast<int64_t>(k));
+    }
+    std::vector<bool> taken(in_slot.size(), false);
+    Consumers found;
+    if (!keys.empty() && walk_keys(inputs, outputs, keys, limit, &found)) {
+      auto call = std::make_shared<ModuleCall>();
+      call->partial.resize(in_slot.size());
+      call->left.assign(in_slot.size(), 0);
+      for (auto& node : found) {
+        for (auto& edge : node.second) {
+          taken[static_cast<size_t>(edge.second)] = true;
+          edge.second = in_slot[static_cast<size_t>(edge.second)];
+          ++call->left[static_cast<size_t>(edge.second)];
+        }
+      }
+      for (auto& node : found) {
+        drop_stale(node.first->post_hooks(), this, generation_);
+        node.first->add_post_hook(
+            std::make_unique<ModuleConsumerHook>(shared_from_this(), generation_, index, call, std::move(node.second)));
+      }
+    }
+    for (size_t i = 0; i < in_slot.size(); ++i) {
+      if (in_slot[i] >= 0 && !taken[i]) tensor_hook(PyList_GET_ITEM(ins, static_cast<Py_ssize_t>(i)), 1, in_slot[i]);
+    }
+    return py::make_tuple(static_cast<int64_t>(out_positions.size()), n_in, leaves);
+  }
+
+  // One module tensor hook's call (or an input's completed sum), with the GIL held.
+  void module_gradient(int64_t generation, int64_t index, int64_t field, int64_t slot, const at::Tensor& grad) {
+    if (generation != generation_ || !collecting || arrivals_.is_none()) return;
+    try {
+      at::NoGradGuard no_grad;
+      PyObject* record = gradient_record(grad);
+      if (record == nullptr) return module_fallback(index, field, slot, grad);
+      py::tuple arrival = py::make_tuple(index, field, slot, py::reinterpret_steal<py::object>(record));
+      if (PyList_Append(arrivals_.ptr(), arrival.ptr()) != 0) throw py::error_already_set();
+    } catch (const std::exception&) {
+      PyErr_Clear();
+      module_fallback(index, field, slot, grad);
+    }
+  }
+
+  // One module consumer hook's call, with the GIL held.
+  void module_consumed(int64_t generation, int64_t index, ModuleCall& call,
+                       const std::vector<std::pair<int64_t, int64_t>>& edges,
+                       const torch::autograd::variable_list& grad_inputs) {
+    if (generation != generation_ || !collecting || arrivals_.is_none()) return;
+    for (const auto& edge : edges) {
+      const size_t slot = static_cast<size_t>(edge.second);
+      try {
+        if (edge.first < static_cast<int64_t>(grad_inputs.size()) && grad_inputs[edge.first].defined()) {
+          at::NoGradGuard no_grad;
+          const at::Tensor& grad = grad_inputs[edge.first];
+          call.partial[slot] = call.partial[slot].defined() ? call.partial[slot] + grad : grad;
+        }
+      } catch (const std::exception&) {
+        PyErr_Clear();  // a sum that failed: this edge's gradient is left out, as a failed Python record is
+      }
+      if (--call.left[slot] == 0) {
+        at::Tensor sum = std::move(call.partial[slot]);
+        call.partial[slot] = at::Tensor();
+        module_gradient(generation, index, 1, edge.second, sum);
+      }
+    }
+  }
+
+  // One API backward hook's call, with the GIL held.
+  void api_backward(int64_t generation, int64_t index, const std::vector<std::pair<int64_t, int64_t>>& positions,
+                    const torch::autograd::variable_list& grad_inputs,
+                    const torch::autograd::variable_list& grad_outputs) {
+    if (generation != generation_ || !collecting || arrivals_.is_none()) return;
+    try {
+      at::NoGradGuard no_grad;
+      py::list received;  // (position, record) of the gradients w.r.t. the API's outputs
+      for (const auto& position : positions) {
+        if (position.second >= static_cast<int64_t>(grad_outputs.size())) continue;
+        PyObject* record = gradient_record(grad_outputs[position.second]);
+        if (record == nullptr) return fallback(index, positions, grad_inputs, grad_outputs);
+        received.append(py::make_tuple(position.first, py::reinterpret_steal<py::object>(record)));
+      }
+      py::list sent(static_cast<Py_ssize_t>(grad_inputs.size()));  // records of the gradients w.r.t. its inputs
+      for (size_t k = 0; k < grad_inputs.size(); ++k) {
+        PyObject* record = gradient_record(grad_inputs[k]);
+        if (record == nullptr) return fallback(index, positions, grad_inputs, grad_outputs);
+        PyList_SET_ITEM(sent.ptr(), static_cast<Py_ssize_t>(k), record);
+      }
+      py::tuple arrival = py::make_tuple(index, received, sent);
+      if (PyList_Append(arrivals_.ptr(), arrival.ptr()) != 0) throw py::error_already_set();
+    } catch (const std::exception&) {
+      PyErr_Clear();
+      fallback(index, positions, grad_inputs, grad_outputs);  // the collector's Python records it, or logs why not
+    }
+  }
+
+ private:
+  PyObject* gradient_record(const at::Tensor& grad) {  // None for an undefined gradient; nullptr: not served
+    if (!grad.defined()) {
+      Py_INCREF(Py_None);
+      return Py_None;
+    }
+    return tensor_record(grad);
+  }
+
+  void fallback(int64_t index, const std::vector<std::pair<int64_t, int64_t>>& positions,
+                const torch::autograd::variable_list& grad_inputs,
+                const torch::autograd::variable_list& grad_outputs) {
+    try {
+      py::list pairs;
+      for (const auto& position : positions) pairs.append(py::make_tuple(position.first, position.second));
+      fallback_(owner_, index, pairs, wrapped(grad_inputs), wrapped(grad_outputs));
+    } catch (const std::exception&) {
+      PyErr_Clear();  // the fallback logs its own errors; nothing of ours reaches the backward
+    }
+  }
+
+  void module_fallback(int64_t index, int64_t field, int64_t slot, const at::Tensor& grad) {
+    try {
+      py::object value = grad.defined() ? py::reinterpret_steal<py::object>(THPVariable_Wrap(grad)) : py::none();
+      if (!value) throw py::error_already_set();
+      module_fallback_(owner_, index, field, slot, value);
+    } catch (const std::exception&) {
+      PyErr_Clear();
+    }
+  }
+
+  static py::tuple wrapped(const torch::autograd::variable_list& grads) {  // as torch passes them to a hook
+    py::tuple out(grads.size());
+    for (size_t k = 0; k < grads.size(); ++k) {
+      PyObject* item = grads[k].defined() ? THPVariable_Wrap(grads[k]) : (Py_INCREF(Py_None), Py_None);
+      if (item == nullptr) throw py::error_already_set();
+      PyTuple_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(k), item);
+    }
+    return out;
+  }
+
+  py::object arrivals_ = py::none();
+  py::object fallback_ = py::none();
+  py::object module_fallback_ = py::none();
+  py::object owner_ = py::none();
+  int64_t generation_ = 0;
+  PyObject* read(const at::Tensor& t, py::object* row, bool* scalar) {
+    const std::vector<double> values = stats(t, counts_);
+    if (values.empty()) return nullptr;
+    ++reads_;
+    // the numbers as native doubles, one bytes object: one allocation, marshalled as one copy and freed as one,
+    // where a tuple of floats was seven objects (json_files.native_json unpacks it in the writing process)
+    PyObject* packed = PyBytes_FromStringAndSize(reinterpret_cast<const char*>(values.data()),
+                                                 static_cast<Py_ssize_t>(values.size() * sizeof(double)));
+    if (packed == nullptr) throw py::error_already_set();
+    *row = py::reinterpret_steal<py::object>(packed);
+    *scalar = t.dim() == 0;
+    return new_record(t, row->ptr(), *scalar);
+  }
+
+  PyObject* tensor_record(const at::Tensor& t) {
+    if (!readable(t)) return integral_record(t);
+    const int64_t n = t.numel();
+    if (n == 0) return nullptr;
+    py::object row;
+    bool scalar = false;
+    if (n < below_ || t.is_inference()) return read(t, &row, &scalar);
+    const int64_t version = t._version();
+    Recent* same = nullptr;
+    for (Recent& held : recent_) {
+      if (held.tensor.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+        if (held.version == version) return new_record(t, held.row.ptr(), held.scalar);
+        same = &held;
+        break;
+      }
+    }
+    const bool placed = !t.is_neg() && t.is_non_overlapping_and_dense();
+    const void* data = placed ? t.data_ptr() : nullptr;
+    const Recent* match = nullptr;
+    if (placed) {
+      for (const Recent& held : recent_) {
+        if (held.placed && held.data == data && held.numel == n && held.dtype == t.scalar_type() &&
+            held.version == version && held.tensor._version() == version) {
+          match = &held;
+          break;
+        }
+      }
+    }
+    const Leaf* leaf = match == nullptr && placed ? leaf_at(data, n, t.scalar_type(), version) : nullptr;
+    PyObject* record;
+    if (match != nullptr) {
+      row = match->row;
+      scalar = match->scalar;
+      record = new_record(t, row.ptr(), scalar);
+    } else if (leaf != nullptr) {
+      row = leaf->row;
+      scalar = leaf->scalar;
+      record = new_record(t, row.ptr(), scalar);
+    } else {
+      record = read(t, &row, &scalar);
+      if (record == nullptr) return nullptr;
+      if (placed && t.is_leaf() && t.requires_grad()) {
+        leaves_.insert_or_assign(
+            data, Leaf{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(t.getIntrusivePtr()),
+                       version, n, t.scalar_type(), row, scalar});
+      }
+    }
+    Recent entry{t, version, placed, data, n, t.scalar_type(), row, scalar};
+    if (same != nullptr) {
+      *same = std::move(entry);  // where it was: the oldest goes first, as in a dict
+    } else {
+      recent_.push_back(std::move(entry));
+      if (recent_.size() > keep_) recent_.erase(recent_.begin());
+    }
+    return record;
+  }
+
+  // The leaf read this step whose elements are exactly these (the leaf itself or a view of it: a transpose, a
+  // detach), unchanged since: views share their base's version counter. None where the leaf is gone, or now
+  // holds other memory (``param.data = ...``), or moved on.
+  const Leaf* leaf_at(const void* data, int64_t n, at::ScalarType dtype, int64_t version) {
+    auto found = leaves_.find(data);
+    if (found == leaves_.end()) return nullptr;
+    const Leaf& leaf = found->second;
+    if (leaf.numel != n || leaf.dtype != dtype || leaf.version != version) return nullptr;
+    auto held = leaf.impl.lock();
+    if (!held || held->version_counter().current_version() != version || !held->has_storage() ||
+        held->data() != data || held->numel() != n || c10::typeMetaToScalarType(held->dtype()) != dtype) {
+      return nullptr;
+    }
+    return &leaf;
+  }
+
+  bool counts_;
+  int64_t below_;
+  size_t keep_;
+  py::object later_;
+  std::vector<Recent> recent_;
+  std::unordered_map<const void*, Leaf> leaves_;
+  int64_t reads_ = 0;
+};
+
+torch::autograd::variable_list ModuleTensorHook::operator()(const torch::autograd::variable_list& grads) {
+  if (Py_IsInitialized()) {
+    py::gil_scoped_acquire gil;
+    recorder_->module_gradient(generation_, index_, field_, slot_, value_ < grads.size() ? grads[value_] : at::Tensor());
+  }
+  return grads;
+}
+
+torch::autograd::variable_list ModuleConsumerHook::operator()(const torch::autograd::variable_list& grad_inputs,
+                                                               const torch::autograd::variable_list& grad_outputs) {
+  if (Py_IsInitialized()) {
+    py::gil_scoped_acquire gil;
+    recorder_->module_consumed(generation_, index_, *call_, edges_, grad_inputs);
+  }
+  return grad_inputs;
+}
+
+torch::autograd::variable_list ApiBackwardHook::operator()(const torch::autograd::variable_list& grad_inputs,
+                                                            const torch::autograd::variable_list& grad_outputs) {
+  if (Py_IsInitialized()) {
+    py::gil_scoped_acquire gil;
+    recorder_->api_backward(generation_, index_, positions_, grad_inputs, grad_outputs);
+  }
+  return grad_inputs;
+}
+
+#if PY_VERSION_HEX >= 0x030B0000
+// A captured stack's identity: each frame's code object and instruction offset, and the outer pair it refers
+// to (null when the walk did not stop at an anchor). The pair stored for a key holds every object it names, so
+// no address in a stored key can be taken by another object meanwhile.
+struct StackKey {
+  std::vector<std::pair<const void*, int>> frames;
+  const void* outer;
+  bool operator==(const StackKey& other) const { return outer == other.outer && frames == other.frames; }
+};
+
+struct StackKeyHash {
+  size_t operator()(const StackKey& key) const {
+    size_t h = std::hash<const void*>()(key.outer);
+    for (const auto& frame : key.frames) {
+      h = (h * 1000003u) ^ std::hash<const void*>()(frame.first);
+      h = (h * 1000003u) ^ static_cast<size_t>(frame.second);
+    }
+    return h;
+  }
+};
+
+constexpr size_t STACKS_KEPT = 1 << 13;  // past it the table starts over (a few thousand call paths is usual)
+
+// Never destroyed: its pairs are Python objects, which must not be released after the interpreter is gone.
+std::unordered_map<StackKey, PyObject*, StackKeyHash>& captured_stacks() {
+  static auto* table = new std::unordered_map<StackKey, PyObject*, StackKeyHash>();
+  return *table;
+}
+
+// call_stacks.capture, one frame object at a time through the public API (PyFrame_GetBack, PyFrame_GetCode,
+// PyFrame_GetLasti: Python 3.11+): ``((code, f_lasti, code, f_lasti, ...), outer)``, innermost first, to
+// ``anchor`` (included, the pair then holding ``outer``) or ``limit`` frames (then None). Equal stacks are one
+// pair (call_stacks.capture's contract): the same call site gives back the same object every step, made once.
+py::tuple capture(py::handle frame, py::handle anchor, py::handle outer, int64_t limit) {
+  if (!frame.is_none() && !PyFrame_Check(frame.ptr())) throw py::type_error("a frame or None");
+  std::vector<py::object> codes;
+  StackKey key{{}, nullptr};
+  py::object current = py::reinterpret_borrow<py::object>(frame);
+  bool anchored = false;
+  int64_t count = 0;
+  while (!current.is_none() && count < limit) {
+    PyFrameObject* f = reinterpret_cast<PyFrameObject*>(current.ptr());
+    codes.push_back(py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(PyFrame_GetCode(f))));
+    key.frames.push_back({codes.back().ptr(), PyFrame_GetLasti(f)});
+    if (current.ptr() == anchor.ptr()) {
+      anchored = true;
+      break;
+    }
+    PyFrameObject* back = PyFrame_GetBack(f);  // a new reference, or NULL at the outermost frame
+    current = back == nullptr ? py::none() : py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(back));
+    ++count;
+  }
+  if (anchored) key.outer = outer.ptr();
+  auto& table = captured_stacks();
+  auto known = table.find(key);
+  if (known != table.end()) return py::reinterpret_borrow<py::tuple>(known->second);
+  PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(2 * codes.size()));
+  if (tuple == nullptr) throw py::error_already_set();
+  for (size_t i = 0; i < codes.size(); ++i) {
+    PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(2 * i), codes[i].release().ptr());
+    PyObject* lasti = PyLong_FromLong(key.frames[i].second);
+    if (lasti == nullptr) {
+      Py_DECREF(tuple);
+      throw py::error_already_set();
+    }
+    PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(2 * i + 1), lasti);
+  }
+  py::tuple pair = py::make_tuple(py::reinterpret_steal<py::object>(untracked(tuple)),  // code objects, ints
+                                  anchored ? py::reinterpret_borrow<py::object>(outer) : py::none());
+  if (!anchored || outer.is_none() || !PyObject_GC_IsTracked(outer.ptr())) untracked(pair.ptr());
+  if (table.size() >= STACKS_KEPT) {
+    for (auto& item : table) Py_DECREF(item.second);
+    table.clear();
+  }
+  Py_INCREF(pair.ptr());
+  table.emplace(std::move(key), pair.ptr());
+  return pair;
+}
+#endif
+
+// backward._consumer_edges over autograd's own graph (walk_module): ``[(node, [(edge index, input position)])]``,
+// or None past ``limit`` nodes.
+py::object consumer_edges(py::handle inputs, py::handle outputs, py::handle targets, int64_t limit) {
+  std::vector<std::pair<NodeRef, std::vector<std::pair<int64_t, int64_t>>>> found;
+  if (!walk_module(inputs, outputs, targets, limit, &found)) return py::none();
+  py::list out;
+  for (const auto& node : found) {
+    py::list edges;
+    for (const auto& edge : node.second) edges.append(py::make_tuple(edge.first, edge.second));
+    py::object python_node = py::reinterpret_steal<py::object>(torch::autograd::functionToPyObject(node.first));
+    if (!python_node) throw py::error_already_set();
+    out.append(py::make_tuple(python_node, edges));
+  }
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+#if PY_VERSION_HEX >= 0x030B0000
+  m.def("capture", &capture, "call_stacks.capture: a stack's code objects and instruction offsets, to an anchor");
+#endif
+  m.def("consumer_edges", &consumer_edges, "backward._consumer_edges: a module's nodes that consume its inputs");
+  m.def("stats", &stats, "Max, Min, Mean, Norm, NaN and Inf counts of a CPU float tensor in one pass");
+  py::class_<Recorder, std::shared_ptr<Recorder>>(m, "Recorder")
+      .def(py::init<bool, int64_t, size_t, py::object>())
+      .def("observe_backward", &Recorder::observe_backward, "Where API backward hooks put their records")
+      .def("hook_api", &Recorder::hook_api, "backward.hook_api_backward: a native post-hook on each grad_fn")
+      .def("hook_module", &Recorder::hook_module, "backward.hook_module_backward's hooks of one module call")
+      .def("hooks_on", &Recorder::hooks_on, "this Recorder's hooks on a tensor's grad_fn (for tests)")
+      .def_readwrite("collecting", &Recorder::collecting, "Whether the hooks record (the collector's flag)")
+      .def("records", &Recorder::records, "Records of a call's arguments or outputs: plain tensors, None, builtins")
+      .def("clear", &Recorder::clear, "Forget the tensors read (a new step)")
+      .def("forget", &Recorder::forget, "Forget the tensors read, not the hooks (start, stop, an optimizer step)")
+      .def_property_readonly("reads", &Recorder::reads, "Tensors read so far (not those served again)");
+}
