@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from . import dump_names
 from .checksums import MODES as CHECKSUM_MODES  # md5 (msprobe's) and fingerprint (ours); checksums imports no torch
 
 TASKS = ("statistics", "tensor")
@@ -263,11 +264,6 @@ def _path(value, path):
     return value
 
 
-# msprobe's own patterns for a full dump name (its scope checks)
-_API_NAME = re.compile(r"^[A-Za-z_]\w*\..+\.\d+\.(forward|backward)$")
-_MODULE_NAME = re.compile(r"^(Module|Cell)\..+\.(forward|backward)\.\d+$")
-
-
 def _scope(value, path, level):
     names = _strings(value, path)
     if not names:
@@ -277,13 +273,12 @@ def _scope(value, path, level):
                       f"(got {len(names)}); to select single names use list")
     kinds = []
     for name in names:
-        if _MODULE_NAME.match(name):
-            kinds.append("module")
-        elif _API_NAME.match(name) and not name.startswith(("Module.", "Cell.")):
-            kinds.append("api")
+        kind = dump_names.scope_kind(name)  # msprobe's scope check of a full dump name
+        if kind is not None:
+            kinds.append(kind)
         else:
             hint = ""
-            if _API_NAME.match(name + ".forward"):
+            if dump_names.scope_kind(name + ".forward") == "api":
                 hint = f"; did you mean {name + '.forward'!r}?"
             _refuse(path, f"{name!r} is not a full dump name such as 'Torch.relu.1.forward' or "
                           f"'Module.net1.Linear.forward.0'{hint}")

@@ -128,3 +128,19 @@ def forward_name(name: str) -> Optional[str]:
 
 def is_module(name: str) -> bool:
     return name.startswith("Module.") or name.startswith("Cell.")
+
+
+def scope_kind(name: str) -> Optional[str]:
+    """``"api"`` or ``"module"`` for a full dump name as msprobe's ``scope`` option takes it, an API's or a
+    module's forward or backward entry (``Torch.relu.1.forward``, ``Module.net1.Linear.backward.0``); else
+    None (``parameters_grad`` entries and partial names included)."""
+    base, direction, index = split_name(name)
+    if direction not in (FORWARD, BACKWARD) or index is None:
+        return None
+    prefix, dot, rest = base.partition(".")
+    if not dot or not rest:
+        return None
+    module_shape = name.rsplit(".", 2)[-2] == direction  # Module.path.Class.forward.N, not Prefix.api.N.forward
+    if is_module(name):
+        return "module" if module_shape else None
+    return "api" if not module_shape and prefix.isidentifier() else None

@@ -68,3 +68,22 @@ def test_no_module_imports_a_private_name_of_another():
                     if alias.name.startswith("_") and not alias.name.startswith("__"):
                         offenders.append(f"{path}:{node.lineno} {alias.name}")
     assert offenders == []
+
+
+def test_the_dump_names_grammar_is_spelt_in_one_file():
+    """A dump name's shape (``Prefix.api.N.forward``, ``Module.path.Class.backward.N``) is parsed and built in
+    ``runtime/dump_names.py`` only: no other module spells the directions as a pattern or a table of its own
+    (the config's scope check, compare's direction codes)."""
+    offenders = []
+    for path, text in SOURCES.items():
+        if path == os.path.join("runtime", "dump_names.py"):
+            continue
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.search(
+                    r"forward\|backward|backward\|forward", node.value):
+                offenders.append(f"{path}:{node.lineno} pattern {node.value!r}")
+            keys = [key.value if isinstance(key, ast.Constant) else None for key in node.keys] \
+                if isinstance(node, ast.Dict) else []
+            if {"forward", "backward"} <= set(keys) <= {"forward", "backward", "parameters_grad"}:
+                offenders.append(f"{path}:{node.lineno} a table keyed by the directions")
+    assert offenders == []

@@ -13,7 +13,7 @@ import math
 from array import array
 from typing import Any, Dict, List, Optional, Tuple
 
-from .names import forward_name, is_module, split_name
+from .names import DIRECTIONS, forward_name, is_module, split_name
 from .noise import SUMS, floor_of, floors
 from .records import INPUT
 
@@ -144,7 +144,7 @@ def _spread(top: float, rms: float, mean: Optional[float]) -> float:
 
 CLASSES = ("elementwise", "matmul", "reduction", "norm", "exp", "module")
 NORM = CLASSES.index("norm")
-DIRECTION_CODES = {"forward": 0, "backward": 1, "parameters_grad": 2}
+DIRECTION_CODES = {direction: code for code, direction in enumerate(DIRECTIONS)}  # 3: none of them
 DIRECTION_NAMES = {code: name for name, code in DIRECTION_CODES.items()}
 ENTRY_WIDTH = 8      # in_err, in_abs, top_abs, k, first input's max |x|, rms, Mean (NaN: no input), outputs
 FORWARD_WIDTH = 7
