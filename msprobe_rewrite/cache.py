@@ -16,7 +16,7 @@ import os
 import shutil
 from typing import List, Optional, Tuple
 
-from . import __version__
+from ._version import __version__
 from .atomic import write_atomic
 
 _MAGIC = b"msprobe-rewrite-cache 1\n"

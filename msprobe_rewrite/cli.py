@@ -24,7 +24,8 @@ import textwrap
 import warnings
 from typing import Callable, Dict, List, Optional, Sequence
 
-from . import __version__, batch, size_limits
+from . import batch, size_limits
+from ._version import __version__
 from .cache import ResultCache, compiler_fingerprint, default_directory
 from .files import PYTHON, PathNotFound, discover
 from .progress import Progress

@@ -2,8 +2,8 @@
 
 Every key of msprobe 26.2's PyTorch config is in ``keys()``: it works as msprobe documents it, or loading the
 config refuses it with a message that names the key and the nearest supported option. Unknown keys get a
-did-you-mean, and every value is type-checked. Only reads files and the environment's ``MSPROBE_*`` switches
-(``switched_on``); touches no device and imports no torch.
+did-you-mean, and every value is type-checked. Only reads files; touches no device and imports no torch. The
+environment's ``MSPROBE_*`` switches are read through ``switches``.
 """
 from __future__ import annotations
 
@@ -116,12 +116,6 @@ _MSPROBE_SECTION_KEYS = {
     "nan_check": ("scope", "list", "data_mode", "summary_mode", "slice", "request_id", "diff_nums",
                   "tensor_list"),
 }
-
-
-def switched_on(name, default="1"):
-    """Whether the environment's on/off switch ``name`` is on: it is, unless set to 0, false, no or off (or unset,
-    where ``default`` is "0")."""
-    return os.environ.get(name, default).strip().lower() not in ("0", "false", "no", "off")
 
 
 def _section_table():

@@ -16,7 +16,7 @@ import re
 import shutil
 from typing import List, Optional
 
-from .config import switched_on
+from .switches import switched_on
 
 logger = logging.getLogger("msprobe_runtime")
 

@@ -67,7 +67,7 @@ import sys
 import threading
 
 from . import cache_folders, native_cache
-from .config import switched_on
+from .switches import switched_on
 
 logger = logging.getLogger("msprobe_runtime")
 

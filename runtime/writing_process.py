@@ -24,7 +24,7 @@ import sys
 import threading
 
 from . import json_files
-from .config import switched_on
+from .switches import switched_on
 
 logger = logging.getLogger("msprobe_runtime")
 _SCRIPT = os.path.abspath(json_files.__file__)
