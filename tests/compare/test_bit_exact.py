@@ -14,6 +14,8 @@ from msprobe_rewrite.compare.bit_exact import compare_runs_bit_exact
 
 from .conftest import fixture_line, run_compare
 
+pytestmark = pytest.mark.slow  # over 2 s a test: each test dumps two runs in subprocesses
+
 TINY = "1.000001"  # a relative change far below every statistics threshold
 
 

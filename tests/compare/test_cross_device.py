@@ -40,6 +40,7 @@ def _scenarios(out, count, seed, models):
         return judge(json.load(handle))
 
 
+@pytest.mark.slow  # over 2 s: `make check` leaves it to `make test`
 def test_a_few_random_scenarios(tmp_path):
     result = _scenarios(tmp_path, 8, 3, ("mlp", "attention", "bignet"))
     misses = [(r["model"], r["culprit"], r["suspect"]) for r in result["rows"] if r["suspect"] != r["truth"]]
@@ -71,6 +72,7 @@ def attention(tmp_path_factory):
     return root, truth
 
 
+@pytest.mark.slow  # over 2 s: `make check` leaves it to `make test`
 def test_a_softmax_with_a_hundredfold_jump_is_named_where_thresholds_name_a_gradient(attention):
     root, truth = attention
     summary = compare_runs(str(root / "half"), str(root / "base"))
@@ -82,6 +84,7 @@ def test_a_softmax_with_a_hundredfold_jump_is_named_where_thresholds_name_a_grad
     assert summary["first_divergence"]["entry"] == "Functional.softmax.1.backward"
 
 
+@pytest.mark.slow  # over 2 s: `make check` leaves it to `make test`
 def test_reports_tell_the_story(attention, tmp_path):
     root, truth = attention
     code, out, err = run_compare(root / "half", root / "base", "-o", tmp_path / "out")

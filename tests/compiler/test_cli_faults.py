@@ -400,6 +400,7 @@ def test_a_file_past_the_size_limit_is_skipped_and_named_never_parsed(tmp_path, 
 
 # --- 5. restoring every file a rewrite wrote, whatever its size ---------------------------------------------
 
+@pytest.mark.slow  # over 2 s: `make check` leaves it to `make test`
 def test_restore_reads_every_file_the_rewrite_wrote(tmp_path, capsys):
     """A module just under --max-file-size grows past it when rewritten (here 4x); the restore, held to the
     same limit, used to skip it and exit 0 with the file still instrumented. It reads up to 8x the limit."""

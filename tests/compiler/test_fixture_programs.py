@@ -37,6 +37,7 @@ def rewritten_copy(source: Path, tmp_path: Path) -> Path:
     ("identity_checks/program.py", ['__msprobe__.eq(self.config.activation_func, F.gelu)',
                                     '__msprobe__.dyn(self.config.activation_func, x)']),
 ])
+@pytest.mark.slow  # over 2 s: `make check` leaves it to `make test`
 def test_program_output_is_bit_identical_after_rewriting(program, expected_calls, tmp_path):
     original = FIXTURES / program
     instrumented = rewritten_copy(original, tmp_path)

@@ -7,6 +7,8 @@ import pytest
 
 from .conftest import MSPROBE_TENSOR_DUMP, api_of, run_precheck, verdicts
 
+pytestmark = pytest.mark.slow  # over 2 s a test: each test dumps and replays a model
+
 
 def flagged_apis(out):
     status, _ = verdicts(out)

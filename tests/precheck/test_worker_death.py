@@ -66,6 +66,7 @@ def _run_precheck_guarded(dump, out, *args, extra_path):
     return process.returncode, err
 
 
+@pytest.mark.slow  # over 2 s: `make check` leaves it to `make test`
 @pytest.mark.parametrize("killer, cause", [("sigkill", "signal 9"), ("exit_3", "status 3")])
 def test_a_dead_worker_ends_the_run_with_its_api_named(tmp_path, killer, cause):
     dump, catalogue = _dump_with_killer(tmp_path, killer)

@@ -25,6 +25,7 @@ def baselines(run_script, root):
 # mix collects both L0 and L1 and stays in the fast subset; L0 and L1 alone are slow (a fresh interpreter each)
 @pytest.mark.parametrize("level", [pytest.param("L0", marks=pytest.mark.slow),
                                    pytest.param("L1", marks=pytest.mark.slow), "mix"])
+@pytest.mark.slow  # over 2 s: `make check` leaves it to `make test`
 def test_bit_identical_with_collection(fixture, level, baselines, instrument, run_script, tmp_path):
     script = instrument(FIXTURES[fixture])
     dump = tmp_path / "dump"

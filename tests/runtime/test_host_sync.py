@@ -7,6 +7,8 @@ window, and none may come from the runtime's files at any time on the training t
 import os
 import textwrap
 
+import pytest
+
 DRIVER = textwrap.dedent('''
     import json, os, sys, threading
     sys.path.insert(0, sys.argv[1])
@@ -68,6 +70,7 @@ DRIVER = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow  # over 2 s: `make check` leaves it to `make test`
 def test_no_host_sync_during_forward_and_backward(instrument, run_script, tmp_path):
     instrument("fixtures/bignet/bignet.py")
     instrument("fixtures/nested_model/nested.py")

@@ -97,6 +97,7 @@ def test_a_cached_library_whose_bytes_changed_is_built_again_not_loaded(built, t
     assert (folder / LIBRARY).read_bytes() == good
 
 
+@pytest.mark.slow  # over 2 s: `make check` leaves it to `make test`
 def test_a_build_killed_midway_leaves_nothing_at_the_final_name(built, tmp_path):
     """The build ran in the final folder: one killed midway (a rank that torchrun kills) left half a library
     there. It runs in a private folder beside it, and nothing is at the final name until the build is whole;

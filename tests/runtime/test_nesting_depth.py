@@ -86,6 +86,7 @@ def _frames(tmp_path, rewritten):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # over 2 s: `make check` leaves it to `make test`
 def test_collected_nesting_costs_at_most_one_frame_a_level_more_than_plain(tmp_path):
     plain = _frames(tmp_path, rewritten=False)["off"]
     rewritten = _frames(tmp_path, rewritten=True)

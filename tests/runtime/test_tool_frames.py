@@ -21,6 +21,8 @@ import pytest
 import msprobe_rewrite
 import msprobe_runtime
 
+pytestmark = pytest.mark.slow  # over 2 s a test: its programs run under `run` and the hook in subprocesses
+
 ROOT = Path(__file__).resolve().parents[2]
 BIGNET = ROOT / "fixtures" / "bignet"
 TOOL_DIRS = (os.path.dirname(os.path.abspath(msprobe_rewrite.__file__)) + os.sep,

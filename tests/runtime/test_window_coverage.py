@@ -26,6 +26,7 @@ import pytest
 from .conftest import ROOT, rewrite_file
 
 pytest.importorskip("torch")
+pytestmark = pytest.mark.slow  # each test runs a program twice in subprocesses: over 2 s
 
 DRIVER = textwrap.dedent('''
     import collections, json, pathlib, sys, types
