@@ -51,7 +51,7 @@ class Options:
     catalogue: object = None
     cache: Optional[ResultCache] = None
     verify: bool = True         # refuse a rewritten file that does not compile
-    # A rewrite holds about 0.75 GB per MB of source, as libcst's tree does: past this size a file is skipped
+    # A rewrite holds libcst's tree, many times the source's size (size_limits): past this size a file is skipped
     # and said, never attempted. A restore reads up to size_limits.RESTORE_GROWTH times as much, and a rewrite
     # writes no more than that (size_limits says why). None: no limit
     max_bytes: Optional[int] = DEFAULT_MAX_BYTES

@@ -1,18 +1,18 @@
 """How large a file the CLI works on: the rewrite's limit (``--max-file-size``) and the restore's, derived from it.
 
-The limits exist for memory. A rewrite holds libcst's tree, about 0.75 GB per MB of source; a restore holds an
-``ast`` of the instrumented text, about 0.1 GB per MB of that text (bench/rewrite_memory.py, docs/benchmarks.md:
-220 MB for the 2.3 MB a 1 MB module rewrites to).
+The limits exist for memory. A rewrite holds libcst's tree, many times the size of its source; a restore holds
+an ``ast`` of the instrumented text, several times less per MB of that text (bench/rewrite_memory.py;
+docs/benchmarks.md, 'Memory of rewrite and restore').
 
-A restore reads what a rewrite wrote, and a rewrite writes more than it read: megatron-core's files grow up to
-1.26x, the benchmark's generated module 2.3x, and a chain of unary operators (``~~x``) up to 20x, each
-operator becoming ``__msprobe__.invert(...)``. Were the restore held to the rewrite's limit, a file rewritten
-within it could not be restored (a 1 MB module of the benchmark's kind becomes 2.3 MiB, past the default 2 MiB).
-So:
+A restore reads what a rewrite wrote, and a rewrite writes more than it read: megatron-core's files grow a
+little, the benchmark's generated module more than doubles, and a chain of unary operators (``~~x``) grows most,
+each operator becoming ``__msprobe__.invert(...)``. Were the restore held to the rewrite's limit, a file
+rewritten within it could not be restored (a 1 MB module of the benchmark's kind rewrites past the default
+2 MiB). So:
 
-- the restore's limit is ``RESTORE_GROWTH`` times the rewrite's. At 8x a restore holds about what a rewrite
-  may hold at its own limit (8 x 0.1 GB against 0.75 GB per MB of the limit), and it leaves room for any real
-  module's growth;
+- the restore's limit is ``RESTORE_GROWTH`` times the rewrite's. At that factor a restore holds about what a
+  rewrite may hold at its own limit (the two memories per MB of bench/rewrite_memory.py), and it leaves room
+  for any real module's growth;
 - a rewrite whose result would pass the restore's limit is not written (``rewritten_too_large``): whatever a
   rewrite with a given ``--max-file-size`` wrote, a restore with the same limit reads
   (tests/compiler/test_cli_faults.py, test_restore_reads_every_file_the_rewrite_wrote).

@@ -79,7 +79,8 @@ class _Observer:
 
     An object rather than a closure: a hook lives as long as the step's graph, and a closure with its cells
     was about ten objects for the garbage collector to carry into its oldest generation, where they brought
-    on full collections (about 90 ms each on the tiny GPT's heap) every few steps."""
+    on full collections, each a walk of the whole heap, every few steps (bench/gc_share.py; docs/benchmarks-log.md,
+    'Reading the figures')."""
 
     __slots__ = ("collector", "token", "where", "observe", "bound")
 
@@ -336,7 +337,8 @@ def hook_parameters(collector):
     listed = {}  # Collector.hooked_parameters
     # our own reads, not calls of the user's: with torch function handling on, each read of a parameter and each
     # registration would take a Python round trip through a mode pushed now (the session's, where start() is
-    # called from code that is not rewritten): 3 of the 5 us a parameter costs here on the tiny GPT
+    # called from code that is not rewritten), most of what hooking a parameter cost here (docs/benchmarks-log.md,
+    # 'Nothing of a step outlives it, a module's hooks in one call')
     with torch._C.DisableTorchFunction():
         for module, prefix in collector.modules.values():
             own = own_parameters(module)

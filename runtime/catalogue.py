@@ -98,7 +98,8 @@ def load_catalogue(extra_files: Iterable[str] = (), *, defaults: bool = True) ->
             raise CatalogueError(f"cannot read catalogue {path}: {error.strerror}") from error
         digest.update(raw)
         try:
-            # libyaml's loader where it is built in: the pure-Python one takes ~0.1 s for the catalogue.
+            # libyaml's loader where it is built in: the pure-Python one is many times slower on a catalogue
+            # this size, and every process that collects parses it.
             data = yaml.load(raw, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
         except yaml.YAMLError as error:
             raise CatalogueError(f"{path}: not valid YAML: {error}") from error

@@ -34,8 +34,9 @@ from .statistics import KIND_EMPTY, LATER, StatBuffer, tensor_kind
 
 logger = logging.getLogger("msprobe_runtime")
 
-# tensors remembered for reuse of their statistics (output of one call, input of the next); 8 read a few more
-# views again on the wide GPT (1 % of its step) but held more tensors alive: the MLP's L1 step took 0.6 ms more
+# tensors remembered for reuse of their statistics (output of one call, input of the next); 8 served a few more
+# views on the wide GPT but held more tensors alive, which cost the MLP's L1 step more than the wide GPT gained
+# (docs/benchmarks-log.md, 'The JSON out of the training process', views reused)
 _RECENT = 4
 _REUSE_MIN = 4096  # smaller tensors are cheaper to recompute than to look up
 
@@ -1098,7 +1099,7 @@ class Collector:
         ``detach``: the same block of memory, ``_place``) is served too, since no statistic depends on the
         order: views share their base's version counter, so one that moved is seen, and the remembered tensor
         keeps that memory from being freed and taken by another. On the wide GPT a third of the passes were
-        such views (megatron's transposes of activations and weights).
+        such views (megatron's transposes of activations and weights; docs/benchmarks-log.md, the wide GPT).
         """
         if t.numel() < self._reuse_min or t.is_inference():
             return compute(t, *args)

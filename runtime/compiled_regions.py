@@ -7,7 +7,7 @@ recompilations within a few steps, then run eagerly, with other numerics). Each 
 ``torch.compiler.substitute_in_graph``: Dynamo then traces the polyfill below in its place, and guards only on
 the entry's identity, which never changes (``shims``).
 
-Registration needs ``torch._dynamo``, which costs about a second to import, so it is never imported here: the
+Registration needs ``torch._dynamo``, whose import loads torch's compiler stack, so it is never imported here: the
 polyfills are registered at the runtime's import where Dynamo is loaded already, else as Dynamo's own import
 ends (``_WhenDynamoLoads``), and again at every ``start()``, ``stop()`` and ``step()`` (``register_if_loaded``),
 which also keeps Dynamo from compiling the frames of the runtime's modules loaded since. Nothing can have been

@@ -98,8 +98,8 @@ _SECTION_KEYS = {
                                "use 'msprobe-rewrite compare' on two dumps", neutral=(None, "")),
     # ours: exact NaN and Inf counts per floating tensor (msprobe has none). On by default: the native
     # statistics pass (native_stats.py) counts them at no measurable cost (a tensor is read a second time
-    # only where it holds a NaN or an Inf; docs/benchmarks.md). Where that op cannot be built the torch-op
-    # fallback pays two more passes per tensor; false turns them off.
+    # only where it holds a NaN or an Inf; docs/benchmarks-log.md, 'One fused pass per tensor'). Where that op
+    # cannot be built the torch-op fallback pays two more passes per tensor; false turns them off.
     "nan_inf_count": Key(OURS, "a bool, default true: exact NaN and Inf counts per floating tensor"),
 }
 

@@ -215,8 +215,9 @@ _AWAKE = 1.0   # seconds after a message during which this process naps rather t
 def _await(source, last):
     """Return once ``source`` (unbuffered) can be read, or ``_AWAKE`` after the ``last`` message came. Until then
     this process naps and looks rather than blocking in a read: a reader blocked on the pipe is woken by the
-    training thread's write, in that thread's time (about 20 us more per step's message on a 2-core VM, more
-    for a large one, which it reads in parts, each woken again); a napping one costs the writer nothing."""
+    training thread's write, in that thread's time (a wake-up per step's message, more for a large one, which
+    it reads in parts, each woken again; docs/benchmarks-log.md, 'The step's files sent once, and without waking
+    the writing process'); a napping one costs the writer nothing."""
     fd = source.fileno()
     while time.monotonic() - last < _AWAKE:
         try:

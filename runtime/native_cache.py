@@ -5,7 +5,7 @@ size and its sha256. A process loads the cached library only if it still matches
 copy of a home cut short by a full disk, a file system repaired after a crash, an edit) was loaded as it was,
 and a truncated library killed the training process with SIGBUS as soon as the loader touched a page past
 its end (tests/runtime/test_native_build_cache.py). The record and the library are opened without following a
-link; hashing the library (about 0.5 MB) costs about half a millisecond.
+link; hashing the library is small next to the import it guards, and done once per process.
 
 A build runs in a private folder beside its final one (``building_folder``) and is renamed into place whole,
 library and record together (``publish``): the final name never holds half a build, and a build killed midway

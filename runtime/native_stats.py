@@ -9,21 +9,22 @@ Without a compiler or ninja, ``load`` warns once and returns None, and ``statist
 torch-op path.
 
 When it is built: ``load`` is called when a ``StatBuffer`` is made, that is at the debugger's first ``start()``,
-before any record of the run, and it blocks there, with one log line saying so (measured: 38-50 s for the
-first build on two busy cores; 1 ms to import a cached one). A build in a background thread, with the
-torch-op path until it is ready, was rejected: the two paths round Mean and Norm differently in the last
-float32 bit (Max, Min and the counts are equal), and which steps used which would depend on timing, so two
-identical runs could write different dumps. Here a run uses one path from its first record to its last.
+before any record of the run, and it blocks there, with one log line saying so (a first build runs the C++ compiler,
+a cached one is only imported: docs/benchmarks-log.md, 'One fused pass per tensor'). A build in a background thread,
+with the torch-op path until it is ready, was rejected: the two paths round Mean and Norm differently in the last
+float32 bit (Max, Min and the counts are equal), and which steps used which would depend on timing, so two identical
+runs could write different dumps. Here a run uses one path from its first record to its last.
 A build runs in a private folder and is renamed into place whole, its ``ready`` marker recording the library's
 size and sha256 (``native_cache``): later processes import the library without a lock, and only while it
 still matches the record. Concurrent ranks of one machine build once, the others waiting on a lock that the
 kernel releases if its holder dies.
 
-The loop (``native/stats_op.cpp``): 16 float lanes that -O3 vectorises (a plain scalar loop is about 7 times slower than
-torch's four ops, because float reductions are not reassociated without explicit lanes); sums and sums of
-squares (each squared in float, as torch squares it) accumulate in double lanes, so a 100 M-element tensor's
-mean stays accurate to far better than float32 rounding, while a sum past float's range is inf, as torch's
-float accumulators make it; Max and Min skip NaN (``v > m ? v : m``) and become NaN when the sum of squares is NaN, which happens
+The loop (``native/stats_op.cpp``): 16 float lanes that -O3 vectorises (a plain scalar loop is slower than torch's
+four ops, because float reductions are not reassociated without explicit lanes: bench/statistics_pass.py times the
+op against them); sums and sums of squares (each squared in float, as torch squares it) accumulate in double lanes,
+so a 100 M-element tensor's mean stays accurate to far better than float32 rounding, while a sum past float's range
+is inf, as torch's float accumulators make it; Max and Min skip NaN (``v > m ? v : m``) and become NaN when the sum
+of squares is NaN, which happens
 exactly when a NaN is present (as ``torch.amax`` propagates NaN). The NaN and Inf counts cost nothing on a
 clean tensor: a block's sum of squares is finite when the block holds no NaN, no Inf and no value past
 1.8e19 (whose float square is inf), and only a block whose sum is not finite is read a second time to

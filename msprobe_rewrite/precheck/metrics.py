@@ -115,8 +115,8 @@ def measure(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype,
 
 
 def _measure_normal(a: torch.Tensor, g: torch.Tensor, dtype: torch.dtype, want) -> Optional[Dict[str, float]]:
-    """The usual case, every element finite, with the cheapest reductions (a sum or a dot product is an order
-    of magnitude faster than a max over |x| on the CPU) and one mask, of the small region; None when the
+    """The usual case, every element finite, with the cheapest reductions (a sum or a dot product is much
+    faster than a max over |x| on the CPU) and one mask, of the small region; None when the
     general path (NaN, Inf, overflow) is needed."""
     n = g.numel()
     golden64 = g
@@ -163,7 +163,7 @@ def _measure_normal(a: torch.Tensor, g: torch.Tensor, dtype: torch.dtype, want) 
     if ulp is not None and want("ulp_err_proportion"):
         min_exponent, mantissa, bound = ulp
         exponent = (torch.frexp(g).exponent - 1).clamp_(min=min_exponent)
-        # |err| * 2**(mantissa - exponent); exp2 on floats is twice as fast as ldexp on the CPU
+        # |err| * 2**(mantissa - exponent); exp2 on floats is faster than ldexp on the CPU
         ulp_err = err.abs_().mul_(torch.exp2((mantissa - exponent).to(err.dtype)))
         out["mean_ulp_err"] = float(ulp_err.sum()) / n
         out["max_ulp_err"] = float(ulp_err.max())
