@@ -22,9 +22,11 @@ demo: setup
 	$(BIN)/python -m fixtures.demo
 
 check: setup
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 test: setup
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 bench: setup

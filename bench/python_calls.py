@@ -2,7 +2,8 @@
 
 A step's host time on this machine varies by 10-50 % from minute to minute (a shared 2-core VM), more than a
 change to the per-entry path moves it; the number of Python functions the runtime enters is the same in
-every run, within a dozen calls (where the step's flush meets its writing process). One steady training step (after ``--warmup`` steps, called from the same line, so that its call
+every run, within a dozen calls (where the step's flush meets its writing process). One steady training step (after
+``--warmup`` steps, called from the same line, so that its call
 stacks are those of the steps before) is counted with ``sys.setprofile``: every Python function entered
 (``call``), and every builtin called (``c_call``), split into the runtime's own and the rest (megatron,
 torch's Python). Each variant's figures are given per recorded entry (the entries of that step's dump.json)

@@ -3,7 +3,8 @@
 A cache file lives where ``importlib.util.cache_from_source`` puts the normal one (so ``sys.pycache_prefix``
 and ``-O`` levels are honoured), under a tag of its own (``mod.cpython-311.msprobe-rewrite.pyc``), and holds
 a header and the marshalled code. The header carries a key: a hash of the source bytes, the package the
-module is imported in, the tool version and the catalogue and options. Validity is decided by content, never by modification time, so an edit within
+module is imported in, the tool version and the catalogue and options. Validity is decided by content, never by
+modification time, so an edit within
 the same second is picked up. Files are written atomically (``atomic.write_atomic``: a temporary file of a
 name no one can guess, opened exclusively, then ``os.replace``), so two processes importing the same cold
 package at once both leave a valid file and a link planted beside the cache is never written through;

@@ -6,7 +6,8 @@ everything else the result depends on: the tool version, a fingerprint of the co
 editable install keeps its version number while its code changes), the libcst version and the catalogue
 digest. Entries are written atomically and carry a checksum of their payload, so a truncated or corrupt
 entry reads as a miss. Each salt gets its own folder (a generation); only the most recently used
-``KEEP_GENERATIONS`` are kept, so an editable install that changes on every edit does not fill the disk. Any error of the cache itself disables it for the rest of the run: it must never
+``KEEP_GENERATIONS`` are kept, so an editable install that changes on every edit does not fill the disk. Any error of
+the cache itself disables it for the rest of the run: it must never
 be why a rewrite fails.
 """
 from __future__ import annotations

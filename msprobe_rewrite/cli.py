@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
         "or that --restore left instrumented). A folder named like a command can be given as ./NAME.", 100)
     parser = argparse.ArgumentParser(
         prog=PROG,
-        usage=f"%(prog)s [options] PATH [PATH ...]\n       %(prog)s COMMAND [arguments]",
+        usage="%(prog)s [options] PATH [PATH ...]\n       %(prog)s COMMAND [arguments]",
         description="Instrument PyTorch call sites in Python source trees for precision debugging.",
         epilog=f"{_commands_overview()}\n\n{exit_status}",
         formatter_class=argparse.RawDescriptionHelpFormatter,

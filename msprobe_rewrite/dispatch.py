@@ -8,7 +8,7 @@ rewrite would change (names, literals, whitespace, punctuation, imports). Their 
 """
 from __future__ import annotations
 
-from typing import Dict, FrozenSet, Optional, Tuple, Type
+from typing import Dict, FrozenSet, Optional, Tuple
 
 import libcst as cst
 

@@ -1,7 +1,8 @@
 """Cold-cache prefetch for the import hook: spare cores rewrite the modules an import is about to need.
 
 The first cache miss inside a hooked package starts a few low-priority worker processes (this module's
-``main``, also ``python -m msprobe_rewrite.prefetch``, reading a job as JSON on stdin). Each reads the static imports of the module being imported and of
+``main``, also ``python -m msprobe_rewrite.prefetch``, reading a job as JSON on stdin). Each reads the static imports of
+the module being imported and of
 everything they reach inside the hooked packages (with ``ast``; no user code runs), in the order Python will
 import them, and writes the instrumented bytecode cache for those files, working from the far end of that
 order so that it meets the importing process instead of racing it for the same file.

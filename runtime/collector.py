@@ -23,7 +23,8 @@ from .compiled_regions import POLYFILLED as _POLYFILLED
 from .module_tracking import ObserveMode, instrumented_globals, mode_active, on_top
 from .module_tracking import tracing as _tracing
 from .switches import switched_on
-from .foreign import (BOUND_METHOD_TYPES, bound_self, children, class_attribute, defines_before, is_subclass, key_text, mapping_items, method_name,
+from .foreign import (BOUND_METHOD_TYPES, bound_self, children, class_attribute, defines_before, is_subclass, key_text,
+                      mapping_items, method_name,
                       own_parameters, sequence_items, type_name)
 from .records import TensorRecord, describe_builtin
 from .selection import Selection

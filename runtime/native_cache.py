@@ -10,7 +10,8 @@ link; hashing the library is small next to the import it guards, and done once p
 A build runs in a private folder beside its final one (``building_folder``) and is renamed into place whole,
 library and record together (``publish``): the final name never holds half a build, and a build killed midway
 leaves only its private folder (a few MB, left there: no process can tell it from the folder of a build still
-running on another machine that shares the cache). Processes of one machine take ``build_lock`` to build once; where another
+running on another machine that shares the cache). Processes of one machine take ``build_lock`` to build once; where
+another
 build got there first anyway (machines sharing a cache), the one in place is checked and kept.
 """
 from __future__ import annotations

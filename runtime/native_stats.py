@@ -40,14 +40,16 @@ GIL back and forth with the writer thread can only delay the training thread.
 
 The op also makes the records themselves (``Recorder.records``, through ``StatBuffer.native_recorder``): a
 call's arguments or outputs, a tuple or list, in one call, each plain tensor it serves as
-the record tuple that ``json_files.native_json`` reads, None and exact bool, int, float and str as their records; it looks at
+the record tuple that ``json_files.native_json`` reads, None and exact bool, int, float and str as their records; it
+looks at
 each value's type only and leaves anything else to the collector's Python. For tensors of 4 096 elements or
 more it keeps ``Collector._reuse``'s table and rule itself (the last 4 read; the same tensor or the same block
 of memory, at the same version counter), so a tensor and its views are recorded without a Python step.
 
 float32, float16 and bfloat16 go through the op; the ``Recorder`` also records bool and signed or 8-bit
 unsigned integer CPU tensors (Max and Min, or ``any`` and ``all``, in one pass of its own: their Mean and
-Norm are null); float64 and the other integer types keep the torch ops. CUDA and NPU tensors keep the torch-op path (a Triton kernel is not written yet).
+Norm are null); float64 and the other integer types keep the torch ops. CUDA and NPU tensors keep the torch-op path (a
+Triton kernel is not written yet).
 
 The ``Recorder`` also runs the collector's backward hooks where it serves (``Collector.native_backward``): an
 API's post-hooks on its outputs' ``grad_fn`` (``hook_api``), and a module call's tensor hooks and the post-hooks

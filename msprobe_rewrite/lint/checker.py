@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
 
 from msprobe_runtime.catalogue import Catalogue
 
@@ -18,7 +18,7 @@ from ..kernels import is_kernel_decorator
 from ..markers import SKIP_FILE_MARKER, SKIP_MARKER, package_of
 from ..resolver import API, UNKNOWN, Resolver, qualify
 from ..decisions import frozen_ast_parts
-from ..scopes import Binding, ModuleScopes, Scope, absolute_module, callee_path, collect_scopes
+from ..scopes import ModuleScopes, Scope, absolute_module, callee_path, collect_scopes
 from .noqa import is_suppressed
 
 # Roots of the modules whose import makes unresolved calls worth counting (MSP901).

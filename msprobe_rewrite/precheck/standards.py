@@ -38,9 +38,10 @@ equal fill_ flatten floor floor_ gather greater greater_ greater_equal greater_e
 less_ less_equal less_equal_ logical_and logical_and_ logical_not logical_not_ logical_or logical_or_ masked_fill
 masked_fill_ max_pool3d maximum minimum neg neg_ nonzero not_equal not_equal_ one_hot pad relu relu_ reshape
 round round_ select sign sign_ sort tile topk transpose transpose_ tril tril_ triu triu_ type_as view permute
-contiguous __getitem__ clone expand t unsqueeze squeeze cat stack split chunk narrow""".split()) | _operator_dunders("neg")
-ULP_APIS = _operator_dunders("matmul") | frozenset("""addbmm addbmm_ addmm addmm_ baddbmm baddbmm_ bilinear bmm chain_matmul
-hspmm linear matmul mm mv smm sspaddmm""".split())
+contiguous __getitem__ clone expand t unsqueeze squeeze cat stack split chunk narrow""".split()) | \
+    _operator_dunders("neg")
+ULP_APIS = _operator_dunders("matmul") | frozenset("""addbmm addbmm_ addmm addmm_ baddbmm baddbmm_ bilinear bmm
+chain_matmul hspmm linear matmul mm mv smm sspaddmm""".split())
 
 # standard_config.py, keyed by dtype name; float64 (a float64 device) gets thresholds in the same spirit
 _SMALL_VALUE = {"torch.float16": 2 ** -10, "torch.bfloat16": 2 ** -10, "torch.float32": 2 ** -20,
@@ -169,9 +170,10 @@ def _ulp_row(dtype, device, cpu) -> Row:
     if _key(dtype) == "torch.float32" and device["mean_ulp_err"] < FP32_MEAN_ULP_BOUND:
         passed = True
     ratio = proportion / reference if reference > 0 else (0.0 if proportion == 0 else math.inf)
+    proportion_floor = FP32_ULP_PROPORTION if _key(dtype) == "torch.float32" else HALF_ULP_PROPORTION
     return _row("ulp_err_proportion", proportion, cpu.get("ulp_err_proportion"), ratio,
                 f"mean ulp < {FP32_MEAN_ULP_BOUND:g} (float32) or proportion <= max({ULP_FACTOR:g} x cpu, "
-                f"{limit if not reference else (FP32_ULP_PROPORTION if _key(dtype) == 'torch.float32' else HALF_ULP_PROPORTION):g})",
+                f"{limit if not reference else proportion_floor:g})",
                 PASS if passed else ERROR)
 
 

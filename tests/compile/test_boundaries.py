@@ -5,7 +5,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import torch._dynamo  # noqa: E402
+import torch._dynamo  # noqa: E402, F811  (binds torch again, as importorskip did)
 from torch._dynamo.utils import counters  # noqa: E402
 from torch.nn.modules import module as nn_module  # noqa: E402
 

@@ -1,17 +1,17 @@
 """Every runtime entry point, inside a function Dynamo traces, is the plain operation: a rewritten function
 that uses every form of the contract compiles as one graph with no break, collecting or not, and switching
-collection on and off recompiles nothing (Dynamo guards on no state of ours). Compiled with the ``eager`` backend, in this process: the
+collection on and off recompiles nothing (Dynamo guards on no state of ours). Compiled with the ``eager`` backend, in
+this process: the
 graphs are Dynamo's, the arithmetic is the original's, bit for bit."""
 import glob
 import json
-import os
 
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("libcst")
 
-import torch._dynamo  # noqa: E402
+import torch._dynamo  # noqa: E402, F811  (binds torch again, as importorskip did)
 from torch._dynamo.utils import counters  # noqa: E402
 
 import msprobe_runtime  # noqa: E402

@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("libcst")
 
-import torch._dynamo  # noqa: E402
+import torch._dynamo  # noqa: E402, F811  (binds torch again, as importorskip did)
 
 from msprobe_runtime import PrecisionDebugger  # noqa: E402
 

@@ -6,7 +6,6 @@ Dynamo compiles the same (frames, graph breaks: megatron's 16 are its own, graph
 call's boundary entry, forward and backward, every step, the eager calls around it, and at mix every parameter's
 gradient; nothing from inside the compiled model."""
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path

@@ -14,7 +14,6 @@ import shutil
 import stat
 import subprocess
 import sys
-import textwrap
 
 import pytest
 

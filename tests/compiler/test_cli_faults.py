@@ -385,7 +385,8 @@ def test_a_file_past_the_size_limit_is_skipped_and_named_never_parsed(tmp_path, 
 
     parsed = []
     real = api.rewrite_source
-    monkeypatch.setattr(api, "rewrite_source", lambda source, *a, **k: parsed.append(len(source)) or real(source, *a, **k))
+    monkeypatch.setattr(api, "rewrite_source",
+                        lambda source, *a, **k: parsed.append(len(source)) or real(source, *a, **k))
     big = b"import torch\n" + b"y = torch.relu(x)\n" * 70000  # 1.2 MiB
     (tmp_path / "big.py").write_bytes(big)
     (tmp_path / "small.py").write_bytes(b"import torch\ny = torch.relu(x)\n")

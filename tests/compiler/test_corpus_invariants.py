@@ -9,7 +9,8 @@ every def/class keeps its name and line, and every name of the original is still
 
 A file Python itself rejects (the standard library's intentionally broken test data) must be refused with
 ``RewriteError``, never crash; only errors that Python's parser lets through and its compiler finds (a
-misplaced ``from __future__`` import) may be rewritten instead, and then must still restore exactly. A valid file the compiler refuses must be refused for one of the reasons listed
+misplaced ``from __future__`` import) may be rewritten instead, and then must still restore exactly. A valid file the
+compiler refuses must be refused for one of the reasons listed
 in ``KNOWN_REFUSALS``; anything else fails, so a new kind of refusal is looked at rather than hidden.
 
 The corpora are large (about 2,200 files), so files are checked in a process pool inside the test, and

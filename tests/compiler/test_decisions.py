@@ -32,7 +32,8 @@ def test_every_zone_names_real_nodes_and_fields(zone):
     ("x", decisions.NOT_LITERAL), ("1", decisions.NUMBER), ("1.5", decisions.NUMBER), ("2j", decisions.NUMBER),
     ("'s'", decisions.TEXT), ("b's'", decisions.TEXT), ("'a' 'b'", decisions.TEXT), ("f'{x}'", decisions.TEXT),
     ("None", decisions.CONSTANT), ("True", decisions.CONSTANT), ("False", decisions.CONSTANT),
-    ("...", decisions.ELLIPSIS), ("-1", decisions.NOT_LITERAL), ("(1)", decisions.NUMBER), ("x.y", decisions.NOT_LITERAL),
+    ("...", decisions.ELLIPSIS), ("-1", decisions.NOT_LITERAL), ("(1)", decisions.NUMBER),
+    ("x.y", decisions.NOT_LITERAL),
 ])
 def test_both_walkers_read_the_same_literal_kind(text, kind):
     assert literal_kind(cst.parse_expression(text)) == kind

@@ -373,8 +373,9 @@ def test_run_script_behaves_like_python(tree):
 
 
 def test_run_module_behaves_like_python_dash_m(tree):
-    write_tree(tree, {"mypkg/__main__.py": SCRIPT.replace("import helper\n", "from mypkg import f as helper_f\n")
-                      .replace('"__msprobe__" in helper.double.__code__.co_names', '"__msprobe__" in helper_f.__code__.co_names')})
+    script = SCRIPT.replace("import helper\n", "from mypkg import f as helper_f\n").replace(
+        '"__msprobe__" in helper.double.__code__.co_names', '"__msprobe__" in helper_f.__code__.co_names')
+    write_tree(tree, {"mypkg/__main__.py": script})
     result = subprocess.run([sys.executable, "-m", "msprobe_rewrite", "run", "-m", "mypkg", "x"], cwd=tree,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 7, result.stderr

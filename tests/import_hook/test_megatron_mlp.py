@@ -33,7 +33,8 @@ def test_mlp_under_the_hook_with_collection_is_bit_identical(tmp_path, gated, fu
     assert len(plain) == 6 and hooked == plain
     data = json.loads(next(dump.glob("step0/*/dump.json")).read_text())["data"]
     for entry in (f"{fused_api}.0.forward", f"{fused_api}.0.backward",
-                  "Module.linear_fc1.ColumnParallelLinear.forward.0", "Module.linear_fc1.ColumnParallelLinear.backward.0",
+                  "Module.linear_fc1.ColumnParallelLinear.forward.0",
+                  "Module.linear_fc1.ColumnParallelLinear.backward.0",
                   "Module.linear_fc2.RowParallelLinear.forward.0", "Module.linear_fc2.RowParallelLinear.backward.0",
                   "Module.linear_fc1.ColumnParallelLinear.parameters_grad.0"):
         assert entry in data, sorted(data)

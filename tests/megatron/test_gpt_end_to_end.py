@@ -102,7 +102,8 @@ def test_rewritten_megatron_trains_bit_identically_with_a_mix_dump(megatron_copy
                 apis = [name for name in data if not name.startswith("Module.") and name.endswith(direction)
                         and inside(name, module_class)]
                 # megatron's linear layers compute inside a custom autograd.Function (no API backward of its own)
-                if module_class in ("SelfAttention", "DotProductAttention", "MLP", "LayerNorm") or direction == "forward":
+                if (module_class in ("SelfAttention", "DotProductAttention", "MLP", "LayerNorm")
+                        or direction == "forward"):
                     assert apis, f"no {direction} API inside {module_class}"
         for name in ("Torch.baddbmm.0", "Functional.softmax.0", "Functional.layer_norm.0", "Torch.matmul.0"):
             assert f"{name}.forward" in data, name
@@ -166,7 +167,8 @@ def coverage(oracle_steps, dump):
                         by_design[f"{name} in a @jit_fuser body ({_relative(path)}:{line})"] += count - take
                     elif name == "Tensor.view_as" and ".apply(" in Path(path).read_text().splitlines()[lineno - 1]:
                         # torch's C++ autograd.Function.apply returns an input as a view: no source line calls it
-                        by_design[f"{name} by torch's autograd.Function.apply ({_relative(path)}:{line})"] += count - take
+                        site = f"{name} by torch's autograd.Function.apply ({_relative(path)}:{line})"
+                        by_design[site] += count - take
                     else:
                         missed[f"{name} at {_relative(path)}:{line}"] += count - take
     return seen, recorded, missed, by_design

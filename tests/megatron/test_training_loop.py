@@ -15,7 +15,8 @@ compiled by inductor in the fused configuration).
 
 Two configurations: overlap_grad_reduce on with full recompute and megatron-core's optimizer, and overlap off
 with selective recompute and AdamW. A mix run of each with every statistic read afresh (MSPROBE_STATS_REUSE=0)
-gives the same dump as the run that serves some again. The ten rewritten runs and the two unmodified baselines run two at a time
+gives the same dump as the run that serves some again. The ten rewritten runs and the two unmodified baselines run two
+at a time
 (50 to 75 s on 2 cores, plus the rewritten copy of megatron-core, which tests/conftest.py makes once per session:
 about 20 s cold).
 """
@@ -248,7 +249,8 @@ def test_parameters_grad_taken_from_main_grad(runs, config, level):
         for key, (g_max, g_min, g_mean, g_norm) in collected["stats"][step].items():
             chunk, name = key.split("/", 1)
             path, param = name.rsplit(".", 1)
-            pattern = re.compile(rf"Module\.{chunk}\.{re.escape(path)}\.[A-Za-z_][A-Za-z0-9_]*\.parameters_grad\.(\d+)$")
+            pattern = re.compile(
+                rf"Module\.{chunk}\.{re.escape(path)}\.[A-Za-z_][A-Za-z0-9_]*\.parameters_grad\.(\d+)$")
             entries = sorted((int(m.group(1)), n) for n in data if (m := pattern.match(n)) and param in data[n])
             assert [index for index, _ in entries] == list(range(MICROBATCHES)), (step, key, entries)
             record = data[entries[-1][1]][param]

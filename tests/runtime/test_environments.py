@@ -1,8 +1,6 @@
 """Where the runtime runs: import purity, two gloo ranks, and the NPU path through a fake torch_npu."""
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest

@@ -1,10 +1,10 @@
 """No host sync from the runtime during forward and backward.
 
 Tensor.item, .cpu, .tolist, .numpy, __bool__, __float__ and __int__ are wrapped (in a fresh interpreter) while
-instrumented models step with collection at every level, task and summary_mode (md5 and fingerprint too); no call may happen inside the forward+backward
+instrumented models step with collection at every level, task and summary_mode (md5 and fingerprint too); no call may
+happen inside the forward+backward
 window, and none may come from the runtime's files at any time on the training thread.
 """
-import os
 import textwrap
 
 import pytest

@@ -379,10 +379,12 @@ def test_dump_equal_on_every_dtype(native, monkeypatch, tmp_path):
                torch.randn(4).as_subclass(_Subclass), torch.randn(6000).half()]
     # integers and bools read by the op's own loop: broadcast, transposed, strided, at their type's limits
     inputs += [torch.arange(16).unsqueeze(0).expand(2, 16), torch.randint(-9, 9, (6, 5), dtype=torch.int16).t(),
-               torch.arange(40)[::3], torch.tensor([-2 ** 31, 2 ** 31 - 1], dtype=torch.int32), torch.tensor([2 ** 53, -7]),
+               torch.arange(40)[::3], torch.tensor([-2 ** 31, 2 ** 31 - 1], dtype=torch.int32),
+               torch.tensor([2 ** 53, -7]),
                torch.tensor(-3, dtype=torch.int8),
                torch.tensor([True, True]), torch.tensor([False, False]), torch.tensor(False),
-               torch.tril(torch.ones(1, 1, 16, 16)).expand(2, 1, 16, 16) < 0.5, torch.tensor([255, 0], dtype=torch.uint8)]
+               torch.tril(torch.ones(1, 1, 16, 16)).expand(2, 1, 16, 16) < 0.5,
+               torch.tensor([255, 0], dtype=torch.uint8)]
     mine = _dump(tmp_path, "native", inputs)
     monkeypatch.setattr(native_stats, "load", lambda: None)
     theirs = _dump(tmp_path, "fallback", inputs)

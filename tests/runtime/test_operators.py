@@ -6,7 +6,6 @@ import glob
 import importlib.util
 import json
 import operator
-import os
 
 import pytest
 
