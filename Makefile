@@ -23,10 +23,12 @@ demo: setup
 
 check: setup
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 test: setup
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 bench: setup

@@ -13,7 +13,7 @@ records less than an observed one (``-x`` is ``Tensor.neg``, ``x /= y`` is ``Ten
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import Dict, Mapping, NamedTuple, Optional, Tuple
 
 BINARY = "binary"
 COMPARISON = "comparison"
@@ -35,19 +35,21 @@ class Operator(NamedTuple):
     nb_name: Optional[str] = None      # the binary operator's name in ``dis._nb_ops`` (NB_ADD -> "ADD")
 
 
-def _binary(entry, spelling, ast_node, cst_node, dunder, reflected, reported, reported_reflected, nb_name):
+def _binary(entry: str, spelling: str, ast_node: str, cst_node: str, dunder: str, reflected: str, reported: str,
+            reported_reflected: str, nb_name: str) -> Operator:
     return Operator(entry, BINARY, spelling, ast_node, cst_node, dunder, reflected, reported, reported_reflected,
                     nb_name)
 
 
-def _augmented(entry, binary, cst_node, dunder, reported):
+def _augmented(entry: str, binary: Operator, cst_node: str, dunder: str, reported: str) -> Operator:
     # AugAssign's ast op is the binary operator's class; a scalar target (`s += t`) has no in-place method,
     # so Python falls back to the tensor's reflected one
     return Operator(entry, AUGMENTED, binary.spelling + "=", binary.ast_node, cst_node, dunder, binary.reflected,
                     reported, binary.reported_reflected)
 
 
-def _comparison(entry, spelling, ast_node, cst_node, dunder, mirrored, reported, reported_reflected):
+def _comparison(entry: str, spelling: str, ast_node: str, cst_node: str, dunder: str, mirrored: str, reported: str,
+                reported_reflected: str) -> Operator:
     # `2 < t` reaches the tensor's mirrored comparison, `t > 2`
     return Operator(entry, COMPARISON, spelling, ast_node, cst_node, dunder, mirrored, reported, reported_reflected)
 
@@ -108,15 +110,15 @@ TABLE = _BINARY_ROWS + (
 
 
 
-def rows(*kinds):
+def rows(*kinds: str) -> Tuple[Operator, ...]:
     """The rows of the given kinds, in table order."""
     return tuple(row for row in TABLE if row.kind in kinds)
 
 
-def dump_names(tensor_methods):
+def dump_names(tensor_methods: Mapping[str, str]) -> Dict[str, Tuple[Optional[str], Optional[str]]]:
     """``entry -> (name for a tensor left operand, name for a scalar left and tensor right operand)``, each
     the first catalogued candidate (``tensor_methods``: method name -> ``Tensor.<method>``), or None."""
-    def first(*candidates):
+    def first(*candidates: Optional[str]) -> Optional[str]:
         for method in candidates:
             if method is not None and method in tensor_methods:
                 return tensor_methods[method]

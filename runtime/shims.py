@@ -12,25 +12,26 @@ traces, each entry is traced as the plain operation it forwards to (``compiled_r
 from __future__ import annotations
 
 import operator as _op
+from typing import Any, Callable, Dict
 
 from . import operators
 
 _collector = None  # set by the debugger while it collects (attach/detach); None means forward only
 
 
-def attach(collector):
+def attach(collector: Any) -> None:
     """Route the entries to ``collector`` (``start()``)."""
     global _collector
     _collector = collector
 
 
-def detach():
+def detach() -> None:
     """Forward only (``stop()``)."""
     global _collector
     _collector = None
 
 
-def call(api_name, fn, /, *args, **kwargs):
+def call(api_name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
     """A call whose callee resolved statically to the catalogued API ``api_name``."""
     if _collector is None:
         return fn(*args, **kwargs)
@@ -48,7 +49,7 @@ MODULE_CALL = object()  # a module called through nn.Module's own __call__ (``_w
 FOREIGN_CALL = object()
 
 
-def dyn(fn, /, *args, **kwargs):
+def dyn(fn: Any, /, *args: Any, **kwargs: Any) -> Any:  # any callable: a module, a class, a function
     """A call whose callee is known only at run time."""
     collector = _collector
     if collector is None:
@@ -71,14 +72,14 @@ def dyn(fn, /, *args, **kwargs):
     return result
 
 
-def truth(value, /):
+def truth(value: object, /) -> bool:
     """``bool(value)`` for a truth test (``if value:``), recorded while collecting."""
     if _collector is None or type(value) is bool:  # a bool is never recorded (most tests: 561 of 567 a step
         return bool(value)                           # on the tiny GPT), and costs no second frame
     return _collector.truth(value)
 
 
-def builtin(fn, /):
+def builtin(fn: Callable[..., Any], /) -> Callable[..., Any]:
     """The callee of ``fn(...)`` where ``fn`` is a builtin that runs tensor methods (``zip``, ``sum``, ``abs``:
     ``operators.OBSERVED_BUILTINS``): ``fn`` itself, or while collecting, ``fn`` to be called with the observing
     mode on. The callee is wrapped, not the call, so that ``sum(x for x in y)`` keeps its bare generator."""
@@ -87,7 +88,7 @@ def builtin(fn, /):
     return _collector.builtin(fn)
 
 
-def iterate(value, /):
+def iterate(value: Any, /) -> Any:
     """The value a ``for`` loop, a comprehension or an unpacking assignment iterates: ``value`` itself, or
     while collecting, for a tensor, its iterator made as the plain run makes it (``Tensor.unbind`` recorded)."""
     if _collector is None:
@@ -95,7 +96,7 @@ def iterate(value, /):
     return _collector.iterate(value)
 
 
-def iterate_unpacked(value, /):
+def iterate_unpacked(value: Any, /) -> Any:
     """As ``iterate``, for a ``for`` target that unpacks each item (``for a, b in t``): while collecting, each
     tensor item is handed on as its iterator, made as the plain run's unpacking makes it."""
     if _collector is None:
@@ -103,8 +104,8 @@ def iterate_unpacked(value, /):
     return _collector.iterate_unpacked(value)
 
 
-def _binary(name, python_op):
-    def shim(a, b, /):
+def _binary(name: str, python_op: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    def shim(a: Any, b: Any, /) -> Any:
         if _collector is None:
             return python_op(a, b)
         return _collector.operator(name, python_op, a, b)
@@ -114,8 +115,8 @@ def _binary(name, python_op):
     return shim
 
 
-def _unary(name, python_op):
-    def shim(a, /):
+def _unary(name: str, python_op: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def shim(a: Any, /) -> Any:
         if _collector is None:
             return python_op(a)
         return _collector.operator(name, python_op, a)
@@ -125,7 +126,7 @@ def _unary(name, python_op):
     return shim
 
 
-OPERATOR_ENTRIES = {}  # entry name -> shim, one per row of the operator table but the subscript store
+OPERATOR_ENTRIES: Dict[str, Callable[..., Any]] = {}  # entry name -> shim, one per row of the operator table but the subscript store
 for _row in operators.rows(operators.BINARY, operators.COMPARISON, operators.AUGMENTED):
     OPERATOR_ENTRIES[_row.entry] = globals()[_row.entry] = _binary(_row.entry, getattr(_op, _row.entry))
 for _row in operators.rows(operators.UNARY):
@@ -138,7 +139,7 @@ class _Ref:
 
     __slots__ = ("container", "key", "value", "is_item")
 
-    def __init__(self, container, key, value, is_item):
+    def __init__(self, container: Any, key: Any, value: Any, is_item: bool) -> None:
         self.container = container
         self.key = key
         self.value = value
@@ -148,19 +149,19 @@ class _Ref:
 class _ItemLoader:
     __slots__ = ("container",)
 
-    def __init__(self, container):
+    def __init__(self, container: Any) -> None:
         self.container = container
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: Any) -> _Ref:
         container = self.container
         return _Ref(container, key, container[key], True)
 
-    def __setitem__(self, key, value):
+    def __setitem__(self, key: Any, value: Any) -> None:
         """``item(obj)[k] = v``: the store ``obj[k] = v`` (Python has already evaluated v, obj, k in order)."""
         store(self.container, key, value)
 
 
-def store(container, key, value, /):
+def store(container: Any, key: Any, value: Any, /) -> None:
     """``container[key] = value``, recorded while collecting (``Tensor.__setitem__``)."""
     if _collector is None:
         container[key] = value
@@ -168,18 +169,18 @@ def store(container, key, value, /):
         _collector.operator("setitem", _op.setitem, container, key, value)
 
 
-def attr(obj, name, /):
+def attr(obj: Any, name: str, /) -> _Ref:
     """Load ``obj.name`` for ``obj.name op= value``."""
     return _Ref(obj, name, getattr(obj, name), False)
 
 
-def item(obj, /):
+def item(obj: Any, /) -> _ItemLoader:
     """``item(obj)[k]`` loads ``obj[k]`` for ``obj[k] op= value``, and ``item(obj)[k] = v`` stores; the
     subscript keeps its own syntax."""
     return _ItemLoader(obj)
 
 
-def aug(ref, op_name, value, /):
+def aug(ref: _Ref, op_name: str, value: Any, /) -> None:
     """Finish ``target op= value``: the in-place operation, then the store, as Python does."""
     result = OPERATOR_ENTRIES[op_name](ref.value, value)
     if ref.is_item:

@@ -7,7 +7,7 @@ config (tests/test_import_graph.py).
 import os
 
 
-def switched_on(name, default="1"):
+def switched_on(name: str, default: str = "1") -> bool:
     """Whether the environment's on/off switch ``name`` is on: it is, unless set to 0, false, no or off (or unset,
     where ``default`` is "0")."""
     return os.environ.get(name, default).strip().lower() not in ("0", "false", "no", "off")
