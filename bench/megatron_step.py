@@ -215,7 +215,9 @@ def run_in_rewritten_copy(script, options, what):
     try:
         rewritten_copy(copy)
         # eager, as step_factory says why
-        env = {**os.environ, "PYTHONWARNINGS": "ignore", "TORCHDYNAMO_DISABLE": "1", "PYTHONPATH": copy}
+        # the caller's PYTHONPATH after the copy: the runtime measured is the one the caller imports
+        path = os.pathsep.join(filter(None, (copy, os.environ.get("PYTHONPATH"))))
+        env = {**os.environ, "PYTHONWARNINGS": "ignore", "TORCHDYNAMO_DISABLE": "1", "PYTHONPATH": path}
         done = subprocess.run([sys.executable, os.path.abspath(script), "--worker", *options],
                               capture_output=True, text=True, env=env, timeout=3600)
     finally:
