@@ -67,8 +67,8 @@ def hook_api_backward(collector, name, outputs):
     token = collector.token
     width = len(outputs)
     for node, positions in nodes.items():
-        collector.step_hooks.append(node.register_hook(_Observer(collector, token, "API backward hook", observe_api,
-                                                                 (name, width, positions))))
+        collector.keep_hook(node.register_hook(_Observer(collector, token, "API backward hook", observe_api,
+                                                         (name, width, positions))))
 
 
 class _Observer:
@@ -177,7 +177,7 @@ def hook_module_backward(collector, name, inputs, outputs, params=()):
             _tensor_hook(collector, inputs[position], (name, n_out, n_in, "output", in_slot[position], state))
     for node, edges in consumers:
         edges = [(edge, in_slot[position]) for edge, position in edges]
-        collector.step_hooks.append(node.register_hook(_Observer(
+        collector.keep_hook(node.register_hook(_Observer(
             collector, collector.token, "module backward hook", _observe_consumers,
             (name, n_out, n_in, edges, state))))
 
@@ -185,8 +185,8 @@ def hook_module_backward(collector, name, inputs, outputs, params=()):
 def _tensor_hook(collector, t, bound):
     """torch's tensor hook of a module's backward on ``t`` (``observe_tensor(collector, *bound, grad)``), removed
     when the step ends."""
-    collector.step_hooks.append(t.register_hook(_Observer(collector, collector.token, "module backward hook",
-                                                          observe_tensor, bound)))
+    collector.keep_hook(t.register_hook(_Observer(collector, collector.token, "module backward hook",
+                                                  observe_tensor, bound)))
 
 
 def _wait_for_parts(collector, state, n_out, n_in, params):
@@ -358,7 +358,7 @@ def hook_parameters(collector):
                 else:
                     handles.append(param.register_post_accumulate_grad_hook(
                         _ParamHook(collector, prefix, param_name)))
-    collector.hooked_parameters = listed
+    collector.set_hooked_parameters(listed)
     return handles
 
 

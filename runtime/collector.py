@@ -256,6 +256,50 @@ class Collector:
         """The module tracker installed for this session (None: removed)."""
         self.tracker = tracker
 
+    def forget_open_modules(self):
+        """Forget the module calls a previous session left open (stopped inside a forward), and their anchors."""
+        self.module_frames.clear()
+        self.anchors.clear()
+
+    def enter_module(self, frame, anchor):
+        """A module call begins: its tracker frame pushed, and its anchor for the stacks of the calls inside."""
+        self.module_frames.append(frame)
+        self.anchors.push(anchor)
+
+    def leave_module(self):
+        """The innermost module call ends: its tracker frame popped and returned, with its anchor (None: none)."""
+        frames = self.module_frames
+        if not frames:
+            return None
+        frame = frames.pop()
+        self.anchors.pop()
+        return frame
+
+    def set_hooked_parameters(self, listed):
+        """Each module's parameters and those hooked (``backward.hook_parameters``); ``{}`` once unhooked."""
+        self.hooked_parameters = listed
+
+    def note_parameter_hooks(self):
+        """Parameter-gradient hooks are installed: a module's backward waits for its parameters' gradients."""
+        self.param_hooks = True
+
+    def narrow_to_module(self, module, prefix):
+        """Record ``module`` alone, as a module, and no API (module_dump); returns what it replaced."""
+        saved = (self.modules, self.level_module, self.level_api)
+        self.modules = {id(module): (module, prefix)}
+        self.level_module = True
+        self.level_api = False
+        return saved
+
+    def restore_modules(self, saved):
+        """Undo ``narrow_to_module``: the modules and levels it replaced come back."""
+        self.modules, self.level_module, self.level_api = saved
+
+    def forget_construct_under(self, prefix):
+        """Drop this step's construct entries whose names begin with ``prefix``."""
+        for entry in [entry for entry in self.construct if entry.startswith(prefix)]:
+            del self.construct[entry]
+
     def set_collecting(self, collecting):
         """Collection on or off (``start``, ``stop``). When on, an API's backward is observed by the native op's
         hooks where it serves: statistics with no checksum, no scope nor list, and no compiled autograd (whose
@@ -330,6 +374,16 @@ class Collector:
         self._module_parameters = {}  # id(module) -> (module, its parameters, recursively): _parameters
         if self.selection is not None:
             self.selection.reset()
+
+    def keep_hook(self, handle):
+        """Keep a torch hook's handle registered in this step: ``reset`` removes it."""
+        self.step_hooks.append(handle)
+
+    def take_tensors(self):
+        """This step's saved tensors, handed over: the collector's list begins empty again."""
+        with self._lock:
+            tensors, self.tensors = self.tensors, []
+        return tensors
 
     def snapshot(self, handover=False):
         """The step's tables for the writer. ``handover``: the caller resets right after, so the tables

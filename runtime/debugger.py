@@ -160,7 +160,7 @@ class PrecisionDebugger:
             from .backward import hook_parameters
 
             self._param_handles = hook_parameters(collector)
-            collector.param_hooks = True
+            collector.note_parameter_hooks()
         if self._module_dump is not None:
             self._apply_module_dump()
         collector.set_collecting(True)
@@ -214,7 +214,7 @@ class PrecisionDebugger:
         for handle in self._param_handles:
             handle.remove()
         self._param_handles = []
-        collector.hooked_parameters = {}
+        collector.set_hooked_parameters({})
         if self._session_mode is not None:
             from .module_tracking import on_top
 
@@ -315,20 +315,14 @@ class PrecisionDebugger:
         collector = self._collector
         prefix = dump_names.module_prefix(name, type_name(type(module)))
         # the module alone is recorded as a module (not its children), the APIs inside it not at all
-        self._module_dump[2] = (collector.modules, collector.level_module, collector.level_api, prefix)
-        collector.modules = {id(module): (module, prefix)}
-        collector.level_module = True
-        collector.level_api = False
+        self._module_dump[2] = (collector.narrow_to_module(module, prefix), prefix)
 
     def _undo_module_dump(self):
         collector = self._collector
-        modules, level_module, level_api, prefix = self._module_dump[2]
+        saved, prefix = self._module_dump[2]
         self._module_dump[2] = None
-        collector.modules = modules
-        collector.level_module = level_module
-        collector.level_api = level_api
-        for entry in [entry for entry in collector.construct if entry.startswith(prefix)]:
-            del collector.construct[entry]  # construct.json stays {} at L1, as msprobe writes it
+        collector.restore_modules(saved)
+        collector.forget_construct_under(prefix)  # construct.json stays {} at L1, as msprobe writes it
 
     # ------------------------------------------------------------------ internals
 
@@ -371,8 +365,7 @@ class PrecisionDebugger:
             data, stacks, construct, tensors = collector.snapshot(handover)
             plain = collector.tensor_records == 0  # read after: a record made meanwhile only counts against
         else:
-            with collector._lock:
-                tensors, collector.tensors = collector.tensors, []
+            tensors = collector.take_tensors()
         debug = self._debug.snapshot(handover) if self._debug.dirty else None
         # our own ops: never recorded as the user's calls, even while the session's mode is pushed
         on_host = False

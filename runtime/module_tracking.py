@@ -235,8 +235,7 @@ class ModuleTracker:
 
     def install(self):
         # module calls a previous session left open (stopped inside a forward) are not this session's
-        self.collector.module_frames.clear()
-        self.collector.anchors.clear()
+        self.collector.forget_open_modules()
         _INSTALLED.append(self)
         if _ASIDE[0] == 0:
             _put_hooks()
@@ -347,20 +346,18 @@ class ModuleTracker:
                     frame[1] = collector.module_forward_begin(module, args)
         except Exception as error:
             collector.log_error("module forward pre-hook", error)
-        collector.module_frames.append(frame)
         caller = sys._getframe(2)  # past _global_pre_hook
         # nn.Module's call frame (``_call_impl``'s ``inner``), where the stacks of the calls inside this module
         # leave it (call_stacks.Anchors); held, so that no other frame can take its identity
-        collector.anchors.push(caller if caller.f_code.co_filename == _MODULE_FILE else None)
+        collector.enter_module(frame, caller if caller.f_code.co_filename == _MODULE_FILE else None)
         return None
 
     def _post(self, module, args, *rest):
         collector = self.collector
-        try:
-            mode, record, pushed, aside = collector.module_frames.pop()
-        except IndexError:
+        frame = collector.leave_module()
+        if frame is None:
             return None
-        collector.anchors.pop()
+        mode, record, pushed, aside = frame
         try:
             if pushed:
                 collector.leave_code()

@@ -87,3 +87,52 @@ def test_the_dump_names_grammar_is_spelt_in_one_file():
             if {"forward", "backward"} <= set(keys) <= {"forward", "backward", "parameters_grad"}:
                 offenders.append(f"{path}:{node.lineno} a table keyed by the directions")
     assert offenders == []
+
+
+_MUTATORS = ("append", "extend", "pop", "clear", "update", "remove", "insert", "setdefault")
+
+
+def _is_collector(node):
+    """Whether ``node`` spells a collector object: ``collector``, ``self.collector``, ``debugger._collector``..."""
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+    return name is not None and re.fullmatch(r"_*collector", name) is not None
+
+
+def _collector_attribute(node):
+    """The ``collector.X`` that ``node`` (``collector.X``, ``collector.X[k]``, ``collector.X.y``...) changes
+    when written, or None."""
+    while isinstance(node, (ast.Subscript, ast.Attribute)):
+        if isinstance(node, ast.Attribute) and _is_collector(node.value):
+            return node
+        node = node.value
+    return None
+
+
+def test_the_collectors_state_changes_only_in_the_collector():
+    """No module but ``runtime/collector.py`` assigns, deletes or mutates in place (append, pop, clear...) an
+    attribute of a collector: each change is one of ``Collector``'s named verbs (``narrow_to``,
+    ``enter_module``, ``keep_hook``...)."""
+    offenders = []
+    for path, text in SOURCES.items():
+        if path == os.path.join("runtime", "collector.py"):
+            continue
+        for node in ast.walk(ast.parse(text)):
+            targets = []
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            elif isinstance(node, ast.Delete):
+                targets = node.targets
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    node.func.attr in _MUTATORS:
+                targets = [node.func.value]
+            while targets:
+                target = targets.pop()
+                if isinstance(target, (ast.Tuple, ast.List)):
+                    targets.extend(target.elts)
+                    continue
+                attribute = _collector_attribute(target.value if isinstance(target, ast.Starred) else target)
+                if attribute is not None:
+                    offenders.append(f"{path}:{node.lineno} {ast.unparse(attribute)}")
+    assert offenders == [], "\n".join(offenders)
