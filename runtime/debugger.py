@@ -16,6 +16,7 @@ import os
 import sys
 import types
 import weakref
+from typing import Any, Optional, Sequence, Union
 
 from . import compiled_calls, compiled_regions, earlier_dumps, seeding, shims
 from .config import load_config, read_dump_enable
@@ -66,7 +67,9 @@ class PrecisionDebugger:
             return current
         return super().__new__(cls)
 
-    def __init__(self, config_path=None, task=None, dump_path=None, level=None, step=None):
+    def __init__(self, config_path: Optional[Union[str, os.PathLike]] = None, task: Optional[str] = None,
+                 dump_path: Optional[Union[str, os.PathLike]] = None, level: Optional[str] = None,
+                 step: Optional[Sequence[int]] = None) -> None:
         if self._built:
             return
         self.config = load_config(config_path, task, dump_path, level, step)
@@ -100,7 +103,8 @@ class PrecisionDebugger:
     # ------------------------------------------------------------------ public API
 
     @_ClassOrInstance
-    def start(self, model=None, token_range=None, rank_id=None):
+    def start(self, model: Any = None, token_range: Optional[Sequence[int]] = None,
+              rank_id: Optional[int] = None) -> None:
         """Begin (or resume) collecting in the current step.
 
         ``token_range=[a, b]``: collect only during forwards ``a`` to ``b`` (counted from 0 at each start) of
@@ -170,7 +174,7 @@ class PrecisionDebugger:
         shims.attach(collector)
 
     @_ClassOrInstance
-    def stop(self):
+    def stop(self) -> None:
         """Stop collecting and write this step's files (in the background)."""
         compiled_regions.register_if_loaded()
         if self._end_collection():
@@ -226,7 +230,7 @@ class PrecisionDebugger:
         return True
 
     @_ClassOrInstance
-    def step(self):
+    def step(self) -> None:
         """Flush this step, then count the next one (call indices restart)."""
         compiled_regions.register_if_loaded()
         collector = self._collector
@@ -242,7 +246,7 @@ class PrecisionDebugger:
             self.stop()
 
     @_ClassOrInstance
-    def save(self, variable, name, save_backward=True):
+    def save(self, variable: Any, name: str, save_backward: bool = True) -> None:
         """Record ``variable`` (a tensor, int, float or str, or lists, tuples and dicts of them) as
         ``{name}.{n}.debug`` in debug.json, and with ``save_backward`` its gradient as ``{name}_grad.{n}.debug``,
         msprobe's debug-level layout. For values no API call shows: the loss, ``main_grad``, a value inside a
@@ -274,19 +278,19 @@ class PrecisionDebugger:
                            name, type(error).__name__, error)
 
     @_ClassOrInstance
-    def set_init_step(self, step):
+    def set_init_step(self, step: int) -> None:
         """Number the current step ``step`` (a resumed job's first step); later steps count on from it."""
         if type(step) is not int or step < 0:
             raise ValueError(f"msprobe_runtime: set_init_step takes an int >= 0, got {step!r}")
         self.current_step = step
 
-    def wait(self):
+    def wait(self) -> None:
         """Block until every flushed step is on disk (the training loop never needs this)."""
         self._writer.wait()
 
     # ------------------------------------------------------------------ module_dump
 
-    def module_dump(self, module, name):
+    def module_dump(self, module: Any, name: str) -> None:
         """Record ``module``'s calls as ``Module.{name}.{Class}.forward.{n}`` (and backward) and none of the
         API calls inside them, until ``module_dump_end()``: msprobe's module_dump, for level L1."""
         if self.config.level != "L1":
@@ -300,7 +304,7 @@ class PrecisionDebugger:
         if collector is not None and collector.collecting:
             self._apply_module_dump()
 
-    def module_dump_end(self):
+    def module_dump_end(self) -> None:
         if self._module_dump is None:
             return
         if self._module_dump[2] is not None:

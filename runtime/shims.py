@@ -126,7 +126,8 @@ def _unary(name: str, python_op: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return shim
 
 
-OPERATOR_ENTRIES: Dict[str, Callable[..., Any]] = {}  # entry name -> shim, one per row of the operator table but the subscript store
+# entry name -> shim, one per row of the operator table but the subscript store
+OPERATOR_ENTRIES: Dict[str, Callable[..., Any]] = {}
 for _row in operators.rows(operators.BINARY, operators.COMPARISON, operators.AUGMENTED):
     OPERATOR_ENTRIES[_row.entry] = globals()[_row.entry] = _binary(_row.entry, getattr(_op, _row.entry))
 for _row in operators.rows(operators.UNARY):
