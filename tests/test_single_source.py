@@ -36,26 +36,39 @@ def test_shared_constants_are_defined_once(name):
     assert len(definitions) == 1, definitions
 
 
-def test_the_collectors_execution_state_changes_only_in_the_collector():
-    """``in_api``, ``mode_depth`` and ``ctx`` are changed by ``Collector`` methods (``own_work``,
-    ``push_mode``, ``enter_code``...) and nowhere else."""
-    offenders = []
+def _writes_outside_the_collector():
+    """``(path, statement or call, target)`` for every place outside ``runtime/collector.py`` that assigns,
+    deletes or mutates in place (``_MUTATORS``) a target; tuple targets give each element, starred ones what
+    they hold."""
     for path, text in SOURCES.items():
         if path == os.path.join("runtime", "collector.py"):
             continue
         for node in ast.walk(ast.parse(text)):
             targets = []
-            if isinstance(node, (ast.Assign, ast.AugAssign)):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if isinstance(node, (ast.Assign, ast.Delete)):
+                targets = list(node.targets)
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
             elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
-                    node.func.attr in ("append", "pop", "setdefault") and isinstance(node.func.value, ast.Attribute):
+                    node.func.attr in _MUTATORS:
                 targets = [node.func.value]
-            for target in targets:
-                while isinstance(target, ast.Subscript):
-                    target = target.value
-                if isinstance(target, ast.Attribute) and target.attr in (
-                        "in_api", "mode_depth", "ctx", "param_waiters"):
-                    offenders.append(f"{path}:{node.lineno}")
+            while targets:
+                target = targets.pop()
+                if isinstance(target, (ast.Tuple, ast.List)):
+                    targets.extend(target.elts)
+                else:
+                    yield path, node, target.value if isinstance(target, ast.Starred) else target
+
+
+def test_the_collectors_execution_state_changes_only_in_the_collector():
+    """``in_api``, ``mode_depth`` and ``ctx`` are changed by ``Collector`` methods (``own_work``,
+    ``push_mode``, ``enter_code``...) and nowhere else."""
+    offenders = []
+    for path, node, target in _writes_outside_the_collector():
+        while isinstance(target, ast.Subscript):
+            target = target.value
+        if isinstance(target, ast.Attribute) and target.attr in ("in_api", "mode_depth", "ctx", "param_waiters"):
+            offenders.append(f"{path}:{node.lineno}")
     assert offenders == []
 
 
@@ -113,26 +126,8 @@ def test_the_collectors_state_changes_only_in_the_collector():
     attribute of a collector: each change is one of ``Collector``'s named verbs (``narrow_to``,
     ``enter_module``, ``keep_hook``...)."""
     offenders = []
-    for path, text in SOURCES.items():
-        if path == os.path.join("runtime", "collector.py"):
-            continue
-        for node in ast.walk(ast.parse(text)):
-            targets = []
-            if isinstance(node, ast.Assign):
-                targets = node.targets
-            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
-                targets = [node.target]
-            elif isinstance(node, ast.Delete):
-                targets = node.targets
-            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
-                    node.func.attr in _MUTATORS:
-                targets = [node.func.value]
-            while targets:
-                target = targets.pop()
-                if isinstance(target, (ast.Tuple, ast.List)):
-                    targets.extend(target.elts)
-                    continue
-                attribute = _collector_attribute(target.value if isinstance(target, ast.Starred) else target)
-                if attribute is not None:
-                    offenders.append(f"{path}:{node.lineno} {ast.unparse(attribute)}")
+    for path, node, target in _writes_outside_the_collector():
+        attribute = _collector_attribute(target)
+        if attribute is not None:
+            offenders.append(f"{path}:{node.lineno} {ast.unparse(attribute)}")
     assert offenders == [], "\n".join(offenders)
