@@ -31,7 +31,7 @@ from .selection import Selection
 from .contract import RUNTIME_MODULE
 from .shims import FOREIGN_CALL, MODULE_CALL, NOT_ROUTED
 from .checksums import MODES as CHECKSUM_MODES, checksum_of
-from .statistics import KIND_EMPTY, LATER, StatBuffer, tensor_kind
+from .statistics import KIND_EMPTY, KIND_NOT_YET, LATER, StatBuffer, tensor_kind
 
 logger = logging.getLogger("msprobe_runtime")
 
@@ -1072,13 +1072,17 @@ class Collector:
                                     KIND_EMPTY, None, None, None, None)
         kind = tensor_kind(t)
         readable = None
+        not_yet = kind == KIND_NOT_YET
+        if not_yet:  # float8_e8m0fnu, float4_e2m1fn_x2: null statistics, its values still saved and hashed
+            self._say_not_yet(t.dtype)
+            kind = KIND_EMPTY
         if kind != KIND_EMPTY:
             readable = self._has_readable_data(t)
             if not readable:
                 kind = KIND_EMPTY  # its record keeps dtype, shape and requires_grad; statistics null
         slot = counts = None
-        has_values = kind != KIND_EMPTY
-        if has_values:
+        has_values = kind != KIND_EMPTY or (not_yet and self._has_readable_data(t))
+        if kind != KIND_EMPTY:
             try:
                 slot, counts = self._slots(t, kind)
             except Exception as error:  # a statistic torch cannot compute for this dtype: null, the record kept
@@ -1122,6 +1126,12 @@ class Collector:
             logger.warning("msprobe_runtime: tensors of class %s are recorded with dtype and shape and null "
                            "statistics: their values are reached only through the class's own "
                            "__torch_dispatch__, which the runtime does not run", type_name(kind))
+
+    def _say_not_yet(self, dtype):
+        if dtype not in self._unreadable:
+            self._unreadable.add(dtype)
+            logger.warning("msprobe_runtime: statistics of %s tensors are not computed yet; they are recorded with "
+                           "dtype and shape and null statistics (docs/low-precision.md)", _dtype_name(dtype))
 
     def _no_statistics(self, t, error):
         """Say once per dtype that its tensors are recorded with null statistics, and why (torch has no

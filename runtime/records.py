@@ -14,7 +14,7 @@ from __future__ import annotations
 from .foreign import is_subclass, type_name
 from . import dump_names
 from .json_files import convert, copy_records, tensor_json
-from .statistics import KIND_BOOL, KIND_FLOAT, KIND_NO_MEAN, KIND_SCALAR, slot_values
+from .statistics import KIND_BOOL, KIND_FLOAT, KIND_LOW, KIND_NO_MEAN, KIND_SCALAR, slot_values
 
 MAX_DEPTH = 32
 
@@ -41,8 +41,15 @@ class TensorRecord:
         row = slot_values(self.slot) if self.slot is not None else None
         counts = slot_values(self.counts) if self.counts is not None else None
         top = low = mean = norm = None
+        fractions = None
+        if kind == KIND_LOW and counts is not None:  # float8: the last two counts are its own fields
+            counts, fractions = (counts[:2] if len(counts) == 4 else None), counts[-2:]
         if row is None:
             pass
+        elif kind == KIND_LOW:
+            top, low, mean, norm = row
+            if not self.shape:  # a 0-d tensor: all four are its value, as KIND_SCALAR's
+                low = mean = norm = top
         elif kind == KIND_FLOAT:
             top, low, mean, norm = row
         elif kind == KIND_BOOL:
@@ -52,12 +59,26 @@ class TensorRecord:
         elif kind == KIND_NO_MEAN:
             top, low = _num(row[0], dtype), _num(row[1], dtype)
         out = tensor_json(self.type, dtype, self.shape, self.requires_grad, top, low, mean, norm, counts)
+        if fractions is not None:
+            numel = 1
+            for size in self.shape:
+                numel *= size
+            # after msprobe's fields, which its compare reads; zero's and the largest magnitude's share of the
+            # elements (docs/low-precision.md)
+            out[FP8_ZERO_FRACTION] = fractions[0] / numel
+            out[FP8_SATURATED_FRACTION] = fractions[1] / numel
         if self.checksum is not None:
             out[self.checksum.key] = self.checksum.value()
         if self.data_name is not None:
             out["data_name"] = self.data_name
         return out
 
+
+# a float8 record's own fields: the fraction of its elements equal to zero (+0 or -0: underflowed, or zero
+# already) and the fraction whose magnitude is the format's largest finite one (torch.finfo(dtype).max:
+# saturated, or that large already); only the float8 values are seen, not what they were cast from
+FP8_ZERO_FRACTION = "fp8_zero_fraction"
+FP8_SATURATED_FRACTION = "fp8_saturated_fraction"
 
 _INT_DTYPES = frozenset({"torch.int8", "torch.int16", "torch.int32", "torch.int64", "torch.uint8",
                          "torch.uint16", "torch.uint32", "torch.uint64"})

@@ -8,7 +8,9 @@ are ready when ``add`` returns, so its slots never wait for a flush; the torch o
 where the op cannot be built, and serve every other dtype and device. Nothing is read back on the training
 thread: ``take`` concatenates every pending slot of a device into one device buffer (a cast and a concatenation per
 dtype, then one more concatenation) and starts one non-blocking copy to the host; the writer thread waits on
-the copy's event and reads the numbers. A slot learns its batch and offset at ``take`` time.
+the copy's event and reads the numbers. A slot learns its batch and offset at ``take`` time. A float8 tensor
+(``KIND_LOW``) is reduced from its values upcast to float32 a chunk at a time, never staged nor given to the
+native op, and its counts slot also holds its zero and saturated counts (docs/low-precision.md).
 """
 from __future__ import annotations
 
@@ -20,8 +22,29 @@ KIND_NO_MEAN = 1   # float64 and integer tensors: Max and Min only (msprobe leav
 KIND_BOOL = 2      # Max = any, Min = all
 KIND_SCALAR = 3    # 0-d: all four equal to the value
 KIND_EMPTY = 4     # no slot at all: every statistic null
+KIND_LOW = 5       # float8: Max, Min, Mean, Norm of the values upcast to float32, plus the float8 fractions
+KIND_NOT_YET = 6   # float8_e8m0fnu, float4_e2m1fn_x2: no statistics yet (null), said once per dtype
 
 _WIDTH = {KIND_FLOAT: 4, KIND_NO_MEAN: 2, KIND_BOOL: 2, KIND_SCALAR: 1}
+
+# The float8 formats with statistics (KIND_LOW), and the low-precision ones without them yet (KIND_NOT_YET):
+# float8_e8m0fnu holds exponents only (MX scales: no zero, no sign, 2**127 squares past float32) and
+# float4_e2m1fn_x2 packs two values in a byte that no torch op unpacks (no copy kernel on the CPU). Names, as
+# a dtype missing from an older torch is simply not there (docs/low-precision.md).
+_LOW_NAMES = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+_NOT_YET_NAMES = ("float8_e8m0fnu", "float4_e2m1fn_x2")
+_LOW_CHUNK = 1 << 20  # elements upcast to float32 at a time: a 4 MiB temporary, not a float32 copy per tensor
+_dtype_sets: list = []
+
+
+def low_precision_dtypes():
+    """``(float8 dtypes with statistics, low-precision dtypes without them yet)``, of this torch."""
+    if not _dtype_sets:
+        import torch
+
+        _dtype_sets.append(frozenset(getattr(torch, name) for name in _LOW_NAMES if hasattr(torch, name)))
+        _dtype_sets.append(frozenset(getattr(torch, name) for name in _NOT_YET_NAMES if hasattr(torch, name)))
+    return _dtype_sets[0], _dtype_sets[1]
 
 
 def has_counts(kind, dtype, enabled):
@@ -38,6 +61,12 @@ def tensor_kind(t):
     dtype = t.dtype
     if dtype is torch.bool:
         return KIND_BOOL
+    if dtype.itemsize == 1 and dtype.is_floating_point:  # float8 and packed float4: 0-d ones too
+        low, not_yet = low_precision_dtypes()
+        if dtype in low:
+            return KIND_LOW
+        if dtype in not_yet:
+            return KIND_NOT_YET
     if t.dim() == 0:
         return KIND_SCALAR
     if dtype.is_complex:
@@ -181,6 +210,8 @@ class StatBuffer:
         import torch
 
         t = t.detach()
+        if kind == KIND_LOW:
+            return self._add_low(t)
         repeat = 1
         if not t.is_contiguous():
             # first, so that a view of a tensor's elements (a transpose) is reduced as that tensor is, the same
@@ -219,6 +250,40 @@ class StatBuffer:
             if counts is not None:
                 self._pending.append(counts)
         return slot, counts
+
+    def _add_low(self, t):
+        """A float8 tensor's slots: Max, Min, Mean, Norm (the slot) and the counts (NaN, Inf when they are on,
+        then the elements equal to zero and those at the format's largest magnitude), all of the values
+        upcast to float32 chunk by chunk, since torch has no reduction of float8 itself. Nothing is read
+        back; the tensor is only read."""
+        import torch
+
+        t, repeat = _dense_view(t)
+        flat = t.reshape(-1)  # a dense view as it is; another layout copied at one byte an element
+        n = flat.numel()
+        top = torch.finfo(t.dtype).max
+        values, counts = [], []
+        for start in range(0, n, _LOW_CHUNK):
+            f = flat[start:start + _LOW_CHUNK].to(torch.float32)
+            values.append(torch.stack((f.amax(), f.amin(), f.sum(), torch.dot(f, f))))
+            counts.append(torch.stack((torch.isnan(f).sum(), torch.isinf(f).sum(), (f == 0).sum(),
+                                       (f.abs() == top).sum())))
+        if len(values) == 1:
+            part, count = values[0], counts[0]
+            total, squares = part[2], part[3]
+        else:
+            parts = torch.stack(values)
+            part = torch.stack((parts[:, 0].amax(), parts[:, 1].amin()))
+            count = torch.stack(counts).sum(0)
+            total, squares = parts[:, 2].sum(), parts[:, 3].sum()
+        if repeat != 1:
+            total, squares, count = total * repeat, squares * repeat, count * repeat
+        slot = Slot(torch.stack((part[0], part[1], total / (n * repeat), squares.sqrt())), 4)
+        counts_slot = Slot(count if self.nan_inf_count else count[2:], 4 if self.nan_inf_count else 2)
+        with self._lock:
+            self._pending.append(slot)
+            self._pending.append(counts_slot)
+        return slot, counts_slot
 
     def add_values(self, values, width):
         """A slot for ``width`` numbers already launched on the device (a checksum's parts)."""
