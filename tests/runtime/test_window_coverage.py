@@ -15,8 +15,10 @@ after torch's own argument checks, so it records those relu calls (23 a step aga
 record of ``h + masq`` begins at the operator, and calls made inside a recorded call are part of it there, as
 they are for every call a rewritten API makes. Every other count of that fixture is equal."""
 import collections
+import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -186,6 +188,7 @@ FIXTURES = [
     ("fixtures/transformers_models/train_tiny.py", ["--arch", "llama", "--level", "L1", "--steps", "2",
                                                     "--optimizer-in-window"]),
     ("fixtures/transformers_models/train_tiny.py", ["--arch", "mixtral", "--level", "L1", "--steps", "2"]),
+    ("fixtures/megatron_gpt/train_loop.py", ["--level", "L1", "--steps", "2"]),
 ]
 
 
@@ -194,9 +197,14 @@ FIXTURES = [
 def test_rewritten_fixture_records_every_call_of_the_plain_run(tmp_path, fixture, args):
     if "transformers" in fixture:
         pytest.importorskip("transformers")
+    if "megatron" in fixture:
+        pytest.importorskip("megatron.core")
     plain_script = os.path.join(ROOT, fixture)
     rewritten_dir = tmp_path / "rewritten"
     rewritten_dir.mkdir()
+    for sibling in glob.glob(os.path.join(os.path.dirname(plain_script), "*.py")):
+        if os.path.basename(sibling) not in ("__init__.py", os.path.basename(plain_script)):
+            shutil.copy(sibling, rewritten_dir)  # the helpers it imports from its own folder (megatron's train_gpt)
     rewritten_script = rewrite_file(plain_script, rewritten_dir)
     runs = {}
     for how, script in (("plain", plain_script), ("rewritten", rewritten_script)):
