@@ -488,26 +488,35 @@ class Collector:
         instrumented code, ``fn`` called with the mode on, which records them as the plain run's mode does
         (``zip(t, u)``'s ``unbind``, ``sum(ts)``'s additions); else ``fn`` itself (a name rebound at run time
         included)."""
-        if ((not _POLYFILLED and _tracing()) or not self.collecting or self.in_api.get(_get_ident())
-                or not self.level_api or not self.ctx[-1] or _OBSERVED_BUILTINS.get(id(fn)) is not fn):
+        if not self._observes_instrumented_code() or _OBSERVED_BUILTINS.get(id(fn)) is not fn:
             return fn
         return _ObservedBuiltin(self, fn)
+
+    def _observes_instrumented_code(self):
+        """Whether a call from instrumented code here is to run with the mode on: collecting APIs, eager, not
+        inside a recorded call, and no mode already watching (``ctx[-1]`` false: uninstrumented code's mode
+        sees the call by itself)."""
+        return not ((not _POLYFILLED and _tracing()) or not self.collecting or self.in_api.get(_get_ident())
+                    or not self.level_api or not self.ctx[-1])
+
+    def call_observed(self, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)`` with the observing mode on, as ``shims.dyn`` calls a foreign function."""
+        begun = self.enter_foreign(fn)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.leave_foreign(begun)
 
     def iterate(self, value):
         """What a rewritten ``for``, comprehension or unpacking iterates (``shims.iterate``): for a tensor, in
         instrumented code, its iterator made with the mode on, which records what ``Tensor.__iter__`` runs
         (``unbind``) as the plain run's mode does; anything else as it is, for Python to iterate."""
-        if ((not _POLYFILLED and _tracing()) or not self.collecting or self.in_api.get(_get_ident())
-                or not self.level_api or not self.ctx[-1]):
-            return value  # ctx[-1] false: uninstrumented code's mode is on and sees the loop's own iter()
+        if not self._observes_instrumented_code():
+            return value
         kind = type(value)
         if not (kind is _TENSOR or kind is _PARAMETER or is_subclass(kind, _TENSOR)):
             return value
-        begun = self.enter_foreign(iter)
-        try:
-            return iter(value)
-        finally:
-            self.leave_foreign(begun)
+        return self.call_observed(iter, value)
 
     def iterate_unpacked(self, value):
         """``iterate`` for a ``for`` target that unpacks each item (``for h, w in sizes``): each item that is a
@@ -1293,12 +1302,7 @@ class _ObservedBuiltin:
         self.fn = fn
 
     def __call__(self, *args, **kwargs):
-        collector = self.collector
-        begun = collector.enter_foreign(self.fn)
-        try:
-            return self.fn(*args, **kwargs)
-        finally:
-            collector.leave_foreign(begun)
+        return self.collector.call_observed(self.fn, *args, **kwargs)
 
 
 def _each_iterated(collector, iterator):
