@@ -38,6 +38,7 @@ def bounds():
     runtime's variants run its functions as they are, with no wrapper frame."""
     import torch
     from msprobe_runtime import backward, collector
+    from msprobe_runtime.open_calls import BackwardWait, ModuleCall
 
     tensor = torch.Tensor
     later = collector.LATER
@@ -53,15 +54,16 @@ def bounds():
         if known is None or known[0] is not module:
             return None
         prefix = known[1]
-        index = self.module_counts.get(prefix, 0)
-        self.module_counts[prefix] = index + 1
+        step = self.step
+        index = step.module_counts.get(prefix, 0)
+        step.module_counts[prefix] = index + 1
         name = f"{prefix}forward.{index}"
         parent = self.module_stack[-1] if self.module_stack else None
-        self.construct[name] = parent
+        step.construct[name] = parent
         self.module_stack.append(name)
         entry = {"input_args": records(self.recorder, args), "input_kwargs": {}}
-        self.stacks[name] = self.anchors.capture(sys._getframe(1))
-        return (name, entry, parent, (args, f"{prefix}backward.{index}"))
+        step.stacks[name] = self.anchors.capture(sys._getframe(1))
+        return ModuleCall(name, entry, parent, (args, f"{prefix}backward.{index}"))
 
     def bound_end(self, record, module, kwargs, result):
         name, entry, parent, (args, backward_name) = record
@@ -73,24 +75,23 @@ def bounds():
         outputs = [result] if kind is tensor else list(result) if kind is tuple or kind is list else [None]
         entry["output"] = records(recorder, outputs)
         listed = self.hooked_parameters.get(id(module))
-        if listed is not None and listed[1]:
-            entry["parameters"] = dict(zip([n for n, _ in listed[1]], records(recorder, [p for _, p in listed[1]])))
-        self.data[name] = entry
+        if listed is not None and listed.own:
+            entry["parameters"] = dict(zip([n for n, _ in listed.own], records(recorder, [p for _, p in listed.own])))
+        step = self.step
+        step.data[name] = entry
         inputs = [a if type(a) is tensor else None for a in args]
         if kwargs:
             inputs += [v if type(v) is tensor else None for v in kwargs.values()]
-        self.backward_parents[backward_name] = parent
-        table = self.module_backward_hooks
-        index = len(table)
-        state = {"parts": 0, "partial": {}, "left": {}, "name": backward_name}
-        table.append((backward_name, 0, 0, state))
+        step.backward_parents[backward_name] = parent
+        wait = BackwardWait(backward_name)
+        index = self.number_module_backward(wait)
         hooked = recorder.hook_module(index, inputs, outputs, True, 20000)
         if hooked is not None and hooked[0]:
-            table[index] = (backward_name, hooked[0], hooked[1], state)
-            state["parts"] = hooked[0] + hooked[1]
+            wait.n_out, wait.n_in = hooked[0], hooked[1]
+            wait.parts = hooked[0] + hooked[1]
 
     def no_parameters(collector_):
-        collector_.hooked_parameters = {}
+        collector_.set_hooked_parameters({})
         return []
 
     def use(forward, no_parameters_hooked):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch  # imported by the collector already, whose module this is part of
 
 from .foreign import is_subclass, mapping_items, own_parameters, sequence_items
+from .open_calls import BackwardWait, HookedParameters
 
 _TENSOR = torch.Tensor
 
@@ -64,7 +65,7 @@ def hook_api_backward(collector, name, outputs):
         nodes.setdefault(node, []).append((position, t.output_nr))
     if not nodes:
         return
-    token = collector.token
+    token = collector.step.token
     width = len(outputs)
     for node, positions in nodes.items():
         collector.keep_hook(node.register_hook(_Observer(collector, token, "API backward hook", observe_api,
@@ -94,7 +95,7 @@ class _Observer:
     def __call__(self, *args):
         collector = self.collector
         token = self.token
-        if (token is not None and collector.token is not token) or not collector.collecting:
+        if (token is not None and collector.step.token is not token) or not collector.collecting:
             return None
         try:
             with collector.own_work:
@@ -117,7 +118,7 @@ def observe_api(collector, name, width, positions, grad_inputs, grad_outputs):
                 entry["input"][position] = describe(grad_outputs[output_nr],
                                                     collector.file_stem(name, "input", str(position)))
     if "output" in entry:
-        if not collector.tensor_task:  # no file names: the native op describes them in one call
+        if not collector.plan.tensor_task:  # no file names: the native op describes them in one call
             entry["output"].extend(collector.describe_seq(grad_inputs, None))
             return
         start = len(entry["output"])
@@ -137,75 +138,73 @@ def hook_module_backward(collector, name, inputs, outputs, params=()):
     its parameters' gradients), which is where msprobe writes it. Where the native op serves, it puts these
     hooks on in one call (``Recorder.hook_module``), and torch's serve a leaf; else torch's serve throughout.
     """
-    state = {"parts": 0, "partial": {}, "left": {}, "name": name}
+    wait = BackwardWait(name)
     recorder = collector.recorder if collector.native_backward else None
+    want_output = collector.plan.want_output
     if recorder is not None:  # the native op's hooks, where every value is None or a plain tensor
-        table = collector.module_backward_hooks
-        index = len(table)
-        table.append((name, 0, 0, state))  # held before any hook can name it (Collector.take_arrivals)
-        hooked = recorder.hook_module(index, inputs, outputs, collector.want_output, _MAX_WALK)
+        index = collector.number_module_backward(wait)  # before any hook can name it (Collector.take_arrivals)
+        hooked = recorder.hook_module(index, inputs, outputs, want_output, _MAX_WALK)
         if hooked is not None:
             n_out, n_in, leaves = hooked
             if n_out:
-                table[index] = (name, n_out, n_in, state)
-                _wait_for_parts(collector, state, n_out, n_in, params)
+                _wait_for_parts(collector, wait, n_out, n_in, params)
                 for t, field, slot in leaves:  # a leaf's hooks run in its gradient accumulator: torch's serve it
-                    _tensor_hook(collector, t, (name, n_out, n_in, FIELDS[field], slot, state))
+                    _tensor_hook(collector, t, (wait, FIELDS[field], slot))
             return
     out_positions = [p for p, t in enumerate(outputs) if t is not None and t.requires_grad]
     if not out_positions:
         return
     in_positions = []
     targets = {}
-    if collector.want_output:
+    if want_output:
         targets, in_positions = gradient_targets(inputs)
     # msprobe lists only the tensors that take part in backward: outputs and inputs that require grad
     n_out, n_in = len(out_positions), len(in_positions)
-    _wait_for_parts(collector, state, n_out, n_in, params)
+    _wait_for_parts(collector, wait, n_out, n_in, params)
     in_slot = {position: i for i, position in enumerate(in_positions)}
     for slot, position in enumerate(out_positions):
-        _tensor_hook(collector, outputs[position], (name, n_out, n_in, "input", slot, state))
+        _tensor_hook(collector, outputs[position], (wait, "input", slot))
     consumers = consumer_edges(collector.graph_walk, inputs, outputs, targets) if targets else ()
     taken = set()
     for _, edges in consumers:
         for _, position in edges:
             taken.add(position)
             slot = in_slot[position]
-            state["left"][slot] = state["left"].get(slot, 0) + 1
+            wait.left[slot] = wait.left.get(slot, 0) + 1
     for position in in_positions:
         if position not in taken:
-            _tensor_hook(collector, inputs[position], (name, n_out, n_in, "output", in_slot[position], state))
+            _tensor_hook(collector, inputs[position], (wait, "output", in_slot[position]))
     for node, edges in consumers:
         edges = [(edge, in_slot[position]) for edge, position in edges]
         collector.keep_hook(node.register_hook(_Observer(
-            collector, collector.token, "module backward hook", _observe_consumers,
-            (name, n_out, n_in, edges, state))))
+            collector, collector.step.token, "module backward hook", _observe_consumers, (wait, edges))))
 
 
 def _tensor_hook(collector, t, bound):
     """torch's tensor hook of a module's backward on ``t`` (``observe_tensor(collector, *bound, grad)``), removed
     when the step ends."""
-    collector.keep_hook(t.register_hook(_Observer(collector, collector.token, "module backward hook",
+    collector.keep_hook(t.register_hook(_Observer(collector, collector.step.token, "module backward hook",
                                                   observe_tensor, bound)))
 
 
-def _wait_for_parts(collector, state, n_out, n_in, params):
+def _wait_for_parts(collector, wait, n_out, n_in, params):
     """The parts a module's backward entry waits for: its outputs' and inputs' gradients, and the accumulation
     of its parameters' (msprobe writes a module whose inputs need no gradient as soon as its outputs' arrive)."""
     if not n_in:
         params = ()
-    state["parts"] = n_out + n_in + len(params)
+    wait.n_out, wait.n_in = n_out, n_in
+    wait.parts = n_out + n_in + len(params)
     if params:
-        collector.when_accumulated(params, state)
+        collector.when_accumulated(params, wait)
 
 
 FIELDS = ("input", "output")  # a module entry's fields that its tensor hooks fill; the native op's field codes
 
 
-def _part_done(collector, name, state):
-    state["parts"] -= 1
-    if state["parts"] == 0:
-        collector.commit_backward(name)
+def _part_done(collector, wait):
+    wait.parts -= 1
+    if wait.parts == 0:
+        collector.commit_backward(wait.name)
 
 
 _MAX_WALK = 20000
@@ -303,8 +302,8 @@ def _consumer_edges(inputs, outputs, targets):
     return list(found.values())
 
 
-def _observe_consumers(collector, name, n_out, n_in, edges, state, grad_inputs, grad_outputs):
-    partial, left = state["partial"], state["left"]
+def _observe_consumers(collector, wait, edges, grad_inputs, grad_outputs):
+    partial, left = wait.partial, wait.left
     for index, position in edges:
         grad = grad_inputs[index] if index < len(grad_inputs) else None
         if grad is not None:
@@ -312,17 +311,17 @@ def _observe_consumers(collector, name, n_out, n_in, edges, state, grad_inputs, 
             partial[position] = grad if known is None else known + grad
         left[position] -= 1
         if left[position] == 0:
-            entry = collector.backward_entry(name, n_out, n_in, deferred=True)
+            entry = collector.backward_entry(wait.name, wait.n_out, wait.n_in, deferred=True)
             if entry is not None and "output" in entry:
                 entry["output"][position] = collector.describe(partial.pop(position, None), None)
-            _part_done(collector, name, state)
+            _part_done(collector, wait)
 
 
-def observe_tensor(collector, name, n_out, n_in, field, position, state, grad):
-    entry = collector.backward_entry(name, n_out, n_in, deferred=True)
+def observe_tensor(collector, wait, field, position, grad):
+    entry = collector.backward_entry(wait.name, wait.n_out, wait.n_in, deferred=True)
     if entry is not None and field in entry:
         entry[field][position] = collector.describe(grad, None)
-    _part_done(collector, name, state)
+    _part_done(collector, wait)
 
 
 def hook_parameters(collector):
@@ -343,7 +342,7 @@ def hook_parameters(collector):
         for module, prefix in collector.modules.values():
             own = own_parameters(module)
             hooked = []
-            listed[id(module)] = (module, own, hooked)
+            listed[id(module)] = HookedParameters(module, own, hooked)
             for param_name, param in own:
                 if not param.requires_grad:
                     continue

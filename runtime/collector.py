@@ -26,12 +26,15 @@ from .switches import switched_on
 from .foreign import (BOUND_METHOD_TYPES, bound_self, children, class_attribute, defines_before, is_subclass, key_text,
                       mapping_items, method_name,
                       own_parameters, sequence_items, type_name)
+from .open_calls import ApiBackwardHook, ApiCall, Boundary, ModuleCall, make
+from .recording_plan import Plan
 from .records import TensorRecord, describe_builtin
 from .selection import Selection
 from .contract import RUNTIME_MODULE
 from .shims import FOREIGN_CALL, MODULE_CALL, NOT_ROUTED
-from .checksums import MODES as CHECKSUM_MODES, checksum_of
+from .checksums import checksum_of
 from .statistics import KIND_EMPTY, KIND_NOT_YET, LATER, StatBuffer, tensor_kind
+from .step_state import StepState
 
 logger = logging.getLogger("msprobe_runtime")
 
@@ -103,22 +106,17 @@ class Collector:
 
     def __init__(self, config, identity, tensor_methods, named_modules, stats=None):
         self.config = config
-        self.level_api = config.level in ("L1", "mix")
-        self.level_module = config.level in ("L0", "mix")
-        self.construct_apis = config.level == "mix"
+        self.plan = Plan.of(config)  # what is recorded (recording_plan): replaced only by module_dump's narrowing
         self.identity = identity              # id(callable) -> dump name, for dyn and the mode
         self.tensor_methods = tensor_methods  # method name -> "Tensor.name"
         self.operator_names = operators.dump_names(tensor_methods)  # entry -> (left name, reflected name)
         self.truth_name = tensor_methods.get("__bool__")  # a truth test's dump name (Tensor.__bool__)
-        self.tensor_task = config.task == "tensor"
-        self.checksum_mode = config.summary_mode if config.summary_mode in CHECKSUM_MODES else None
         self.stats = stats or StatBuffer(config.nan_inf_count)
-        # statistics only (no tensor file, no checksum): the native op, where it serves, is a record's only read
-        self.native_first = not self.tensor_task and self.checksum_mode is None
         # a call's arguments and outputs described in one native call where it serves (describe_seq)
         self._reuse_min = _reuse_min()
         # the native op's Recorder, None where it does not serve (also backward.hook_module_backward's hooks)
-        self.recorder = self.stats.native_recorder(self._reuse_min, _RECENT) if self.native_first else None
+        self.recorder = (self.stats.native_recorder(self._reuse_min, _RECENT) if self.plan.statistics_only
+                         else None)
         self._optimizer_hooks = []  # while collecting: any torch optimizer's step opens and ends its phase
         # msprobe's optimizer status: "optimizer" during a torch optimizer's step, "clip_grad" during torch's
         # gradient clipping called from instrumented code; at mix, each API entry made then has it as its parent
@@ -133,12 +131,6 @@ class Collector:
         if self.recorder is not None:
             self.recorder.observe_backward(self._arrivals, _api_backward_fallback, _module_backward_fallback,
                                             weakref.ref(self))
-        modes = set(config.data_mode)
-        everything = "all" in modes or not modes
-        self.want_forward = everything or "forward" in modes or not ({"forward", "backward"} & modes)
-        self.want_backward = everything or "backward" in modes or not ({"forward", "backward"} & modes)
-        self.want_input = everything or "input" in modes or not ({"input", "output"} & modes)
-        self.want_output = everything or "output" in modes or not ({"input", "output"} & modes)
         # config.json's scope and list, matched as msprobe does (selection.py); None: everything is recorded
         self.selection = (Selection(config.scope, config.list, config.level, config.task)
                           if config.scope or config.list else None)
@@ -159,7 +151,7 @@ class Collector:
         # id(module) -> (module, own [(name, parameter)], those of them hooked): backward.hook_parameters's reads
         # at start(), used by the module calls until stop() (the hooks are what a module's backward waits for)
         self.hooked_parameters = {}
-        self.token = object()  # replaced at every reset, so stale backward hooks stay silent
+        self.step = StepState()  # what this step collects (step_state): a new one at every reset
         # The session's state of execution, changed only through the methods below: ``in_api`` maps a thread
         # to the depth of the API calls and own work it runs (``busy``, ``own_work``): per thread, so that a
         # call on one thread is never taken for another thread's own work and dropped; ``mode_depth`` observing
@@ -179,7 +171,6 @@ class Collector:
         self._logged = set()
         self._unreadable = set()  # kinds of tensors already said to have no statistics
         self.error_count = 0
-        self.step_hooks = []
         self.reset()
 
     # ----------------------------------------------------------------- execution state
@@ -285,20 +276,19 @@ class Collector:
 
     def narrow_to_module(self, module, prefix):
         """Record ``module`` alone, as a module, and no API (module_dump); returns what it replaced."""
-        saved = (self.modules, self.level_module, self.level_api)
+        saved = (self.modules, self.plan)
         self.modules = {id(module): (module, prefix)}
-        self.level_module = True
-        self.level_api = False
+        self.plan = self.plan.narrowed_to_modules()
         return saved
 
     def restore_modules(self, saved):
         """Undo ``narrow_to_module``: the modules and levels it replaced come back."""
-        self.modules, self.level_module, self.level_api = saved
+        self.modules, self.plan = saved
 
     def forget_construct_under(self, prefix):
         """Drop this step's construct entries whose names begin with ``prefix``."""
-        for entry in [entry for entry in self.construct if entry.startswith(prefix)]:
-            del self.construct[entry]
+        for entry in [entry for entry in self.step.construct if entry.startswith(prefix)]:
+            del self.step.construct[entry]
 
     def set_collecting(self, collecting):
         """Collection on or off (``start``, ``stop``). When on, an API's backward is observed by the native op's
@@ -332,8 +322,8 @@ class Collector:
         """The tensors read so far may change from here without moving their version counters (start, stop, an
         optimizer's step: a fused kernel, megatron's copy through ``.data``): each is read afresh at its next
         record (``_reuse``'s tables, the native Recorder's own)."""
-        self._recent = {}
-        self._leaves = {}
+        self.step.recent = {}
+        self.step.leaves = {}
         if self.recorder is not None:
             try:
                 self.recorder.forget()
@@ -343,46 +333,24 @@ class Collector:
     # ----------------------------------------------------------------- step state
 
     def reset(self):
-        """Start a new step: counters, entries, stacks and construct begin empty."""
-        self.token = object()
-        for handle in self.step_hooks:
-            handle.remove()  # a tensor or node that outlives its step would otherwise keep one dead hook a step
-        # torch's hooks of this step (backward.py's Python hooks): a tensor may outlive the step, as a parameter
-        # that a module returns or takes does (megatron's linear layers return their bias), and a node with it
-        # (a cache computed with grad). The native op drops its own (native/stats_op.cpp's drop_stale).
-        self.step_hooks = []
-        self.api_counts = {}
-        self.module_counts = {}
-        self.param_counts = {}
-        self.data = {}
-        self.stacks = {}
-        self.construct = {}
-        self.tensors = []
-        self.tensor_records = 0  # TensorRecords made this step (none: the flush need not look for them)
-        self._recent = {}  # _reuse's table: StatBuffer.add's slots (the native Recorder keeps its own)
-        self._leaves = {}  # _reuse's parameters read this step, by place (the native Recorder keeps its own)
+        """Start a new step: a fresh ``StepState`` (counters, entries, stacks and construct begin empty), the
+        hooks of the step before removed."""
+        self.step.remove_hooks()
+        self.step = StepState()
         if self.recorder is not None:
             self.recorder.clear()  # hooks of earlier steps stay silent from now on
         del self._arrivals[:]
-        self.api_backward_hooks = []  # (backward entry name, its outputs counted) at each native hook's index
-        self.module_backward_hooks = []  # (backward entry name, n_out, n_in, state) at each module call's index
-        self.backward_parents = {}  # backward entry -> parent module's forward entry
-        self._backward_names = {}  # a parent module's forward entry -> its backward entry (_backward_entry)
-        self.pending_backward = {}  # module backward entries still waiting for some of their gradients
-        self.param_waiters = {}  # id(parameter) -> module backward states waiting for its gradient's accumulation
-        self.skipped_backward = set()  # backward entries that scope left out, this step
-        self._module_parameters = {}  # id(module) -> (module, its parameters, recursively): _parameters
         if self.selection is not None:
             self.selection.reset()
 
     def keep_hook(self, handle):
         """Keep a torch hook's handle registered in this step: ``reset`` removes it."""
-        self.step_hooks.append(handle)
+        self.step.hooks.append(handle)
 
     def take_tensors(self):
         """This step's saved tensors, handed over: the collector's list begins empty again."""
         with self._lock:
-            tensors, self.tensors = self.tensors, []
+            tensors, self.step.tensors = self.step.tensors, []
         return tensors
 
     def snapshot(self, handover=False):
@@ -393,14 +361,14 @@ class Collector:
         if self._arrivals:
             self.take_arrivals()
         with self._lock:
-            data = self.data if handover else dict(self.data)
-            data.update(self.pending_backward)  # incomplete ones still show what arrived
-            tensors, self.tensors = self.tensors, []
+            data = self.step.data if handover else dict(self.step.data)
+            data.update(self.step.pending_backward)  # incomplete ones still show what arrived
+            tensors, self.step.tensors = self.step.tensors, []
         if self.selection is not None:
             self.selection.end_step()
         if handover:
-            return data, self.stacks, self.construct, tensors
-        return data, dict(self.stacks), dict(self.construct), tensors
+            return data, self.step.stacks, self.step.construct, tensors
+        return data, dict(self.step.stacks), dict(self.step.construct), tensors
 
     def log_error(self, where, error):
         self.error_count += 1
@@ -418,7 +386,7 @@ class Collector:
         if (type(fn) is _FUNCTION and fn.__code__.co_name == _COMPILE_WRAPPER
                 and self.compiled.function(fn) is not None):
             return self.compiled_call(fn, args, kwargs, sys._getframe(2), api_name)
-        if self.in_api.get(_get_ident()) or not self.level_api:
+        if self.in_api.get(_get_ident()) or not self.plan.level_api:
             return fn(*args, **kwargs)
         record_args = args
         if api_name.startswith("Tensor."):
@@ -444,7 +412,7 @@ class Collector:
                 return self.compiled_call(fn, args, kwargs, sys._getframe(2))
         elif kind is self.compiled.optimized_module or self.compiled_modules.get(id(fn)) is fn:
             return self.compiled_call(fn, args, kwargs, sys._getframe(2))
-        if self.in_api.get(_get_ident()) or not self.level_api:
+        if self.in_api.get(_get_ident()) or not self.plan.level_api:
             return _not_routed(kind)
         name = self.identity.get(id(fn))
         if name is not None:
@@ -465,7 +433,7 @@ class Collector:
         return _not_routed(kind)
 
     def operator(self, name, python_op, *operands):
-        if (not _POLYFILLED and _tracing()) or self.in_api.get(_get_ident()) or not self.level_api:
+        if (not _POLYFILLED and _tracing()) or self.in_api.get(_get_ident()) or not self.plan.level_api:
             return python_op(*operands)
         first = operands[0]
         kind = type(first)
@@ -497,7 +465,7 @@ class Collector:
         inside a recorded call, and no mode already watching (``ctx[-1]`` false: uninstrumented code's mode
         sees the call by itself)."""
         return not ((not _POLYFILLED and _tracing()) or not self.collecting or self.in_api.get(_get_ident())
-                    or not self.level_api or not self.ctx[-1])
+                    or not self.plan.level_api or not self.ctx[-1])
 
     def call_observed(self, fn, *args, **kwargs):
         """``fn(*args, **kwargs)`` with the observing mode on, as ``shims.dyn`` calls a foreign function."""
@@ -528,7 +496,7 @@ class Collector:
     def truth(self, value):
         """A truth test: recorded as the tensor's ``__bool__`` (msprobe's ``Tensor.__bool__``, and what the
         observing mode records for ``if t:`` in uninstrumented code); any other value is only tested."""
-        if ((not _POLYFILLED and _tracing()) or self.in_api.get(_get_ident()) or not self.level_api
+        if ((not _POLYFILLED and _tracing()) or self.in_api.get(_get_ident()) or not self.plan.level_api
                 or self.truth_name is None or not is_subclass(type(value), _TENSOR)):
             return bool(value)
         return self.api(self.truth_name, bool, (value,), {}, (value,), sys._getframe(2))
@@ -553,8 +521,8 @@ class Collector:
             try:
                 result = fn(*args, **kwargs)
             except BaseException:
-                if begun is not None and begun[0] == "module" and begun[1] is not None:
-                    self.module_forward_abort(begun[1])  # its name leaves the stack of modules running
+                if begun is not None and begun.kind == "module" and begun.record is not None:
+                    self.module_forward_abort(begun.record)  # its name leaves the stack of modules running
                 raise
             finally:
                 self.leave_compiled()
@@ -575,12 +543,12 @@ class Collector:
         catalogue or ``Compiled.{name}``."""
         kind = type(fn)
         if kind is _FUNCTION or kind is _METHOD:
-            if not self.level_api:
+            if not self.plan.level_api:
                 return None
             if api_name is None:
                 original = self.compiled.function(fn)
                 api_name = self.identity.get(id(fn)) or compiled_calls.function_name(original, self.identity)
-            return ("api", self._begin_api(api_name, args, kwargs), fn)
+            return Boundary("api", self._begin_api(api_name, args, kwargs), fn)
         original = compiled_calls.original_module(fn) if kind is self.compiled.optimized_module else fn
         return self.begin_compiled_module(fn, original if original is not None else fn, args, kwargs)
 
@@ -588,16 +556,16 @@ class Collector:
         """A compiled module's boundary entry, begun (``module``: the module called, ``original`` the one it
         compiled, by whose class it is named). ``kwargs`` None: not known yet (the module hooks see them at the
         end of the call: ``end_compiled_module``)."""
-        if self.level_module:
+        if self.plan.level_module:
             known = self.modules.get(id(module))
             if known is None or known[0] is not module:
                 known = self.modules.get(id(original))
                 module = original
             if known is not None and known[0] is module:
-                return ("module", self.module_forward_begin(module, args), module)
-        if not self.level_api:
+                return Boundary("module", self.module_forward_begin(module, args), module)
+        if not self.plan.level_api:
             return None
-        return ("api", self._begin_api(compiled_calls.module_name(original), args, kwargs or {}), module)
+        return Boundary("api", self._begin_api(compiled_calls.module_name(original), args, kwargs or {}), module)
 
     def end_compiled(self, begun, kwargs, result, frame=None):
         kind, record, target = begun
@@ -617,10 +585,10 @@ class Collector:
             if kind == "module":
                 self.module_forward_abort(record)
             return
-        entry = record[2] if kind == "api" else None
+        entry = record.entry if kind == "api" else None
         if kwargs and entry is not None and "input_kwargs" in entry:  # the pre-hook had the positional ones only
-            entry["input_kwargs"] = self.describe_map(kwargs, self.file_stem(record[1], "input")
-                                                      if self.tensor_task else None)
+            entry["input_kwargs"] = self.describe_map(kwargs, self.file_stem(record.forward, "input")
+                                                      if self.plan.tensor_task else None)
         self.end_compiled(begun, kwargs, result)
 
     # ----------------------------------------------------------------- APIs
@@ -667,8 +635,8 @@ class Collector:
         neither direction is recorded. The entry holds the inputs' records."""
         selection = self.selection
         with self._lock:  # threads count under one lock: each call its own index (and scope moves in that order)
-            index = self.api_counts.get(api_name, 0)
-            self.api_counts[api_name] = index + 1
+            index = self.step.api_counts.get(api_name, 0)
+            self.step.api_counts[api_name] = index + 1
             name, forward_name = dump_names.api_call_forward(api_name, index)
             if selection is None:
                 forward = backward = True
@@ -677,35 +645,37 @@ class Collector:
                 if not (forward or backward):
                     return None
         entry = None
-        if forward and self.want_forward:
+        if forward and self.plan.want_forward:
             entry = {}
-            if self.want_input:
-                prefix = self.file_stem(forward_name, "input") if self.tensor_task else None
+            if self.plan.want_input:
+                prefix = self.file_stem(forward_name, "input") if self.plan.tensor_task else None
                 entry["input_args"] = self.describe_seq(record_args, prefix)
                 # kwargs is the dict Python packed for the call (or fold_keywords' copy): ours to test
                 entry["input_kwargs"] = self.describe_map(record_kwargs, prefix) if record_kwargs else {}
-        return name, forward_name, entry, backward
+        return make(ApiCall, (name, forward_name, entry, backward))
 
     def _finish_api(self, begun, result, frame):
         name, forward, entry, backward_selected = begun
+        plan, step = self.plan, self.step
         if entry is not None:
-            if self.want_output:
+            if plan.want_output:
                 entry["output"] = self.describe_output(result, self.file_stem(forward, "output")
-                                                       if self.tensor_task else None)
+                                                       if plan.tensor_task else None)
             if self._arrivals:
                 self.take_arrivals()
             with self._lock:
-                self.data[forward] = entry
-            self.stacks[forward] = self.anchors.capture(frame if frame is not None else sys._getframe(1))
-            if self.construct_apis:
+                step.data[forward] = entry
+            step.stacks[forward] = self.anchors.capture(frame if frame is not None else sys._getframe(1))
+            if plan.construct_apis:
                 phase = self.phase
+                construct = step.construct
                 if phase is None:
-                    self.construct[forward] = self.module_stack[-1] if self.module_stack else None
+                    construct[forward] = self.module_stack[-1] if self.module_stack else None
                 else:
-                    if phase not in self.construct:
-                        self.construct[phase] = None
-                    self.construct[forward] = phase
-        if backward_selected and self.want_backward and _grad_enabled():
+                    if phase not in construct:
+                        construct[phase] = None
+                    construct[forward] = phase
+        if backward_selected and plan.want_backward and _grad_enabled():
             if type(result) is _TENSOR:  # the common case, without flattening
                 if not result.requires_grad:
                     return
@@ -714,12 +684,12 @@ class Collector:
                 outputs = bw.flat_tensors(result, [])
                 if not any(t is not None and t.requires_grad for t in outputs):
                     return
-            parent = self.module_stack[-1] if (self.construct_apis and self.module_stack) else None
+            parent = self.module_stack[-1] if (plan.construct_apis and self.module_stack) else None
             backward = dump_names.api_backward(name)
-            self.backward_parents[backward] = parent
+            step.backward_parents[backward] = parent
             if self.native_backward:
-                table = self.api_backward_hooks
-                table.append((backward, len(outputs)))
+                table = step.api_backward_hooks
+                table.append(make(ApiBackwardHook, (backward, len(outputs))))
                 self.recorder.hook_api(outputs, len(table) - 1)
             else:
                 bw.hook_api_backward(self, backward, outputs)
@@ -745,7 +715,7 @@ class Collector:
                 self.log_error("backward hook", error)
 
     def _api_arrival(self, index, received, sent):
-        name, width = self.api_backward_hooks[index]
+        name, width = self.step.api_backward_hooks[index]
         entry = self._backward_entry(name, width, 0)
         if entry is None:
             return
@@ -757,13 +727,14 @@ class Collector:
             entry["output"].extend(sent)
 
     def _module_arrival(self, index, field, slot, record):
-        name, n_out, n_in, state = self.module_backward_hooks[index]
-        entry = self._backward_entry(name, n_out, n_in, True)
+        wait = self.step.module_backward_hooks[index]
+        name = wait.name
+        entry = self._backward_entry(name, wait.n_out, wait.n_in, True)
         key = bw.FIELDS[field]
         if entry is not None and key in entry:
             entry[key][slot] = record
-        state["parts"] -= 1
-        if state["parts"] == 0:
+        wait.parts -= 1
+        if wait.parts == 0:
             self._commit_backward(name)
 
     def backward_entry(self, name, input_width, output_width, deferred=False):
@@ -774,39 +745,39 @@ class Collector:
         return self._backward_entry(name, input_width, output_width, deferred)
 
     def _backward_entry(self, name, input_width, output_width, deferred=False):
-        entry = self.data.get(name)
+        entry = self.step.data.get(name)
         if entry is None:
-            entry = self.pending_backward.get(name)
+            entry = self.step.pending_backward.get(name)
         if entry is None:
             if self.selection is not None:
                 with self._lock:  # backward hooks of several devices may run on several threads
-                    skipped = name in self.skipped_backward or not self.selection.backward(name)
+                    skipped = name in self.step.skipped_backward or not self.selection.backward(name)
                     if skipped:
-                        self.skipped_backward.add(name)  # later parts of a module's backward: the same answer
+                        self.step.skipped_backward.add(name)  # later parts of a module's backward: the same answer
                 if skipped:
                     return None
             entry = {}
-            if self.want_input:
+            if self.plan.want_input:
                 entry["input"] = [None] * input_width
-            if self.want_output:
+            if self.plan.want_output:
                 entry["output"] = [None] * output_width
             with self._lock:
                 if deferred:
-                    self.pending_backward[name] = entry
+                    self.step.pending_backward[name] = entry
                 else:
-                    self.data[name] = entry
-            parents = self.backward_parents
+                    self.step.data[name] = entry
+            parents = self.step.backward_parents
             if name in parents:
                 parent = parents[name]
                 if parent is not None:
                     # each module's backward name made once a step: many entries share a parent
-                    backward_names = self._backward_names
+                    backward_names = self.step.backward_names
                     parent_backward = backward_names.get(parent)
                     if parent_backward is None:
                         parent_backward = backward_names[parent] = dump_names.module_backward(parent)
-                    self.construct[name] = parent_backward
-                elif self.construct_apis or self.level_module:
-                    self.construct[name] = None
+                    self.step.construct[name] = parent_backward
+                elif self.plan.construct_apis or self.plan.level_module:
+                    self.step.construct[name] = None
         return entry
 
     def commit_backward(self, name):
@@ -816,9 +787,9 @@ class Collector:
 
     def _commit_backward(self, name):
         with self._lock:
-            entry = self.pending_backward.pop(name, None)
+            entry = self.step.pending_backward.pop(name, None)
             if entry is not None:
-                self.data[name] = entry
+                self.step.data[name] = entry
 
     # ----------------------------------------------------------------- modules (from module_tracking)
 
@@ -828,8 +799,8 @@ class Collector:
             return None
         prefix = known[1]
         with self._lock:
-            index = self.module_counts.get(prefix, 0)
-            self.module_counts[prefix] = index + 1
+            index = self.step.module_counts.get(prefix, 0)
+            self.step.module_counts[prefix] = index + 1
         name = dump_names.module_forward(prefix, index)
         parent = self.module_stack[-1] if self.module_stack else None
         self.module_stack.append(name)
@@ -838,21 +809,23 @@ class Collector:
             forward, backward = self.selection.module_begin(name, dump_names.module_backward(name))
         # the record's args also say whether to hook the backward (module_forward_end)
         backward_args = args if backward else None
-        if not forward or not self.want_forward:
-            return (name, None, parent, backward_args)
+        plan = self.plan
+        if not forward or not plan.want_forward:
+            return make(ModuleCall, (name, None, parent, backward_args))
         entry = {}
-        if self.want_input:
-            entry["input_args"] = self.describe_seq(args, self.file_stem(name, "input") if self.tensor_task else None)
+        if plan.want_input:
+            entry["input_args"] = self.describe_seq(args, self.file_stem(name, "input") if plan.tensor_task else None)
             entry["input_kwargs"] = {}
         # the entry joins dump.json when the forward ends, after the calls inside it, as in msprobe's order
-        self.construct[name] = parent
-        self.stacks[name] = self.anchors.capture(sys._getframe(1))
-        return (name, entry, parent, backward_args)
+        step = self.step
+        step.construct[name] = parent
+        step.stacks[name] = self.anchors.capture(sys._getframe(1))
+        return make(ModuleCall, (name, entry, parent, backward_args))
 
     def module_forward_abort(self, record):
         if self.selection is not None:
-            self.selection.module_end(record[0])
-        if self.module_stack and self.module_stack[-1] == record[0]:
+            self.selection.module_end(record.name)
+        if self.module_stack and self.module_stack[-1] == record.name:
             self.module_stack.pop()
 
     def module_forward_end(self, record, module, kwargs, result):
@@ -862,16 +835,16 @@ class Collector:
         if self.module_stack and self.module_stack[-1] == name:
             self.module_stack.pop()
         if entry is not None:
-            if self.want_input and kwargs:
+            if self.plan.want_input and kwargs:
                 entry["input_kwargs"] = self.describe_map(kwargs, self.file_stem(name, "input")
-                                                          if self.tensor_task else None)
-            if self.want_output:
+                                                          if self.plan.tensor_task else None)
+            if self.plan.want_output:
                 entry["output"] = self.describe_output(result, self.file_stem(name, "output")
-                                                       if self.tensor_task else None)
+                                                       if self.plan.tensor_task else None)
             listed = self.hooked_parameters.get(id(module))
-            own = listed[1] if listed is not None and listed[0] is module else own_parameters(module)
+            own = listed.own if listed is not None and listed.module is module else own_parameters(module)
             if own:
-                if self.tensor_task:
+                if self.plan.tensor_task:
                     entry["parameters"] = {param_name: self.describe(param, self.file_stem(name, "parameters",
                                                                                            param_name))
                                            for param_name, param in own}
@@ -881,8 +854,8 @@ class Collector:
             if self._arrivals:
                 self.take_arrivals()
             with self._lock:
-                self.data[name] = entry
-        if args is not None and self.want_backward and torch.is_grad_enabled():
+                self.step.data[name] = entry
+        if args is not None and self.plan.want_backward and torch.is_grad_enabled():
             outputs = bw.flat_tensors(result, [])
             for t in outputs:  # any output that takes part in backward (a loop: no generator resumed per item)
                 if t is not None and t.requires_grad:
@@ -894,7 +867,7 @@ class Collector:
                 if kwargs:
                     bw.flat_tensors(kwargs, inputs)
                 backward_name = dump_names.module_backward(name)
-                self.backward_parents[backward_name] = parent
+                self.step.backward_parents[backward_name] = parent
                 # wait for the parameters' accumulation only where their hooks report it (not for module_dump at L1)
                 params = self._parameters(module) if self.param_hooks else []
                 bw.hook_module_backward(self, backward_name, inputs, outputs, params)
@@ -904,13 +877,13 @@ class Collector:
         ``foreign``), made from its children's lists where this step made them already (a module's forward ends
         after those of the modules it calls), so the tree is walked once a step. A module that ``start()`` did
         not list (added to the model since) has none hooked of its own."""
-        known = self._module_parameters.get(id(module))
+        known = self.step.module_parameters.get(id(module))
         if known is not None and known[0] is module:
             return known[1]
         found, seen = [], set()
-        self._module_parameters[id(module)] = (module, found)  # held: no other module takes its id this step;
+        self.step.module_parameters[id(module)] = (module, found)  # held: no other module takes its id this step;
         listed = self.hooked_parameters.get(id(module))        # and a module inside itself adds nothing twice
-        for param in listed[2] if listed is not None and listed[0] is module else ():
+        for param in listed.hooked if listed is not None and listed.module is module else ():
             seen.add(id(param))
             found.append(param)
         for child in children(module):
@@ -924,41 +897,47 @@ class Collector:
         """One post-accumulate-grad hook call: ``{prefix}parameters_grad.{n}[param_name]``."""
         key = (prefix, param_name)
         with self._lock:
-            index = self.param_counts.get(key, 0)
-            self.param_counts[key] = index + 1
+            index = self.step.param_counts.get(key, 0)
+            self.step.param_counts[key] = index + 1
         name = dump_names.parameters_grad(prefix, index)
         if self.selection is not None and not self.selection.parameters_grad(name):
             self.param_accumulated(param)
             return
         if self._arrivals:
             self.take_arrivals()
-        entry = self.data.get(name)
+        entry = self.step.data.get(name)
         if entry is None:
             entry = {}
             with self._lock:
-                self.data[name] = entry
-        stem = self.file_stem(name, param_name) if self.tensor_task else None
+                self.step.data[name] = entry
+        stem = self.file_stem(name, param_name) if self.plan.tensor_task else None
         entry[param_name] = self._tensor(grad, stem) if type(grad) is _TENSOR else self.describe(grad, stem)
         self.param_accumulated(param)
 
     def param_accumulated(self, param):
         """A parameter's gradient is accumulated: module backward entries waiting for it may be complete."""
-        for state in self.param_waiters.pop(id(param), ()):
-            state["parts"] -= 1
-            if state["parts"] == 0:
-                self.commit_backward(state["name"])
+        for wait in self.step.param_waiters.pop(id(param), ()):
+            wait.parts -= 1
+            if wait.parts == 0:
+                self.commit_backward(wait.name)
 
-    def when_accumulated(self, params, state):
+    def when_accumulated(self, params, wait):
         """Count each of ``params``' accumulation this step as one of the parts of a module's backward entry
-        (``state`` of backward.hook_module_backward: its name, and the parts still to come), committed at its
-        last."""
-        waiters = self.param_waiters
+        (``wait``, an open_calls.BackwardWait), committed at its last."""
+        waiters = self.step.param_waiters
         for param in params:
             waiting = waiters.get(id(param))
             if waiting is None:
-                waiters[id(param)] = [state]
+                waiters[id(param)] = [wait]
             else:
-                waiting.append(state)
+                waiting.append(wait)
+
+    def number_module_backward(self, wait):
+        """The index by which the native op's hooks name a module call's backward (``Recorder.hook_module``,
+        ``take_arrivals``): ``wait`` is kept at it for this step."""
+        table = self.step.module_backward_hooks
+        table.append(wait)
+        return len(table) - 1
 
     # ----------------------------------------------------------------- describing values
 
@@ -966,7 +945,7 @@ class Collector:
         """The stem of a record's tensor files (``dump_names.stem``), or None where no file is written: the
         names are built only for task ``tensor``, and None passes down through ``describe``. The callers that
         run at every entry test ``tensor_task`` first, so that the other tasks make no call here."""
-        return dump_names.stem(entry, *fields) if self.tensor_task else None
+        return dump_names.stem(entry, *fields) if self.plan.tensor_task else None
 
     def describe_output(self, value, prefix):
         """msprobe's output field: always a list (a tuple's items, or the single value)."""
@@ -1076,7 +1055,7 @@ class Collector:
                 # 32 times a call): dtype, shape and requires_grad from the tensor's struct, statistics null
                 # (tests/runtime/test_tensor_subclasses.py)
                 self._say_opaque(type(t))
-                self.tensor_records += 1
+                self.step.tensor_records += 1
                 return TensorRecord("torch.Tensor", _dtype_name(t.dtype), tuple(t.shape), requires_grad,
                                     KIND_EMPTY, None, None, None, None)
         kind = tensor_kind(t)
@@ -1098,15 +1077,15 @@ class Collector:
                 self._no_statistics(t, error)
                 kind = KIND_EMPTY  # null statistics; its values are still saved (task tensor) and hashed
         data_name = None
-        if self.tensor_task and file_stem is not None and has_values:
+        if self.plan.tensor_task and file_stem is not None and has_values:
             data_name = dump_names.tensor_file_name(file_stem)
-            self.tensors.append((data_name, t.detach().clone()))
+            self.step.tensors.append((data_name, t.detach().clone()))
         checksum = None
-        if self.checksum_mode is not None:
+        if self.plan.checksum_mode is not None:
             if readable is None:  # empty or complex: no statistics, but bytes to hash where there are any
                 readable = t.numel() == 0 or self._has_readable_data(t)
-            checksum = checksum_of(t, self.checksum_mode, readable, self.stats)
-        self.tensor_records += 1
+            checksum = checksum_of(t, self.plan.checksum_mode, readable, self.stats)
+        self.step.tensor_records += 1
         return TensorRecord("torch.Tensor", _dtype_name(t.dtype), tuple(t.shape), requires_grad, kind, slot,
                             counts, data_name, checksum)
 
@@ -1154,7 +1133,7 @@ class Collector:
 
     def _slots(self, t, kind):
         """Statistics slots of ``t`` (``StatBuffer.add``), shared with an earlier record of the same tensor."""
-        return self._reuse(t, self._recent, self.stats.add, kind)
+        return self._reuse(t, self.step.recent, self.stats.add, kind)
 
     def _reuse(self, t, recent, compute, *args):
         """``compute(t, *args)``, or its result for an earlier record of the same unchanged tensor.
@@ -1192,7 +1171,7 @@ class Collector:
         if result is None and place is not None:
             # a parameter read earlier this step (an earlier microbatch, or before many calls of its layer)
             # that the last few no longer hold: weakly held, so the entry is checked against the tensor itself
-            held = self._leaves.get(place)
+            held = self.step.leaves.get(place)
             if held is not None:
                 leaf = held[0]()
                 if leaf is not None and held[1] == version and leaf._version == version and _place(leaf) == place:
@@ -1200,7 +1179,7 @@ class Collector:
         if result is None:
             result = compute(t, *args)
             if place is not None and t.requires_grad and t.is_leaf:
-                self._leaves[place] = (weakref.ref(t), version, result)
+                self.step.leaves[place] = (weakref.ref(t), version, result)
         with self._lock:  # another thread may be trimming the same table
             recent[key] = (t, version, result, place)
             if len(recent) > _RECENT:
@@ -1215,7 +1194,7 @@ def _api_backward_fallback(owner, index, positions, grad_inputs, grad_outputs):
     if collector is None:
         return
     try:
-        name, width = collector.api_backward_hooks[index]
+        name, width = collector.step.api_backward_hooks[index]
         with collector.own_work:
             bw.observe_api(collector, name, width, positions, grad_inputs, grad_outputs)
     except Exception as error:
@@ -1229,9 +1208,9 @@ def _module_backward_fallback(owner, index, field, slot, grad):
     if collector is None:
         return
     try:
-        name, n_out, n_in, state = collector.module_backward_hooks[index]
+        wait = collector.step.module_backward_hooks[index]
         with collector.own_work:
-            bw.observe_tensor(collector, name, n_out, n_in, bw.FIELDS[field], slot, state, grad)
+            bw.observe_tensor(collector, wait, bw.FIELDS[field], slot, grad)
     except Exception as error:
         collector.log_error("module backward hook", error)
 

@@ -23,6 +23,7 @@ from .config import load_config, read_dump_enable
 from .debug_save import DebugJob, DebugRecords, DumpWriter, valid_variable
 from .earlier_dumps import DumpPathError  # noqa: F401  (raised at start(); its home is earlier_dumps)
 from .json_files import copy_records
+from .open_calls import ModuleDump
 from .records import copied
 from .writer import PreparedJob, StepJob
 
@@ -86,7 +87,7 @@ class PrecisionDebugger:
         self._debug = DebugRecords()
         self._rank_id = None  # start(rank_id=...): the rank msprobe names the directory after
         self._tokens = None  # start(token_range=...): the window of root-model forwards that is collected
-        self._module_dump = None  # (module, name, saved state) while module_dump() is in force
+        self._module_dump = None  # open_calls.ModuleDump while module_dump() is in force
         # dump_enable hot reload, as msprobe: only when the file had the key at construction
         self._reload_path = self.config.config_path if self.config.dump_enable is not None else None
         self._reload_signature = _signature(self._reload_path)
@@ -149,7 +150,7 @@ class PrecisionDebugger:
         runtime_dir = os.path.dirname(os.path.abspath(__file__))
         while caller is not None and caller.f_code.co_filename.startswith(runtime_dir):
             caller = caller.f_back  # start() reached through a shim (dyn) of instrumented code
-        if collector.level_api and caller is not None and not instrumented_globals(caller.f_globals):
+        if collector.plan.level_api and caller is not None and not instrumented_globals(caller.f_globals):
             # the caller is not rewritten: observe its torch calls with the mode, as msprobe would record them
             collector.start_in(False)
             self._session_mode = ObserveMode(collector)
@@ -157,10 +158,10 @@ class PrecisionDebugger:
         if token_range is not None:
             # before the tracker's hooks, so the window opens (or closes) before the root's own call is seen
             self._tokens = _TokenWindow(collector, _chunks(self._model)[0][1], token_range)
-        if collector.level_module or collector.level_api:
+        if collector.plan.level_module or collector.plan.level_api:
             self._tracker = ModuleTracker(collector)
             self._tracker.install()
-        if collector.level_module and collector.want_backward:
+        if collector.plan.level_module and collector.plan.want_backward:
             from .backward import hook_parameters
 
             self._param_handles = hook_parameters(collector)
@@ -210,7 +211,7 @@ class PrecisionDebugger:
         if self._tokens is not None:
             self._tokens.remove()
             self._tokens = None
-        if self._module_dump is not None and self._module_dump[2] is not None:
+        if self._module_dump is not None and self._module_dump.narrowed is not None:
             self._undo_module_dump()
         if self._tracker is not None:
             self._tracker.remove()
@@ -299,7 +300,7 @@ class PrecisionDebugger:
             return
         if self._module_dump is not None:
             self.module_dump_end()
-        self._module_dump = [module, name, None]
+        self._module_dump = ModuleDump(module, name)
         collector = self._collector
         if collector is not None and collector.collecting:
             self._apply_module_dump()
@@ -307,7 +308,7 @@ class PrecisionDebugger:
     def module_dump_end(self) -> None:
         if self._module_dump is None:
             return
-        if self._module_dump[2] is not None:
+        if self._module_dump.narrowed is not None:
             self._undo_module_dump()
         self._module_dump = None
 
@@ -319,12 +320,13 @@ class PrecisionDebugger:
         collector = self._collector
         prefix = dump_names.module_prefix(name, type_name(type(module)))
         # the module alone is recorded as a module (not its children), the APIs inside it not at all
-        self._module_dump[2] = (collector.narrow_to_module(module, prefix), prefix)
+        narrowed = (collector.narrow_to_module(module, prefix), prefix)
+        self._module_dump = self._module_dump._replace(narrowed=narrowed)
 
     def _undo_module_dump(self):
         collector = self._collector
-        saved, prefix = self._module_dump[2]
-        self._module_dump[2] = None
+        saved, prefix = self._module_dump.narrowed
+        self._module_dump = self._module_dump._replace(narrowed=None)
         collector.restore_modules(saved)
         collector.forget_construct_under(prefix)  # construct.json stays {} at L1, as msprobe writes it
 
@@ -367,7 +369,7 @@ class PrecisionDebugger:
         if dump:
             # not copied (``_detached``): a step prepared at once below is marshalled before any hook can add to it
             data, stacks, construct, tensors = collector.snapshot(handover)
-            plain = collector.tensor_records == 0  # read after: a record made meanwhile only counts against
+            plain = collector.step.tensor_records == 0  # read after: a record made meanwhile only counts against
         else:
             tensors = collector.take_tensors()
         debug = self._debug.snapshot(handover) if self._debug.dirty else None
@@ -383,7 +385,7 @@ class PrecisionDebugger:
             header = {"task": self.config.task, "level": self.config.level, "framework": "pytorch",
                       "dump_data_dir": None}
             job = StepJob(directory, header, data, stacks, construct, tensors, plain)
-            if on_host and collector.checksum_mode is None and self._writer.may_prepare():
+            if on_host and collector.plan.checksum_mode is None and self._writer.may_prepare():
                 # every number is here: made into files now, in one go (writer.py says why not on its thread)
                 try:
                     with collector.own_work:
@@ -425,7 +427,7 @@ class PrecisionDebugger:
                        value, path, self.current_step)
         self.config.dump_enable = value
         collector = self._collector
-        if not value and self._end_collection() and (collector.data or collector.pending_backward):
+        if not value and self._end_collection() and (collector.step.data or collector.step.pending_backward):
             self._flush()  # what this step collected so far is written (not an empty step begun by step())
 
 

@@ -24,6 +24,7 @@ from . import operators
 from .compiled_calls import original_module
 from .contract import RUNTIME_NAME
 from .foreign import class_attribute, function_globals
+from .open_calls import TrackerFrame, make
 
 # True only while Dynamo traces (a constant to it; in eager, False in one Python frame): a hook or mode of ours, or
 # a collector entry, met inside a compiled region is the plain call there, never a record nor a graph break
@@ -55,7 +56,7 @@ class ObserveMode(TorchFunctionMode):
         if tracing():
             return func(*args, **kwargs)
         collector = self.collector
-        if collector.level_api and not collector.busy() and collector.in_uninstrumented_code():
+        if collector.plan.level_api and not collector.busy() and collector.in_uninstrumented_code():
             name = collector.identity.get(id(func))
             if name is not None:
                 if name.startswith("Tensor.") and _OPERATOR_CODES:
@@ -323,7 +324,8 @@ class ModuleTracker:
 
     def _pre(self, module, args):
         collector = self.collector
-        frame = [None, None, False, None]  # pushed mode, forward record, whether a context was pushed, mode set aside
+        mode = record = aside = None
+        pushed = False
         try:
             cls = type(module)
             known = self._instrumented.get(id(cls))
@@ -332,24 +334,24 @@ class ModuleTracker:
                 self._enter_optimized(module, args)
                 return None
             collector.enter_code(instrumented)
-            frame[2] = True
+            pushed = True
             busy = collector.in_api.get(_get_ident())  # Collector.busy, read here: every module call
             if instrumented and collector.mode_depth:
-                frame[3] = _set_aside(collector)
-            elif (not instrumented and collector.level_api and not busy
+                aside = _set_aside(collector)
+            elif (not instrumented and collector.plan.level_api and not busy
                     and (collector.mode_depth == 0 or not mode_active())):
                 mode = ObserveMode(collector)
                 collector.push_mode(mode)
-                frame[0] = mode
-            if collector.level_module and not busy:
+            if collector.plan.level_module and not busy:
                 with collector.own_work:
-                    frame[1] = collector.module_forward_begin(module, args)
+                    record = collector.module_forward_begin(module, args)
         except Exception as error:
             collector.log_error("module forward pre-hook", error)
         caller = sys._getframe(2)  # past _global_pre_hook
         # nn.Module's call frame (``_call_impl``'s ``inner``), where the stacks of the calls inside this module
         # leave it (call_stacks.Anchors); held, so that no other frame can take its identity
-        collector.enter_module(frame, caller if caller.f_code.co_filename == _MODULE_FILE else None)
+        anchor = caller if caller.f_code.co_filename == _MODULE_FILE else None
+        collector.enter_module(make(TrackerFrame, (mode, record, pushed, aside)), anchor)
         return None
 
     def _post(self, module, args, *rest):

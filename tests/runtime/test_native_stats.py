@@ -523,7 +523,7 @@ def test_a_step_of_plain_cpu_tensors_is_written_without_looking_for_records(nati
         debugger.start()
         for value in values:
             rt.call("Torch.clone", torch.clone, value)
-        made[name] = debugger._collector.tensor_records
+        made[name] = debugger._collector.step.tensor_records
         debugger.stop()
         debugger.wait()
         [directory] = glob.glob(os.path.join(str(tmp_path / name), "step0", "*"))
