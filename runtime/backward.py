@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import torch  # imported by the collector already, whose module this is part of
 
-from .foreign import is_subclass, mapping_items, own_parameters, sequence_items
+from .foreign import is_subclass, mapping_items, own_parameters, sequence_items, subclass_test
 from .open_calls import BackwardWait, HookedParameters
 
 _TENSOR = torch.Tensor
+_is_tensor_type = subclass_test(_TENSOR)  # one C call that asks the class nothing (foreign.subclass_test)
 
 
 def flat_tensors(value, out, depth=0):
@@ -35,7 +36,7 @@ def flat_tensors(value, out, depth=0):
             else:
                 flat_tensors(item, out, depth + 1)
         return out
-    if is_subclass(kind, _TENSOR):
+    if _is_tensor_type(kind):
         out.append(value)
         return out
     if depth < 8:

@@ -24,6 +24,7 @@ from .module_tracking import ObserveMode, instrumented_globals, mode_active, on_
 from .module_tracking import tracing as _tracing
 from .switches import switched_on
 from .foreign import (BOUND_METHOD_TYPES, bound_self, children, class_attribute, defines_before, is_subclass, key_text,
+                      subclass_test,
                       mapping_items, method_name,
                       own_parameters, sequence_items, type_name)
 from .open_calls import ApiBackwardHook, ApiCall, Boundary, ModuleCall, make
@@ -52,6 +53,8 @@ def _reuse_min():
 
 _PLAIN_SCALARS = (bool, int, float, complex)
 _TENSOR = torch.Tensor
+# whether a class from ``type()`` is a tensor's: one C call that asks the class nothing (foreign.subclass_test)
+_is_tensor_type = subclass_test(_TENSOR)
 _PARAMETER = torch.nn.Parameter
 _SIZE = torch.Size
 _DTYPE = torch.dtype
@@ -61,12 +64,19 @@ _STRIDED = torch.strided
 _NO_TORCH_FUNCTION = torch._C.DisableTorchFunction
 _modes_on = torch._C._is_torch_function_mode_enabled  # a TorchFunctionMode active on this thread: ours or a user's
 _grad_enabled = torch.is_grad_enabled
-_get_ident = threading.get_ident
 # module_tracking.tracing is asked only until the polyfills are registered (``_POLYFILLED``, a list: empty until
 # then): from then on Dynamo never traces the collector's entries (compiled_regions)
 _BUILTIN_METHOD, _METHOD_WRAPPER, _METHOD = BOUND_METHOD_TYPES
 _FUNCTION = types.FunctionType
 _COMPILE_WRAPPER = compiled_calls.WRAPPER_NAME
+
+
+class _WorkDepth(threading.local):
+    """A thread's depth of recorded API calls and the runtime's own work (``Collector.work``): per thread, so
+    that a call on one thread is never taken for another thread's own work and dropped
+    (tests/runtime/test_threads.py); 0 in a thread that has done none."""
+
+    depth = 0
 
 
 class _OwnWork:
@@ -83,9 +93,7 @@ class _OwnWork:
 
     def __enter__(self):
         collector = self.collector
-        ident = _get_ident()  # Collector.enter_own_work, written out: this runs at every hook
-        depths = collector.in_api
-        depths[ident] = depths.get(ident, 0) + 1
+        collector.work.depth += 1  # Collector.enter_own_work
         guard = None
         if _modes_on():
             guard = _NO_TORCH_FUNCTION()
@@ -97,7 +105,7 @@ class _OwnWork:
         guard = self.guards.pop()
         if guard is not None:
             guard.__exit__(kind, value, traceback)
-        self.collector.in_api[_get_ident()] -= 1  # Collector.leave_own_work
+        self.collector.work.depth -= 1  # Collector.leave_own_work
         return False
 
 
@@ -152,11 +160,12 @@ class Collector:
         # at start(), used by the module calls until stop() (the hooks are what a module's backward waits for)
         self.hooked_parameters = {}
         self.step = StepState()  # what this step collects (step_state): a new one at every reset
-        # The session's state of execution, changed only through the methods below: ``in_api`` maps a thread
-        # to the depth of the API calls and own work it runs (``busy``, ``own_work``): per thread, so that a
-        # call on one thread is never taken for another thread's own work and dropped; ``mode_depth`` observing
-        # modes pushed (``push_mode``); ``ctx`` whether the code running is instrumented (``enter_code``).
-        self.in_api = {}
+        # The session's state of execution, changed only through the methods below: ``work.depth`` is this
+        # thread's depth of the API calls and own work it runs (``busy``, ``own_work``), the one test of
+        # whether a routed call is the user's, read inline by every entry (an attribute read, no frame);
+        # ``mode_depth`` observing modes pushed (``push_mode``); ``ctx`` whether the code running is
+        # instrumented (``enter_code``).
+        self.work = _WorkDepth()
         self.ctx = [True]
         self.mode_depth = 0
         self.own_work = _OwnWork(self)
@@ -177,16 +186,13 @@ class Collector:
 
     def busy(self):
         """Whether this thread is inside a recorded API call or the runtime's own work."""
-        return bool(self.in_api.get(_get_ident()))
+        return bool(self.work.depth)
 
     def enter_own_work(self):
-        # each thread changes only its own key: no lock needed
-        ident = _get_ident()
-        depths = self.in_api
-        depths[ident] = depths.get(ident, 0) + 1
+        self.work.depth += 1  # this thread's own: no lock needed
 
     def leave_own_work(self):
-        self.in_api[_get_ident()] -= 1
+        self.work.depth -= 1
 
     def push_mode(self, mode):
         """Push an observing ``TorchFunctionMode``."""
@@ -386,7 +392,7 @@ class Collector:
         if (type(fn) is _FUNCTION and fn.__code__.co_name == _COMPILE_WRAPPER
                 and self.compiled.function(fn) is not None):
             return self.compiled_call(fn, args, kwargs, sys._getframe(2), api_name)
-        if self.in_api.get(_get_ident()) or not self.plan.level_api:
+        if self.work.depth or not self.plan.level_api:
             return fn(*args, **kwargs)
         record_args = args
         if api_name.startswith("Tensor."):
@@ -400,7 +406,7 @@ class Collector:
         eager code: the entry (``shims.dyn``) then calls it, one frame less deep."""
         if not _POLYFILLED and _tracing():
             return fn(*args, **kwargs)  # the plain call, which Dynamo traces (tests/compile)
-        if self.compiled_depth and self.in_api.get(_get_ident()):
+        if self.compiled_depth and self.work.depth:
             return NOT_ROUTED  # eager code inside a compiled call (past a graph break): nothing recorded
         kind = type(fn)
         # a call into compiled code, told by type and the code's name first: most callees are none, and Dynamo
@@ -412,7 +418,7 @@ class Collector:
                 return self.compiled_call(fn, args, kwargs, sys._getframe(2))
         elif kind is self.compiled.optimized_module or self.compiled_modules.get(id(fn)) is fn:
             return self.compiled_call(fn, args, kwargs, sys._getframe(2))
-        if self.in_api.get(_get_ident()) or not self.plan.level_api:
+        if self.work.depth or not self.plan.level_api:
             return _not_routed(kind)
         name = self.identity.get(id(fn))
         if name is not None:
@@ -423,7 +429,7 @@ class Collector:
         if kind is _BUILTIN_METHOD or kind is _METHOD_WRAPPER or kind is _METHOD:
             owner = fn.__self__
             owner_kind = type(owner)
-            if owner_kind is _TENSOR or owner_kind is _PARAMETER or is_subclass(owner_kind, _TENSOR):
+            if _is_tensor_type(owner_kind):
                 name = self.tensor_methods.get(method_name(fn) if kind is _METHOD else fn.__name__)
                 if name is not None:
                     return self.api(name, fn, args, kwargs, (owner,) + args, sys._getframe(2))
@@ -433,16 +439,14 @@ class Collector:
         return _not_routed(kind)
 
     def operator(self, name, python_op, *operands):
-        if (not _POLYFILLED and _tracing()) or self.in_api.get(_get_ident()) or not self.plan.level_api:
+        if (not _POLYFILLED and _tracing()) or self.work.depth or not self.plan.level_api:
             return python_op(*operands)
         first = operands[0]
         kind = type(first)
-        # the usual types named before asking is_subclass, as in ``dyn``: most operators on megatron's step are
-        # on tensors or on ints
-        if kind is _TENSOR or kind is _PARAMETER or (kind is not int and is_subclass(kind, _TENSOR)):
+        if _is_tensor_type(kind):
             api_name, record_args = self.operator_names[name][0], operands
         elif len(operands) == 2 and (kind is int or kind is float or is_subclass(kind, _PLAIN_SCALARS)) and (
-                (other := type(operands[1])) is _TENSOR or (other is not int and is_subclass(other, _TENSOR))):
+                _is_tensor_type(type(operands[1]))):
             # Python reaches the tensor's reflected method: msprobe records that one, self first
             api_name, record_args = self.operator_names[name][1], (operands[1], first)
         else:
@@ -464,7 +468,7 @@ class Collector:
         """Whether a call from instrumented code here is to run with the mode on: collecting APIs, eager, not
         inside a recorded call, and no mode already watching (``ctx[-1]`` false: uninstrumented code's mode
         sees the call by itself)."""
-        return not ((not _POLYFILLED and _tracing()) or not self.collecting or self.in_api.get(_get_ident())
+        return not ((not _POLYFILLED and _tracing()) or not self.collecting or self.work.depth
                     or not self.plan.level_api or not self.ctx[-1])
 
     def call_observed(self, fn, *args, **kwargs):
@@ -482,7 +486,7 @@ class Collector:
         if not self._observes_instrumented_code():
             return value
         kind = type(value)
-        if not (kind is _TENSOR or kind is _PARAMETER or is_subclass(kind, _TENSOR)):
+        if not _is_tensor_type(kind):
             return value
         return self.call_observed(iter, value)
 
@@ -496,8 +500,8 @@ class Collector:
     def truth(self, value):
         """A truth test: recorded as the tensor's ``__bool__`` (msprobe's ``Tensor.__bool__``, and what the
         observing mode records for ``if t:`` in uninstrumented code); any other value is only tested."""
-        if ((not _POLYFILLED and _tracing()) or self.in_api.get(_get_ident()) or not self.plan.level_api
-                or self.truth_name is None or not is_subclass(type(value), _TENSOR)):
+        if ((not _POLYFILLED and _tracing()) or self.work.depth or not self.plan.level_api
+                or self.truth_name is None or not _is_tensor_type(type(value))):
             return bool(value)
         return self.api(self.truth_name, bool, (value,), {}, (value,), sys._getframe(2))
 
@@ -511,7 +515,7 @@ class Collector:
         modes = tracker.set_aside() if tracker is not None else None
         try:
             begun = None
-            if not self.in_api.get(_get_ident()):
+            if not self.work.depth:
                 try:
                     with self.own_work:
                         begun = self.begin_compiled(fn, args, kwargs, api_name)
@@ -596,7 +600,7 @@ class Collector:
     def api(self, api_name, fn, args, kwargs, record_args, frame, record_kwargs=None):
         """Record one API call around ``fn(*args, **kwargs)``, which runs exactly once.
 
-        ``in_api`` stays raised throughout: calls nested inside the API, and our own statistics ops, are not
+        ``work.depth`` stays raised throughout: calls nested inside the API, and our own statistics ops, are not
         recorded as the user's calls. While a ``TorchFunctionMode`` is active (an observing mode of ours, or a
         user's), torch function handling is off around our own work: without it, every metadata read and
         statistics op of ours would take a Python round trip through the mode (about twenty per recorded tensor),
@@ -1003,7 +1007,7 @@ class Collector:
         """The record of one value, looked at by ``type()`` only (``foreign``): no method of the value's class
         runs, so an object whose ``__class__``, ``__iter__`` or ``__getattr__`` calls routed code is safe."""
         kind = type(value)
-        if kind is _TENSOR or is_subclass(kind, _TENSOR):
+        if _is_tensor_type(kind):
             return self._tensor(value, file_stem)
         if value is None:
             return None
@@ -1360,7 +1364,7 @@ def _dispatches_to_python(kind):
 def _tensor_owner(fn):
     """The tensor a bound method ``fn`` belongs to, or None (looked at by type only: ``foreign``)."""
     owner = bound_self(fn)
-    return owner if owner is not None and is_subclass(type(owner), _TENSOR) else None
+    return owner if owner is not None and _is_tensor_type(type(owner)) else None
 
 
 _DTYPE_NAMES = {}

@@ -44,6 +44,23 @@ def is_subclass(cls, base):
     return answer
 
 
+def subclass_test(base):
+    """``kind -> issubclass(kind, base)`` for a class from ``type(obj)``, as one C call where that is safe: the
+    bound ``__subclasscheck__`` of ``type`` itself on ``base`` (``torch.Tensor``'s metaclass is torch's C
+    ``_TensorMeta``, which keeps it), which walks ``kind``'s stored MRO (``PyType_IsSubtype``) and asks ``kind``
+    nothing. Where ``base``'s metaclass defines its own, ``is_subclass`` in Python. One bound method looked up
+    once, for the tests that run at every routed call (tests/runtime/test_user_code_hazards.py)."""
+    for klass in _TYPE_GETATTR(type(base), "__mro__"):
+        if klass is type:
+            return _TYPE_SUBCLASSCHECK.__get__(base, type(base))
+        if "__subclasscheck__" in _TYPE_GETATTR(klass, "__dict__"):
+            break
+    return lambda kind: is_subclass(kind, base)
+
+
+_TYPE_SUBCLASSCHECK = _TYPE_GETATTR(type, "__dict__")["__subclasscheck__"]
+
+
 def defines_before(cls, name, base):
     """Whether a class of ``cls``'s MRO that comes before ``base`` has ``name`` in its own namespace (a tensor
     subclass's own ``__torch_dispatch__``), read from the MRO and class dicts that CPython stores."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dis
 import sys
-import threading
 import types
 from collections import OrderedDict
 
@@ -171,7 +170,6 @@ def _set_aside(collector):
     return top
 
 
-_get_ident = threading.get_ident
 _MODULE_FILE = torch.nn.Module._call_impl.__code__.co_filename  # nn.Module's call machinery calls the hooks
 
 
@@ -335,7 +333,7 @@ class ModuleTracker:
                 return None
             collector.enter_code(instrumented)
             pushed = True
-            busy = collector.in_api.get(_get_ident())  # Collector.busy, read here: every module call
+            busy = collector.work.depth  # Collector.busy, as an attribute read: every module call
             if instrumented and collector.mode_depth:
                 aside = _set_aside(collector)
             elif (not instrumented and collector.plan.level_api and not busy

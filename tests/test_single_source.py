@@ -65,13 +65,14 @@ def _writes_outside_the_collector():
 
 
 def test_the_collectors_execution_state_changes_only_in_the_collector():
-    """``in_api``, ``mode_depth`` and ``ctx`` are changed by ``Collector`` methods (``own_work``,
+    """``work.depth``, ``mode_depth`` and ``ctx`` are changed by ``Collector`` methods (``own_work``,
     ``push_mode``, ``enter_code``...) and nowhere else."""
     offenders = []
     for path, node, target in _writes_outside_the_collector():
         while isinstance(target, ast.Subscript):
             target = target.value
-        if isinstance(target, ast.Attribute) and target.attr in ("in_api", "mode_depth", "ctx", "param_waiters"):
+        if isinstance(target, ast.Attribute) and (target.attr in ("work", "mode_depth", "ctx", "param_waiters") or (
+                target.attr == "depth" and isinstance(target.value, ast.Attribute) and target.value.attr == "work")):
             offenders.append(f"{path}:{node.lineno}")
     assert offenders == []
 

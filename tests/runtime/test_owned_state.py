@@ -143,3 +143,68 @@ def test_the_records_between_the_halves_of_a_call_are_named(tmp_path):
     api = next(record for record in seen if type(record) is ApiCall and record.name.startswith("Torch.tanh"))
     assert api.forward == "Torch.tanh.0.forward" and api.name == "Torch.tanh.0" and api.backward
     assert set(api.entry) == {"input_args", "input_kwargs", "output"}
+
+
+def test_the_tensor_type_test_asks_the_class_nothing():
+    """``foreign.subclass_test(torch.Tensor)``, the one tensor type test of the hot path: a C call where the
+    base's metaclass keeps type's ``__subclasscheck__``; a metaclass of the user's that would run code on any
+    question is never asked (its ``__subclasscheck__``, ``__hash__``, ``__eq__``, attributes)."""
+    from msprobe_runtime.foreign import subclass_test
+
+    asked = []
+
+    class Loud(type):
+        def __subclasscheck__(cls, other):
+            asked.append("subclasscheck")
+            return True
+
+        def __instancecheck__(cls, other):
+            asked.append("instancecheck")
+            return True
+
+        def __hash__(cls):
+            asked.append("hash")
+            return 0
+
+        def __eq__(cls, other):
+            asked.append("eq")
+            return True
+
+    class Plain(metaclass=Loud):
+        pass
+
+    loud_tensor_meta = type("LoudTensorMeta", (type(torch.Tensor),), dict(Loud.__dict__))
+
+    class LoudTensor(torch.Tensor, metaclass=loud_tensor_meta):
+        pass
+
+    is_tensor_type = subclass_test(torch.Tensor)
+    assert type(is_tensor_type).__name__ == "builtin_function_or_method"  # a C call: no Python frame
+    assert [is_tensor_type(k) for k in (torch.Tensor, torch.nn.Parameter, LoudTensor, Plain, int)] == [
+        True, True, True, False, False]
+    assert asked == []
+    # a base whose own metaclass defines the check: answered from the stored MRO instead, still asking nothing
+    by_mro = subclass_test(LoudTensor)
+    assert [by_mro(k) for k in (LoudTensor, torch.Tensor, Plain)] == [True, False, False]
+    assert asked == []
+
+
+def test_a_routed_call_is_the_users_only_on_a_thread_that_is_not_busy(tmp_path):
+    """``work.depth`` is per thread: the runtime's own work on one thread leaves another thread's calls
+    recorded."""
+    import threading
+
+    debugger = PrecisionDebugger(dump_path=str(tmp_path / "dump"), level="L1", task="statistics")
+    debugger.start()
+    collector = debugger._collector
+    try:
+        seen = {}
+        with collector.own_work:
+            assert collector.busy()
+            worker = threading.Thread(target=lambda: seen.update(busy=collector.busy()))
+            worker.start()
+            worker.join()
+        assert seen == {"busy": False} and not collector.busy()
+    finally:
+        debugger.stop()
+        debugger.wait()
