@@ -16,7 +16,7 @@ import os
 import sys
 import types
 import weakref
-from typing import Any, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, List, NoReturn, Optional, Sequence, Tuple, Union, cast
 
 from . import compiled_calls, compiled_regions, earlier_dumps, seeding, shims
 from .config import load_config, read_dump_enable
@@ -27,6 +27,10 @@ from .open_calls import ModuleDump
 from .records import copied
 from .writer import PreparedJob, StepJob
 
+if TYPE_CHECKING:  # imported at start(): construction imports no torch
+    from .collector import Collector
+    from .module_tracking import ModuleTracker, ObserveMode
+
 logger = logging.getLogger("msprobe_runtime")
 
 
@@ -34,12 +38,12 @@ class _ClassOrInstance:
     """A method msprobe declares as a classmethod: ``debugger.step()`` runs on that debugger, and
     ``PrecisionDebugger.step()`` (from any module) on the one built last."""
 
-    def __init__(self, function):
+    def __init__(self, function: Callable[..., Any]) -> None:
         self.function = function
         self.__doc__ = function.__doc__
         self.__name__ = function.__name__
 
-    def __get__(self, instance, owner):
+    def __get__(self, instance: Optional["PrecisionDebugger"], owner: "type[PrecisionDebugger]") -> Callable[..., Any]:
         if instance is None:
             instance = owner._instance
             if instance is None:
@@ -47,7 +51,7 @@ class _ClassOrInstance:
         return types.MethodType(self.function, instance)
 
 
-def _not_built(name, *args, **kwargs):
+def _not_built(name: str, *args: Any, **kwargs: Any) -> NoReturn:
     raise RuntimeError(f"msprobe_runtime: PrecisionDebugger.{name}() needs a PrecisionDebugger built first "
                        f"(PrecisionDebugger(config_path=..., dump_path=...))")
 
@@ -55,11 +59,11 @@ def _not_built(name, *args, **kwargs):
 class PrecisionDebugger:
     """Collect msprobe-compatible dumps from instrumented code (see docs/contract.md)."""
 
-    _instance = None  # the debugger built last: the one class-level calls and module_dump reach
-    _collecting = None  # the debugger collecting now: the shims route to one collector at a time
+    _instance: Optional["PrecisionDebugger"] = None  # the debugger built last: class-level calls reach it
+    _collecting: Optional["PrecisionDebugger"] = None  # collecting now: the shims route to one collector at a time
     _built = False
 
-    def __new__(cls, *args, **kwargs):
+    def __new__(cls, *args: Any, **kwargs: Any) -> "PrecisionDebugger":
         # msprobe's debugger is a singleton, and scripts reach it from another file as ``PrecisionDebugger()``:
         # with no argument at all, that is the debugger already built. With arguments, a new one is built (and
         # becomes the one class-level calls reach), so two debuggers in one process stay independent.
@@ -76,18 +80,18 @@ class PrecisionDebugger:
         self.config = load_config(config_path, task, dump_path, level, step)
         seeding.apply_config(self.config)  # config.json's seed / is_deterministic, as msprobe's seed_all
         self.current_step = 0
-        self._collector = None
-        self._tracker = None
-        self._param_handles = []
-        self._session_mode = None
+        self._collector: Optional[Collector] = None  # built at the first start()
+        self._tracker: Optional[ModuleTracker] = None  # the global module hooks, while collecting
+        self._param_handles: List[Any] = []  # the parameters' gradient hooks, while collecting
+        self._session_mode: Optional[ObserveMode] = None  # start() from code that is not rewritten
         self._writer = DumpWriter()
         self._checked = False
-        self._model = None
+        self._model: Any = None
         self._dirty = False
         self._debug = DebugRecords()
-        self._rank_id = None  # start(rank_id=...): the rank msprobe names the directory after
-        self._tokens = None  # start(token_range=...): the window of root-model forwards that is collected
-        self._module_dump = None  # open_calls.ModuleDump while module_dump() is in force
+        self._rank_id: Optional[int] = None  # start(rank_id=...): the rank msprobe names the directory after
+        self._tokens: Optional[_TokenWindow] = None  # start(token_range=...): the forwards that are collected
+        self._module_dump: Optional[ModuleDump] = None  # while module_dump() is in force
         # dump_enable hot reload, as msprobe: only when the file had the key at construction
         self._reload_path = self.config.config_path if self.config.dump_enable is not None else None
         self._reload_signature = _signature(self._reload_path)
@@ -146,7 +150,7 @@ class PrecisionDebugger:
         from .module_tracking import ModuleTracker, ObserveMode, instrumented_globals
 
         collector.start_in(True)
-        caller = sys._getframe(1)
+        caller: Optional[types.FrameType] = sys._getframe(1)
         runtime_dir = os.path.dirname(os.path.abspath(__file__))
         while caller is not None and caller.f_code.co_filename.startswith(runtime_dir):
             caller = caller.f_back  # start() reached through a shim (dyn) of instrumented code
@@ -184,7 +188,7 @@ class PrecisionDebugger:
             self._flush(dump=False)
         self._reload_dump_enable()
 
-    def _other_collecting(self):
+    def _other_collecting(self) -> bool:
         """Whether another debugger collects now. The instrumented calls reach one collector at a time, so a
         start() inside another debugger's window is refused, said once, and the outer dump keeps every call;
         else the outer one would lose all that follows (tests/runtime/test_process_life.py)."""
@@ -199,7 +203,7 @@ class PrecisionDebugger:
                            other.config.dump_path)
         return True
 
-    def _end_collection(self):
+    def _end_collection(self) -> bool:
         """Unhook everything start() hooked; whether collection was on."""
         collector = self._collector
         if collector is None or not collector.collecting:
@@ -257,7 +261,7 @@ class PrecisionDebugger:
         # let dynamo trace the runtime into the user's graph
         _eager_save()(self, variable, name, save_backward)
 
-    def _save(self, variable, name, save_backward):
+    def _save(self, variable: Any, name: str, save_backward: bool) -> None:
         import torch
 
         if type(name) is not str or type(save_backward) is not bool or not valid_variable(variable, torch.Tensor):
@@ -312,27 +316,27 @@ class PrecisionDebugger:
             self._undo_module_dump()
         self._module_dump = None
 
-    def _apply_module_dump(self):
+    def _apply_module_dump(self) -> None:
         from . import dump_names
         from .foreign import type_name
 
-        module, name, _ = self._module_dump
-        collector = self._collector
-        prefix = dump_names.module_prefix(name, type_name(type(module)))
+        dump = cast(ModuleDump, self._module_dump)  # set by module_dump(), whose callers test it
+        collector = cast("Collector", self._collector)  # built by start() before this runs
+        prefix = dump_names.module_prefix(dump.name, type_name(type(dump.module)))
         # the module alone is recorded as a module (not its children), the APIs inside it not at all
-        narrowed = (collector.narrow_to_module(module, prefix), prefix)
-        self._module_dump = self._module_dump._replace(narrowed=narrowed)
+        self._module_dump = dump._replace(narrowed=(collector.narrow_to_module(dump.module, prefix), prefix))
 
-    def _undo_module_dump(self):
-        collector = self._collector
-        saved, prefix = self._module_dump.narrowed
-        self._module_dump = self._module_dump._replace(narrowed=None)
+    def _undo_module_dump(self) -> None:
+        collector = cast("Collector", self._collector)  # narrowed by _apply_module_dump, so built
+        dump = cast(ModuleDump, self._module_dump)
+        saved, prefix = dump.narrowed
+        self._module_dump = dump._replace(narrowed=None)
         collector.restore_modules(saved)
         collector.forget_construct_under(prefix)  # construct.json stays {} at L1, as msprobe writes it
 
     # ------------------------------------------------------------------ internals
 
-    def _build_collector(self):
+    def _build_collector(self) -> Collector:
         from .collector import Collector
         from .identity import build_identity
 
@@ -347,24 +351,24 @@ class PrecisionDebugger:
                 named.append((prefix + path, module))
         return Collector(self.config, identity, tensor_methods, named)
 
-    def _rank(self):
+    def _rank(self) -> Optional[int]:
         return self._rank_id if self._rank_id is not None else _rank()
 
-    def _step_dir(self, step):
+    def _step_dir(self, step: int) -> str:
         rank = self._rank()
         leaf = f"rank{rank}" if rank is not None else f"proc{os.getpid()}"
         return os.path.join(self.config.dump_path, f"step{step}", leaf)
 
-    def _prepare_dump_path(self, rank):
+    def _prepare_dump_path(self, rank: Optional[int]) -> None:
         if not self._checked:
             earlier_dumps.refuse_or_replace(self.config.dump_path, rank)
             _check_writable(self.config.dump_path)
             self._checked = True
 
-    def _flush(self, handover=False, dump=True):
+    def _flush(self, handover: bool = False, dump: bool = True) -> None:
         """Hand this step's records to the writer: dump.json, stack.json and construct.json (``dump``; never at
         level debug), and debug.json when save() recorded anything."""
-        collector = self._collector
+        collector = cast("Collector", self._collector)  # every caller has a collector
         dump = dump and self.config.level != "debug"
         if dump:
             # not copied (``_detached``): a step prepared at once below is marshalled before any hook can add to it
@@ -404,7 +408,7 @@ class PrecisionDebugger:
         if dump:
             self._dirty = False
 
-    def _reload_dump_enable(self):
+    def _reload_dump_enable(self) -> None:
         """msprobe's hot reload of ``dump_enable``: when the config file changed since it was last read, read the
         key again, so a running job can be switched on (or off) between steps by editing the file. Costs one
         ``stat`` per call; the file is parsed only when its size or modification time changed."""
@@ -427,11 +431,12 @@ class PrecisionDebugger:
                        value, path, self.current_step)
         self.config.dump_enable = value
         collector = self._collector
-        if not value and self._end_collection() and (collector.step.data or collector.step.pending_backward):
+        if not value and self._end_collection() and collector is not None and (
+                collector.step.data or collector.step.pending_backward):
             self._flush()  # what this step collected so far is written (not an empty step begun by step())
 
 
-def _at_exit(debugger_ref, writer):
+def _at_exit(debugger_ref: "weakref.ref[PrecisionDebugger]", writer: DumpWriter) -> None:
     """At the interpreter's exit (an uncaught exception included, as msprobe writes what it has then): the step
     being collected is written, then every file waits to reach the disk (tests/runtime/test_process_life.py)."""
     debugger = debugger_ref()
@@ -444,7 +449,7 @@ def _at_exit(debugger_ref, writer):
     writer.wait()
 
 
-def _detached(job):
+def _detached(job: Any) -> Any:
     """``job`` holding none of the collector's entries that hooks may still fill in this step (collection goes
     on after a flush that is no hand-over): a message made already holds none; files, or a step left to the
     writer thread, get copies (``records.copied``)."""
@@ -460,7 +465,7 @@ class DumpPathNotWritable(OSError):
     """The dump path cannot hold a dump: found at start(), before the first step trains."""
 
 
-def _check_writable(root):
+def _check_writable(root: str) -> None:
     """Make ``root`` and write a file in it, or say why not (a writer-thread failure would only show after
     training, as one warning per step)."""
     import tempfile
@@ -475,7 +480,7 @@ def _check_writable(root):
                                   f"{error.strerror or error}; choose a writable folder") from None
 
 
-def _chunks(model):
+def _chunks(model: Any) -> List[Tuple[str, Any]]:
     """``(name prefix, module)`` for the model given to ``start()``: a list or tuple of model chunks (Megatron's
     virtual pipeline stages) names each chunk's modules under its index, ``Module.0.decoder...``, as msprobe."""
     if model is None:
@@ -485,7 +490,7 @@ def _chunks(model):
     return [("", model)]
 
 
-def _same_model(a, b):
+def _same_model(a: Any, b: Any) -> bool:
     """Whether ``start()`` got the model it already knows (a list is compared chunk by chunk, by identity)."""
     if a is b:
         return True
@@ -494,7 +499,7 @@ def _same_model(a, b):
     return False
 
 
-def _check_model(model):
+def _check_model(model: Any) -> None:
     import torch
 
     from .foreign import is_subclass, type_name
@@ -506,7 +511,7 @@ def _check_model(model):
                             f"{where} is a {type_name(type(chunk))}")
 
 
-def _rank():
+def _rank() -> Optional[int]:
     """The process-group rank, or None without one (then the directory is ``proc{pid}``)."""
     torch = sys.modules.get("torch")
     if torch is None:
@@ -520,7 +525,7 @@ def _rank():
     return None
 
 
-def _signature(path):
+def _signature(path: Optional[str]) -> Optional[Tuple[int, int, int]]:
     if path is None:
         return None
     try:
@@ -530,7 +535,7 @@ def _signature(path):
     return info.st_mtime_ns, info.st_size, info.st_ino
 
 
-def _check_token_range(token_range):
+def _check_token_range(token_range: Any) -> None:
     """msprobe's checks: a list or tuple of two ints, 0 <= start <= end."""
     if token_range is None:
         return
@@ -541,7 +546,7 @@ def _check_token_range(token_range):
         raise ValueError(f"msprobe_runtime: token_range takes two ints with 0 <= start <= end, got {token_range!r}")
 
 
-def _check_rank_id(rank_id):
+def _check_rank_id(rank_id: Any) -> None:
     if rank_id is not None and (type(rank_id) is not int or rank_id < 0):
         raise ValueError(f"msprobe_runtime: rank_id must be an int >= 0, got {rank_id!r}")
 
@@ -551,7 +556,7 @@ class _TokenWindow:
     each start(). Counted by a global forward pre-hook (no hook on the user's model); pausing is the runtime's
     own-work state on this thread, in which every routed call, observed call and module call passes through."""
 
-    def __init__(self, collector, root, token_range):
+    def __init__(self, collector: Collector, root: Any, token_range: Sequence[int]) -> None:
         from torch.nn.modules import module as nn_module
 
         self.collector = collector
@@ -562,7 +567,7 @@ class _TokenWindow:
         self._pause()  # nothing before the first counted forward
         self.handle = nn_module.register_module_forward_pre_hook(self._pre)
 
-    def _pre(self, module, args):
+    def _pre(self, module: Any, args: Any) -> None:
         if module is not self.root:
             return None
         index = self.count
@@ -573,22 +578,22 @@ class _TokenWindow:
             self._pause()
         return None
 
-    def _pause(self):
+    def _pause(self) -> None:
         if not self.paused:
             self.collector.enter_own_work()
             self.paused = True
 
-    def _resume(self):
+    def _resume(self) -> None:
         if self.paused:
             self.collector.leave_own_work()
             self.paused = False
 
-    def remove(self):
+    def remove(self) -> None:
         self.handle.remove()
         self._resume()
 
 
-def module_dump(module, dump_name):
+def module_dump(module: Any, dump_name: str) -> None:
     """msprobe's ``module_dump``: record ``module`` as ``Module.{dump_name}.{Class}`` without the API calls
     inside it, until ``module_dump_end()``; reaches the debugger built last."""
     import torch
@@ -602,22 +607,22 @@ def module_dump(module, dump_name):
     _current("module_dump").module_dump(module, dump_name)
 
 
-def module_dump_end():
+def module_dump_end() -> None:
     """End ``module_dump``: API calls are recorded again."""
     _current("module_dump_end").module_dump_end()
 
 
-def _current(name):
+def _current(name: str) -> "PrecisionDebugger":
     debugger = PrecisionDebugger._instance
     if debugger is None:
         _not_built(name)
     return debugger
 
 
-_EAGER_SAVE = []
+_EAGER_SAVE: List[Callable[..., None]] = []
 
 
-def _eager_save():
+def _eager_save() -> Callable[..., None]:
     """``PrecisionDebugger._save`` behind dynamo's ``disable``, once dynamo is loaded (nothing is compiled
     before; importing it here would cost seconds)."""
     if _EAGER_SAVE:

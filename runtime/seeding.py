@@ -3,11 +3,16 @@ from __future__ import annotations
 
 import os
 import random
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .reproducibility import Reproducibility
 
 DEFAULT_SEED = 1234
 
 
-def seed_all(seed=DEFAULT_SEED, mode=False, rm_dropout=False, is_enhanced=False):
+def seed_all(seed: int = DEFAULT_SEED, mode: bool = False, rm_dropout: bool = False,
+             is_enhanced: bool = False) -> "Reproducibility":
     """Seed Python, NumPy (when installed) and torch on every device; ``mode=True`` also asks for
     deterministic algorithms and deterministic communication (HCCL, cuBLAS workspace).
 
@@ -29,8 +34,8 @@ def seed_all(seed=DEFAULT_SEED, mode=False, rm_dropout=False, is_enhanced=False)
     try:
         import numpy
     except ImportError:
-        numpy = None
-    if numpy is not None:
+        pass  # no NumPy: nothing of it to seed
+    else:
         numpy.random.seed(seed)
     torch.manual_seed(seed)  # seeds every device generator torch knows (CUDA, NPU through its backend)
     if mode:
@@ -48,7 +53,7 @@ def seed_all(seed=DEFAULT_SEED, mode=False, rm_dropout=False, is_enhanced=False)
     return Reproducibility(rm_dropout, is_enhanced)  # after seeding: is_enhanced saves the fresh state
 
 
-def apply_config(config):
+def apply_config(config: Any) -> bool:
     """config.json's ``seed`` and ``is_deterministic``, applied when the debugger is built, as msprobe's
     PrecisionDebugger did with ``seed_all(seed, mode=is_deterministic)``. Neither key set: nothing happens, and
     torch is not imported (construction stays free of torch). Returns whether it seeded."""

@@ -440,14 +440,13 @@ def test_a_cached_build_is_imported_without_building(native):
     import subprocess
     import sys
 
-    code = ("import logging, time; logging.basicConfig(); from msprobe_runtime import native_stats; "
-            "start = time.perf_counter(); module = native_stats.load(); "
-            "print(module is not None, time.perf_counter() - start)")
+    # no build: cpp_extension.load, which builds, is taken away, and the cached library is what loads; judged by
+    # what ran, not by a time (the machine's load moves that)
+    code = ("import logging; logging.basicConfig(); import torch.utils.cpp_extension as ext; ext.load = None; "
+            "from msprobe_runtime import native_stats; print(native_stats.load() is not None)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    loaded, seconds = done.stdout.split()
-    assert loaded == "True" and "building" not in done.stderr, done.stderr
-    assert float(seconds) < 5
+    assert done.stdout.split() == ["True"] and "building" not in done.stderr, done.stderr
 
 
 class _Level(enum.IntEnum):
