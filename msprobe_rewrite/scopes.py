@@ -106,6 +106,20 @@ def absolute_module(node: ast.ImportFrom, package: Optional[str]) -> Optional[st
     return ".".join(base + ([node.module] if node.module else []))
 
 
+# torch.library's decorators whose result is a CustomOpDef, an operator of a torch.ops namespace
+_OPERATOR_DECORATORS = frozenset({"custom_op", "triton_op"})
+
+
+def _makes_operator(decorator: ast.AST) -> bool:
+    """Whether ``decorator`` is spelled as one of torch.library's operator decorators (``@custom_op(...)``,
+    ``@torch.library.custom_op(...)``), read from the spelling: a name that only looks like one costs a
+    ``dyn`` call, never a missed record."""
+    if isinstance(decorator, ast.Call):
+        decorator = decorator.func
+    path = dotted_path(decorator)
+    return path is not None and path.rpartition(".")[2] in _OPERATOR_DECORATORS
+
+
 def dotted_path(node: ast.AST, constants_as_names: bool = False) -> Optional[str]:
     """``a.b.c`` for a Name/Attribute chain, else None. ``constants_as_names``: ``None``, ``True`` and ``False``
     count as names, as in libcst's tree, so ``True.__index__`` reads as the transformer reads it."""
@@ -162,7 +176,9 @@ class _Collector(ast.NodeVisitor):
                 scope.bind(arg.arg, OTHER)
 
     def _function(self, node) -> None:
-        self.current.bind(node.name, DEFINITION)
+        # a ``@custom_op("mylib::op")`` function is torch's CustomOpDef, which the runtime names by identity
+        # where config.json lists its namespace: its calls go through ``dyn`` (tests/runtime/test_custom_ops.py)
+        self.current.bind(node.name, OTHER if any(_makes_operator(d) for d in node.decorator_list) else DEFINITION)
         scope = self._enter(node, FUNCTION, node.name, self._start_of(node))
         self.depth += 1  # decorators, defaults and annotations are evaluated outside the function
         for item in node.decorator_list + node.args.defaults + [d for d in node.args.kw_defaults if d]:

@@ -386,6 +386,55 @@ def test_decorators_defaults_and_annotations_are_untouched():
     )
 
 
+def test_custom_operators_are_dispatched_for_the_runtime_to_name_by_namespace():
+    # config.json's custom_op_namespaces is read at run time: torch.ops calls are dyn as any unknown callee, and
+    # a @custom_op function (a CustomOpDef, not a plain def) is too, where a plain def's call is left alone
+    check(
+        """\
+        import torch
+        from torch.library import custom_op
+
+        @custom_op("mylib::scaled", mutates_args=())
+        def scaled(x: torch.Tensor) -> torch.Tensor:
+            return x.clone()
+
+        @torch.library.triton_op("mylib::fused", mutates_args=())
+        def fused(x: torch.Tensor) -> torch.Tensor:
+            return x.clone()
+
+        @functools.cache
+        def helper(x):
+            return x
+
+        def f(x):
+            y = torch.ops.mylib.scaled(x)
+            y = torch.ops.mylib.scaled.default(y)
+            return helper(fused(scaled(y)))
+        """,
+        """\
+        import msprobe_runtime as __msprobe__; import torch
+        from torch.library import custom_op
+
+        @custom_op("mylib::scaled", mutates_args=())
+        def scaled(x: torch.Tensor) -> torch.Tensor:
+            return __msprobe__.dyn(x.clone)
+
+        @torch.library.triton_op("mylib::fused", mutates_args=())
+        def fused(x: torch.Tensor) -> torch.Tensor:
+            return __msprobe__.dyn(x.clone)
+
+        @functools.cache
+        def helper(x):
+            return x
+
+        def f(x):
+            y = __msprobe__.dyn(torch.ops.mylib.scaled, x)
+            y = __msprobe__.dyn(torch.ops.mylib.scaled.default, y)
+            return helper(__msprobe__.dyn(fused, __msprobe__.dyn(scaled, y)))
+        """,
+    )
+
+
 def test_async_await_and_async_comprehensions():
     check(
         """\
