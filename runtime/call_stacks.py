@@ -153,6 +153,7 @@ class Resolver:
         self.skip_files = frozenset(_module_call_files() if skip_files is None else skip_files)
         self._tool_dirs = _tool_dirs()
         self._dispatch_file = _dispatch_file()
+        self._op_calls = _op_call_codes()
         self._runpy_files = _runpy_files()
         self._codes = {}     # id(code) -> (code, kind, {position: line})
         self._stacks = {}    # id(pair) -> (pair, frames): a stack, or the outer part of one
@@ -195,6 +196,14 @@ class Resolver:
             while start < len(kinds) and kinds[start] is _DISPATCH:
                 start += 1
             frames = frames[start + 1:]
+        elif kinds and kinds[0] is _OP_CALL:
+            # a torch.ops operator the observing mode saw (custom_op_namespaces): its __call__ frames are the
+            # operator's machinery; msprobe's wrapper of torch.ops.<ns>.<op> is called at the user's line
+            # (tests/runtime/test_custom_ops.py)
+            start = 0
+            while start < len(kinds) and kinds[start] is _OP_CALL:
+                start += 1
+            frames = frames[start:]
         outer_frames = () if outer is None or launched else self.resolve(outer)
         frames = (tuple(frames) + outer_frames)[:MAX_FRAMES]
         frames = self._interned.setdefault(frames, frames)
@@ -216,6 +225,8 @@ class Resolver:
             return _DROPPED
         if filename == self._dispatch_file:
             return _DISPATCH
+        if any(code is call for call in self._op_calls):
+            return _OP_CALL
         if filename in self._runpy_files:
             return _RUNPY
         return _KEPT
@@ -233,6 +244,7 @@ class Resolver:
 
 # what a frame is to ``resolve`` (compared by identity)
 _KEPT, _DROPPED, _LAUNCHER, _DISPATCH, _RUNPY = "kept", "dropped", "launcher", "dispatch", "runpy"
+_OP_CALL = "operator call"  # an OpOverload's, a packet's or a CustomOpDef's __call__: dropped where innermost
 
 
 def _tool_dirs():
@@ -247,6 +259,21 @@ def _dispatch_file():
     """torch's overrides.py, whose handle_torch_function hands a call to a TorchFunctionMode."""
     overrides = sys.modules.get("torch.overrides")
     return getattr(overrides, "__file__", None) if overrides is not None else None
+
+
+def _op_call_codes():
+    """The code of the ``__call__`` of torch's operator objects (torch.ops packets and overloads, and the
+    CustomOpDef of torch.library.custom_op), where torch is loaded."""
+    codes = []
+    for module_name, class_names in (("torch._ops", ("OpOverload", "OpOverloadPacket")),
+                                     ("torch._library.custom_ops", ("CustomOpDef",))):
+        module = sys.modules.get(module_name)
+        for class_name in class_names:
+            call = getattr(getattr(module, class_name, None), "__call__", None)
+            code = getattr(call, "__code__", None)
+            if code is not None:
+                codes.append(code)
+    return tuple(codes)
 
 
 def _runpy_files():

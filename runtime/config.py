@@ -22,6 +22,7 @@ SUMMARY_MODES = ("statistics",) + tuple(CHECKSUM_MODES)
 LEVELS = ("L0", "L1", "mix", "debug")  # debug: only PrecisionDebugger.save() records (debug.json)
 DATA_MODES = ("all", "input", "output", "forward", "backward")
 STEP_RANK_MAX = 10 ** 6  # msprobe's bound on a step or rank number
+DEFAULT_CUSTOM_OP_NAMESPACES = ("_C_ascend",)  # msprobe's DebuggerConfig.DEFAULT_CUSTOM_OP_NAMESPACES
 SEED_MAX = 2 ** 32 - 1
 
 SUPPORTED = "supported"
@@ -63,9 +64,9 @@ COMMON_KEYS = {
                                  "give the same files"),
     "precision": Key(SUPPORTED, "'low' only (msprobe's default); 'high' is refused"),
     "risk_level": Key(SUPPORTED, "'ALL' only: every API is recorded; FOCUS and CORE are refused"),
-    "custom_op_namespaces": Key(REFUSED, "custom operators are not registered from torch.ops namespaces at run "
-                                         "time; add them to a support_wrap_ops.yaml catalogue for the compiler "
-                                         "instead", neutral=(None, [])),
+    "custom_op_namespaces": Key(SUPPORTED, "a list of torch.ops namespaces (identifiers); null = msprobe's "
+                                           "['_C_ascend']: every op of them with a default overload is recorded "
+                                           "as '{namespace}.{op}', as msprobe does (docs/custom-ops.md)"),
     "load": Key(REFUSED, "replacing module inputs with dumped tensors is not supported; load the .pt files of a "
                          "task 'tensor' dump yourself"),
     # kept from earlier msprobe releases, whose PrecisionDebugger called seed_all(seed, mode=is_deterministic)
@@ -173,6 +174,7 @@ class DebuggerConfig:
     data_mode: List[str] = field(default_factory=lambda: ["all"])
     summary_mode: str = "statistics"
     nan_inf_count: bool = True
+    custom_op_namespaces: List[str] = field(default_factory=lambda: list(DEFAULT_CUSTOM_OP_NAMESPACES))
     seed: Optional[int] = None
     is_deterministic: bool = False
     config_path: Optional[str] = None
@@ -246,6 +248,28 @@ def _strings(value, path):
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
         _refuse(path, f"expected a list of strings, got {value!r}")
     return list(value)
+
+
+def _namespaces(value, path):
+    """config.json's ``custom_op_namespaces``: msprobe's list of strings (null: its default). A string that is
+    not an identifier is refused: ``"torch.ops.mylib"`` or ``"mylib::op"`` record nothing in msprobe, silently,
+    and a namespace torch allows but Python cannot spell (``my-lib``) is never written ``torch.ops.<ns>.op``
+    in a call site. The message gives the spelling meant where the mistake is a common one."""
+    if value is None:
+        return list(DEFAULT_CUSTOM_OP_NAMESPACES)
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        _refuse(path, f"expected a list of torch.ops namespace names (strings), such as [\"mylib\"]; got {value!r}")
+    for name in value:
+        if name.isidentifier():
+            continue
+        hint = ""
+        if name.startswith("torch.ops.") and name[len("torch.ops."):].isidentifier():
+            hint = f"; did you mean {name[len('torch.ops.'):]!r}?"
+        elif "::" in name and name.split("::", 1)[0].isidentifier():
+            hint = f"; give the namespace alone: {name.split('::', 1)[0]!r}"
+        _refuse(path, f"{name!r} is not a torch.ops namespace name (an identifier, as in torch.ops.mylib.op: "
+                      f"'mylib'){hint}")
+    return list(dict.fromkeys(value))
 
 
 def _path(value, path):
@@ -423,6 +447,7 @@ def config_from_dict(raw, task=None, dump_path=None, level=None, step=None, conf
             _refuse("seed", f"expected an int in [0, {SEED_MAX}], got {seed!r}")
         config.seed = seed
     config.is_deterministic = _bool(raw.get("is_deterministic", False), "is_deterministic")
+    config.custom_op_namespaces = _namespaces(raw.get("custom_op_namespaces"), "custom_op_namespaces")
 
     for name in SECTION_KEYS:  # other tasks' sections: msprobe never reads them, but they must be objects
         if name in raw and raw[name] is not None and not isinstance(raw[name], dict):

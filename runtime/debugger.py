@@ -340,7 +340,7 @@ class PrecisionDebugger:
         from .collector import Collector
         from .identity import build_identity
 
-        identity, tensor_methods = build_identity()
+        identity, tensor_methods = build_identity(custom_op_namespaces=self.config.custom_op_namespaces)
         named = []
         for prefix, chunk in _chunks(self._model):
             # torch.compile(model): the modules are the original's, named as an eager run names them

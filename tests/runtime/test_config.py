@@ -50,7 +50,6 @@ def test_msprobe_default_config_loads(load, tmp_path):
     ({"extra_info": False}, "extra_info", "always written"),
     ({"precision": "high"}, "precision", "Mean and Norm"),
     ({"risk_level": "FOCUS"}, "risk_level", "use list"),
-    ({"custom_op_namespaces": ["my_ns"]}, "custom_op_namespaces", "support_wrap_ops.yaml"),
     ({"load": {"path": "x", "modules": ["Module.a.A.forward.0"]}}, "load", "task 'tensor'"),
     ({"statistics": {"slice": [{"dim": 0, "begin": 0, "end": 2}]}}, "statistics.slice", "task 'tensor'"),
     ({"statistics": {"request_id": "r1"}}, "statistics.request_id", "use step"),
