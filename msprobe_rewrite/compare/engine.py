@@ -13,6 +13,7 @@ import os
 from array import array
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+from . import fp8
 from .align import Pair, align
 from .errors import CompareError
 from .loading import RankDump, iter_entries, read_call_sites, read_construct, read_header
@@ -104,6 +105,7 @@ class PairResult:
         self.tensors_compared = 0
         self.tensors_diverged = 0
         self.propagation: Dict[str, Any] = {"noise_floor": {}, "suspects": [], "series": None}  # Tracker.finish
+        self.fp8: Dict[int, list] = {}  # position -> float8 zero-share findings (Tracker.fp8)
 
     @property
     def label(self) -> str:
@@ -266,6 +268,7 @@ def compare_pair(dump_a: RankDump, dump_b: RankDump, thresholds: Thresholds, pro
     reader_a.drain()
     reader_b.drain()
     progress.clear()
+    result.fp8 = tracker.fp8
     _find_divergence(result)
     result.propagation = tracker.finish(result)
     return result
@@ -296,6 +299,9 @@ def _describe(result: PairResult, position: int) -> Dict[str, Any]:
                            "call_site": result.a.sites[i], "bench_call_site": result.b.sites[j],
                            "position": position}
     out.update(detail(result, position))
+    underflow = fp8.describe(result.fp8.get(position, []))
+    if underflow:
+        out["fp8_underflow"] = underflow
     return out
 
 

@@ -13,6 +13,7 @@ import math
 from array import array
 from typing import Any, Dict, List, Optional, Tuple
 
+from . import fp8
 from .names import DIRECTIONS, forward_name, is_module, split_name
 from .noise import SUMS, floor_of, floors
 from .records import INPUT
@@ -174,6 +175,8 @@ class Tracker:
         self.positions = array("l")
         self.out_series = array("d")
         self.in_series = array("d")
+        # merged position -> float8 zero-share findings (``fp8.findings``), for entries with float8 records only
+        self.fp8: Dict[int, List[fp8.Finding]] = {}
 
     def _intern(self, value: Any) -> int:
         number = self.strings.get(value)
@@ -190,6 +193,11 @@ class Tracker:
         inputs = []
         outs = []
         out_worst = 0.0
+        if any((d.a is not None and d.a.fp8_zero is not None) or (d.b is not None and d.b.fp8_zero is not None)
+               for d in diffs):
+            found_fp8 = fp8.findings([(d.a, d.b) for d in diffs])
+            if found_fp8:
+                self.fp8[position] = found_fp8
         for diff in diffs:
             if diff.a is None or diff.b is None:
                 continue
@@ -348,6 +356,9 @@ class Tracker:
                  "tensor": suffix, "statistic": metric, "output_error": error, "input_error": explained,
                  "gain": error / explained if explained > 0 else math.inf, "allowance": gain,
                  "noise_floor": noise, "score": score}
+        underflow = fp8.describe(self.fp8.get(self.stored[t], []))
+        if underflow:  # a float8 record of the entry holds more zeros than its reference (fp8.py)
+            found["fp8_underflow"] = underflow
         if elementwise:  # task=tensor: the output's element-wise evidence too
             for key, field in TENSOR_EVIDENCE:
                 if isinstance(elementwise.get(key), float):

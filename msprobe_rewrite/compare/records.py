@@ -13,6 +13,7 @@ INPUT, OUTPUT = "input", "output"
 STATS = ("Max", "Min", "Mean", "Norm")
 # the members of an entry that hold its inputs and outputs (any other entry is parameter name -> gradient)
 ARGUMENT_KEYS = ("input_args", "input_kwargs", "output", "parameters", "input")
+FP8_ZERO, FP8_SATURATED = "fp8_zero_fraction", "fp8_saturated_fraction"
 _NONFINITE_TEXT = {"nan", "inf", "-inf", "+inf", "infinity", "-infinity"}  # how some writers spell them
 
 
@@ -20,7 +21,7 @@ class Tensor:
     """One tensor record, reduced to what the comparison reads."""
 
     __slots__ = ("suffix", "role", "dtype", "shape", "stats", "requires_grad", "nan", "inf", "data_name",
-                 "checksum")
+                 "checksum", "fp8_zero", "fp8_saturated")
 
     def __init__(self, suffix: str, role: str, record: dict):
         self.suffix = suffix
@@ -33,6 +34,9 @@ class Tensor:
         self.inf = record.get("Inf_count")
         self.data_name = record.get("data_name")
         self.checksum = checksum_of(record)
+        # float8 records only (docs/low-precision.md); None elsewhere
+        self.fp8_zero = _fraction(record.get(FP8_ZERO))
+        self.fp8_saturated = _fraction(record.get(FP8_SATURATED))
 
     @property
     def numel(self) -> Optional[int]:
@@ -53,6 +57,10 @@ class Tensor:
             return False
         return any((isinstance(v, float) and not math.isfinite(v))
                    or (isinstance(v, str) and v.strip().lower() in _NONFINITE_TEXT) for v in self.stats)
+
+
+def _fraction(value: Any) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 CHECKSUM_KEYS = ("md5", "fingerprint")  # msprobe's summary_mode md5 (a CRC32), and ours

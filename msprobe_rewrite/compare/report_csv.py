@@ -3,8 +3,10 @@
 Run A is msprobe's "NPU" (target) side, run B its "Bench" (golden) side. Differences are ``A - B`` and
 relative errors ``|A - B| / |B|`` written as percentages, as msprobe writes them; equal values give ``0``
 and a missing value ``N/A``. Rows are written while the comparison streams. ``NPU_Stack_Info`` holds the
-entry's call site (``file:line``) on its first row. Two columns of our own come last: the decision error
-(see metrics.py) and whether the row diverges beyond its threshold.
+entry's call site (``file:line``) on its first row. Columns of our own come last, after msprobe's, so that its
+readers, which pick columns by name, read ours as theirs: the decision error (see metrics.py), whether the row
+diverges beyond its threshold, then each side's float8 shares of zeros and of saturated elements
+(``fp8_zero_fraction``, ``fp8_saturated_fraction`` of float8 records, docs/low-precision.md; N/A for others).
 """
 from __future__ import annotations
 
@@ -25,12 +27,14 @@ SUMMARY_INFO = ["NPU max", "NPU min", "NPU mean", "NPU l2norm", "Bench max", "Be
                 "Bench l2norm"]
 EXTRACT = ["Requires_grad Consistent", "Result", "Err_message", "NPU_Stack_Info"]
 OURS = ["Decision Error", "Diverged"]
+FP8 = ["NPU fp8_zero_fraction", "Bench fp8_zero_fraction", "NPU fp8_saturated_fraction",
+       "Bench fp8_saturated_fraction"]
 NA = "N/A"
 
 
 def header(tensor_task: bool) -> List[str]:
     index = list(ELEMENTWISE) if tensor_task else SUMMARY_INDEX
-    return BASIC + index + SUMMARY_INFO + EXTRACT + OURS
+    return BASIC + index + SUMMARY_INFO + EXTRACT + OURS + FP8
 
 
 def _value(value):
@@ -86,6 +90,8 @@ class CsvSink:
         row.append(site or NA)
         row.append(_value(diff.worst) if both and diff is not None else NA)
         row.append(str(bool(diff.exceeds)) if both and diff is not None else NA)
+        for side in ("fp8_zero", "fp8_saturated"):
+            row += [_value(getattr(t, side)) if t is not None else NA for t in (a, b)]
         return row
 
     def matched(self, name_a: str, name_b: str, diffs: List[TensorDiff], site: Optional[str]) -> None:

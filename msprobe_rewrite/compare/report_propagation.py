@@ -19,7 +19,7 @@ STYLE = (".stack{display:none;border:1px solid #d62728;padding:4px 8px;margin:4p
 
 
 CSV_COLUMNS = ("entry", "bench_entry", "direction", "op_class", "tensor", "statistic", "output_error",
-               "input_error", "gain", "allowance", "noise_floor", "score", "score_rank", "call_site")
+               "input_error", "gain", "allowance", "noise_floor", "score", "score_rank", "call_site", "fp8_underflow")
 
 
 def write_csv(path: str, suspects: List[Dict[str, Any]]) -> None:
@@ -187,5 +187,7 @@ def section(result, pair: Dict[str, Any], index: int) -> str:
         body.append(f'<div class="stack" id="{anchor}-{number}"><b>{number}. {html.escape(item["entry"])}</b> '
                     f'({html.escape(item["op_class"])}, {html.escape(item["direction"])})<br>call site: '
                     f'<code>{html.escape(str(item.get("call_site")))}</code>'
+                    + (f'<br>float8 underflow: {html.escape(item["fp8_underflow"])}' if item.get("fp8_underflow")
+                       else "") +
                     f'<pre>{html.escape(chr(10).join(frames) or "no stack recorded")}</pre></div>')
     return "".join(body)

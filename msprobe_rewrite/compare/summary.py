@@ -130,7 +130,8 @@ def terminal_summary(summary: Dict[str, Any], top: int) -> str:
             lines.append("  suspects (output error beyond what the inputs' error and the noise floor explain), "
                          "in execution order:")
             for item in suspects[:top]:
-                lines.append("    " + _suspect_line(item))
+                lines.append("    " + _suspect_line(item)
+                             + (f"; float8 underflow: {item['fp8_underflow']}" if item.get("fp8_underflow") else ""))
         tops = pair["top_divergences"][:top]
         if tops:
             lines.append("  top divergences (decision error of the worst output statistic):")
@@ -146,6 +147,8 @@ def terminal_summary(summary: Dict[str, Any], top: int) -> str:
         lines.append(f"first suspect: {suspect['entry']} in {suspect['pair']}"
                      + (f" at {suspect['call_site']}" if suspect.get("call_site") else ""))
         lines.append("  " + _suspect_line(suspect, name=False))
+        if suspect.get("fp8_underflow"):
+            lines.append(f"  float8 underflow: {suspect['fp8_underflow']}")
     first = summary["first_divergence"]
     views = summary.get("views") or {}
     if first is None:
@@ -165,6 +168,8 @@ def terminal_summary(summary: Dict[str, Any], top: int) -> str:
             lines.append(f"    {first['tensor']} {first['statistic']}: A={_fmt(first.get('a'))} "
                          f"B={_fmt(first.get('b'))} error={_fmt(first.get('error'))}"
                          + (" (NaN/Inf onset)" if first.get("nan_onset") else ""))
+        if first.get("fp8_underflow"):
+            lines.append(f"    float8 underflow: {first['fp8_underflow']}")
         if first.get("chain"):
             lines.append(f"    followed by {first['chain_length']} diverging entries: "
                          f"{', '.join(first['chain'][:5])}" + (" ..." if first['chain_length'] > 5 else ""))

@@ -17,11 +17,21 @@ import time
 from typing import Optional, Sequence
 
 from ..progress import Progress
-from . import report_csv, report_html, report_json, runner, standards
+from . import fp8, report_csv, report_html, report_json, runner, standards
 from .errors import PrecheckError
 from .summary import verdicts
 
 PROG = "msprobe-rewrite precheck"
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a share between 0 and 1, got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,6 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run the CPU replay in the original dtype for every API (by default only where it can "
                              "change the verdict: a device result within the dtype's floors passes whatever the "
                              "CPU reaches), so that every row has its CPU figure")
+    parser.add_argument("--fp8-saturated", type=_share, default=fp8.SATURATED, metavar="SHARE",
+                        help="float8 records: an error when more than this share of the elements sit at the "
+                             f"format's max (fp8_saturated_fraction; default {fp8.SATURATED:g})")
+    parser.add_argument("--fp8-zero", type=_share, default=fp8.ZERO, metavar="SHARE",
+                        help="float8 records: a warning when more than this share of the elements are zero, "
+                             f"underflowed or zero before the cast (fp8_zero_fraction; default {fp8.ZERO:g})")
     parser.add_argument("-q", "--quiet", action="store_true", help="print only errors")
     return parser
 
@@ -78,7 +94,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         table = apis.load_table(args.catalogue)
         work, no_tensor = [], 0
         for _dump, found, skipped in source.all_items(args.dump):
-            work += [dict(item, full=args.full) for item in found
+            limits = {"fp8_saturated_fraction": args.fp8_saturated, "fp8_zero_fraction": args.fp8_zero}
+            work += [dict(item, full=args.full, fp8_limits=limits) for item in found
                      if not args.api or any(text in item["name"] for text in args.api)]
             no_tensor += skipped
     except (PrecheckError, CatalogueError) as error:

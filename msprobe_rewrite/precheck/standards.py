@@ -218,6 +218,8 @@ def criteria_text(width: int = 100) -> str:
             "Ratio metrics: device / max(cpu, the dtype's minimum error); warning / error above " + factors + ".",
             f"Shares (rel_err_ratio, abs_err_ratio): an error when the device has any and more than "
             f"{SHARE_FACTOR:g}x the CPU's; mismatch_ratio and nonfinite_mismatch: when it has more than the CPU.",
+            "Float8 records (standard 'float8 range', from the dump records, replayed or not): an error when "
+            "fp8_saturated_fraction exceeds --fp8-saturated, a warning when fp8_zero_fraction exceeds --fp8-zero.",
             "Each row of precheck_result.csv names the metric, both figures and the threshold it was held to; an "
             "API's status is its worst row."):
         lines += ["", textwrap.fill(text, width)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Dict, List
 
 from . import standards
+from .fp8 import STANDARD as FP8_STANDARD
 
 ORDER = {standards.ERROR: 0, standards.WARNING: 1, standards.SKIP: 2, standards.PASS: 3}
 
@@ -19,14 +20,20 @@ def verdicts(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             continue
         graded = [r["status"] for r in rows if r["status"] != standards.INFO]
         status = standards.worst(graded) if graded else standards.PASS
-        if status == standards.SKIP and any(s == standards.PASS for s in graded):
-            status = standards.PASS  # forward graded, backward not replayable: the skip is in its row
+        # forward graded, backward not replayable: the skip is in its row (a float8 range row that passes is no
+        # replay: a call that could not be replayed at all stays skip)
+        if status == standards.SKIP and any(r["status"] == standards.PASS and r.get("standard") != FP8_STANDARD
+                                            for r in rows):
+            status = standards.PASS
         reason = ""
         for row in rows:
             if row["status"] == status and status != standards.PASS:
                 where = f"{row['direction']} {row['tensor']}".strip()
-                reason = (f"{where}: {row['metric']}" + (f" {_fmt(row['device'])} vs cpu {_fmt(row['cpu'])}"
-                                                          if row["metric"] != "replay" else f": {row['message']}"))
+                if row.get("standard") == FP8_STANDARD:
+                    reason = f"{where}: {row['metric']} {_fmt(row['device'])} (limit {row['threshold']})"
+                else:
+                    reason = (f"{where}: {row['metric']}" + (f" {_fmt(row['device'])} vs cpu {_fmt(row['cpu'])}"
+                                                              if row["metric"] != "replay" else f": {row['message']}"))
                 break
         out.append({"api": rows[0]["api"], "label": rows[0].get("label", ""), "status": status, "reason": reason,
                     "rows": rows, "plots": result.get("plots", {}), "problem": result.get("problem")})

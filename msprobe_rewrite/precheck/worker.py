@@ -8,7 +8,7 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from . import apis, metrics, replay, standards
+from . import apis, fp8, metrics, replay, standards
 from .errors import Unreplayable
 from .records import flat_records, is_tensor_record
 from .values import flat_values, load_tensor, rebuild
@@ -29,13 +29,16 @@ def check(item: Dict[str, Any]) -> Dict[str, Any]:
     """``{"rows": [...], "plots": {tensor: {...}}, "problem": str or None}`` for one call."""
     base = {"api": item["name"], "label": item.get("label", "")}
     try:
-        return _check(item, base)
+        result = _check(item, base)
     except Unreplayable as why:
-        return {"rows": [_skip(base, str(why))], "plots": {}, "problem": str(why) if why.input_problem else None}
+        result = {"rows": [_skip(base, str(why))], "plots": {}, "problem": str(why) if why.input_problem else None}
     except Exception as error:  # a call the CPU refuses, a layout we did not foresee: said in its row
         text = str(error).strip().splitlines()[0] if str(error).strip() else ""
         reason = f"replay failed: {type(error).__name__}: {text}"[:500]
-        return {"rows": [_skip(base, reason)], "plots": {}, "problem": None}
+        result = {"rows": [_skip(base, reason)], "plots": {}, "problem": None}
+    # from the records alone: a float8 call the CPU cannot replay is still range-checked (fp8.py)
+    result["rows"] += fp8.rows(base, item)
+    return result
 
 
 def _skip(base, reason, direction="forward"):
