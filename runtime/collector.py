@@ -23,9 +23,8 @@ from .compiled_regions import POLYFILLED as _POLYFILLED
 from .module_tracking import ObserveMode, instrumented_globals, mode_active, on_top
 from .module_tracking import tracing as _tracing
 from .switches import switched_on
-from .foreign import (BOUND_METHOD_TYPES, bound_self, children, class_attribute, defines_before, is_subclass, key_text,
-                      subclass_test,
-                      mapping_items, method_name,
+from .foreign import (BOUND_METHOD_TYPES, bound_self, children, class_attribute, defines_before, instance_attribute,
+                      is_subclass, key_text, mapping_items, method_name, subclass_test,
                       own_parameters, sequence_items, type_name)
 from .open_calls import ApiBackwardHook, ApiCall, Boundary, ModuleCall, make
 from .recording_plan import Plan
@@ -34,7 +33,8 @@ from .selection import Selection
 from .contract import RUNTIME_MODULE
 from .shims import FOREIGN_CALL, MODULE_CALL, NOT_ROUTED
 from .checksums import checksum_of
-from .statistics import KIND_EMPTY, KIND_NOT_YET, LATER, StatBuffer, tensor_kind
+from .statistics import (KIND_EMPTY, KIND_NOT_YET, LATER, StatBuffer, float8_scaling, float8_view,
+                         low_precision_dtypes, tensor_kind)
 from .step_state import StepState
 
 logger = logging.getLogger("msprobe_runtime")
@@ -1236,6 +1236,8 @@ def _place(t):
     kind = type(t)
     if kind is not _TENSOR and kind is not _PARAMETER:
         return None
+    if float8_scaling(t) is not None:
+        return None  # a scaled float8 view: its statistics are not those of the float8 data it shares memory with
     try:
         if t.is_neg():
             return None
@@ -1329,8 +1331,71 @@ def _collective_result(t):
     return t.trigger_wait()
 
 
+_MEMBER = types.MemberDescriptorType
+
+
+def _stored(obj, name):
+    """An attribute stored in the instance: its ``__dict__`` entry, or its ``__slots__`` member read through the
+    member descriptor itself (C code: a property, ``__getattr__`` or ``__getattribute__`` of the class never
+    runs); None when absent or unset."""
+    value = instance_attribute(obj, name)
+    if value is not None:
+        return value
+    member = class_attribute(type(obj), name)
+    if type(member) is not _MEMBER:
+        return None
+    try:
+        return member.__get__(obj, type(obj))
+    except AttributeError:  # an unset slot
+        return None
+
+
+def _torchao_float8(t):
+    # torchao's Float8TrainingTensor: ``_data`` (float8) = values * ``_scale``, dequantized by its class as
+    # ``_data.to(orig_dtype) / _scale``. Read from the instance's slots (no property, no dispatch); a layout
+    # other than two plain tensors (an FSDP shard's DTensor) is not read: null statistics, as before
+    data, scale = _stored(t, "_data"), _stored(t, "_scale")
+    if type(data) is not _TENSOR or type(scale) is not _TENSOR or data.dtype not in low_precision_dtypes()[0]:
+        return None
+    return float8_view(data, scale, True)
+
+
+def _te_format(fp8_dtype):
+    # Transformer Engine names the format by its own enum (``transformer_engine_torch.DType``), compared by
+    # identity with the enum's members: no ``==`` or ``name`` of an object the runtime did not make. A member
+    # made afresh on the C++ side is not recognised, and its tensor keeps null statistics.
+    enum = getattr(sys.modules.get("transformer_engine_torch"), "DType", None)
+    if enum is None:
+        return None
+    for name, dtype in (("kFloat8E4M3", "float8_e4m3fn"), ("kFloat8E5M2", "float8_e5m2")):
+        member = class_attribute(enum, name)
+        if member is not None and fp8_dtype is member:
+            return getattr(torch, dtype, None)
+    return None
+
+
+def _te_float8(t):
+    # Transformer Engine's Float8Tensor: ``_data`` (uint8 bytes of the format ``_fp8_dtype``, or float8 itself)
+    # times ``_scale_inv``; ``_data`` is None when only the transposed copy is kept (null statistics then)
+    data, scale_inv = _stored(t, "_data"), _stored(t, "_scale_inv")
+    if type(data) is not _TENSOR or type(scale_inv) is not _TENSOR:
+        return None
+    if data.dtype is torch.uint8:
+        dtype = _te_format(_stored(t, "_fp8_dtype"))
+        if dtype is None:
+            return None
+        data = data.view(dtype)
+    elif data.dtype not in low_precision_dtypes()[0]:
+        return None
+    return float8_view(data, scale_inv, False)
+
+
+# tensor subclasses whose values the runtime reads through their documented layout, never their own dispatch;
+# a float8 class's reader gives a ``float8_view`` that knows its scale (docs/low-precision.md)
 _DOCUMENTED = (("torch.distributed.tensor", "DTensor", _dtensor_shard),
-               ("torch.distributed._functional_collectives", "AsyncCollectiveTensor", _collective_result))
+               ("torch.distributed._functional_collectives", "AsyncCollectiveTensor", _collective_result),
+               ("torchao.float8.float8_training_tensor", "Float8TrainingTensor", _torchao_float8),
+               ("transformer_engine.pytorch.tensor.float8_tensor", "Float8Tensor", _te_float8))
 
 
 def _documented_part(t):

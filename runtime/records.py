@@ -41,13 +41,17 @@ class TensorRecord:
         row = slot_values(self.slot) if self.slot is not None else None
         counts = slot_values(self.counts) if self.counts is not None else None
         top = low = mean = norm = None
-        fractions = None
+        fractions = scale = None
         if kind == KIND_LOW and counts is not None:  # float8: the last two counts are its own fields
             counts, fractions = (counts[:2] if len(counts) == 4 else None), counts[-2:]
         if row is None:
             pass
         elif kind == KIND_LOW:
-            top, low, mean, norm = row
+            top, low, mean, norm = row[:4]
+            if len(row) == 5:  # a scaled float8 class's per-tensor dequantization factor (statistics.float8_view)
+                scale = row[4]
+            elif len(row) == 6:  # a factor per row, column or block: its range
+                scale = {"Max": row[4], "Min": row[5]}
             if not self.shape:  # a 0-d tensor: all four are its value, as KIND_SCALAR's
                 low = mean = norm = top
         elif kind == KIND_FLOAT:
@@ -67,6 +71,8 @@ class TensorRecord:
             # elements (docs/low-precision.md)
             out[FP8_ZERO_FRACTION] = fractions[0] / numel
             out[FP8_SATURATED_FRACTION] = fractions[1] / numel
+        if scale is not None:
+            out[FP8_SCALE] = scale
         if self.checksum is not None:
             out[self.checksum.key] = self.checksum.value()
         if self.data_name is not None:
@@ -79,6 +85,9 @@ class TensorRecord:
 # saturated, or that large already); only the float8 values are seen, not what they were cast from
 FP8_ZERO_FRACTION = "fp8_zero_fraction"
 FP8_SATURATED_FRACTION = "fp8_saturated_fraction"
+# a scaled float8 class's record (docs/low-precision.md): the factor its float8 values are multiplied by to give
+# its values (1 / scale for torchao's Float8TrainingTensor, scale_inv for Transformer Engine's Float8Tensor)
+FP8_SCALE = "fp8_scale"
 
 _INT_DTYPES = frozenset({"torch.int8", "torch.int16", "torch.int32", "torch.int64", "torch.uint8",
                          "torch.uint16", "torch.uint32", "torch.uint64"})

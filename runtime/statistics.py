@@ -10,11 +10,15 @@ thread: ``take`` concatenates every pending slot of a device into one device buf
 dtype, then one more concatenation) and starts one non-blocking copy to the host; the writer thread waits on
 the copy's event and reads the numbers. A slot learns its batch and offset at ``take`` time. A float8 tensor
 (``KIND_LOW``) is reduced from its values upcast to float32 a chunk at a time, never staged nor given to the
-native op, and its counts slot also holds its zero and saturated counts (docs/low-precision.md).
+native op, and its counts slot also holds its zero and saturated counts (docs/low-precision.md). The float8
+data of a scaled tensor class (torchao's Float8TrainingTensor, Transformer Engine's Float8Tensor) comes as a
+``float8_view`` that knows its scale: its statistics are those of the dequantized values, its fractions those of
+the float8 data, and its slot one or two numbers longer, the dequantization factor (``fp8_scale``).
 """
 from __future__ import annotations
 
 import threading
+import weakref
 
 # Kinds decide msprobe's null rules at write time.
 KIND_FLOAT = 0     # Max, Min, Mean, Norm
@@ -45,6 +49,29 @@ def low_precision_dtypes():
         _dtype_sets.append(frozenset(getattr(torch, name) for name in _LOW_NAMES if hasattr(torch, name)))
         _dtype_sets.append(frozenset(getattr(torch, name) for name in _NOT_YET_NAMES if hasattr(torch, name)))
     return _dtype_sets[0], _dtype_sets[1]
+
+
+# id(view) -> (weak reference to the view, scale tensor, whether the values are data / scale, not data * scale):
+# the float8 views made by ``float8_view``, each forgotten when its view dies. Keyed by the view the runtime
+# made, so nothing is ever read of a tensor it did not make.
+_SCALED: dict = {}
+
+
+def float8_view(data, scale, divide):
+    """A new tensor over ``data``'s float8 elements (no copy; the runtime's own object) whose statistics are of
+    ``data / scale`` (``divide``) or ``data * scale``: the values of a scaled float8 tensor class."""
+    view = data.detach()
+    key = id(view)
+    _SCALED[key] = (weakref.ref(view, lambda _ref, key=key: _SCALED.pop(key, None)), scale, divide)
+    return view
+
+
+def float8_scaling(t):
+    """``(scale, divide)`` of a view made by ``float8_view``; None for any other tensor (by identity only)."""
+    entry = _SCALED.get(id(t)) if _SCALED else None
+    if entry is None or entry[0]() is not t:
+        return None
+    return entry[1], entry[2]
 
 
 def has_counts(kind, dtype, enabled):
@@ -209,9 +236,9 @@ class StatBuffer:
                 return (row[:1] if done[0] == KIND_SCALAR else row[:4]), (row[4:6] if len(row) > 4 else None)
         import torch
 
-        t = t.detach()
         if kind == KIND_LOW:
-            return self._add_low(t)
+            return self._add_low(t.detach(), float8_scaling(t))
+        t = t.detach()
         repeat = 1
         if not t.is_contiguous():
             # first, so that a view of a tensor's elements (a transpose) is reduced as that tensor is, the same
@@ -251,22 +278,43 @@ class StatBuffer:
                 self._pending.append(counts)
         return slot, counts
 
-    def _add_low(self, t):
+    def _add_low(self, t, scaling=None):
         """A float8 tensor's slots: Max, Min, Mean, Norm (the slot) and the counts (NaN, Inf when they are on,
         then the elements equal to zero and those at the format's largest magnitude), all of the values
         upcast to float32 chunk by chunk, since torch has no reduction of float8 itself. Nothing is read
-        back; the tensor is only read."""
+        back; the tensor is only read.
+
+        ``scaling`` (``float8_scaling``): the statistics and the NaN/Inf counts are of the dequantized values,
+        the zero and saturated counts of the float8 data, and the slot carries the dequantization factor after
+        the four (one number for a per-tensor scale; its Max and Min for a scale per row, column or block,
+        where the whole tensor is dequantized at once, broadcast as the class does)."""
         import torch
 
-        t, repeat = _dense_view(t)
-        flat = t.reshape(-1)  # a dense view as it is; another layout copied at one byte an element
-        n = flat.numel()
         top = torch.finfo(t.dtype).max
+        factor = None
+        if scaling is not None:
+            scale, divide = scaling
+            scale = scale.detach().to(torch.float32)
+            factor = scale.reciprocal() if divide else scale
+        if factor is not None and factor.numel() != 1:
+            raw = t.to(torch.float32)
+            chunks = [(raw.reshape(-1), (raw / scale if divide else raw * scale).reshape(-1))]
+            n, repeat = raw.numel(), 1
+            extra = (factor.amax(), factor.amin())
+        else:
+            t, repeat = _dense_view(t)
+            flat = t.reshape(-1)  # a dense view as it is; another layout copied at one byte an element
+            n = flat.numel()
+            one = factor.reshape(()) if factor is not None else None
+            chunks = ((flat[start:start + _LOW_CHUNK].to(torch.float32), None) for start in range(0, n, _LOW_CHUNK))
+            extra = (one,) if one is not None else ()
         values, counts = [], []
-        for start in range(0, n, _LOW_CHUNK):
-            f = flat[start:start + _LOW_CHUNK].to(torch.float32)
-            values.append(torch.stack((f.amax(), f.amin(), f.sum(), torch.dot(f, f))))
-            counts.append(torch.stack((torch.isnan(f).sum(), torch.isinf(f).sum(), (f == 0).sum(),
+        for f, v in chunks:
+            if v is None:
+                # torchao divides by its scale, TE multiplies by the inverse: each as its class does
+                v = f if factor is None else (f / scale.reshape(()) if divide else f * scale.reshape(()))
+            values.append(torch.stack((v.amax(), v.amin(), v.sum(), torch.dot(v, v))))
+            counts.append(torch.stack((torch.isnan(v).sum(), torch.isinf(v).sum(), (f == 0).sum(),
                                        (f.abs() == top).sum())))
         if len(values) == 1:
             part, count = values[0], counts[0]
@@ -278,7 +326,7 @@ class StatBuffer:
             total, squares = parts[:, 2].sum(), parts[:, 3].sum()
         if repeat != 1:
             total, squares, count = total * repeat, squares * repeat, count * repeat
-        slot = Slot(torch.stack((part[0], part[1], total / (n * repeat), squares.sqrt())), 4)
+        slot = Slot(torch.stack((part[0], part[1], total / (n * repeat), squares.sqrt()) + extra), 4 + len(extra))
         counts_slot = Slot(count if self.nan_inf_count else count[2:], 4 if self.nan_inf_count else 2)
         with self._lock:
             self._pending.append(slot)
