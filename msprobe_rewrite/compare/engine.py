@@ -66,7 +66,7 @@ def index_side(dump: RankDump, progress: Progress) -> Side:
         base, direction, _index = split_name(name)
         side.names.append(name)
         side.sites.append(site)
-        side.keys.append((base, direction, _short_site(site)))
+        side.keys.append((fp8.twin_base(base), direction, _short_site(site)))
         position[name] = count
         parents.append(construct.get(name))
         progress.update(count + 1, f"reading {dump.label or dump.path}")
@@ -105,7 +105,11 @@ class PairResult:
         self.tensors_compared = 0
         self.tensors_diverged = 0
         self.propagation: Dict[str, Any] = {"noise_floor": {}, "suspects": [], "series": None}  # Tracker.finish
-        self.fp8: Dict[int, list] = {}  # position -> float8 zero-share findings (Tracker.fp8)
+        # float8 zero-share findings (fp8.py): of matched entries by merged position (Tracker.fp8), of entries on
+        # one side only by their index in that side
+        self.fp8: Dict[int, list] = {}
+        self.fp8_a: Dict[int, list] = {}
+        self.fp8_b: Dict[int, list] = {}
 
     @property
     def label(self) -> str:
@@ -179,12 +183,12 @@ def pair_modules_by_name(merged: List[Pair], names_a: List[str], names_b: List[s
     A module's backward entry is written after its children's here and before them by msprobe (and its index
     counts the module's own calls, so the name says which call it is): in order, the two runs cross, and no
     order-keeping alignment can match both. Such an entry takes the place of its A side."""
-    only_a = {names_a[i]: position for position, (i, j) in enumerate(merged)
+    only_a = {fp8.twin_name(names_a[i]): position for position, (i, j) in enumerate(merged)
               if j is None and is_module(names_a[i])}
     matched_b = {}
     for position, (i, j) in enumerate(merged):
-        if i is None and is_module(names_b[j]) and names_b[j] in only_a:
-            matched_b[only_a[names_b[j]]] = (position, j)
+        if i is None and is_module(names_b[j]) and fp8.twin_name(names_b[j]) in only_a:
+            matched_b[only_a[fp8.twin_name(names_b[j])]] = (position, j)
     if not matched_b:
         return merged
     dropped = {position for position, _ in matched_b.values()}
@@ -228,11 +232,15 @@ def compare_pair(dump_a: RankDump, dump_b: RankDump, thresholds: Thresholds, pro
             result.worst.append(0.0)
             for errors in result.stat_errors:
                 errors.append(nan)
+            only = tensors_of(entry_a if i is not None else entry_b)
+            if any(t.fp8_zero is not None for t in only):
+                found_fp8 = fp8.findings([(t, None) if i is not None else (None, t) for t in only])
+                if found_fp8:
+                    (result.fp8_a if i is not None else result.fp8_b)[i if i is not None else j] = found_fp8
             if csv_sink is not None:
                 csv_sink.unmatched(side_a.names[i] if i is not None else None,
                                    side_b.names[j] if j is not None else None,
-                                   tensors_of(entry_a if i is not None else entry_b),
-                                   side_a.sites[i] if i is not None else None)
+                                   only, side_a.sites[i] if i is not None else None)
             continue
         diffs = []
         for ta, tb in pair_tensors(tensors_of(entry_a), tensors_of(entry_b)):
@@ -248,6 +256,8 @@ def compare_pair(dump_a: RankDump, dump_b: RankDump, thresholds: Thresholds, pro
                 result.tensors_diverged += diff.exceeds
         flags_a, flags_b = _entry_flags(diffs)
         tracker.add(position, side_a.names[i], diffs)
+        if position in tracker.fp8:  # for the entries that enclose it (fp8.note)
+            result.fp8_a[i] = result.fp8_b[j] = tracker.fp8[position]
         side_a.flags[i] = flags_a & (NONFINITE_IN | NONFINITE_OUT)
         side_b.flags[j] = flags_b
         result.flags.append(flags_a)
@@ -299,7 +309,7 @@ def _describe(result: PairResult, position: int) -> Dict[str, Any]:
                            "call_site": result.a.sites[i], "bench_call_site": result.b.sites[j],
                            "position": position}
     out.update(detail(result, position))
-    underflow = fp8.describe(result.fp8.get(position, []))
+    underflow = fp8.note(result, position)
     if underflow:
         out["fp8_underflow"] = underflow
     return out

@@ -299,6 +299,9 @@ class Tracker:
         for t in order:
             found = self._judge(t, floor)
             if found is not None:
+                underflow = fp8.note(result, found["position"])
+                if underflow:  # a float8 record of the entry, or inside it, holds more zeros (fp8.py)
+                    found["fp8_underflow"] = underflow
                 suspects.append(found)
         suspects = self._drop_explained_modules(result, suspects)
         for rank, item in enumerate(sorted(suspects, key=lambda s: -s["score"]), 1):
@@ -356,9 +359,6 @@ class Tracker:
                  "tensor": suffix, "statistic": metric, "output_error": error, "input_error": explained,
                  "gain": error / explained if explained > 0 else math.inf, "allowance": gain,
                  "noise_floor": noise, "score": score}
-        underflow = fp8.describe(self.fp8.get(self.stored[t], []))
-        if underflow:  # a float8 record of the entry holds more zeros than its reference (fp8.py)
-            found["fp8_underflow"] = underflow
         if elementwise:  # task=tensor: the output's element-wise evidence too
             for key, field in TENSOR_EVIDENCE:
                 if isinstance(elementwise.get(key), float):

@@ -126,7 +126,44 @@ def test_with_nothing_to_set_against_a_large_share_is_named_as_such():
     a = [_tensor("input.0", INPUT, _record(3.0, -3.0, 0.0, 40.0, "torch.float8_e4m3fn", 0.4, 0.0))]
     b = [_tensor("input.0", INPUT, _record(3.0, -3.0, 0.0, 40.0, "torch.bfloat16"))]
     text = describe(findings(list(zip(a, b))))
-    assert text == ("input.0 in run A: 40 % of its float8 elements are zero (underflow or zeros before the cast; "
-                    "run B's torch.bfloat16 tensor has no zero count)")
+    assert text == ("input.0 in run A: 40 % of its float8 elements are zero (underflow, or zeros before the cast: "
+                    "run B's torch.bfloat16 tensor gives no zero count to set against it)")
     small = [_tensor("input.0", INPUT, _record(3.0, -3.0, 0.0, 40.0, "torch.float8_e4m3fn", 0.001, 0.0))]
     assert findings(list(zip(small, b))) == []
+
+
+def _insert(directory, before, entries, parents):
+    """Add ``entries`` to the dump in ``directory`` ahead of the entry ``before`` (execution order), and a
+    construct.json naming each entry's enclosing module."""
+    path = directory / "dump.json"
+    dump = json.loads(path.read_text())
+    data = {}
+    for name, entry in dump["data"].items():
+        if name == before:
+            data.update(entries)
+        data[name] = entry
+    dump["data"] = data
+    path.write_text(json.dumps(dump))
+    (directory / "construct.json").write_text(json.dumps(parents))
+
+
+def test_a_float8_twin_module_is_paired_and_named_with_the_underflow_inside_it(tmp_path):
+    # torchao swaps nn.Linear for Float8Linear: run A (float8) has Module.fc.Float8Linear with a Torch.mm on
+    # float8 operands inside it, run B (bfloat16) Module.fc.Linear with a Functional.linear inside it
+    a, b = _chain(tmp_path, 7, lambda *s: _record(*s), lambda *s: _record(*s), 0.3)
+    x = _record(1.8, -1.9, 0.01, 27.0)
+    weight_a = _record(448.0, -3.0, 0.001, 500.0, "torch.float8_e4m3fn", 0.9990234375, 0.0001220703125)
+    for side, module, inner, record in (
+            ("a", "Module.fc.Float8Linear.forward.0", "Torch.mm.0.forward", weight_a),
+            ("b", "Module.fc.Linear.forward.0", "Functional.linear.0.forward", _record(0.08, -0.08, 0.0, 1.8))):
+        out = _record(1.8, -1.9, 0.01, 27.0 * (0.2 if side == "a" else 1.0))
+        entries = {inner: {"input_args": [x, record], "input_kwargs": {}, "output": [out]},
+                   module: {"input_args": [x], "input_kwargs": {}, "output": [out]}}
+        _insert(tmp_path / side, "Functional.gelu.2.forward", entries, {inner: module, module: None})
+    summary = compare_runs(a, b)
+    pair = summary["pairs"][0]
+    assert "Module.fc.Float8Linear.forward.0" not in pair["unmatched_a"]  # paired with Module.fc.Linear
+    first = summary["first_suspect"]
+    assert first["entry"] == "Module.fc.Float8Linear.forward.0" and first["bench_entry"] == "Module.fc.Linear.forward.0"
+    assert first["fp8_underflow"].startswith("inside it, Torch.mm.0.forward: input.1 in run A: 99.9 % of its float8 "
+                                             "elements are zero")
