@@ -383,7 +383,8 @@ def test_stack_json(debuggers, tmp_path):
     x = torch.ones(2)
     debugger = debuggers(dump_path=str(tmp_path / "d"), level="L1")
     debugger.start()
-    rt.call("Torch.relu", torch.relu, x); line = sys._getframe().f_lineno  # noqa: E702
+    line = sys._getframe().f_lineno + 1  # the call's, on the next line
+    rt.call("Torch.relu", torch.relu, x)
     debugger.stop()
     debugger.wait()
     stack = read_step(tmp_path / "d")["stack.json"]
