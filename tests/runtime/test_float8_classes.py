@@ -66,6 +66,7 @@ def _torchao(values, scale, axiswise_dim=None, dtype=torch.float8_e4m3fn):
                                         torchao.GemmInputRole.INPUT, axiswise_dim)
 
 
+@pytest.mark.slow  # imports torchao (seconds)
 def test_torchao_float8_is_read_as_its_dequantized_values_without_its_dispatch(tmp_path, monkeypatch):
     torch.manual_seed(0)
     x = torch.randn(64, 96) * 3
