@@ -12,7 +12,7 @@ from msprobe_runtime.catalogue import Catalogue, load_catalogue
 from . import runtime_import, text_restore
 from .gc_pause import paused_gc
 from .markers import (RUNTIME_IMPORT, RUNTIME_MODULE, RUNTIME_NAME, SKIP_FILE_MARKER,  # noqa: F401 (re-exported)
-                      is_instrumented, maybe_lossy, package_of)
+                      is_instrumented, maybe_lossy, module_of, package_of)
 from .resolver import Resolver
 from .restore import Restorer
 from .scopes import collect_scopes
@@ -116,7 +116,8 @@ def _rewrite_source(source: bytes, catalogue: Optional[Catalogue], path: str, sk
         tree = ast.parse(original, filename=path)
     except (SyntaxError, ValueError) as error:
         raise RewriteError(f"{path}: not valid Python for this interpreter: {error}") from None
-    scopes = collect_scopes(tree, package if package is not None else package_of(path))
+    package = package if package is not None else package_of(path)
+    scopes = collect_scopes(tree, package, module_of(path, package))
     transformer = CallSiteTransformer(scopes, Resolver(catalogue or default_catalogue()), skip_decorators)
     try:
         rewritten = module.visit(transformer)

@@ -25,7 +25,8 @@ from msprobe_runtime.catalogue import Catalogue
 
 from . import decisions
 from .kernels import is_kernel_decorator
-from .markers import RUNTIME_NAME, SKIP_FILE_MARKER, SKIP_MARKER, is_instrumented, maybe_lossy, package_of
+from .markers import (RUNTIME_NAME, SKIP_FILE_MARKER, SKIP_MARKER, is_instrumented, maybe_lossy, module_of,
+                      package_of)
 from .resolver import API, NOT_API, Resolver
 from .scopes import Scope, callee_path, collect_scopes
 
@@ -556,7 +557,8 @@ def rewrite_to_ast(source: bytes, catalogue: Catalogue, path: str = "<string>",
         tree = ast.parse(text, filename=path)
     except (SyntaxError, ValueError, UnicodeError, LookupError):
         return None
-    scopes = collect_scopes(tree, package if package is not None else package_of(path))
+    package = package if package is not None else package_of(path)
+    scopes = collect_scopes(tree, package, module_of(path, package))
     transformer = AstCallSiteTransformer(_Text(text.encode("utf-8")), scopes, Resolver(catalogue), skip_decorators)
     try:
         tree.body = [transformer.visit(statement) for statement in tree.body]

@@ -19,7 +19,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from . import atomic, size_limits, worker_signals
 from .cache import FAIL, NEW, SAME, ResultCache, source_digest
 from .files import EXCLUDED, LINK, NOT_REGULAR, OTHER, PYTHON, SPECIAL, Entry, is_python
-from .markers import SKIP_FILE_MARKER, is_instrumented, package_of
+from .markers import SKIP_FILE_MARKER, is_instrumented, module_of, package_of
 
 REWRITE = "rewrite"
 RESTORE = "restore"
@@ -399,9 +399,10 @@ def run(entries: Sequence[Entry], options: Options,
             outcomes[index] = too_large
             progressed(entry.path)
             continue
-        # the rewrite depends on the file's package too (relative imports decide which calls are catalogued):
-        # a byte-identical file in another package is another entry
-        entry_mode = f"{key_mode}\0{package_of(entry.path) or ''}" if cache is not None else key_mode
+        # the rewrite depends on the file's module name too (relative imports, and the catalogued functions the
+        # module defines, decide which calls are APIs): a byte-identical file under another name is another entry
+        entry_mode = (f"{key_mode}\0{module_of(entry.path, package_of(entry.path)) or ''}" if cache is not None
+                      else key_mode)
         key = cache.key(source_digest(source), entry_mode) if cache is not None else None
         item = _Pending(entry, source, file_stat, key, entry_mode)
         hit = cache.get(key) if cache is not None else None

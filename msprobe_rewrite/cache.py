@@ -108,7 +108,9 @@ class ResultCache:
             shutil.rmtree(stale.path, ignore_errors=True)
 
     def key(self, digest: str, mode: str) -> str:
-        return hashlib.sha256(self._salt + b"\0" + mode.encode() + b"\0" + digest.encode()).hexdigest()
+        # surrogatepass: a module name from an undecodable file name (tests/compiler/test_cli.py)
+        return hashlib.sha256(self._salt + b"\0" + mode.encode("utf-8", "surrogatepass") + b"\0"
+                              + digest.encode()).hexdigest()
 
     def _path(self, key: str) -> str:
         return os.path.join(self.directory, key[:2], key[2:])

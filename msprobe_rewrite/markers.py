@@ -57,3 +57,15 @@ def package_of(path: str) -> Optional[str]:
             break
         directory = parent
     return ".".join(reversed(parts)) or None
+
+
+def module_of(path: str, package: Optional[str]) -> Optional[str]:
+    """The dotted name of the module at ``path`` in ``package`` (``package`` itself for its ``__init__.py``): the
+    qualified names of the functions it defines, which the catalogue may name (apex's ``fused_rms_norm_affine``
+    called by ``FusedRMSNorm.forward`` in the same file)."""
+    if path.startswith("<"):
+        return None
+    stem = os.path.splitext(os.path.basename(path))[0]
+    if stem == "__init__":
+        return package
+    return f"{package}.{stem}" if package else stem

@@ -59,8 +59,18 @@ class Resolver:
             # The standard library re-exports no torch API; anything else may (a package re-exporting
             # F.gelu, a module object), so the runtime decides by identity.
             return Resolution(NOT_API if is_stdlib(qualname) else UNKNOWN, qualname=qualname)
-        if kind == DEFINITION and root == dotted:
-            return Resolution(NOT_API)
+        if kind == DEFINITION:
+            # A function or class the module defines is an API where the catalogue names it: apex's modules
+            # call the catalogued functions of their own file (FusedRMSNorm.forward -> fused_rms_norm_affine),
+            # which on a GPU is the fused kernel (tests/realworld/test_fused_libraries.py).
+            module = scope.module
+            if module.qualname is not None and module.bindings.get(root) is binding:
+                qualname = f"{module.qualname}.{dotted}"
+                api_name = self.catalogue.dump_name(qualname)
+                if api_name is not None:
+                    return Resolution(API, api_name, qualname)
+            if root == dotted:
+                return Resolution(NOT_API)
         if kind == STDLIB_VALUE:
             return Resolution(NOT_API)
         return Resolution(UNKNOWN)

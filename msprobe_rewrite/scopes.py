@@ -60,6 +60,9 @@ class Scope:
     # The ast node that opens the scope (None for the module), so an ``ast`` walker such as the lint can
     # find a node's scope directly instead of re-deriving the pre-order pairing the transformer uses.
     node: Optional[ast.AST] = field(default=None, repr=False, compare=False)
+    # The module scope only: the module's own dotted name, where it is known, so that a function it defines
+    # resolves to its qualified name (``apex.normalization.fused_layer_norm.fused_rms_norm_affine``).
+    qualname: Optional[str] = None
 
     def bind(self, name: str, kind: str, qualname: Optional[str] = None) -> None:
         binding = self.bindings.setdefault(name, Binding())
@@ -143,9 +146,9 @@ def callee_path(node: ast.AST) -> Optional[str]:
 
 
 class _Collector(ast.NodeVisitor):
-    def __init__(self, package: Optional[str]):
+    def __init__(self, package: Optional[str], module: Optional[str] = None):
         self.package = package
-        self.module = Scope(MODULE, "", None)
+        self.module = Scope(MODULE, "", None, qualname=module)
         self.current = self.module
         # (sort key, scope) for every scope but the module; sorted into pre-order at the end.
         self.entries: List[Tuple[Tuple[int, int, int], Scope]] = []
@@ -325,9 +328,10 @@ class ModuleScopes:
     in_order: List[Scope]  # every scope but the module, in source pre-order
 
 
-def collect_scopes(tree: ast.Module, package: Optional[str] = None) -> ModuleScopes:
-    """Binding tables of ``tree``; ``package`` resolves relative imports (``from . import x``)."""
-    collector = _Collector(package)
+def collect_scopes(tree: ast.Module, package: Optional[str] = None, module: Optional[str] = None) -> ModuleScopes:
+    """Binding tables of ``tree``; ``package`` resolves relative imports (``from . import x``), ``module`` is the
+    module's own dotted name (``markers.module_of``), where known."""
+    collector = _Collector(package, module)
     for statement in tree.body:
         collector.visit(statement)
     collector.entries.sort(key=lambda entry: entry[0])

@@ -15,7 +15,7 @@ from typing import Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
 from msprobe_runtime.catalogue import Catalogue
 
 from ..kernels import is_kernel_decorator
-from ..markers import SKIP_FILE_MARKER, SKIP_MARKER, package_of
+from ..markers import SKIP_FILE_MARKER, SKIP_MARKER, module_of, package_of
 from ..resolver import API, UNKNOWN, Resolver, qualify
 from ..decisions import frozen_ast_parts
 from ..scopes import ModuleScopes, Scope, absolute_module, callee_path, collect_scopes
@@ -380,7 +380,7 @@ class Linter:
         text = _decode(source)
         lines = _NEWLINE.split(text)
         self.package = package if package is not None else package_of(path)
-        scopes = collect_scopes(tree, self.package)
+        scopes = collect_scopes(tree, self.package, module_of(path, self.package))
         visitor = _Visitor(self, scopes, lines)
         if "MSP004" in self.codes:
             visitor.collect_containers(tree.body, scopes.module, None)

@@ -158,6 +158,96 @@ def test_relative_import_resolves_through_the_package():
     )
 
 
+
+def test_fused_library_entry_points_resolve_however_imported():
+    """flash-attn's functions through its package's re-export, TE's GEMM through cpp_extensions' re-export and
+    its submodule, apex's autograd Function by ``.apply``; fp8_autocast is no API (a context manager)."""
+    check(
+        """\
+        import flash_attn
+        import transformer_engine.pytorch as te
+        from flash_attn import flash_attn_func
+        from transformer_engine.pytorch.cpp_extensions.gemm import general_gemm
+        from apex.normalization.fused_layer_norm import FusedLayerNormAffineFunction
+        with te.fp8_autocast(enabled=False):
+            o = flash_attn_func(q, k, v, causal=True) + flash_attn.flash_attn_varlen_func(q, k, v, cu, cu, s, s)
+            y = te.cpp_extensions.general_gemm(w, x, ws)[0] + general_gemm(w, x, ws)[0]
+            z = FusedLayerNormAffineFunction.apply(y, g, b, shape, 1e-5, False)
+        """,
+        """\
+        import msprobe_runtime as __msprobe__; import flash_attn
+        import transformer_engine.pytorch as te
+        from flash_attn import flash_attn_func
+        from transformer_engine.pytorch.cpp_extensions.gemm import general_gemm
+        from apex.normalization.fused_layer_norm import FusedLayerNormAffineFunction
+        with __msprobe__.dyn(te.fp8_autocast, enabled=False):
+            o = __msprobe__.add(__msprobe__.call("FlashAttn.flash_attn_func", flash_attn_func, q, k, v, causal=True), __msprobe__.call("FlashAttn.flash_attn_varlen_func", flash_attn.flash_attn_varlen_func, q, k, v, cu, cu, s, s))
+            y = __msprobe__.add(__msprobe__.call("TE.general_gemm", te.cpp_extensions.general_gemm, w, x, ws)[0], __msprobe__.call("TE.general_gemm", general_gemm, w, x, ws)[0])
+            z = __msprobe__.call("Apex.FusedLayerNormAffineFunction", FusedLayerNormAffineFunction.apply, y, g, b, shape, 1e-5, False)
+        """,
+    )
+
+
+FUSED_LAYER_NORM = """\
+    from torch.autograd import Function
+    from torch.nn import Module
+
+    class FusedRMSNormAffineFunction(Function):
+        pass
+
+    def fused_rms_norm_affine(x, w, shape, eps=1e-6):
+        return FusedRMSNormAffineFunction.apply(x, w, shape, eps)
+
+    class FusedRMSNorm(Module):
+        def forward(self, x):
+            return fused_rms_norm_affine(x, self.weight, self.shape)
+
+        def local(self, x):
+            def fused_rms_norm_affine(x):
+                return x
+            return fused_rms_norm_affine(x)
+    """
+
+
+def test_a_catalogued_function_is_an_api_in_the_module_that_defines_it_too():
+    """apex's FusedRMSNorm.forward calls fused_rms_norm_affine of its own file: by the module's name (from the
+    file's package and name) it is the catalogued ``apex.normalization.fused_layer_norm.fused_rms_norm_affine``;
+    a local function of the same name is not."""
+    check(
+        FUSED_LAYER_NORM,
+        """\
+        import msprobe_runtime as __msprobe__; from torch.autograd import Function
+        from torch.nn import Module
+
+        class FusedRMSNormAffineFunction(Function):
+            pass
+
+        def fused_rms_norm_affine(x, w, shape, eps=1e-6):
+            return __msprobe__.dyn(FusedRMSNormAffineFunction.apply, x, w, shape, eps)
+
+        class FusedRMSNorm(Module):
+            def forward(self, x):
+                return __msprobe__.call("Apex.fused_rms_norm_affine", fused_rms_norm_affine, x, self.weight, self.shape)
+
+            def local(self, x):
+                def fused_rms_norm_affine(x):
+                    return x
+                return fused_rms_norm_affine(x)
+        """,
+        path="/site/apex/normalization/fused_layer_norm.py", package="apex.normalization",
+    )
+
+
+@pytest.mark.parametrize("path, package", [
+    ("/site/apex/normalization/other.py", "apex.normalization"),    # another module of the package
+    ("/site/normalization/fused_layer_norm.py", "normalization"),  # the file imported under another package
+    ("<string>", None),                                             # no file: no module name
+])
+def test_a_function_defined_in_another_module_stays_a_plain_call(path, package):
+    rewritten = rewrite_source(dedent(FUSED_LAYER_NORM).encode(), path=path, package=package).decode()
+    assert "__msprobe__.call(" not in rewritten
+    assert "return fused_rms_norm_affine(x, self.weight, self.shape)" in rewritten
+
 def test_star_import_makes_every_free_name_unknown():
     check(
         """\
