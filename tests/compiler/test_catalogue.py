@@ -1,4 +1,7 @@
 """The catalogue: msprobe's support_wrap_ops.yaml sections, custom entries, user files on top."""
+import sys
+from pathlib import Path
+
 import pytest
 
 from msprobe_runtime.catalogue import DEFAULT_FILES, CatalogueError, load_catalogue
@@ -160,3 +163,140 @@ def test_grouped_mm_is_named_statically_and_by_identity(qualname, dump_name):
         pytest.skip(f"torch {torch.__version__} has no {qualname}")
     identity, _ = build_identity()
     assert identity.get(id(obj)) == dump_name
+
+
+# -- fused-kernel libraries (flash-attn, TransformerEngine, apex) and torch_npu ---------------------------------
+
+FAKES = Path(__file__).resolve().parents[2] / "fixtures" / "fused_libraries" / "site"
+LIBRARIES = ("flash_attn", "flash_attn_interface", "flash_attn_3", "transformer_engine", "apex")
+
+
+@pytest.fixture
+def fresh_imports(monkeypatch):
+    """The fakes the test imports are forgotten afterwards: they must not stand in for anything later (torch's own
+    modules that the identity table imported stay)."""
+    yield monkeypatch
+    for name in [n for n in sys.modules if n.split(".")[0] in LIBRARIES + ("torch_npu",)]:
+        del sys.modules[name]
+
+
+def test_fused_library_functions_are_named_by_identity_under_every_spelling(fresh_imports):
+    """With the fakes of fixtures/fused_libraries imported, each catalogued function they define is named by the
+    run-time identity table, and a function reached under two names (the definition, the package's re-export)
+    gets one dump name. The catalogue's module paths are the real libraries' (docs/catalogue.md)."""
+    pytest.importorskip("torch")
+    from msprobe_runtime.identity import _resolve, build_identity
+
+    fresh_imports.syspath_prepend(str(FAKES))
+    import apex.contrib.layer_norm.layer_norm  # noqa: F401
+    import apex.normalization  # noqa: F401
+    import flash_attn  # noqa: F401
+    import flash_attn.layers.rotary  # noqa: F401
+    import transformer_engine.pytorch  # noqa: F401
+
+    catalogue = load_catalogue()
+    identity, _ = build_identity()
+    named = {}
+    for qualname, dump_name in catalogue.by_qualname.items():
+        if qualname.split(".")[0] not in LIBRARIES or qualname.endswith(".apply"):
+            continue  # Function.apply is a new bound method at each read: named statically only
+        obj = _resolve(qualname)
+        if obj is not None:
+            assert identity.get(id(obj)) == dump_name, qualname
+            named[qualname] = dump_name
+    want = {
+        "flash_attn.flash_attn_func": "FlashAttn.flash_attn_func",
+        "flash_attn.flash_attn_interface.flash_attn_func": "FlashAttn.flash_attn_func",
+        "flash_attn.flash_attn_with_kvcache": "FlashAttn.flash_attn_with_kvcache",
+        "flash_attn.flash_attn_varlen_qkvpacked_func": "FlashAttn.flash_attn_varlen_qkvpacked_func",
+        "flash_attn.layers.rotary.apply_rotary_emb": "FlashAttn.apply_rotary_emb",
+        "transformer_engine.pytorch.cpp_extensions.general_gemm": "TE.general_gemm",
+        "transformer_engine.pytorch.cpp_extensions.gemm.general_gemm": "TE.general_gemm",
+        "transformer_engine.pytorch.cpp_extensions.gemm.gemm": "TE.gemm",
+        "transformer_engine.pytorch.cpp_extensions.general_grouped_gemm": "TE.general_grouped_gemm",
+        "transformer_engine.pytorch.cpp_extensions.fused_attn.fused_attn_fwd": "TE.fused_attn_fwd",
+        "transformer_engine.pytorch.cpp_extensions.fused_attn_bwd": "TE.fused_attn_bwd",
+        "apex.normalization.fused_layer_norm.fused_rms_norm_affine": "Apex.fused_rms_norm_affine",
+        "apex.normalization.fused_layer_norm.mixed_dtype_fused_layer_norm_affine":
+            "Apex.mixed_dtype_fused_layer_norm_affine",
+    }
+    assert {q: named.get(q) for q in want} == want
+    # the modules, the optimizer and the context manager are no APIs
+    import apex.optimizers
+    import transformer_engine.pytorch as te
+
+    for obj in (te.Linear, te.LayerNormMLP, te.TransformerLayer, te.fp8_autocast, apex.normalization.FusedRMSNorm,
+                apex.optimizers.FusedAdam):
+        assert id(obj) not in identity, obj
+
+
+def _npu_names():
+    import yaml
+
+    with open(DEFAULT_FILES[0], "rb") as handle:
+        return yaml.safe_load(handle)["torch_npu"]
+
+
+def test_every_torch_npu_name_resolves_statically_however_imported():
+    """msprobe 26.2's torch_npu section (copied unchanged: npu_fusion_attention, npu_rms_norm, npu_rotary_mul,
+    npu_swiglu, npu_moe_*, ... and the ``atb.`` submodule's) as a call through the module and by from-import."""
+    from msprobe_rewrite.api import rewrite_source
+
+    names = _npu_names()
+    assert {"npu_fusion_attention", "npu_rms_norm", "npu_rotary_mul", "npu_swiglu", "npu_moe_init_routing",
+            "npu_grouped_matmul", "atb._npu_flash_attention_v2"} <= set(names)
+    through_module = "import torch_npu\n" + "".join(f"y = torch_npu.{n}(x)\n" for n in names)
+    from_imports = "".join(
+        f"from torch_npu{'.' + n.rpartition('.')[0] if '.' in n else ''} import {n.rpartition('.')[2]} as f{i}\n"
+        f"y = f{i}(x)\n" for i, n in enumerate(names))
+    for source in (through_module, from_imports):
+        rewritten = rewrite_source(source.encode()).decode()
+        missing = [n for n in names if f'__msprobe__.call("NPU.{n}", ' not in rewritten]
+        assert not missing
+
+
+def test_every_torch_npu_name_is_named_by_identity_with_a_fake_torch_npu(fresh_imports, tmp_path):
+    """A fake torch_npu defining every name of the section (functions at the top, and in ``atb``): the identity
+    table, which imports torch_npu at start() where it is installed, names each of them."""
+    pytest.importorskip("torch")
+    from msprobe_runtime.identity import build_identity
+
+    names = _npu_names()
+    package = tmp_path / "torch_npu"
+    package.mkdir()
+    top = [n for n in names if "." not in n]
+    (package / "__init__.py").write_text("from . import atb\n" + "".join(f"def {n}(*a, **k):\n    return a\n"
+                                                                             for n in top))
+    (package / "atb.py").write_text("".join(f"def {n.split('.', 1)[1]}(*a, **k):\n    return a\n"
+                                            for n in names if n.startswith("atb.")))
+    fresh_imports.syspath_prepend(str(tmp_path))
+    identity, _ = build_identity()
+    import torch_npu
+
+    unnamed = []
+    for name in names:
+        obj = torch_npu
+        for attr in name.split("."):
+            obj = getattr(obj, attr)
+        if identity.get(id(obj)) != f"NPU.{name}":
+            unnamed.append(name)
+    assert not unnamed
+
+
+def test_docs_table_lists_every_fused_library_entry():
+    """docs/catalogue.md's tables name every flash-attn, TE and apex entry of custom_apis.yaml, on the row of its
+    dump name, and no name the catalogue lacks."""
+    import re
+
+    import yaml
+
+    with open(DEFAULT_FILES[1], "rb") as handle:
+        custom = yaml.safe_load(handle)["custom"]
+    ours = {q: d for q, d in custom.items() if d.split(".")[0] in ("FlashAttn", "FlashAttn3", "TE", "Apex")}
+    assert len(ours) > 50
+    documented = {}
+    text = (Path(__file__).resolve().parents[2] / "docs" / "catalogue.md").read_text()
+    for row in re.findall(r"^\| `([\w.]+)` \| (.+?) \|", text, flags=re.M):
+        for qualname in re.findall(r"`([\w.]+)`", row[1]):
+            documented[qualname] = row[0]
+    assert documented == ours
