@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup demo check test bench clean
+.PHONY: setup demo check test test-torch-ops bench clean
 
 $(BIN)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ test: setup
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# the real-model tests on the torch-op path (no native op: backward.py's Python hooks and graph walk), the
+# path of accelerators and of a torch the op does not build on (tests/realworld/test_torch_op_path.py)
+test-torch-ops: setup
+	MSPROBE_NATIVE_STATS=0 $(BIN)/python -m pytest -q tests/realworld $(PYTEST_ARGS)
 
 bench: setup
 	$(BIN)/python bench/run_all.py
