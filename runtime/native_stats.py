@@ -48,8 +48,8 @@ of memory, at the same version counter), so a tensor and its views are recorded 
 
 float32, float16 and bfloat16 go through the op; the ``Recorder`` also records bool and signed or 8-bit
 unsigned integer CPU tensors (Max and Min, or ``any`` and ``all``, in one pass of its own: their Mean and
-Norm are null); float64 and the other integer types keep the torch ops. CUDA and NPU tensors keep the torch-op path (a
-Triton kernel is not written yet).
+Norm are null); float64 and the other integer types keep the torch ops. CUDA and ROCm tensors go to the Triton
+kernels of ``triton_stats`` where Triton imports (``MSPROBE_TRITON``), NPU tensors keep the torch-op path.
 
 The ``Recorder`` also runs the collector's backward hooks where it serves (``Collector.native_backward``): an
 API's post-hooks on its outputs' ``grad_fn`` (``hook_api``), and a module call's tensor hooks and the post-hooks

@@ -180,8 +180,12 @@ LATER = object()  # an item the native Recorder left for the caller to describe 
 class StatBuffer:
     """Pending slots of the current step, handed over as one device buffer per device at each flush."""
 
-    def __init__(self, nan_inf_count=True, native=None):
+    def __init__(self, nan_inf_count=True, native=None, triton_cpu=False):
         self.nan_inf_count = nan_inf_count
+        # the Triton kernels of ``triton_stats`` for device tensors: None until the first one asks, False where
+        # they do not serve; ``triton_cpu`` gives them CPU tensors too (tests, under TRITON_INTERPRET=1)
+        self._fused = None
+        self._fused_devices = ("cuda", "cpu") if triton_cpu else ("cuda",)
         # the fused op, built or loaded here (the first start() of a run), so one run uses one path throughout
         if native is None:
             from . import native_stats
@@ -239,6 +243,10 @@ class StatBuffer:
         if kind == KIND_LOW:
             return self._add_low(t.detach(), float8_scaling(t))
         t = t.detach()
+        if type(t) is torch.Tensor and t.device.type in self._fused_devices:
+            fused = self._fused_add(t, kind)
+            if fused is not None:
+                return fused
         repeat = 1
         if not t.is_contiguous():
             # first, so that a view of a tensor's elements (a transpose) is reduced as that tensor is, the same
@@ -277,6 +285,15 @@ class StatBuffer:
             if counts is not None:
                 self._pending.append(counts)
         return slot, counts
+
+    def _fused_add(self, t, kind):
+        """``add`` by the Triton kernels (``triton_stats``), or None where they do not serve this tensor, are
+        switched off (``MSPROBE_TRITON=0``) or Triton does not import: the torch ops serve then."""
+        fused = self._fused
+        if fused is None:
+            fused = self._fused = _fused_stats(self.nan_inf_count) or False
+        width = _WIDTH.get(kind) if kind != KIND_BOOL else None
+        return fused.add(t, width) if fused and width is not None else None
 
     def _add_low(self, t, scaling=None):
         """A float8 tensor's slots: Max, Min, Mean, Norm (the slot) and the counts (NaN, Inf when they are on,
@@ -401,6 +418,8 @@ class StatBuffer:
             stages, self._stages = self._stages, {}
         groups, kept = self._reduce_stages(stages)  # torch ops, outside the lock
         pending.extend(groups)
+        if self._fused:
+            pending.extend(self._fused.finish())
         with self._lock:
             for key, keep in kept.items():
                 self._stages.setdefault(key, [keep])
@@ -418,6 +437,23 @@ class StatBuffer:
             if not _launch(device, by_dtype, target):
                 on_host = False
         return on_host
+
+
+def _fused_stats(nan_inf_count):
+    """A ``triton_stats.TritonStats``, or None where ``MSPROBE_TRITON`` is off or Triton does not import (an NPU
+    image, a CPU build of torch): imported at the first device tensor only, never on the CPU path."""
+    from .switches import switched_on
+
+    if not switched_on("MSPROBE_TRITON"):
+        return None
+    try:
+        from . import triton_stats
+    except Exception as error:  # no Triton, or one that does not load here: the torch ops serve
+        import logging
+
+        logging.getLogger("msprobe_runtime").debug("msprobe_runtime: no Triton statistics (%s)", error)
+        return None
+    return triton_stats.TritonStats(nan_inf_count, Slot, _dense_view)
 
 
 def _launch(device, by_dtype, target):

@@ -1,0 +1,258 @@
+"""The statistics of a device tensor in one read, by a Triton kernel: Max, Min, Sum, sum of squares, NaN and
+Inf counts, each element loaded once in its own dtype (no float32 copy of a bfloat16 tensor) and accumulated
+in float32 (float64 for a float64 tensor, whose Max and Min must stay exact).
+
+Imported by ``statistics.StatBuffer`` only for a CUDA or ROCm tensor (torch names both ``cuda``), and only
+while ``MSPROBE_TRITON`` is on (the default) and Triton imports; elsewhere (the CPU, an NPU, no Triton) the
+torch ops of ``statistics`` serve, unchanged. The tests run the kernels on CPU tensors under Triton's
+interpreter (``TRITON_INTERPRET=1``: tests/runtime/test_triton_stats.py) against the torch-op path.
+
+Two kernels, no atomics, so the numbers do not depend on scheduling (two identical runs write identical dumps):
+
+- ``_partials``, launched at ``add`` (while the tensor holds the values recorded, as the torch ops read it):
+  each program reduces one chunk of one tensor into a row of six float64 partials in the flush's arena, and
+  program 0 writes the tensor's row of metadata (its rows, element count, repeat, dtype) beside them, on the
+  device, so nothing is copied from the host for the second kernel. A tensor has at most ``_MAX_ROWS`` rows.
+- ``_finish``, launched once per arena at the flush (``StatBuffer.take``): one program per tensor combines
+  its rows in row order and writes Max, Min, Mean, Norm and the two counts as float64 rows, which reach the
+  host as one group slot per arena (the ``members`` mechanism of the staged small tensors).
+
+Numbers as the native CPU op gives them (``native/stats_op.cpp``): Max and Min exact, NaN when a NaN is
+present; Mean and Norm rounded to the tensor's dtype, inf past float32's range; a broadcast (stride-0)
+dimension read once and counted ``repeat`` times; a transposed or permuted tensor read in memory order; any
+other layout of up to 4 dimensions read through its strides (no copy).
+
+Not yet: several tensors per ``_partials`` launch (a pointer table), so a recorded call costs one launch per
+tensor and each flush one ``_finish`` per arena; the torch-op path's own cost (issue 31).
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+import triton
+import triton.language as tl
+
+
+_BLOCK = 1024       # elements a program loads at once
+_MAX_ROWS = 256     # partial rows of one tensor at most: a larger tensor's programs each read more blocks
+_ARENA_ROWS = 1 << 14   # rows of a new arena (6 float64 each: 768 KiB), more where one tensor needs them
+_ARENA_TENSORS = 2048   # tensors of an arena
+_FINISH_BLOCK = 128     # rows a ``_finish`` program combines at once
+
+# the dtype code ``_finish`` rounds Mean and Norm to; float64 tensors get Max and Min only (statistics'
+# KIND_NO_MEAN: a slot of width 2), the others Max, Min, Mean and Norm (width 4); a 0-d tensor its value (1)
+_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3}
+_META = 5  # a tensor's metadata row: first partial row, rows, elements, repeat, dtype code
+
+
+_INTS = ["n", "iters", "tensor", "row0", "rows", "repeat", "code", "d1", "d2", "d3", "s0", "s1", "s2", "s3"]
+
+
+@triton.jit(do_not_specialize=_INTS)  # a value of 1 would be made a constant: one compile per value, no .to
+def _partials(x, n, iters, part, meta, tensor, row0, rows, repeat, code,
+              d1, d2, d3, s0, s1, s2, s3,
+              CONTIGUOUS: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    lanes = tl.arange(0, BLOCK)
+    if WIDE:
+        mx = tl.full([BLOCK], float("-inf"), tl.float64)
+        mn = tl.full([BLOCK], float("inf"), tl.float64)
+        s = tl.zeros([BLOCK], tl.float64)
+        q = tl.zeros([BLOCK], tl.float64)
+    else:
+        mx = tl.full([BLOCK], float("-inf"), tl.float32)
+        mn = tl.full([BLOCK], float("inf"), tl.float32)
+        s = tl.zeros([BLOCK], tl.float32)
+        q = tl.zeros([BLOCK], tl.float32)
+    nan = tl.zeros([BLOCK], tl.int32)
+    inf = tl.zeros([BLOCK], tl.int32)
+    start = pid.to(tl.int64) * iters * BLOCK
+    for i in range(0, iters):
+        idx = start + i * BLOCK + lanes
+        mask = idx < n
+        if CONTIGUOUS:
+            ptr = x + idx
+        else:
+            i3 = idx % d3
+            rest = idx // d3
+            i2 = rest % d2
+            rest = rest // d2
+            i1 = rest % d1
+            i0 = rest // d1
+            ptr = x + i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3
+        v = tl.load(ptr, mask=mask, other=0.0).to(mx.dtype)
+        is_nan = v != v
+        is_inf = (v == float("inf")) | (v == float("-inf"))
+        ok = mask & (v == v)
+        mx = tl.where(ok & (v > mx), v, mx)
+        mn = tl.where(ok & (v < mn), v, mn)
+        s += v  # 0 where masked
+        q += v * v  # squared in the accumulator's type, as torch squares a float32 value
+        nan += is_nan.to(tl.int32)
+        inf += is_inf.to(tl.int32)
+    out = part + (row0 + pid).to(tl.int64) * 6
+    tl.store(out + 0, tl.max(mx, 0).to(tl.float64))
+    tl.store(out + 1, tl.min(mn, 0).to(tl.float64))
+    tl.store(out + 2, tl.sum(s, 0).to(tl.float64))
+    tl.store(out + 3, tl.sum(q, 0).to(tl.float64))
+    tl.store(out + 4, tl.sum(nan, 0).to(tl.float64))
+    tl.store(out + 5, tl.sum(inf, 0).to(tl.float64))
+    if pid == 0:
+        m = meta + tensor * 5
+        tl.store(m + 0, row0.to(tl.int64))
+        tl.store(m + 1, rows.to(tl.int64))
+        tl.store(m + 2, n.to(tl.int64))
+        tl.store(m + 3, repeat.to(tl.int64))
+        tl.store(m + 4, code.to(tl.int64))
+
+
+@triton.jit
+def _rounded(x, code):
+    """``x`` (float64) rounded to float32, then to the dtype of ``code`` (0 float32, 1 float16, 2 bfloat16, 3
+    float64: as it is), as the native op's ``round_to``."""
+    f = x.to(tl.float32)
+    half = f.to(tl.float16).to(tl.float32)
+    brain = f.to(tl.bfloat16).to(tl.float32)
+    out = tl.where(code == 1, half, tl.where(code == 2, brain, f)).to(tl.float64)
+    return tl.where(code == 3, x, out)
+
+
+@triton.jit
+def _finish(part, meta, values, counts, RB: tl.constexpr):
+    t = tl.program_id(0)
+    m = meta + t * 5
+    row0 = tl.load(m + 0)
+    rows = tl.load(m + 1)
+    n = tl.load(m + 2)
+    repeat = tl.load(m + 3)
+    code = tl.load(m + 4)
+    lanes = tl.arange(0, RB)
+    mx = tl.full([RB], float("-inf"), tl.float64)
+    mn = tl.full([RB], float("inf"), tl.float64)
+    s = tl.zeros([RB], tl.float64)
+    q = tl.zeros([RB], tl.float64)
+    nan = tl.zeros([RB], tl.float64)
+    inf = tl.zeros([RB], tl.float64)
+    for r in range(0, rows, RB):
+        at = r + lanes
+        mask = at < rows
+        p = part + (row0 + at) * 6
+        mx = tl.maximum(mx, tl.load(p + 0, mask=mask, other=float("-inf")))
+        mn = tl.minimum(mn, tl.load(p + 1, mask=mask, other=float("inf")))
+        s += tl.load(p + 2, mask=mask, other=0.0)
+        q += tl.load(p + 3, mask=mask, other=0.0)
+        nan += tl.load(p + 4, mask=mask, other=0.0)
+        inf += tl.load(p + 5, mask=mask, other=0.0)
+    big = 3.4028234663852886e38  # float32's largest: past it a float accumulator is inf, as torch's is
+    total = tl.sum(s, 0)
+    total = tl.where(total > big, float("inf"), tl.where(total < -big, float("-inf"), total))
+    squares = tl.sum(q, 0)
+    squares = tl.where(squares > big, float("inf"), squares)
+    nans = tl.sum(nan, 0)
+    top = tl.max(mx, 0)
+    bottom = tl.min(mn, 0)
+    not_a_number = float("nan")
+    top = tl.where(nans > 0, not_a_number, top)
+    bottom = tl.where(nans > 0, not_a_number, bottom)
+    out = values + t * 4
+    tl.store(out + 0, top)
+    tl.store(out + 1, bottom)
+    tl.store(out + 2, _rounded(total / n.to(tl.float64), code))
+    tl.store(out + 3, _rounded(tl.sqrt(squares * repeat.to(tl.float64)), code))
+    tl.store(counts + t * 2 + 0, nans * repeat.to(tl.float64))
+    tl.store(counts + t * 2 + 1, tl.sum(inf, 0) * repeat.to(tl.float64))
+
+
+class _Arena:
+    """The partial rows and metadata of the tensors of one device and slot width, until the flush."""
+
+    __slots__ = ("part", "meta", "rows", "slots", "counts")
+
+    def __init__(self, device, rows):
+        self.part = torch.empty((rows, 6), dtype=torch.float64, device=device)
+        self.meta = torch.empty((_ARENA_TENSORS, _META), dtype=torch.int64, device=device)
+        self.rows = 0
+        self.slots = []
+        self.counts = []
+
+
+class TritonStats:
+    """``StatBuffer``'s kernels: ``add`` launches a tensor's partials and gives its slots, ``finish`` (at the
+    flush) launches the combining kernel of every arena and gives their group slots. ``slot(pending, width,
+    members=None)`` makes a slot and ``dense_view(t)`` gives ``(t, repeat)`` (``statistics.Slot`` and
+    ``statistics._dense_view``: passed in, so that this module imports nothing of the runtime)."""
+
+    def __init__(self, nan_inf_count, slot, dense_view):
+        self.nan_inf_count = nan_inf_count
+        self._slot = slot
+        self._dense_view = dense_view
+        self._lock = threading.Lock()
+        self._arenas = {}  # (device, width) -> the _Arena filling
+        self._done = []    # group slots of arenas closed before the flush (full)
+
+    def add(self, t, width):
+        """``(slot, counts slot or None)`` of a plain strided tensor of float32, float16 or bfloat16 (``width``
+        4: Max, Min, Mean, Norm), of float64 (2: Max and Min), or a 0-d one of these (1: its value); None for
+        any other (the torch ops serve it)."""
+        code = _CODES.get(t.dtype)
+        if code is None or type(t) is not torch.Tensor or t.layout is not torch.strided:
+            return None
+        if width != 1 and width != (2 if code == 3 else 4):
+            return None
+        if t.is_neg():
+            t = t.resolve_neg()
+        t, repeat = self._dense_view(t)
+        contiguous = t.is_contiguous()
+        if not contiguous and t.dim() > 4:
+            return None
+        n = t.numel()
+        if n == 0:
+            return None
+        iters = max(1, -(-n // (_BLOCK * _MAX_ROWS)))
+        grid = -(-n // (_BLOCK * iters))
+        sizes, strides = [1] * 4, [0] * 4
+        if not contiguous:
+            sizes[4 - t.dim():] = t.shape
+            strides[4 - t.dim():] = t.stride()
+        slot = self._slot(None, width)
+        counts = self._slot(None, 2) if self.nan_inf_count else None
+        with self._lock:
+            key = (t.device, width)
+            arena = self._arenas.get(key)
+            if arena is not None and (arena.rows + grid > arena.part.shape[0] or len(arena.slots) == _ARENA_TENSORS):
+                self._done.extend(self._close(arena, width))
+                arena = None
+            if arena is None:
+                arena = self._arenas[key] = _Arena(t.device, max(_ARENA_ROWS, grid))
+            row0, tensor = arena.rows, len(arena.slots)
+            _partials[(grid,)](t, n, iters, arena.part, arena.meta, tensor, row0, grid, repeat, code,
+                               sizes[1], sizes[2], sizes[3], *strides,
+                               CONTIGUOUS=contiguous, WIDE=code == 3, BLOCK=_BLOCK)
+            arena.rows += grid
+            arena.slots.append(slot)
+            arena.counts.append(counts)
+        return slot, counts
+
+    def _close(self, arena, width):
+        """Launch ``_finish`` over ``arena``'s tensors; their group slots (the lock held)."""
+        count = len(arena.slots)
+        device = arena.part.device
+        values = torch.empty((count, 4), dtype=torch.float64, device=device)
+        totals = torch.empty((count, 2), dtype=torch.float64, device=device)
+        _finish[(count,)](arena.part, arena.meta, values, totals, RB=_FINISH_BLOCK)
+        kept = values if width == 4 else values[:, :width]
+        groups = [self._slot(kept.reshape(-1), width * count, arena.slots)]
+        if self.nan_inf_count:
+            groups.append(self._slot(totals.reshape(-1), 2 * count, arena.counts))
+        return groups
+
+    def finish(self):
+        """The group slots of every tensor added since the last flush, their numbers launched on the device."""
+        with self._lock:
+            groups, self._done = self._done, []
+            arenas, self._arenas = self._arenas, {}
+            for (_, width), arena in arenas.items():
+                if arena.slots:
+                    groups.extend(self._close(arena, width))
+        return groups

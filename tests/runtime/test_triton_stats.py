@@ -1,0 +1,226 @@
+"""The Triton statistics kernels (runtime/triton_stats.py) give the torch-op path's numbers: Max, Min and the
+NaN/Inf counts exactly, Mean and Norm to the rounding of float32 sums and of the tensor's dtype, on every float
+dtype, odd sizes, views and strides, 0-d tensors, NaN/Inf and huge values; as the native CPU op where it
+builds. Without a GPU they run on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``, set here
+before Triton is imported); with one, on CUDA tensors, compiled. Skipped where Triton is not installed."""
+import importlib
+import math
+import os
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu":
+    # read by Triton when it is imported and when a kernel is defined or launched: set for the rest of the
+    # session, where nothing else runs a Triton kernel on this machine (torch's CPU compiler writes C++)
+    os.environ["TRITON_INTERPRET"] = "1"
+pytest.importorskip("triton")
+
+from msprobe_runtime import native_stats, statistics  # noqa: E402
+from msprobe_runtime.statistics import StatBuffer, tensor_kind  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's, in the interpreter: inf and NaN on purpose
+FLOATS = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def triton_stats():
+    """The kernels' module; imported afresh on a CPU-only machine where an earlier import defined its kernels
+    outside the interpreter."""
+    name = "msprobe_runtime.triton_stats"
+    module = sys.modules.get(name)
+    if module is None:
+        return importlib.import_module(name)
+    return importlib.reload(module) if DEVICE == "cpu" else module
+
+
+@pytest.fixture(autouse=True)
+def triton_on(monkeypatch):
+    monkeypatch.delenv("MSPROBE_TRITON", raising=False)
+
+
+def fused_buffer(counts=True):
+    return StatBuffer(nan_inf_count=counts, native=False, triton_cpu=DEVICE == "cpu")
+
+
+def statistics_of(buffer, tensors):
+    """Each tensor's (numbers, counts or None) through ``buffer``: recorded, flushed, read."""
+    slots = [buffer.add(t, tensor_kind(t)) for t in tensors]
+    buffer.take()
+    return [(slot.values(), None if counts is None else counts.values()) for slot, counts in slots]
+
+
+def ulp(dtype, x):
+    """The spacing of ``dtype``'s numbers at ``x`` (float32's for float64: Mean and Norm are float sums)."""
+    if not math.isfinite(x):
+        return 0.0
+    eps = torch.finfo(torch.float32 if dtype is torch.float64 else dtype).eps
+    tiny = torch.finfo(torch.float32 if dtype is torch.float64 else dtype).tiny
+    return eps * max(abs(x), tiny)
+
+
+def same(dtype, t, mine, theirs, what):
+    """Max and Min (and a 0-d value) equal bit for bit, NaN where the other is; Mean and Norm within two of the
+    dtype's roundings plus a float32 sum's error (1e-5 of the mean magnitude, of the norm): the torch ops' own
+    float32 sums are further from the exact ones than the kernels' (a float32 norm of 524 621 values in [0, 1):
+    exact 417.831472, the kernels 417.831482, torch.dot 417.831238)."""
+    assert len(mine) == len(theirs), (what, mine, theirs)
+    for index, (a, b) in enumerate(zip(mine, theirs)):
+        if math.isnan(b) or math.isnan(a):
+            assert math.isnan(a) and math.isnan(b), (what, index, mine, theirs)
+        elif index < 2 or len(mine) == 1:
+            assert a == b, (what, index, mine, theirs)
+        elif math.isinf(a) or math.isinf(b):
+            assert a == b, (what, index, mine, theirs)
+        else:
+            scale = t.double().abs().mean().item() if index == 2 else abs(b)
+            tolerance = 2 * ulp(dtype, b) + 1e-5 * scale
+            assert abs(a - b) <= tolerance, (what, index, mine, theirs, tolerance)
+
+
+def check(tensors, counts=True):
+    fused = statistics_of(fused_buffer(counts), tensors)
+    torch_ops = statistics_of(StatBuffer(nan_inf_count=counts, native=False), tensors)
+    for index, (t, (values, tally), (expected, expected_tally)) in enumerate(zip(tensors, fused, torch_ops)):
+        what = f"tensor {index}: {t.dtype} {tuple(t.shape)} strides {t.stride()}"
+        same(t.dtype, t, values, expected, what)
+        assert tally == expected_tally, (what, tally, expected_tally)
+    return fused
+
+
+def on_device(t):
+    return t.to(DEVICE)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_every_float_dtype_and_odd_sizes(dtype):
+    g = torch.Generator().manual_seed(0)
+    sizes = [1, 7, 1023, 1024, 1025, 4097, 70001]
+    tensors = [on_device((torch.randn(n, generator=g) * 3 + 0.5).to(dtype)) for n in sizes]
+    tensors.append(on_device((torch.randn(3, 5, 7, generator=g)).to(dtype)))
+    fused = check(tensors)
+    assert all(values is not None for values, _ in fused)
+
+
+@pytest.mark.slow
+def test_a_tensor_of_many_rows_per_program(triton_stats):
+    """More than ``_BLOCK * _MAX_ROWS`` elements: each program reads several blocks."""
+    n = triton_stats._BLOCK * triton_stats._MAX_ROWS * 2 + 333
+    g = torch.Generator().manual_seed(1)
+    check([on_device(torch.randn(n, generator=g).to(torch.bfloat16)), on_device(torch.rand(n, generator=g))])
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_views_and_strides(dtype):
+    g = torch.Generator().manual_seed(2)
+    base = on_device(torch.randn(6, 10, 9, generator=g).to(dtype))
+    views = [
+        base.transpose(0, 2),                 # permuted: read in memory order
+        base[:, ::3, 1:],                     # a strided slice: read through its strides
+        base[2],                              # an offset view
+        base[:, 4, :].unsqueeze(1).expand(6, 5, 9),  # broadcast: read once, counted five times
+        base.unfold(1, 4, 3),                 # overlapping windows (4 dimensions)
+        base.reshape(2, 3, 2, 5, 9).transpose(1, 3)[..., ::2],  # 5 dimensions, not dense: the torch ops serve
+        torch._neg_view(base),               # a negative view (its memory holds the values negated)
+    ]
+    check(views)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_zero_dim_and_single(dtype):
+    tensors = [on_device(torch.tensor(v, dtype=dtype)) for v in (2.5, -0.0, float("inf"), float("nan"), 1e-3)]
+    tensors.append(on_device(torch.tensor([7.25], dtype=dtype)))
+    fused = check(tensors)
+    assert fused[0][0] == [2.5]
+    assert fused[3][1] == [1.0, 0.0]
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_nan_and_inf(dtype):
+    nan, inf = float("nan"), float("inf")
+    g = torch.Generator().manual_seed(3)
+    noisy = torch.randn(5000, generator=g)
+    noisy[[3, 1500, 4999]] = nan
+    noisy[[10, 20]] = inf
+    noisy[30] = -inf
+    tensors = [torch.tensor([1.0, inf, 2.0]), torch.tensor([inf, -inf]), torch.tensor([nan, 1.0, -inf]), noisy,
+               torch.full((2049,), -inf)]
+    fused = check([on_device(t.to(dtype)) for t in tensors])
+    assert fused[3][1] == [3.0, 3.0]
+    assert fused[0][0][:2] == [inf, 1.0]
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_huge_values(dtype):
+    """Near the dtype's largest value: float32 sums and squares pass float's range, and are inf, as torch's."""
+    top = torch.finfo(dtype).max if dtype is not torch.float64 else 1e300
+    tensors = [torch.full((3000,), top / 2, dtype=dtype), torch.tensor([top, -top, top], dtype=dtype),
+               torch.full((5,), min(3.0e19, top), dtype=dtype), torch.tensor([top, 1.0], dtype=dtype)]
+    check([on_device(t) for t in tensors])
+
+
+def test_without_counts():
+    g = torch.Generator().manual_seed(4)
+    fused = check([on_device(torch.randn(100, generator=g))], counts=False)
+    assert fused[0][1] is None
+
+
+def test_as_the_native_op_where_it_builds():
+    native = native_stats.load()
+    if native is None or DEVICE != "cpu":
+        pytest.skip("no native op here")
+    g = torch.Generator().manual_seed(5)
+    tensors = [torch.randn(n, generator=g).to(dtype) for n in (1, 1000, 70001) for dtype in FLOATS[:3]]
+    fused = statistics_of(fused_buffer(), tensors)
+    for t, (values, tally) in zip(tensors, fused):
+        row = native.stats(t, True)
+        same(t.dtype, t, values, row[:4], str(t.dtype))
+        assert tally == row[4:6]
+
+
+def test_arenas_that_fill_up_before_the_flush(monkeypatch, triton_stats):
+    """An arena closed early (its tensors or rows used up) gives its slots their numbers all the same."""
+    monkeypatch.setattr(triton_stats, "_ARENA_TENSORS", 3)
+    monkeypatch.setattr(triton_stats, "_ARENA_ROWS", 4)
+    g = torch.Generator().manual_seed(6)
+    tensors = [on_device(torch.randn(n, generator=g).to(dtype)) for n in (5, 3000, 9000, 1, 20000, 7)
+               for dtype in (torch.float32, torch.float64)]
+    check(tensors)
+
+
+def test_identical_runs_give_identical_bits():
+    g = torch.Generator().manual_seed(7)
+    tensors = [on_device(torch.randn(n, generator=g).to(torch.bfloat16)) for n in (5, 70001)]
+    assert statistics_of(fused_buffer(), tensors) == statistics_of(fused_buffer(), tensors)
+
+
+def test_the_kernels_serve_what_they_read_and_nothing_else(triton_stats):
+    fused = triton_stats.TritonStats(True, statistics.Slot, statistics._dense_view)
+    assert fused.add(on_device(torch.empty(0)), 4) is None
+    assert fused.add(on_device(torch.arange(5)), 2) is None
+    assert fused.add(on_device(torch.ones(3, dtype=torch.bool)), 2) is None
+    assert fused.add(on_device(torch.randn(3, dtype=torch.float64)), 4) is None  # float64: no Mean nor Norm
+    assert fused.add(on_device(torch.randn(3)), 2) is None
+    assert fused.add(on_device(torch.randn(3)), 4) is not None
+    assert len(fused.finish()) == 2 and fused.finish() == []
+
+
+def test_switched_off_the_torch_ops_serve(monkeypatch, triton_stats):
+    monkeypatch.setenv("MSPROBE_TRITON", "0")
+    launched = []
+    monkeypatch.setattr(triton_stats.TritonStats, "add", lambda self, t, kind: launched.append(t))
+    buffer = fused_buffer()
+    t = on_device(torch.randn(10))
+    (values, counts), = statistics_of(buffer, [t])
+    assert buffer._fused is False and not launched
+    assert values[0] == t.max().item()
+
+
+def test_the_cpu_path_never_asks_for_triton(monkeypatch, triton_stats):
+    launched = []
+    monkeypatch.setattr(triton_stats.TritonStats, "add", lambda self, t, kind: launched.append(t))
+    buffer = StatBuffer(native=False)
+    statistics_of(buffer, [torch.randn(10)])
+    assert buffer._fused is None and not launched
