@@ -224,3 +224,78 @@ def test_the_cpu_path_never_asks_for_triton(monkeypatch, triton_stats):
     buffer = StatBuffer(native=False)
     statistics_of(buffer, [torch.randn(10)])
     assert buffer._fused is None and not launched
+
+
+def test_no_host_sync_while_recording(monkeypatch):
+    synced = []
+    for name in ("item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__"):
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _n=name, _o=original, **k: (synced.append(_n),
+                                                                                               _o(self, *a, **k))[1])
+    buffer = fused_buffer()
+    slots = [buffer.add(t, tensor_kind(t)) for t in (on_device(torch.randn(3000)), on_device(torch.tensor(1.5)),
+                                                      on_device(torch.randn(8, 9).t()))]
+    assert buffer._fused and all(slot.pending is None for slot, _ in slots)  # the kernels' slots, no torch op's
+    buffer._fused.finish()
+    monkeypatch.undo()
+    assert synced == []
+
+
+def _dump(tmp_path, name, calls):
+    import glob
+    import json
+
+    import msprobe_runtime as rt
+    from msprobe_runtime import PrecisionDebugger
+
+    config = tmp_path / f"{name}.json"
+    config.write_text(json.dumps({"dump_path": str(tmp_path / name), "level": "L1"}))
+    debugger = PrecisionDebugger(config_path=str(config))
+    debugger.start()
+    try:
+        calls(rt)
+    finally:
+        debugger.stop()
+        debugger.wait()
+    [path] = glob.glob(os.path.join(glob.escape(str(tmp_path / name)), "step0", "*", "dump.json"))
+    with open(path) as handle:
+        return json.load(handle)["data"]
+
+
+def test_the_dump_through_the_kernels(tmp_path, monkeypatch):
+    """A recorded run writes the kernels' numbers into dump.json: as the torch ops' run, to their rounding."""
+    from msprobe_runtime import collector
+
+    g = torch.Generator().manual_seed(8)
+    tensors = [on_device(t) for t in (torch.randn(3000, generator=g).to(torch.bfloat16), torch.randn(5, 7).t(),
+                                      torch.tensor(2.5, dtype=torch.float16), torch.randn(40, dtype=torch.float64),
+                                      torch.tensor([1.0, float("nan"), float("inf")]))]
+
+    def calls(rt):
+        for t in tensors:
+            rt.call("Torch.clone", torch.clone, t)
+
+    launched = []
+    monkeypatch.setattr(collector, "StatBuffer", lambda counts: StatBuffer(counts, native=False, triton_cpu=True))
+    original_add = triton_stats_module().TritonStats.add
+    monkeypatch.setattr(triton_stats_module().TritonStats, "add",
+                        lambda self, t, width: launched.append(width) or original_add(self, t, width))
+    fused = _dump(tmp_path, "fused", calls)
+    monkeypatch.setattr(collector, "StatBuffer", lambda counts: StatBuffer(counts, native=False))
+    torch_ops = _dump(tmp_path, "torch_ops", calls)
+    assert len(launched) == 2 * len(tensors)  # each call's input and output
+    assert sorted(fused) == sorted(torch_ops) and len(fused) == len(tensors)
+    for name, entry in torch_ops.items():
+        for field in ("input_args", "output"):
+            for mine, theirs in zip(fused[name][field], entry[field]):
+                assert {k: v for k, v in mine.items() if k not in ("Mean", "Norm")} == \
+                       {k: v for k, v in theirs.items() if k not in ("Mean", "Norm")}, (name, field)
+                t = tensors[int(name.split(".")[2])]
+                numbers = [mine[k] for k in ("Max", "Min", "Mean", "Norm")]
+                expected = [theirs[k] for k in ("Max", "Min", "Mean", "Norm")]
+                same(t.dtype, t, [math.nan if v is None else v for v in numbers],
+                     [math.nan if v is None else v for v in expected], name)
+
+
+def triton_stats_module():
+    return sys.modules["msprobe_runtime.triton_stats"]
