@@ -88,7 +88,7 @@ def _partials(x, n, iters, part, meta, tensor, row0, rows, repeat, code,
         mx = tl.where(ok & (v > mx), v, mx)
         mn = tl.where(ok & (v < mn), v, mn)
         s += v  # 0 where masked
-        q += v * v  # squared in the accumulator's type, as torch squares a float32 value
+        q += v * v  # squared and rounded, then added, as torch does: no fused multiply-add (enable_fp_fusion)
         nan += is_nan.to(tl.int32)
         inf += is_inf.to(tl.int32)
     out = part + (row0 + pid).to(tl.int64) * 6
@@ -228,7 +228,7 @@ class TritonStats:
             row0, tensor = arena.rows, len(arena.slots)
             _partials[(grid,)](t, n, iters, arena.part, arena.meta, tensor, row0, grid, repeat, code,
                                sizes[1], sizes[2], sizes[3], *strides,
-                               CONTIGUOUS=contiguous, WIDE=code == 3, BLOCK=_BLOCK)
+                               CONTIGUOUS=contiguous, WIDE=code == 3, BLOCK=_BLOCK, enable_fp_fusion=False)
             arena.rows += grid
             arena.slots.append(slot)
             arena.counts.append(counts)
@@ -240,7 +240,7 @@ class TritonStats:
         device = arena.part.device
         values = torch.empty((count, 4), dtype=torch.float64, device=device)
         totals = torch.empty((count, 2), dtype=torch.float64, device=device)
-        _finish[(count,)](arena.part, arena.meta, values, totals, RB=_FINISH_BLOCK)
+        _finish[(count,)](arena.part, arena.meta, values, totals, RB=_FINISH_BLOCK, enable_fp_fusion=False)
         kept = values if width == 4 else values[:, :width]
         groups = [self._slot(kept.reshape(-1), width * count, arena.slots)]
         if self.nan_inf_count:
