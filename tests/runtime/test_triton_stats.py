@@ -16,7 +16,7 @@ if DEVICE == "cpu":
     # read by Triton when it is imported and when a kernel is defined or launched: set for the rest of the
     # session, where nothing else runs a Triton kernel on this machine (torch's CPU compiler writes C++)
     os.environ["TRITON_INTERPRET"] = "1"
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
 
 from msprobe_runtime import native_stats, statistics  # noqa: E402
 from msprobe_runtime.statistics import StatBuffer, tensor_kind  # noqa: E402
@@ -32,8 +32,19 @@ def triton_stats():
     name = "msprobe_runtime.triton_stats"
     module = sys.modules.get(name)
     if module is None:
-        return importlib.import_module(name)
-    return importlib.reload(module) if DEVICE == "cpu" else module
+        module = importlib.import_module(name)
+    elif DEVICE == "cpu":
+        module = importlib.reload(module)
+    if DEVICE == "cpu":
+        try:
+            statistics_of(fused_buffer(), [torch.ones(3)])
+        except triton.runtime.errors.InterpreterError as error:
+            # Triton 3.6's interpreter takes int() of a 1-element array for a loop of runtime length, which
+            # numpy 2.3 and later refuse (compiled kernels are not concerned: test_triton_compile.py)
+            if "0-dimensional" not in str(error):
+                raise
+            pytest.skip(f"this Triton's interpreter ({triton.__version__}) cannot run the kernels' loops here")
+    return module
 
 
 @pytest.fixture(autouse=True)
@@ -299,51 +310,3 @@ def test_the_dump_through_the_kernels(tmp_path, monkeypatch):
 
 def triton_stats_module():
     return sys.modules["msprobe_runtime.triton_stats"]
-
-
-COMPILE = """
-import json
-import triton
-from triton.backends import backends
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from msprobe_runtime import triton_stats
-
-if "nvidia" not in backends:
-    print(json.dumps(None))
-    raise SystemExit
-target, options, out = GPUTarget("cuda", 90, 32), {"enable_fp_fusion": False}, []
-names = ["x", "n", "iters", "part", "meta", "tensor", "row0", "rows", "repeat", "code",
-         "d1", "d2", "d3", "s0", "s1", "s2", "s3", "CONTIGUOUS", "WIDE", "BLOCK"]
-for x, contiguous in (("*bf16", True), ("*fp64", False)):
-    types = {"x": x, "part": "*fp64", "meta": "*i64", **{name: "i64" for name in triton_stats._INTS}}
-    signature = {name: types.get(name, "constexpr") for name in names}
-    source = ASTSource(triton_stats._partials, signature,
-                       constexprs={"CONTIGUOUS": contiguous, "WIDE": x == "*fp64", "BLOCK": triton_stats._BLOCK})
-    kernel = triton.compile(source, target=target, options=options)
-    out.append([x, "cubin" in kernel.asm, kernel.asm["ptx"].count("fma.rn")])
-signature = {"part": "*fp64", "meta": "*i64", "values": "*fp64", "counts": "*fp64", "RB": "constexpr"}
-source = ASTSource(triton_stats._finish, signature, constexprs={"RB": triton_stats._FINISH_BLOCK})
-kernel = triton.compile(source, target=target, options=options)
-out.append(["finish", "cubin" in kernel.asm, kernel.asm["ptx"].count("fma.rn")])
-print(json.dumps(out))
-"""
-
-
-@pytest.mark.slow
-def test_the_kernels_compile_for_a_gpu():
-    """The interpreter runs what the compiler may refuse (a type it cannot lower, a loop bound it cannot take):
-    the kernels are compiled for an H100/H200 (sm_90, by the ptxas that ships with Triton), no GPU needed, in a
-    fresh interpreter without ``TRITON_INTERPRET``; and with no fused multiply-add (``enable_fp_fusion=False``:
-    a square is rounded before it is added, as torch does)."""
-    import json
-    import subprocess
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    done = subprocess.run([sys.executable, "-c", COMPILE], capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    compiled = json.loads(done.stdout.strip().splitlines()[-1])
-    if compiled is None:
-        pytest.skip("this Triton has no CUDA backend")
-    assert compiled == [["*bf16", True, 0], ["*fp64", True, 0], ["finish", True, 0]]

@@ -1,0 +1,54 @@
+"""The Triton statistics kernels (runtime/triton_stats.py) compile for a GPU without one: the interpreter of
+tests/runtime/test_triton_stats.py runs what the compiler may refuse (a type it cannot lower, a loop bound it
+cannot take). Compiled for an H100/H200 (sm_90) by the ptxas that ships with Triton, in a fresh interpreter
+without ``TRITON_INTERPRET``, and with no fused multiply-add (``enable_fp_fusion=False``: a square is rounded
+before it is added, as torch does)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+COMPILE = """
+import json
+import triton
+from triton.backends import backends
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from msprobe_runtime import triton_stats
+
+if "nvidia" not in backends:
+    print(json.dumps(None))
+    raise SystemExit
+target, options, out = GPUTarget("cuda", 90, 32), {"enable_fp_fusion": False}, []
+names = ["x", "n", "iters", "part", "meta", "tensor", "row0", "rows", "repeat", "code",
+         "d1", "d2", "d3", "s0", "s1", "s2", "s3", "CONTIGUOUS", "WIDE", "BLOCK"]
+for x, contiguous in (("*bf16", True), ("*fp64", False)):
+    types = {"x": x, "part": "*fp64", "meta": "*i64", **{name: "i64" for name in triton_stats._INTS}}
+    signature = {name: types.get(name, "constexpr") for name in names}
+    source = ASTSource(triton_stats._partials, signature,
+                       constexprs={"CONTIGUOUS": contiguous, "WIDE": x == "*fp64", "BLOCK": triton_stats._BLOCK})
+    kernel = triton.compile(source, target=target, options=options)
+    out.append([x, "cubin" in kernel.asm, kernel.asm["ptx"].count("fma.rn")])
+signature = {"part": "*fp64", "meta": "*i64", "values": "*fp64", "counts": "*fp64", "RB": "constexpr"}
+source = ASTSource(triton_stats._finish, signature, constexprs={"RB": triton_stats._FINISH_BLOCK})
+kernel = triton.compile(source, target=target, options=options)
+out.append(["finish", "cubin" in kernel.asm, kernel.asm["ptx"].count("fma.rn")])
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_the_kernels_compile_for_a_gpu():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    done = subprocess.run([sys.executable, "-c", COMPILE], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    compiled = json.loads(done.stdout.strip().splitlines()[-1])
+    if compiled is None:
+        pytest.skip("this Triton has no CUDA backend")
+    assert compiled == [["*bf16", True, 0], ["*fp64", True, 0], ["finish", True, 0]]
