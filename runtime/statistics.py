@@ -293,7 +293,14 @@ class StatBuffer:
         if fused is None:
             fused = self._fused = _fused_stats(self.nan_inf_count) or False
         width = _WIDTH.get(kind) if kind != KIND_BOOL else None
-        return fused.add(t, width) if fused and width is not None else None
+        if not fused or width is None:
+            return None
+        try:
+            return fused.add(t, width)
+        except Exception as error:  # a kernel that does not compile or launch here: the torch ops from now on
+            self._fused_devices = ()  # (the tensors it took already are still finished at the flush)
+            _fused_failed(error)
+            return None
 
     def _add_low(self, t, scaling=None):
         """A float8 tensor's slots: Max, Min, Mean, Norm (the slot) and the counts (NaN, Inf when they are on,
@@ -419,7 +426,10 @@ class StatBuffer:
         groups, kept = self._reduce_stages(stages)  # torch ops, outside the lock
         pending.extend(groups)
         if self._fused:
-            pending.extend(self._fused.finish())
+            try:
+                pending.extend(self._fused.finish())
+            except Exception as error:  # the slots it held stay unfilled: null statistics, the records kept
+                _fused_failed(error)
         with self._lock:
             for key, keep in kept.items():
                 self._stages.setdefault(key, [keep])
@@ -454,6 +464,15 @@ def _fused_stats(nan_inf_count):
         logging.getLogger("msprobe_runtime").debug("msprobe_runtime: no Triton statistics (%s)", error)
         return None
     return triton_stats.TritonStats(nan_inf_count, Slot, _dense_view)
+
+
+def _fused_failed(error):
+    import logging
+
+    lines = str(error).strip().splitlines()
+    logging.getLogger("msprobe_runtime").warning(
+        "msprobe_runtime: the Triton statistics kernels failed here (%s: %s); statistics use torch ops",
+        type(error).__name__, lines[0][:200] if lines else "")
 
 
 def _launch(device, by_dtype, target):

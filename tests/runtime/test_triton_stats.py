@@ -310,3 +310,28 @@ def test_the_dump_through_the_kernels(tmp_path, monkeypatch):
 
 def triton_stats_module():
     return sys.modules["msprobe_runtime.triton_stats"]
+
+
+def test_a_kernel_that_fails_here_leaves_the_torch_ops(monkeypatch, triton_stats, caplog):
+    """A kernel that does not compile or launch on this machine is said once, and the torch ops serve from
+    then on: the numbers are theirs, not nulls. The tensors the kernels took before are still finished."""
+    buffer = fused_buffer()
+    g = torch.Generator().manual_seed(9)
+    before = on_device(torch.randn(50, generator=g))
+    slot_before, _ = buffer.add(before, tensor_kind(before))
+
+    class Broken:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                raise RuntimeError("PTX .version 9.9 does not support .target sm_999")
+            return launch
+
+    monkeypatch.setattr(triton_stats, "_partials", Broken())
+    tensors = [on_device(torch.randn(n, generator=g).to(torch.bfloat16)) for n in (10, 5000)]
+    with caplog.at_level("WARNING", logger="msprobe_runtime"):
+        fused = statistics_of(buffer, tensors)
+    warnings = [r.getMessage() for r in caplog.records if "Triton" in r.getMessage()]
+    assert len(warnings) == 1 and "sm_999" in warnings[0], warnings
+    expected = statistics_of(StatBuffer(native=False), tensors)
+    assert fused == expected  # the torch ops' own numbers, bit for bit
+    assert slot_before.values()[0] == before.max().item()
