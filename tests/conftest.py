@@ -1,10 +1,18 @@
 """Fixtures shared by every test directory."""
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+# Triton's interpreter runs the statistics kernels on CPU tensors (tests/runtime/test_triton_stats.py) only if
+# TRITON_INTERPRET is set before Triton is first imported: a kernel defined or launched after an import without
+# it fails inside the interpreter. Set here, first, on a machine with no NVIDIA or AMD GPU (their device nodes,
+# looked for without importing torch); nothing else runs a Triton kernel on such a machine.
+if not (os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/kfd")):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")
