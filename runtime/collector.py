@@ -33,7 +33,7 @@ from .selection import Selection
 from .contract import RUNTIME_MODULE
 from .shims import FOREIGN_CALL, MODULE_CALL, NOT_ROUTED
 from .checksums import checksum_of
-from .statistics import (KIND_EMPTY, KIND_NOT_YET, LATER, StatBuffer, float8_scaling, float8_view,
+from .statistics import (KIND_EMPTY, LATER, StatBuffer, float8_scaling, float8_view,
                          low_precision_dtypes, tensor_kind)
 from .step_state import StepState
 
@@ -1064,16 +1064,12 @@ class Collector:
                                     KIND_EMPTY, None, None, None, None)
         kind = tensor_kind(t)
         readable = None
-        not_yet = kind == KIND_NOT_YET
-        if not_yet:  # float8_e8m0fnu, float4_e2m1fn_x2: null statistics, its values still saved and hashed
-            self._say_not_yet(t.dtype)
-            kind = KIND_EMPTY
         if kind != KIND_EMPTY:
             readable = self._has_readable_data(t)
             if not readable:
                 kind = KIND_EMPTY  # its record keeps dtype, shape and requires_grad; statistics null
         slot = counts = None
-        has_values = kind != KIND_EMPTY or (not_yet and self._has_readable_data(t))
+        has_values = kind != KIND_EMPTY
         if kind != KIND_EMPTY:
             try:
                 slot, counts = self._slots(t, kind)
@@ -1118,12 +1114,6 @@ class Collector:
             logger.warning("msprobe_runtime: tensors of class %s are recorded with dtype and shape and null "
                            "statistics: their values are reached only through the class's own "
                            "__torch_dispatch__, which the runtime does not run", type_name(kind))
-
-    def _say_not_yet(self, dtype):
-        if dtype not in self._unreadable:
-            self._unreadable.add(dtype)
-            logger.warning("msprobe_runtime: statistics of %s tensors are not computed yet; they are recorded with "
-                           "dtype and shape and null statistics (docs/low-precision.md)", _dtype_name(dtype))
 
     def _no_statistics(self, t, error):
         """Say once per dtype that its tensors are recorded with null statistics, and why (torch has no
@@ -1355,7 +1345,7 @@ def _torchao_float8(t):
     # ``_data.to(orig_dtype) / _scale``. Read from the instance's slots (no property, no dispatch); a layout
     # other than two plain tensors (an FSDP shard's DTensor) is not read: null statistics, as before
     data, scale = _stored(t, "_data"), _stored(t, "_scale")
-    if type(data) is not _TENSOR or type(scale) is not _TENSOR or data.dtype not in low_precision_dtypes()[0]:
+    if type(data) is not _TENSOR or type(scale) is not _TENSOR or data.dtype not in low_precision_dtypes()[1]:
         return None
     return float8_view(data, scale, True)
 
@@ -1385,7 +1375,7 @@ def _te_float8(t):
         if dtype is None:
             return None
         data = data.view(dtype)
-    elif data.dtype not in low_precision_dtypes()[0]:
+    elif data.dtype not in low_precision_dtypes()[1]:
         return None
     return float8_view(data, scale_inv, False)
 

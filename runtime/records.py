@@ -52,7 +52,7 @@ class TensorRecord:
                 scale = row[4]
             elif len(row) == 6:  # a factor per row, column or block: its range
                 scale = {"Max": row[4], "Min": row[5]}
-            if not self.shape:  # a 0-d tensor: all four are its value, as KIND_SCALAR's
+            if not self.shape and dtype not in _PACKED:  # a 0-d tensor: all four are its value, as KIND_SCALAR's
                 low = mean = norm = top
         elif kind == KIND_FLOAT:
             top, low, mean, norm = row
@@ -64,7 +64,7 @@ class TensorRecord:
             top, low = _num(row[0], dtype), _num(row[1], dtype)
         out = tensor_json(self.type, dtype, self.shape, self.requires_grad, top, low, mean, norm, counts)
         if fractions is not None:
-            numel = 1
+            numel = _PACKED.get(dtype, 1)
             for size in self.shape:
                 numel *= size
             # after msprobe's fields, which its compare reads; zero's and the largest magnitude's share of the
@@ -84,6 +84,8 @@ class TensorRecord:
 # already) and the fraction whose magnitude is the format's largest finite one (torch.finfo(dtype).max:
 # saturated, or that large already); only the float8 values are seen, not what they were cast from
 FP8_ZERO_FRACTION = "fp8_zero_fraction"
+# dtypes whose every stored element holds several values (float4's two a byte): the fractions are of the values
+_PACKED = {"torch.float4_e2m1fn_x2": 2}
 FP8_SATURATED_FRACTION = "fp8_saturated_fraction"
 # a scaled float8 class's record (docs/low-precision.md): the factor its float8 values are multiplied by to give
 # its values (1 / scale for torchao's Float8TrainingTensor, scale_inv for Transformer Engine's Float8Tensor)

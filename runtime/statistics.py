@@ -26,28 +26,30 @@ KIND_NO_MEAN = 1   # float64 and integer tensors: Max and Min only (msprobe leav
 KIND_BOOL = 2      # Max = any, Min = all
 KIND_SCALAR = 3    # 0-d: all four equal to the value
 KIND_EMPTY = 4     # no slot at all: every statistic null
-KIND_LOW = 5       # float8: Max, Min, Mean, Norm of the values upcast to float32, plus the float8 fractions
-KIND_NOT_YET = 6   # float8_e8m0fnu, float4_e2m1fn_x2: no statistics yet (null), said once per dtype
+KIND_LOW = 5       # float8 and float4: Max, Min, Mean, Norm of the values decoded, plus the zero and saturated
 
 _WIDTH = {KIND_FLOAT: 4, KIND_NO_MEAN: 2, KIND_BOOL: 2, KIND_SCALAR: 1}
 
-# The float8 formats with statistics (KIND_LOW), and the low-precision ones without them yet (KIND_NOT_YET):
-# float8_e8m0fnu holds exponents only (MX scales: no zero, no sign, 2**127 squares past float32) and
-# float4_e2m1fn_x2 packs two values in a byte that no torch op unpacks (no copy kernel on the CPU). Names, as
-# a dtype missing from an older torch is simply not there (docs/low-precision.md).
-_LOW_NAMES = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
-_NOT_YET_NAMES = ("float8_e8m0fnu", "float4_e2m1fn_x2")
+# The low-precision formats (KIND_LOW), by name, as a dtype missing from an older torch is simply not there
+# (docs/low-precision.md). float8_e8m0fnu holds exponents only (MX scales: no zero, no sign): its values are
+# decoded to float64, since 2**127 squared is past float32. float4_e2m1fn_x2 packs two values in a byte that no
+# torch op unpacks (no copy kernel on the CPU): its bytes are decoded through a table of the 16 codes.
+_LOW_NAMES = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu",
+              "float4_e2m1fn_x2")
+_FLOAT4_CODES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)  # E2M1
 _LOW_CHUNK = 1 << 20  # elements upcast to float32 at a time: a 4 MiB temporary, not a float32 copy per tensor
 _dtype_sets: list = []
 
 
 def low_precision_dtypes():
-    """``(float8 dtypes with statistics, low-precision dtypes without them yet)``, of this torch."""
+    """``(float8 and float4 dtypes of this torch, those of them a scaled tensor class holds as its data)``:
+    the second are the float8 formats of torchao's and TE's training tensors (not the MX scales, nor float4)."""
     if not _dtype_sets:
         import torch
 
-        _dtype_sets.append(frozenset(getattr(torch, name) for name in _LOW_NAMES if hasattr(torch, name)))
-        _dtype_sets.append(frozenset(getattr(torch, name) for name in _NOT_YET_NAMES if hasattr(torch, name)))
+        low = frozenset(getattr(torch, name) for name in _LOW_NAMES if hasattr(torch, name))
+        _dtype_sets.append(low)
+        _dtype_sets.append(frozenset(dtype for dtype in low if str(dtype)[6:] in _LOW_NAMES[:4]))
     return _dtype_sets[0], _dtype_sets[1]
 
 
@@ -89,11 +91,8 @@ def tensor_kind(t):
     if dtype is torch.bool:
         return KIND_BOOL
     if dtype.itemsize == 1 and dtype.is_floating_point:  # float8 and packed float4: 0-d ones too
-        low, not_yet = low_precision_dtypes()
-        if dtype in low:
+        if dtype in low_precision_dtypes()[0]:
             return KIND_LOW
-        if dtype in not_yet:
-            return KIND_NOT_YET
     if t.dim() == 0:
         return KIND_SCALAR
     if dtype.is_complex:
@@ -314,7 +313,9 @@ class StatBuffer:
         where the whole tensor is dequantized at once, broadcast as the class does)."""
         import torch
 
-        top = torch.finfo(t.dtype).max
+        top, decode, per_element = _low_format(t.dtype)
+        if per_element != 1:
+            t = t.view(torch.uint8)  # float4: its bytes, each two values (decode)
         factor = None
         if scaling is not None:
             scale, divide = scaling
@@ -328,9 +329,9 @@ class StatBuffer:
         else:
             t, repeat = _dense_view(t)
             flat = t.reshape(-1)  # a dense view as it is; another layout copied at one byte an element
-            n = flat.numel()
             one = factor.reshape(()) if factor is not None else None
-            chunks = ((flat[start:start + _LOW_CHUNK].to(torch.float32), None) for start in range(0, n, _LOW_CHUNK))
+            chunks = ((decode(flat[start:start + _LOW_CHUNK]), None) for start in range(0, flat.numel(), _LOW_CHUNK))
+            n = flat.numel() * per_element
             extra = (one,) if one is not None else ()
         values, counts = [], []
         for f, v in chunks:
@@ -504,6 +505,34 @@ def _launch(device, by_dtype, target):
                     member.batch = batch
                     member.offset = slot.offset + index * member.width
     return event is None
+
+
+_FLOAT4_TABLES: dict = {}  # device -> the 16 E2M1 values, float32, made once per device
+
+
+def _low_format(dtype):
+    """``(the format's largest magnitude, chunk -> its values as floats, values per stored element)`` of a
+    KIND_LOW dtype: float8 upcast to float32, e8m0 to float64 (its squares pass float32's range), float4's bytes
+    split into their two codes and looked up (``_FLOAT4_CODES``)."""
+    import torch
+
+    name = str(dtype)[6:]
+    if name == "float4_e2m1fn_x2":
+        return 6.0, _float4_values, 2
+    target = torch.float64 if name == "float8_e8m0fnu" else torch.float32
+    return torch.finfo(dtype).max, lambda chunk: chunk.to(target), 1
+
+
+def _float4_values(chunk):
+    """The float4 values of ``chunk``'s bytes (uint8), the low code then the high one of each: every statistic
+    here is independent of element order."""
+    import torch
+
+    table = _FLOAT4_TABLES.get(chunk.device)
+    if table is None:
+        table = _FLOAT4_TABLES[chunk.device] = torch.tensor(_FLOAT4_CODES, dtype=torch.float32, device=chunk.device)
+    codes = torch.stack((chunk & 15, chunk >> 4)).reshape(-1)
+    return table[codes.long()]
 
 
 def _dense_view(t):

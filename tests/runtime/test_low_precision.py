@@ -2,8 +2,8 @@
 
 Every float8 dtype of this torch gets Max, Min, Mean, Norm and exact NaN and Inf counts, computed from its values
 upcast to float32 (torch reduces no float8 itself), equal to a float32 reference computed from the raw values;
-``fp8_zero_fraction`` and ``fp8_saturated_fraction`` are exact. float8_e8m0fnu and float4_e2m1fn_x2 are not
-done yet: null statistics and one log line naming the dtype (docs/low-precision.md).
+``fp8_zero_fraction`` and ``fp8_saturated_fraction`` are exact. float8_e8m0fnu (MX scales) and float4_e2m1fn_x2
+(two E2M1 values a byte, which no torch op unpacks) get the same, from their values decoded (docs/low-precision.md).
 """
 import glob
 import importlib.util
@@ -23,7 +23,11 @@ from msprobe_runtime.statistics import KIND_LOW, StatBuffer, slot_values, tensor
 
 FP8 = [getattr(torch, name) for name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
        if hasattr(torch, name)]
-NOT_YET = [getattr(torch, name) for name in ("float8_e8m0fnu", "float4_e2m1fn_x2") if hasattr(torch, name)]
+E8M0 = getattr(torch, "float8_e8m0fnu", None)
+FLOAT4 = getattr(torch, "float4_e2m1fn_x2", None)
+MX = [dtype for dtype in (E8M0, FLOAT4) if dtype is not None]
+# the E2M1 code table of the OCP MX specification, written out here rather than read from the runtime
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 MSPROBE_FIELDS = ["type", "dtype", "shape", "Max", "Min", "Mean", "Norm", "requires_grad"]
 
 
@@ -258,24 +262,63 @@ def test_recorded_program_is_bit_identical_and_dumps_fp8(tmp_path):
     assert fp8_outputs and any(record[FP8_SATURATED_FRACTION] > 0 for record in fp8_outputs.values())
 
 
-@pytest.mark.parametrize("dtype", NOT_YET, ids=str)
-def test_not_yet_dtypes_are_null_with_one_line(tmp_path, caplog, dtype):
-    t = torch.arange(6, dtype=torch.uint8).view(dtype)
+def decoded(t):
+    """The values of an e8m0 or float4 tensor, decoded here from its raw bytes (float64): e8m0 byte ``u`` is
+    2**(u-127), 255 NaN; a float4 byte holds two E2M1 codes (sign bit 3, then the magnitude's code)."""
+    raw = t.contiguous().view(torch.uint8).reshape(-1).tolist()
+    if t.dtype is E8M0:
+        return torch.tensor([math.nan if u == 255 else 2.0 ** (u - 127) for u in raw], dtype=torch.float64)
+    values = []
+    for byte in raw:
+        for code in (byte & 15, byte >> 4):
+            values.append(-E2M1[code & 7] if code & 8 else E2M1[code])
+    return torch.tensor(values, dtype=torch.float64)
 
+
+@pytest.mark.parametrize("dtype", MX, ids=str)
+def test_mx_formats_equal_a_reference_decoded_from_their_bytes(dtype):
+    top = 6.0 if dtype is FLOAT4 else 2.0 ** 127
+    every = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(dtype)
+    matrix = every[:240].reshape(12, 20)
+    cases = {"all encodings": every, "matrix": matrix, "transposed": matrix.t(),
+             "broadcast": every[100:103].reshape(3, 1).expand(3, 5), "one": every[130:131]}
+    for name, t in cases.items():
+        kind, row, counts = statistics_of(t)
+        assert kind == KIND_LOW
+        v = decoded(t)
+        finite = v[~torch.isnan(v)]
+        expected = [finite.max().item(), finite.min().item()] if finite.numel() == v.numel() else [math.nan] * 2
+        expected += [v.mean().item(), torch.linalg.vector_norm(v).item()]
+        expected_counts = [int(torch.isnan(v).sum()), 0, int((v == 0).sum()), int((v.abs() == top).sum())]
+        for index, (mine, theirs) in enumerate(zip(row, expected)):
+            assert same(mine, theirs, index < 2), (name, index, row, expected)
+        assert [int(c) for c in counts] == expected_counts, (name, counts, expected_counts)
+
+
+@pytest.mark.parametrize("dtype", MX, ids=str)
+def test_mx_formats_reach_dump_json_with_their_fractions(tmp_path, caplog, dtype):
+    t = torch.tensor([0x00, 0x07, 0x7F, 0x88, 0xF1, 0x26], dtype=torch.uint8).view(dtype)
     with caplog.at_level(logging.WARNING, logger="msprobe_runtime"):
-        data = run_collecting(tmp_path, lambda: [rt.call("Torch.clone", torch.clone, t) for _ in range(3)])
-    for index in range(3):
-        record = data[f"Torch.clone.{index}.forward"]["output"][0]
-        assert record["dtype"] == str(dtype)
-        assert [record[key] for key in ("Max", "Min", "Mean", "Norm")] == [None] * 4
-        assert list(record) == MSPROBE_FIELDS
-    lines = [r.getMessage() for r in caplog.records if str(dtype) in r.getMessage()]
-    assert len(lines) == 1 and "not computed yet" in lines[0]
-    assert not any("NotImplementedError" in r.getMessage() or r.exc_info for r in caplog.records)
+        data = run_collecting(tmp_path, lambda: rt.call("Torch.clone", torch.clone, t))
+    record = data["Torch.clone.0.forward"]["output"][0]
+    v = decoded(t)
+    top = 6.0 if dtype is FLOAT4 else 2.0 ** 127
+    assert record["dtype"] == str(dtype) and record["shape"] == [6]
+    assert record["Max"] == v.max().item() and record["Min"] == v.min().item()
+    assert record[FP8_ZERO_FRACTION] == int((v == 0).sum()) / v.numel()
+    assert record[FP8_SATURATED_FRACTION] == int((v.abs() == top).sum()) / v.numel()
+    assert not [r.getMessage() for r in caplog.records if str(dtype) in r.getMessage()]
+    # a 0-d tensor: one e8m0 value, whose four fields are that value; a float4 byte's two values
+    one = torch.tensor(0x26, dtype=torch.uint8).view(dtype)
+    (tmp_path / "0d").mkdir()
+    record = run_collecting(tmp_path / "0d", lambda: rt.call("Torch.clone", torch.clone, one))[
+        "Torch.clone.0.forward"]["output"][0]
+    v = decoded(one)
+    assert [record[key] for key in ("Max", "Min", "Mean")] == [v.max().item(), v.min().item(), v.mean().item()]
 
 
 def test_native_op_still_refuses_float8(native):
-    for dtype in FP8 + NOT_YET:
+    for dtype in FP8 + MX:
         t = torch.arange(64, dtype=torch.uint8).view(dtype)
         assert not native.stats(t, True), dtype
         recorder = StatBuffer(nan_inf_count=True, native=native).native_recorder(4096, 4)
