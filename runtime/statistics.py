@@ -197,6 +197,9 @@ class StatBuffer:
 
             # plain tensors only (the op also refuses any tensor whose data is not its own memory)
             self._native_types = frozenset((torch.Tensor, torch.nn.Parameter))
+        # float8's one pass (_add_low); None where the op has none (a build of an older source is never loaded:
+        # its cache key hashes the source)
+        self._native_low = getattr(self._native, "stats_low", None)
         self._lock = threading.Lock()
         self._pending = []
         self._stages = {}  # (device, dtype, numel) -> [_Stage], the last one filling
@@ -313,6 +316,13 @@ class StatBuffer:
         where the whole tensor is dequantized at once, broadcast as the class does)."""
         import torch
 
+        if scaling is None and type(t) in self._native_types and self._native_low is not None:
+            try:
+                row = self._native_low(t, self.nan_inf_count)
+            except Exception:  # a layout it could not copy: the torch ops below serve
+                row = None
+            if row:  # one pass (native/stats_op.cpp's stats_low): Max, Min, Mean, Norm, then the counts
+                return row[:4], row[4:]
         top, decode, per_element = _low_format(t.dtype)
         if per_element != 1:
             t = t.view(torch.uint8)  # float4: its bytes, each two values (decode)

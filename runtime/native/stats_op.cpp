@@ -13,7 +13,12 @@
 #include <frameobject.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/Float8_e4m3fnuz.h>
+#include <c10/util/Float8_e5m2.h>
+#include <c10/util/Float8_e5m2fnuz.h>
 #include <c10/util/Half.h>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -233,6 +238,114 @@ std::vector<double> stats(const at::Tensor& input, bool counts) {
   if (type == at::kFloat) return stats_of<float>(t, counts, repeat);
   if (type == at::kBFloat16) return stats_of<c10::BFloat16>(t, counts, repeat);
   return stats_of<c10::Half>(t, counts, repeat);
+}
+
+namespace {
+
+// float8: each format's 256 encodings decoded once (c10's own conversions) into a table, and the tensor read byte
+// by byte through it; besides the statistics, the elements equal to zero and those at the format's largest
+// finite magnitude are counted (statistics.py's _add_low, docs/low-precision.md).
+struct LowPartial {
+  float mx, mn;
+  double s, q;
+  int64_t nan, inf, zero, top;
+};
+
+template <typename T>
+const std::array<float, 256>& float8_table() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> out{};
+    for (int b = 0; b < 256; ++b) {
+      const uint8_t raw = static_cast<uint8_t>(b);
+      T v;
+      std::memcpy(&v, &raw, 1);
+      out[b] = static_cast<float>(v);
+    }
+    return out;
+  }();
+  return table;
+}
+
+LowPartial reduce_low_block(const uint8_t* p, int64_t n, const float* table, float top) {
+  const float INF = std::numeric_limits<float>::infinity();
+  LowPartial out{-INF, INF, 0.0, 0.0, 0, 0, 0, 0};
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = table[p[i]];
+    out.mx = v > out.mx ? v : out.mx;  // skips NaN
+    out.mn = v < out.mn ? v : out.mn;
+    out.s += static_cast<double>(v);
+    out.q += static_cast<double>(v * v);
+    out.nan += (v != v);
+    out.inf += (std::fabs(v) == INF);
+    out.zero += (v == 0.0f);
+    out.top += (std::fabs(v) == top);
+  }
+  return out;
+}
+
+std::vector<double> low_stats_of(const at::Tensor& t, bool counts, double repeat, const float* table, float top) {
+  const uint8_t* p = static_cast<const uint8_t*>(t.data_ptr());
+  const int64_t n = t.numel();
+  const int64_t blocks = (n + BLOCK - 1) / BLOCK;
+  std::vector<LowPartial> parts(blocks);
+  at::parallel_for(0, blocks, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t start = b * BLOCK;
+      parts[b] = reduce_low_block(p + start, std::min(BLOCK, n - start), table, top);
+    }
+  });
+  LowPartial r = parts[0];
+  for (int64_t b = 1; b < blocks; ++b) {  // block order: deterministic
+    const LowPartial& x = parts[b];
+    r.mx = x.mx > r.mx ? x.mx : r.mx;
+    r.mn = x.mn < r.mn ? x.mn : r.mn;
+    r.s += x.s;
+    r.q += x.q;
+    r.nan += x.nan;
+    r.inf += x.inf;
+    r.zero += x.zero;
+    r.top += x.top;
+  }
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  std::vector<double> out;
+  out.push_back(r.nan ? nan : static_cast<double>(r.mx));  // torch's amax gives NaN where a NaN is
+  out.push_back(r.nan ? nan : static_cast<double>(r.mn));
+  out.push_back(static_cast<double>(static_cast<float>(r.s / static_cast<double>(n))));  // repeats cancel
+  out.push_back(static_cast<double>(static_cast<float>(std::sqrt(r.q * repeat))));
+  if (counts) {
+    out.push_back(static_cast<double>(r.nan) * repeat);
+    out.push_back(static_cast<double>(r.inf) * repeat);
+  }
+  out.push_back(static_cast<double>(r.zero) * repeat);
+  out.push_back(static_cast<double>(r.top) * repeat);
+  return out;
+}
+
+template <typename T>
+std::vector<double> low_stats_typed(const at::Tensor& t, bool counts, double repeat) {
+  return low_stats_of(t, counts, repeat, float8_table<T>().data(),
+                      static_cast<float>(std::numeric_limits<T>::max()));
+}
+
+}  // namespace
+
+// Max, Min, Mean, Norm, then (with ``counts``) the NaN and Inf counts, then the zero and largest-magnitude
+// counts of a non-empty CPU float8 tensor (e4m3fn, e5m2, e4m3fnuz, e5m2fnuz), read once; an empty list for any
+// other tensor (the caller's chunked torch ops serve it).
+std::vector<double> stats_low(const at::Tensor& input, bool counts) {
+  if (!own_cpu_data(input) || input.numel() == 0) return {};
+  const at::ScalarType type = input.scalar_type();
+  if (type != at::kFloat8_e4m3fn && type != at::kFloat8_e5m2 && type != at::kFloat8_e4m3fnuz &&
+      type != at::kFloat8_e5m2fnuz)
+    return {};
+  at::NoGradGuard no_grad;
+  double repeat = 1.0;
+  const at::Tensor t = dense_once(input, &repeat);
+  if (t.data_ptr() == nullptr) return {};
+  if (type == at::kFloat8_e4m3fn) return low_stats_typed<c10::Float8_e4m3fn>(t, counts, repeat);
+  if (type == at::kFloat8_e5m2) return low_stats_typed<c10::Float8_e5m2>(t, counts, repeat);
+  if (type == at::kFloat8_e4m3fnuz) return low_stats_typed<c10::Float8_e4m3fnuz>(t, counts, repeat);
+  return low_stats_typed<c10::Float8_e5m2fnuz>(t, counts, repeat);
 }
 
 namespace {
@@ -1158,6 +1271,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #endif
   m.def("consumer_edges", &consumer_edges, "backward._consumer_edges: a module's nodes that consume its inputs");
   m.def("stats", &stats, "Max, Min, Mean, Norm, NaN and Inf counts of a CPU float tensor in one pass");
+  m.def("stats_low", &stats_low, "stats, then the zero and largest-magnitude counts, of a CPU float8 tensor");
   py::class_<Recorder, std::shared_ptr<Recorder>>(m, "Recorder")
       .def(py::init<bool, int64_t, size_t, py::object>())
       .def("observe_backward", &Recorder::observe_backward, "Where API backward hooks put their records")

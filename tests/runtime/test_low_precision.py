@@ -88,8 +88,8 @@ def same(mine, expected, exact, t=None):
     return math.isclose(mine, expected, rel_tol=2e-6, abs_tol=max(1e-30, 2e-6 * scale))
 
 
-def statistics_of(t, nan_inf_count=True):
-    stats = StatBuffer(nan_inf_count=nan_inf_count, native=False)
+def statistics_of(t, nan_inf_count=True, native=False):
+    stats = StatBuffer(nan_inf_count=nan_inf_count, native=native)
     kind = tensor_kind(t)
     slot, counts = stats.add(t, kind)
     assert stats.take()  # CPU: the numbers are on the host
@@ -317,10 +317,34 @@ def test_mx_formats_reach_dump_json_with_their_fractions(tmp_path, caplog, dtype
     assert [record[key] for key in ("Max", "Min", "Mean")] == [v.max().item(), v.min().item(), v.mean().item()]
 
 
-def test_native_op_still_refuses_float8(native):
+def test_native_records_leave_low_precision_to_the_collector(native):
     for dtype in FP8 + MX:
         t = torch.arange(64, dtype=torch.uint8).view(dtype)
         assert not native.stats(t, True), dtype
         recorder = StatBuffer(nan_inf_count=True, native=native).native_recorder(4096, 4)
         records, todo = recorder.records((t,))
-        assert todo == 1, dtype  # left to the collector's Python, which serves it with the torch ops
+        assert todo == 1, dtype  # left to the collector's Python, whose StatBuffer.add reads it (_add_low)
+    for dtype in MX:  # no one-pass kernel of these: the chunked torch ops decode them
+        assert not native.stats_low(torch.arange(64, dtype=torch.uint8).view(dtype), True), dtype
+
+
+@pytest.mark.parametrize("dtype", FP8, ids=str)
+def test_the_native_one_pass_equals_the_reference_and_the_torch_ops(native, dtype, monkeypatch):
+    """float8 on the CPU: one read through the op's table of the 256 encodings (native/stats_op.cpp's
+    stats_low), the same numbers as the chunked torch ops, and the tensor not handed to them."""
+    chunked = []
+    original = statistics._low_format
+    monkeypatch.setattr(statistics, "_low_format", lambda dtype: chunked.append(dtype) or original(dtype))
+    for name, t in crafted(dtype).items():
+        for nan_inf_count in (True, False):
+            kind, row, counts = statistics_of(t, nan_inf_count, native)
+            assert not chunked, name
+            _, torch_row, torch_counts = statistics_of(t, nan_inf_count)
+            chunked.clear()
+            expected, expected_counts = reference(t)
+            if t.dim() == 0:
+                row, torch_row = [row[0]] * 4, [torch_row[0]] * 4
+            for index, (mine, theirs, ops) in enumerate(zip(row, expected, torch_row)):
+                assert same(mine, theirs, index < 2, t) and same(mine, ops, index < 2, t), (name, index, row)
+            wanted = expected_counts if nan_inf_count else expected_counts[2:]
+            assert [int(c) for c in counts] == [int(c) for c in torch_counts] == wanted, (name, counts)
