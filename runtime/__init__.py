@@ -15,4 +15,13 @@ _compiled_regions.register_when_loaded()  # with torch.compile, the entries are 
 from .debugger import PrecisionDebugger, module_dump, module_dump_end  # noqa: F401
 from .seeding import seed_all  # noqa: F401
 
+
+def __getattr__(name):
+    # TrainerMon imports torch: loaded on first use, so that importing this package still loads none
+    if name == "TrainerMon":
+        from .monitor.trainer_mon import TrainerMon
+        return TrainerMon
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __version__ = "0.1.0"

@@ -1,0 +1,244 @@
+"""The monitor's config file: msprobe 26.2's TrainerMon keys, each honoured or refused with a ConfigError.
+
+msprobe reads its monitor config with ``self.config.get(...)`` in ``pytorch/monitor/module_hook.py`` and
+``config.get(...)`` in ``core/monitor/utils.py`` (validate_config); ``MSPROBE_KEYS`` is the snapshot of those names,
+which tests/monitor/test_config.py regenerates from msprobe's source and compares. A key msprobe does not read is
+refused with the nearest known key named (as runtime/config.py refuses config.json keys), and so is a value that
+asks for a feature this monitor does not have yet: silently ignoring it would leave the user believing it ran.
+Importing this module imports no torch.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass, field
+
+from ..config import INACTIVE, OURS, REFUSED, SUPPORTED, ConfigError, Key
+
+# msprobe's MonitorConst (core/common/const.py)
+OP_LIST = ("norm", "min", "max", "zeros", "nans", "id", "mean", "shape", "dtype")
+RULE_NAMES = ("AnomalyTurbulence", "AnomalyNan")
+SA_ORDERS = ("s,b,h,d", "b,s,h,d")
+FORMATS = ("csv", "tensorboard")
+MAX_NDIGITS = 20
+L2_HOOKS = ("linear_hook", "attention_hook", "moe_router_weight_hook", "moe_router_logit_hook")
+
+# The top-level keys msprobe 26.2's monitor reads, from its source (tests/monitor/test_config.py regenerates it).
+MSPROBE_KEYS = (
+    "alert", "all_xy", "append_output", "backward_only", "cc_distribution", "collect_times", "dynamic_on", "eps",
+    "format", "forward_only", "l2_targets", "mg_direction", "mg_distribution", "module_ranks", "monitor_mbs_grad",
+    "mv_distribution", "ndigits", "ops", "param_distribution", "print_struct", "recording_l2_features", "sa_order",
+    "squash_name", "stack_info", "start_step", "step_count_per_record", "step_interval", "targets",
+    "ur_distribution", "wg_distribution", "xy_distribution",
+)
+
+_NOT_YET = "not yet (docs/monitor.md)"
+
+KEYS = {
+    "targets": Key(SUPPORTED, "a dict whose keys are parameter-name prefixes ('fc1', '0:fc1'); {} = every "
+                              "parameter; the values (activation fields for xy_distribution) are not read"),
+    "wg_distribution": Key(SUPPORTED, "a bool: weight-gradient statistics, grad_unreduced_* and grad_reduced_*"),
+    "param_distribution": Key(SUPPORTED, "a bool: weight statistics before and after the step, param_origin_* "
+                                         "and param_updated_*"),
+    "mv_distribution": Key(SUPPORTED, "a bool: Adam exp_avg and exp_avg_sq statistics, exp_avg_* and exp_avg_sq_*"),
+    "ur_distribution": Key(OURS, "a bool: statistics of Adam's update m^/(sqrt(v^)+eps) and ratio m^/sqrt(v^), "
+                                 "adam_update_* and adam_ratio_* (msprobe 26.2 cancels it with CSV output)"),
+    "ops": Key(SUPPORTED, f"a list of {', '.join(OP_LIST)}; shape and dtype are always added, as msprobe does"),
+    "eps": Key(SUPPORTED, "a float: |x| < eps counts as a zero for the zeros op"),
+    "ndigits": Key(SUPPORTED, f"a positive int up to {MAX_NDIGITS}: digits kept in the CSV"),
+    "start_step": Key(SUPPORTED, "an int >= 0: the first step collected"),
+    "step_interval": Key(SUPPORTED, "an int >= 1: collect every step_interval steps"),
+    "collect_times": Key(SUPPORTED, "an int >= 0: stop (hooks removed) after this many collected steps"),
+    "module_ranks": Key(SUPPORTED, "a list of ints: the ranks that collect; [] = every rank"),
+    "format": Key(SUPPORTED, "csv, or tensorboard (torch's SummaryWriter; msprobe 26.2 falls back to csv)"),
+    "alert": Key(SUPPORTED, "{'rules': [{'rule_name': 'AnomalyTurbulence', 'args': {'threshold': 0.5}}, "
+                            "{'rule_name': 'AnomalyNan'}], 'dump': true}; dump writes anomaly_detected/"),
+    "step_count_per_record": Key(SUPPORTED, "an int >= 1: steps per CSV file (grad_reduced_0-9.csv)"),
+    "squash_name": Key(SUPPORTED, "a bool: shorten names to their layers.N... tail, as msprobe does"),
+    "xy_distribution": Key(REFUSED, f"activation statistics are {_NOT_YET}", neutral=(False,)),
+    "all_xy": Key(REFUSED, f"activation statistics are {_NOT_YET}", neutral=(False,)),
+    "forward_only": Key(REFUSED, f"activation statistics are {_NOT_YET}", neutral=(False,)),
+    "backward_only": Key(REFUSED, f"activation statistics are {_NOT_YET}", neutral=(False,)),
+    "mg_direction": Key(REFUSED, f"gradient/momentum direction is {_NOT_YET}", neutral=(False,)),
+    "cc_distribution": Key(REFUSED, f"communication statistics are {_NOT_YET}; use {{}} or {{'enable': false}}"),
+    "print_struct": Key(REFUSED, f"printing the module structure is {_NOT_YET}", neutral=(False,)),
+    "stack_info": Key(REFUSED, f"stack_info.csv is {_NOT_YET}", neutral=(False,)),
+    "monitor_mbs_grad": Key(REFUSED, f"per-microbatch gradients are {_NOT_YET}", neutral=(False,)),
+    "recording_l2_features": Key(REFUSED, f"L2 features are {_NOT_YET}", neutral=(False,)),
+    "l2_targets": Key(REFUSED, f"L2 features are {_NOT_YET}", neutral=({},)),
+    "append_output": Key(REFUSED, f"appending to an earlier output folder is {_NOT_YET}", neutral=([],)),
+    "dynamic_on": Key(INACTIVE, "a bool; read by msprobe only under DYNAMIC_MONITOR=true, which is refused here "
+                                f"(reloading the config mid-run is {_NOT_YET})"),
+    "sa_order": Key(INACTIVE, f"one of {', '.join(SA_ORDERS)}; read only with recording_l2_features"),
+    "mg_distribution": Key(INACTIVE, "a bool; msprobe validates it and never reads it"),
+}
+
+
+@dataclass
+class Rule:
+    name: str
+    threshold: float | None = None
+
+
+@dataclass
+class MonitorConfig:
+    targets: dict = field(default_factory=dict)
+    wg_distribution: bool = False
+    param_distribution: bool = False
+    mv_distribution: bool = False
+    ur_distribution: bool = False
+    ops: list = field(default_factory=lambda: ["norm", "shape", "dtype"])
+    eps: float = 1e-8
+    ndigits: int = 6
+    start_step: int = 0
+    step_interval: int = 1
+    collect_times: int = 100000000
+    module_ranks: list = field(default_factory=list)
+    format: str = "csv"
+    rules: list = field(default_factory=list)
+    anomaly_dump: bool = False
+    step_count_per_record: int = 1
+    squash_name: bool = False
+
+    @property
+    def numeric_ops(self):
+        """The ops computed on the device, in the CSV's column order (shape and dtype come from the tensor's
+        metadata on the host)."""
+        return [op for op in self.ops if op not in ("shape", "dtype")]
+
+
+def _refuse(path, why):
+    raise ConfigError(f"monitor config {path}: {why}")
+
+
+def _nearest(name, known, cutoff=0.6):
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=cutoff)
+    return f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(sorted(known))}"
+
+
+def _bool(value, path):
+    if type(value) is not bool:
+        _refuse(path, f"expected true or false, got {value!r}")
+    return value
+
+
+def _int(value, path, minimum, maximum=None):
+    if type(value) is not int or value < minimum or (maximum is not None and value > maximum):
+        bound = f"an int in [{minimum}, {maximum}]" if maximum is not None else f"an int >= {minimum}"
+        _refuse(path, f"expected {bound}, got {value!r}")
+    return value
+
+
+def _ops(value):
+    if not isinstance(value, list):
+        _refuse("ops", f"expected a list of {', '.join(OP_LIST)}; got {value!r}")
+    ops = []
+    for op in value:
+        if op not in OP_LIST:
+            _refuse("ops", f"{op!r} is not an op{_nearest(str(op), OP_LIST, 0.5)}")
+        if op not in ops:
+            ops.append(op)
+    if not [op for op in ops if op not in ("shape", "dtype")]:
+        ops.insert(0, OP_LIST[0])  # msprobe's validate_ops: no valid op -> norm
+    for extra in ("shape", "dtype"):  # msprobe always adds both columns
+        if extra not in ops:
+            ops.append(extra)
+    return ops
+
+
+def _rules(alert):
+    if not isinstance(alert, dict):
+        _refuse("alert", f"expected a dict with 'rules' and 'dump', got {alert!r}")
+    for key in alert:
+        if key not in ("rules", "dump"):
+            _refuse(f"alert.{key}", f"not an alert key{_nearest(str(key), ('rules', 'dump'))}")
+    specs = alert.get("rules") or []
+    if not isinstance(specs, list):
+        _refuse("alert.rules", f"expected a list of {{'rule_name': ..., 'args': {{'threshold': ...}}}}, got {specs!r}")
+    rules = []
+    for index, spec in enumerate(specs):
+        path = f"alert.rules[{index}]"
+        if not isinstance(spec, dict):
+            _refuse(path, f"expected a dict, got {spec!r}")
+        for key in spec:
+            if key not in ("rule_name", "args"):
+                _refuse(f"{path}.{key}", f"not a rule key{_nearest(str(key), ('rule_name', 'args'))}")
+        name = spec.get("rule_name")
+        if name not in RULE_NAMES:
+            _refuse(f"{path}.rule_name", f"{name!r} is not a rule{_nearest(str(name), RULE_NAMES, 0.5)}")
+        args = spec.get("args") or {}
+        if not isinstance(args, dict):
+            _refuse(f"{path}.args", f"expected a dict, got {args!r}")
+        for key in args:
+            if key != "threshold":
+                _refuse(f"{path}.args.{key}", f"not a rule argument{_nearest(str(key), ('threshold',))}")
+        threshold = args.get("threshold")
+        if threshold is not None and (type(threshold) not in (int, float) or threshold < 0):
+            _refuse(f"{path}.args.threshold", f"expected a number >= 0, got {threshold!r}")
+        if name == "AnomalyTurbulence" and threshold is None:
+            # msprobe skips such a rule with a warning: a rule the user wrote would then never fire
+            _refuse(f"{path}.args.threshold", "AnomalyTurbulence needs a threshold")
+        rules.append(Rule(name, None if threshold is None else float(threshold)))
+    dump = alert.get("dump", False)
+    return rules, _bool(dump, "alert.dump")
+
+
+def parse(raw):
+    """A MonitorConfig from the config file's dict; ConfigError names the first key it cannot honour."""
+    if not isinstance(raw, dict):
+        _refuse("", f"expected a JSON object, got {type(raw).__name__}")
+    for key, value in raw.items():
+        spec = KEYS.get(key)
+        if spec is None:
+            _refuse(key, f"not a monitor config key{_nearest(str(key), KEYS)}")
+        if spec.status == REFUSED and not any(type(value) is type(n) and value == n for n in spec.neutral):
+            if key == "cc_distribution" and isinstance(value, dict) and value.get("enable", False) is False:
+                continue
+            _refuse(key, f"{value!r} is not supported here: {spec.note}")
+    config = MonitorConfig()
+    targets = raw.get("targets", {})
+    if not isinstance(targets, dict) or not all(isinstance(k, str) and isinstance(v, dict)
+                                                for k, v in targets.items()):
+        _refuse("targets", f"expected a dict of module name -> dict, got {targets!r}")
+    config.targets = dict(targets)
+    for name in ("wg_distribution", "param_distribution", "mv_distribution", "ur_distribution", "squash_name"):
+        if name in raw:
+            setattr(config, name, _bool(raw[name], name))
+    for name in ("dynamic_on", "mg_distribution"):
+        if name in raw:
+            _bool(raw[name], name)
+    if "sa_order" in raw and str(raw["sa_order"]).replace(" ", "") not in SA_ORDERS:
+        _refuse("sa_order", f"{raw['sa_order']!r} is not one of {', '.join(SA_ORDERS)}")
+    config.ops = _ops(raw.get("ops", []))
+    eps = raw.get("eps", 1e-8)
+    if type(eps) is not float:
+        _refuse("eps", f"expected a float, got {eps!r}")
+    config.eps = eps
+    if raw.get("ndigits") is not None:
+        config.ndigits = _int(raw["ndigits"], "ndigits", 1, MAX_NDIGITS)
+    config.start_step = _int(raw.get("start_step", 0), "start_step", 0)
+    config.step_interval = _int(raw.get("step_interval", 1), "step_interval", 1)
+    config.collect_times = _int(raw.get("collect_times", config.collect_times), "collect_times", 0)
+    ranks = raw.get("module_ranks", [])
+    if not isinstance(ranks, list) or any(type(rank) is not int for rank in ranks):
+        _refuse("module_ranks", f"expected a list of ints, got {ranks!r}")
+    config.module_ranks = list(ranks)
+    fmt = raw.get("format", "csv")
+    if fmt not in FORMATS:
+        _refuse("format", f"{fmt!r} is not a format{_nearest(str(fmt), FORMATS, 0.3)}")
+    config.format = fmt
+    config.rules, config.anomaly_dump = _rules(raw.get("alert", {}))
+    config.step_count_per_record = _int(raw.get("step_count_per_record", 1), "step_count_per_record", 1, 10 ** 6)
+    return config
+
+
+def load(path):
+    """Read and parse the config file at ``path``."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            raw = json.load(handle)
+    except OSError as error:
+        raise ConfigError(f"cannot read monitor config {path}: {error.strerror}") from error
+    except ValueError as error:
+        raise ConfigError(f"monitor config {path} is not valid JSON: {error}") from error
+    return parse(raw)

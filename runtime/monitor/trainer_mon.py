@@ -1,0 +1,349 @@
+"""``TrainerMon``: msprobe 26.2's monitor (pytorch/monitor/module_hook.py), same constructor and ``set_monitor``.
+
+Where the figures come from, and why there (tests/monitor/test_trainer_mon.py checks each):
+- grad_unreduced: a post-accumulate-grad hook on each parameter, at the last microbatch of the step; the gradient
+  is final and nothing is inserted into the autograd graph, so gradients stay bit-identical (msprobe hooks the
+  AccumulateGrad node the same way; module backward hooks would change them).
+- grad_reduced, exp_avg, exp_avg_sq, adam_update, adam_ratio, param_origin: torch's optimizer step pre-hook, with
+  the optimizer state as it is before this step's update (msprobe's optimizer_pre_step_hook reads it there too).
+- param_updated: the optimizer step post-hook; then the step's figures are flushed.
+Every figure stays on the device (metrics.py) until the flush, which stacks the step's figures, the rules' running
+averages and codes into one tensor and copies it to the host once (``_flush``): no host sync in forward, backward
+or the optimizer's update. An error of ours is logged once and the step's figures are dropped; it never reaches
+the training loop.
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import re
+import uuid
+from functools import partial
+
+import torch
+
+from ..config import ConfigError
+from ..foreign import instance_attribute
+from . import anomalies, metrics
+from . import config as monitor_config
+from . import writer as writers
+
+logger = logging.getLogger("msprobe_runtime")
+
+_TZ = datetime.timezone(datetime.timedelta(hours=8))  # msprobe names its folders in Asia/Shanghai time
+
+# CSV prefix -> the last part of msprobe's tag for those rows (name2tag, get_summary_writer_tag_name)
+TAG_SUFFIX = {"grad_unreduced": "acc_grad", "grad_reduced": "post_grad", "exp_avg": "exp_avg",
+              "exp_avg_sq": "exp_avg_sq", "param_origin": "param_origin", "param_updated": "param_updated",
+              "adam_update": "adam_update", "adam_ratio": "adam_ratio"}
+
+_SQUASH = (r"^.*\.(layers?\..*)", r"^.*\.(embeddings?\..*)", r"^.*\.(final.*)", r"^.*\.(output.*)",
+           r"^.*\.(norm.*)")
+
+
+def squash_param_name(name, enable=True):
+    """msprobe's module_metric.squash_param_name."""
+    if not enable:
+        return name
+    for pattern in _SQUASH:
+        match = re.findall(pattern, name)
+        if match:
+            return match[0]
+    return name
+
+
+class TrainerMon:
+    """msprobe's ``TrainerMon`` for a module trained with torch's optimizers (docs/monitor.md)."""
+
+    def __init__(self, config_file_path, process_group=None, params_have_main_grad=True, opt_ty=None) -> None:
+        # opt_ty: kept by msprobe for callers before 1.2.2 and not read there either
+        if os.getenv("DYNAMIC_MONITOR", "False").lower() == "true":
+            raise ConfigError("DYNAMIC_MONITOR=true: reloading the monitor config mid-run is not yet supported "
+                              "(docs/monitor.md); unset it")
+        if process_group is not None:
+            raise ConfigError("TrainerMon process_group: pipeline-parallel groups are not yet supported "
+                              "(docs/monitor.md); pass None")
+        self.config_file_path = config_file_path
+        self.config = monitor_config.load(config_file_path)
+        self.params_have_main_grad = params_have_main_grad
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        self.rank = torch.distributed.get_rank() if distributed else 0
+        self.unique_id = str(uuid.uuid4())[:8]
+        self.output_base_dir = os.getenv("MONITOR_OUTPUT_DIR", "./monitor_output")
+        stamp = datetime.datetime.now(_TZ).strftime("%b%d_%H-%M-%S")
+        self.tensorboard_dir = os.path.join(self.output_base_dir, f"{stamp}-rank{self.rank}-{self.unique_id}")
+        cfg = self.config
+        self.collects = not cfg.module_ranks or self.rank in cfg.module_ranks
+        self.ops = cfg.numeric_ops
+        self.summary_writer = None
+        self.anomaly_file = None
+        if self.collects:
+            if cfg.format == "tensorboard":
+                self.summary_writer = writers.TensorBoardWriter(self.tensorboard_dir, cfg.ops)
+            else:
+                self.summary_writer = writers.CSVWriter(self.tensorboard_dir, cfg.ops, cfg.ndigits,
+                                                        cfg.step_count_per_record)
+            if cfg.rules and cfg.anomaly_dump:
+                self.anomaly_file = anomalies.AnomalyFile(self.output_base_dir, self.rank)
+        self.rules = anomalies.DeviceRules(cfg.rules, self.ops) if cfg.rules else None
+        self.monitoring = self.collects and cfg.collect_times > 0
+        self.step = 0
+        self.has_collect_times = 0
+        self.micro_batch_number = 1
+        self.params = []  # (name, parameter), in named_parameters order
+        self.handles = []
+        self.optimizer = None
+        self.anomalies = []  # every anomaly record made, in order (the file keeps the earliest of each step)
+        self._rows = {}  # (prefix, tag) -> (figures, shape, dtype), in call order, for the step being collected
+        self._micro = []
+        self._collect_now = False
+        self._failed = set()
+        self._warned_main_grad = False
+
+    # ------------------------------------------------------------------ msprobe's entry points
+
+    def set_monitor(self, model, optimizer, grad_acc_steps=1, tp_group=None, dp_group=None, start_iteration=0):
+        """Hook ``model`` (a module, or a list of virtual-pipeline chunks) and ``optimizer``."""
+        if type(grad_acc_steps) is not int or grad_acc_steps < 1:
+            raise ConfigError(f"set_monitor grad_acc_steps: expected an int >= 1, got {grad_acc_steps!r}")
+        if type(start_iteration) is not int or start_iteration < 0:
+            raise ConfigError(f"set_monitor start_iteration: expected an int >= 0, got {start_iteration!r}")
+        for label, group in (("tp_group", tp_group), ("dp_group", dp_group)):
+            if group is not None:
+                raise ConfigError(f"set_monitor {label}: de-duplicating figures across tensor/data-parallel "
+                                  "ranks is not yet supported (docs/monitor.md); pass None")
+        if self.optimizer is not None:
+            raise ConfigError("set_monitor: this TrainerMon already monitors an optimizer")
+        self.micro_batch_number = grad_acc_steps
+        self.step = start_iteration
+        chunks = model if type(model) is list else [model]
+        self._register_params(chunks)
+        self.optimizer = optimizer
+        if not self.monitoring:
+            return
+        cfg = self.config
+        if cfg.wg_distribution:
+            self._micro = [0] * len(self.params)
+            for index, (_, param) in enumerate(self.params):
+                self.handles.append(param.register_post_accumulate_grad_hook(partial(self._on_grad, index)))
+        self.handles.append(optimizer.register_step_pre_hook(self._pre_step))
+        self.handles.append(optimizer.register_step_post_hook(self._post_step))
+        self._collect_now = self._wants(self.step)
+
+    def monitor_gnorm_with_ad(self, model, optimizer=None, grad_acc_steps=1, tp_group=None, dp_group=None,
+                              start_iteration=0):
+        """msprobe's name before 1.2.2."""
+        optimizer = optimizer if optimizer is not None else getattr(self, "optimizer_trans", None)
+        if optimizer is None:
+            raise ConfigError("monitor_gnorm_with_ad: call set_wrapped_optimizer first, or pass the optimizer")
+        self.set_monitor(model, optimizer, grad_acc_steps, tp_group, dp_group, start_iteration)
+
+    def set_wrapped_optimizer(self, optimizer):
+        self.optimizer_trans = optimizer
+
+    def close(self):
+        """Remove the hooks and close the writer (msprobe does this in ``__del__``)."""
+        self._remove_hooks()
+        if self.summary_writer is not None:
+            self.summary_writer.close()
+
+    # ------------------------------------------------------------------ setup
+
+    def _register_params(self, chunks):
+        targets = list(self.config.targets) or [""]
+        seen = set()
+        for stage, chunk in enumerate(chunks):
+            prefix = f"{stage}:"
+            for param_name, param in chunk.named_parameters():
+                if not param.requires_grad:
+                    continue
+                squashed = prefix + squash_param_name(param_name, self.config.squash_name)
+                full = prefix + param_name
+                if not any(param_name.startswith(t) or squashed.startswith(t) or full.startswith(t)
+                           for t in targets):
+                    continue
+                name = full if squashed in seen else squashed
+                seen.add(name)
+                self.params.append((name, param))
+
+    def _wants(self, step):
+        cfg = self.config
+        return (self.monitoring and step >= cfg.start_step and (step - cfg.start_step) % cfg.step_interval == 0
+                and self.has_collect_times < cfg.collect_times)
+
+    def _remove_hooks(self):
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+        self.monitoring = False
+        self._collect_now = False
+
+    # ------------------------------------------------------------------ the figures, on the device
+
+    def _tag(self, prefix, name):
+        return f"{name}/rank{self.rank}/{TAG_SUFFIX[prefix]}"
+
+    def _add(self, prefix, name, tensor):
+        with torch.no_grad():
+            values = metrics.figures(tensor, self.ops, self.config.eps)
+        self._rows[(prefix, self._tag(prefix, name))] = (values, tuple(tensor.shape), tensor.dtype)
+
+    def _grad_of(self, param):
+        if self.params_have_main_grad:
+            main_grad = instance_attribute(param, "main_grad")
+            if main_grad is not None:
+                return main_grad
+            if not self._warned_main_grad:
+                self._warned_main_grad = True
+                logger.warning("monitor: params_have_main_grad=True but a parameter has no main_grad; reading "
+                               ".grad (pass params_have_main_grad=False for a module without megatron's DDP)")
+        return param.grad
+
+    def _guarded(self, where, work, *args):
+        try:
+            work(*args)
+        except Exception as error:  # an error of ours never reaches the training loop: log once, drop the step
+            if where not in self._failed:
+                self._failed.add(where)
+                logger.warning("monitor: %s failed (%s: %s); this step's figures are dropped", where,
+                               type(error).__name__, error)
+            self._rows = {}
+
+    def _on_grad(self, index, param):
+        self._guarded("gradient hook", self._collect_grad, index, param)
+
+    def _collect_grad(self, index, param):
+        self._micro[index] += 1
+        if self._micro[index] < self.micro_batch_number:
+            return
+        self._micro[index] = 0
+        if self._collect_now:
+            grad = self._grad_of(param)
+            if grad is not None:
+                self._add("grad_unreduced", self.params[index][0], grad)
+
+    def _pre_step(self, optimizer, args, kwargs):
+        self._guarded("optimizer pre-step hook", self._collect_pre, optimizer)
+
+    def _collect_pre(self, optimizer):
+        if not self._collect_now:
+            return
+        cfg = self.config
+        if cfg.wg_distribution:
+            for name, param in self.params:
+                grad = self._grad_of(param)
+                if grad is not None:
+                    self._add("grad_reduced", name, grad)
+        if cfg.mv_distribution or cfg.ur_distribution:
+            self._collect_moments(optimizer)
+        if cfg.param_distribution:
+            for name, param in self.params:
+                if param.numel():
+                    self._add("param_origin", name, param)
+
+    def _collect_moments(self, optimizer):
+        # the state and groups are looked up by id: a parameter's hash is the user's (runtime/foreign.py)
+        states = {id(param): state for param, state in optimizer.state.items()}
+        groups = {id(param): group for group in optimizer.param_groups for param in group["params"]}
+        updates = []
+        for name, param in self.params:
+            state = states.get(id(param))
+            if not state:
+                continue  # before the first step: msprobe writes no rows either
+            exp_avg, exp_avg_sq = state.get("exp_avg"), state.get("exp_avg_sq")
+            if exp_avg is None or exp_avg_sq is None:
+                continue
+            if self.config.mv_distribution:
+                self._add("exp_avg", name, exp_avg)
+                self._add("exp_avg_sq", name, exp_avg_sq)
+            group = groups.get(id(param))
+            if self.config.ur_distribution and group is not None and "step" in state:
+                updates.append((name, exp_avg, exp_avg_sq, state["step"], group))
+        ratios = []
+        with torch.no_grad():
+            for name, exp_avg, exp_avg_sq, step, group in updates:
+                beta1, beta2 = group["betas"]
+                if type(step) is torch.Tensor:
+                    # 1 - 0.999 ** step loses 4 digits in float32, the dtype torch keeps the step in; torch's
+                    # AdamW computes it in Python floats (tests/monitor/test_trainer_mon.py)
+                    step = step.to(torch.float64)
+                exp_avg_hat = exp_avg / (1 - beta1 ** step)
+                root = torch.sqrt(exp_avg_sq / (1 - beta2 ** step))
+                self._add("adam_update", name, exp_avg_hat / (root + group["eps"]))
+                ratios.append((name, exp_avg_hat / root))
+        for name, ratio in ratios:  # msprobe writes the two files apart: keep each file's rows together
+            self._add("adam_ratio", name, ratio)
+
+    def _post_step(self, optimizer, args, kwargs):
+        self._guarded("optimizer post-step hook", self._finish_step)
+
+    def _finish_step(self):
+        if self._collect_now:
+            if self.config.param_distribution:
+                for name, param in self.params:
+                    if param.numel():
+                        self._add("param_updated", name, param)
+            try:
+                self._flush(self.step)
+            finally:
+                self._rows = {}
+            self.has_collect_times += 1
+        self.step += 1
+        if self.monitoring and self.has_collect_times >= self.config.collect_times:
+            self._remove_hooks()
+        self._collect_now = self._wants(self.step)
+
+    # ------------------------------------------------------------------ the flush, once per collected step
+
+    def _flush(self, step):
+        if not self._rows:
+            return
+        groups = {}  # prefix -> [(tag, figures, shape, dtype)], prefixes in the order of their first row
+        for (prefix, tag), (values, shape, dtype) in self._rows.items():
+            groups.setdefault(prefix, []).append((tag, values, shape, dtype))
+        device = next(iter(self._rows.values()))[0].device
+        width = len(self.ops)
+        parts, layout = [], []
+        with torch.no_grad():
+            for prefix, rows in groups.items():
+                stacked = torch.stack([values.to(device) for _, values, _, _ in rows])
+                parts.append(stacked.reshape(-1))
+                if self.rules is not None:
+                    history, code = self.rules.evaluate(prefix, tuple(tag for tag, _, _, _ in rows), stacked)
+                    parts.extend((history.reshape(-1), code.reshape(-1)))
+                layout.append((prefix, rows))
+            host = torch.cat(parts).tolist()  # the one device-to-host copy of the step
+        position = 0
+        call_id = 0
+        found = []
+        for prefix, rows in layout:
+            count = len(rows) * width
+            figures = host[position:position + count]
+            position += count
+            if self.rules is not None:
+                history = host[position:position + count]
+                codes = host[position + count:position + 2 * count]
+                position += 2 * count
+            out = []
+            for row, (tag, _, shape, dtype) in enumerate(rows):
+                values = figures[row * width:(row + 1) * width]
+                out.append((tag, values, shape, dtype))
+                if self.rules is not None:
+                    for column in range(width):
+                        code = int(codes[row * width + column])
+                        if code:
+                            rule = self.config.rules[code - 1].name
+                            text = anomalies.message(rule, tag, self.ops[column], step, values[column],
+                                                     history[row * width + column])
+                            found.append(anomalies.record(self.rank, step, call_id, tag, text, [self.rank]))
+                            break  # msprobe's record key is the tag, step and call: one record per tag
+                call_id += 1
+            self.summary_writer.write(prefix, step, out)
+        if found:
+            found.sort(key=anomalies.execution_order)
+            self.anomalies.extend(found)
+            logger.warning("monitor: step %d: %d tensor(s) with anomalies, earliest: %s", step, len(found),
+                           found[0]["message"])
+            if self.anomaly_file is not None:
+                self.anomaly_file.add(found[:anomalies.RECORDS_PER_STEP])

@@ -1,0 +1,85 @@
+"""The monitor's output: msprobe's CSV files, or TensorBoard event files through torch's SummaryWriter.
+
+CSV as msprobe's ``CSVWriterWithAD`` (pytorch/monitor/data_writers.py) writes it with pandas: one file per prefix
+and block of ``step_count_per_record`` steps, ``{prefix}_{first}-{last}.csv``, header ``vpp_stage,name,step`` and
+then the ops; a row per parameter: its vpp stage and name (the tag's ``0:fc1.weight`` split at ``:``), the step,
+the figures rounded to ``ndigits`` (NaN written ``nan``), the shape as a list and the dtype. msprobe's csv2tb reads
+these files (tests/monitor/test_output.py runs its parser on ours).
+"""
+from __future__ import annotations
+
+import csv
+import math
+import os
+
+from ..config import ConfigError
+
+
+def _cell(op, value, ndigits):
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    if op == "nans":  # msprobe's count is an int tensor: pandas writes it as an int
+        return str(int(value))
+    return repr(round(value, ndigits))
+
+
+class CSVWriter:
+    def __init__(self, folder, ops, ndigits, step_count_per_record):
+        self.folder = folder
+        self.ops = list(ops)
+        self.ndigits = ndigits
+        self.per_record = step_count_per_record
+        os.makedirs(folder, exist_ok=True)
+
+    def path(self, prefix, step):
+        first = step // self.per_record * self.per_record
+        return os.path.join(self.folder, f"{prefix}_{first}-{first + self.per_record - 1}.csv")
+
+    def write(self, prefix, step, rows):
+        """``rows``: (tag name, figures in the numeric ops' order, shape, dtype) per tensor."""
+        path = self.path(prefix, step)
+        fresh = not os.path.exists(path)
+        with open(path, "a", encoding="utf-8", newline="") as handle:
+            out = csv.writer(handle, lineterminator="\n")
+            if fresh:
+                out.writerow(["vpp_stage", "name", "step"] + self.ops)
+            for tag, values, shape, dtype in rows:
+                line = tag.split("/")[0].split(":")
+                line.insert(2, step)
+                figures = iter(values)
+                for op in self.ops:
+                    if op == "shape":
+                        line.append(str(list(shape)))
+                    elif op == "dtype":
+                        line.append(str(dtype))
+                    else:
+                        line.append(_cell(op, next(figures), self.ndigits))
+                out.writerow(line)
+
+    def close(self):
+        pass
+
+
+class TensorBoardWriter:
+    """One scalar per tag and op, tagged as msprobe's SummaryWriterWithAD does:
+    ``0:fc1.weight/rank0/post_grad_norm``."""
+
+    def __init__(self, folder, ops):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as error:
+            raise ConfigError("monitor config format: 'tensorboard' needs the tensorboard package (pip install "
+                              f"tensorboard), or use format 'csv' ({error})") from error
+        os.makedirs(folder, exist_ok=True)
+        self.numeric_ops = [op for op in ops if op not in ("shape", "dtype")]
+        self.summary = SummaryWriter(folder)
+
+    def write(self, prefix, step, rows):
+        for tag, values, _shape, _dtype in rows:
+            for op, value in zip(self.numeric_ops, values):
+                self.summary.add_scalar(f"{tag}_{op}", value, step)
+
+    def close(self):
+        self.summary.close()

@@ -1,0 +1,95 @@
+"""A tiny MLP trained with AdamW, with or without the monitor, and where msprobe 26.2's source is."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+MSPROBE_SOURCE = Path("/tmp/msp/msp26/msprobe")
+
+
+def msprobe_source():
+    """msprobe's package folder (its source read as text), or None: /tmp/msp's unpacked copy, else an installed
+    mindstudio-probe."""
+    if (MSPROBE_SOURCE / "pytorch" / "monitor" / "module_hook.py").exists():
+        return MSPROBE_SOURCE
+    try:
+        spec = importlib.util.find_spec("msprobe")
+    except (ImportError, ValueError):
+        return None
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        if (Path(folder) / "pytorch" / "monitor" / "module_hook.py").exists():
+            return Path(folder)
+    return None
+
+
+@pytest.fixture
+def msprobe_root():
+    root = msprobe_source()
+    if root is None:
+        pytest.skip("msprobe 26.2's source is not here (/tmp/msp, or an installed mindstudio-probe)")
+    return root
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(16, 32)
+        self.fc2 = torch.nn.Linear(32, 32)
+        self.head = torch.nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.head(torch.nn.functional.gelu(self.fc2(torch.nn.functional.gelu(self.fc1(x)))))
+
+
+@pytest.fixture
+def train(tmp_path, monkeypatch):
+    """``train(config, steps=30, foreach=None, monitor=True, fault=None, grad_acc_steps=1)`` -> a result with the
+    losses, the gradients of every step, the monitor and the model. ``fault``: ``("nan", step, param name)`` puts a
+    NaN into that weight before the step; ``("lr", step, factor)`` multiplies the learning rate from that step."""
+    monkeypatch.setenv("MONITOR_OUTPUT_DIR", str(tmp_path / "monitor_output"))
+    counter = [0]
+
+    def run(config=None, steps=30, foreach=None, monitor=True, fault=None, grad_acc_steps=1, window=None):
+        torch.manual_seed(0)
+        model = MLP()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=foreach)
+        data = torch.randn(steps, grad_acc_steps, 8, 16)
+        target = torch.randn(steps, grad_acc_steps, 8, 4)
+        mon = None
+        if monitor:
+            from msprobe_runtime import TrainerMon
+
+            counter[0] += 1
+            path = tmp_path / f"config{counter[0]}.json"
+            path.write_text(json.dumps(config))
+            mon = TrainerMon(str(path), params_have_main_grad=False)
+            mon.set_monitor(model, optimizer, grad_acc_steps=grad_acc_steps)
+        losses, grads = [], []
+        for step in range(steps):
+            if fault and fault[1] == step:
+                if fault[0] == "nan":
+                    with torch.no_grad():
+                        dict(model.named_parameters())[fault[2]].view(-1)[3] = float("nan")
+                else:
+                    for group in optimizer.param_groups:
+                        group["lr"] *= fault[2]
+            optimizer.zero_grad()
+            if window is not None:
+                window[0] = True
+            for micro in range(grad_acc_steps):
+                loss = torch.nn.functional.mse_loss(model(data[step, micro]), target[step, micro])
+                loss.backward()
+                losses.append(loss.detach().clone())
+            grads.append([p.grad.clone() for p in model.parameters()])
+            optimizer.step()
+            if window is not None:
+                window[0] = False
+        if mon is not None:
+            mon.close()
+        return type("Run", (), {"losses": losses, "grads": grads, "monitor": mon, "model": model,
+                                "output": tmp_path / "monitor_output"})
+
+    return run
+

@@ -1,0 +1,161 @@
+"""TrainerMon on a tiny MLP trained with AdamW: bit-identical training, figures equal to torch's own, msprobe's
+step selection, and no host sync in forward, backward or the optimizer's update."""
+import csv
+import os
+import sys
+
+import pytest
+import torch
+
+ALL = {"wg_distribution": True, "param_distribution": True, "mv_distribution": True, "ur_distribution": True,
+       "ops": ["min", "max", "norm", "zeros", "nans", "mean", "id"], "ndigits": 12}
+
+
+def rows_of(folder, prefix):
+    """{(name, step): row} over every ``{prefix}_a-b.csv`` in ``folder``."""
+    found = {}
+    for name in sorted(os.listdir(folder)):
+        if name.startswith(prefix + "_") and name[len(prefix) + 1].isdigit():
+            with open(os.path.join(folder, name), newline="", encoding="utf-8") as handle:
+                for row in csv.DictReader(handle):
+                    found[(row["name"], int(row["step"]))] = row
+    return found
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+def test_training_is_bit_identical_with_the_monitor_on(train, foreach):
+    plain = train(monitor=False, foreach=foreach)
+    watched = train(ALL, foreach=foreach)
+    assert len(plain.losses) == len(watched.losses) == 30
+    for a, b in zip(plain.losses, watched.losses):
+        assert torch.equal(a, b)
+    for step_a, step_b in zip(plain.grads, watched.grads):
+        for a, b in zip(step_a, step_b):
+            assert torch.equal(a, b)
+    for a, b in zip(plain.model.parameters(), watched.model.parameters()):
+        assert torch.equal(a, b)
+
+
+def _expected(tensor, eps=1e-8):
+    x = tensor.detach().double()
+    return {"min": x.min().item(), "max": x.max().item(), "norm": x.norm().item(), "mean": x.mean().item(),
+            "zeros": (x.abs() < eps).double().mean().item(), "nans": float(torch.isnan(x).sum().item())}
+
+
+def _close(row, expected, scale):
+    for op, value in expected.items():
+        # float32 rounding, and the CSV's 12 digits
+        assert float(row[op]) == pytest.approx(value, rel=2e-6, abs=2e-7 * scale + 1e-12), (op, row, value)
+
+
+def test_figures_equal_torch_on_the_tensors(train):
+    # a 3-step run: the figures of the last step are checked against the model and optimizer after it
+    run = train(ALL, steps=3)
+    folder = run.monitor.tensorboard_dir
+    names = [name for name, _ in run.model.named_parameters()]
+    grads = dict(zip(names, run.grads[-1]))
+    reduced = rows_of(folder, "grad_reduced")
+    unreduced = rows_of(folder, "grad_unreduced")
+    updated = rows_of(folder, "param_updated")
+    exp_avg = rows_of(folder, "exp_avg")
+    exp_avg_sq = rows_of(folder, "exp_avg_sq")
+    assert len(reduced) == len(unreduced) == len(updated) == 3 * len(names)
+    assert len(exp_avg) == len(exp_avg_sq) == 2 * len(names)  # no optimizer state before the first step
+    for name, param in run.model.named_parameters():
+        scale = float(param.detach().abs().max())
+        _close(updated[(name, 2)], _expected(param), scale)
+        grad = grads[name]
+        _close(reduced[(name, 2)], _expected(grad), float(grad.abs().max()))
+        _close(unreduced[(name, 2)], _expected(grad), float(grad.abs().max()))
+        assert reduced[(name, 2)]["shape"] == str(list(param.shape)) and reduced[(name, 2)]["dtype"] == "torch.float32"
+        assert reduced[(name, 2)]["id"] == "nan"  # msprobe's id: only a 0-d tensor has one
+    # the moments written at step 2 are the state before step 2's update: recompute them from the gradients
+    beta1, beta2 = 0.9, 0.999
+    for index, name in enumerate(names):
+        m = torch.zeros_like(run.grads[0][index], dtype=torch.float64)
+        v = torch.zeros_like(m)
+        for step in range(2):
+            g = run.grads[step][index].double()
+            m = beta1 * m + (1 - beta1) * g
+            v = beta2 * v + (1 - beta2) * g * g
+        _close(exp_avg[(name, 2)], _expected(m), float(m.abs().max()))
+        _close(exp_avg_sq[(name, 2)], {k: x for k, x in _expected(v).items() if k != "mean"}, float(v.abs().max()))
+        update = rows_of(folder, "adam_update")[(name, 2)]
+        m_hat, v_hat = m / (1 - beta1 ** 2), v / (1 - beta2 ** 2)
+        expected = m_hat / (v_hat.sqrt() + 1e-8)
+        assert float(update["norm"]) == pytest.approx(expected.norm().item(), rel=1e-5)
+
+
+def test_step_selection_follows_start_step_interval_and_collect_times(train):
+    run = train({"wg_distribution": True, "start_step": 3, "step_interval": 4, "collect_times": 5}, steps=30)
+    steps = sorted({step for _, step in rows_of(run.monitor.tensorboard_dir, "grad_reduced")})
+    assert steps == [3, 7, 11, 15, 19]
+    assert run.monitor.handles == []  # collect_times reached: the hooks are gone, as msprobe removes them
+
+
+def test_file_names_follow_step_count_per_record(train):
+    run = train({"wg_distribution": True, "step_count_per_record": 10}, steps=25)
+    names = sorted(n for n in os.listdir(run.monitor.tensorboard_dir) if n.startswith("grad_reduced"))
+    assert names == ["grad_reduced_0-9.csv", "grad_reduced_10-19.csv", "grad_reduced_20-29.csv"]
+
+
+def test_gradient_accumulation_reads_the_accumulated_gradient(train):
+    run = train({"wg_distribution": True, "ops": ["norm"], "ndigits": 12}, steps=4, grad_acc_steps=3)
+    rows = rows_of(run.monitor.tensorboard_dir, "grad_unreduced")
+    names = [name for name, _ in run.model.named_parameters()]
+    assert len(rows) == 4 * len(names)  # one row per step, not per microbatch
+    for step in range(4):
+        for name, grad in zip(names, run.grads[step]):
+            assert float(rows[(name, step)]["norm"]) == pytest.approx(grad.double().norm().item(), rel=2e-6)
+
+
+def test_targets_select_parameters_by_prefix(train):
+    run = train({"wg_distribution": True, "targets": {"fc2": {}}}, steps=2)
+    assert {name for name, _ in rows_of(run.monitor.tensorboard_dir, "grad_reduced")} == {"fc2.weight", "fc2.bias"}
+
+
+HOST_READS = ("item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__")
+
+
+def test_no_host_sync_in_the_step_only_one_batched_read_per_flush(train, monkeypatch):
+    """Every host read of a tensor is spied on (as tests/runtime/test_host_sync.py does): none during forward,
+    backward and the optimizer step may come from the monitor's hooks; the monitor's only read is the flush's one
+    ``tolist`` per collected step."""
+    import msprobe_runtime.monitor as package
+
+    monitor_dir = os.path.dirname(os.path.abspath(package.__file__))
+    window = [False]
+    calls = []
+
+    def spy(name, original):
+        def wrapper(self, *args, **kwargs):
+            frame = sys._getframe(1)
+            if frame.f_code.co_filename.startswith(monitor_dir):
+                calls.append((name, frame.f_code.co_name, window[0]))
+            return original(self, *args, **kwargs)
+        return wrapper
+
+    for name in HOST_READS:
+        monkeypatch.setattr(torch.Tensor, name, spy(name, getattr(torch.Tensor, name)))
+    rules = [{"rule_name": "AnomalyNan"}, {"rule_name": "AnomalyTurbulence", "args": {"threshold": 0.5}}]
+    config = dict(ALL, step_interval=3, alert={"rules": rules})
+    run = train(config, steps=30, window=window)
+    flushes = [call for call in calls if call[1] == "_flush"]
+    assert [call for call in calls if call[1] != "_flush"] == []
+    assert len(flushes) == 10 and all(name == "tolist" for name, _, _ in flushes)
+    assert run.monitor.has_collect_times == 10
+
+
+def test_an_error_of_ours_never_reaches_the_training_loop(train, monkeypatch, caplog):
+    from msprobe_runtime.monitor import metrics
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(metrics, "figures", broken)
+    plain = train(monitor=False, steps=5)
+    run = train({"wg_distribution": True, "param_distribution": True}, steps=5)
+    for a, b in zip(plain.losses, run.losses):
+        assert torch.equal(a, b)
+    assert "injected" in caplog.text
+    assert caplog.text.count("injected") == 3  # once per hook, not once per call
