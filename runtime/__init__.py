@@ -16,7 +16,7 @@ from .debugger import PrecisionDebugger, module_dump, module_dump_end  # noqa: F
 from .seeding import seed_all  # noqa: F401
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> object:
     # TrainerMon imports torch: loaded on first use, so that importing this package still loads none
     if name == "TrainerMon":
         from .monitor.trainer_mon import TrainerMon
