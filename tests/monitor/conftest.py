@@ -45,16 +45,17 @@ class MLP(torch.nn.Module):
 
 @pytest.fixture
 def train(tmp_path, monkeypatch):
-    """``train(config, steps=30, foreach=None, monitor=True, fault=None, grad_acc_steps=1)`` -> a result with the
+    """``train(config, steps=30, foreach=None, monitor=True, fault=None, grad_acc_steps=1, ...)`` -> a result with the
     losses, the gradients of every step, the monitor and the model. ``fault``: ``("nan", step, param name)`` puts a
     NaN into that weight before the step; ``("lr", step, factor)`` multiplies the learning rate from that step."""
     monkeypatch.setenv("MONITOR_OUTPUT_DIR", str(tmp_path / "monitor_output"))
     counter = [0]
 
-    def run(config=None, steps=30, foreach=None, monitor=True, fault=None, grad_acc_steps=1, window=None):
+    def run(config=None, steps=30, foreach=None, monitor=True, fault=None, grad_acc_steps=1, window=None,
+            model_class=None, fused=None):
         torch.manual_seed(0)
-        model = MLP()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=foreach)
+        model = (model_class or MLP)()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=foreach, fused=fused)
         # the same batches every step (full-batch regression): gradients then change smoothly, and msprobe's
         # turbulence rule stays quiet in a clean run (tests/monitor/test_anomalies.py)
         data = torch.randn(grad_acc_steps, 64, 16)
@@ -68,6 +69,7 @@ def train(tmp_path, monkeypatch):
             path.write_text(json.dumps(config))
             mon = TrainerMon(str(path), params_have_main_grad=False)
             mon.set_monitor(model, optimizer, grad_acc_steps=grad_acc_steps)
+            assert mon.params or not mon.monitoring or config.get("targets")
         losses, grads = [], []
         for step in range(steps):
             if fault and fault[1] == step:

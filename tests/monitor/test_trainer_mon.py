@@ -22,10 +22,11 @@ def rows_of(folder, prefix):
     return found
 
 
-@pytest.mark.parametrize("foreach", [False, True])
-def test_training_is_bit_identical_with_the_monitor_on(train, foreach):
-    plain = train(monitor=False, foreach=foreach)
-    watched = train(ALL, foreach=foreach)
+@pytest.mark.parametrize("foreach, fused", [(False, None), (True, None), (None, True)])
+def test_training_is_bit_identical_with_the_monitor_on(train, foreach, fused):
+    plain = train(monitor=False, foreach=foreach, fused=fused)
+    watched = train(ALL, foreach=foreach, fused=fused)
+    assert watched.monitor.has_collect_times == 30
     assert len(plain.losses) == len(watched.losses) == 30
     for a, b in zip(plain.losses, watched.losses):
         assert torch.equal(a, b)
@@ -162,3 +163,28 @@ def test_an_error_of_ours_never_reaches_the_training_loop(train, monkeypatch, ca
         assert torch.equal(a, b)
     assert "injected" in caplog.text
     assert caplog.text.count("injected") == 3  # once per hook, not once per call
+
+
+class Stack(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = torch.nn.Module()
+        self.encoder.layers = torch.nn.ModuleList([torch.nn.Linear(16, 16), torch.nn.Linear(16, 4)])
+
+    def forward(self, x):
+        return self.encoder.layers[1](torch.relu(self.encoder.layers[0](x)))
+
+
+def test_squash_name_keeps_the_layers_tail_as_msprobe(train):
+    run = train({"wg_distribution": True, "squash_name": True}, steps=1, model_class=Stack)
+    names = {name for name, _ in rows_of(run.monitor.tensorboard_dir, "grad_reduced")}
+    assert names == {"layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias"}
+    plain = train({"wg_distribution": True}, steps=1, model_class=Stack)
+    assert "encoder.layers.0.weight" in {name for name, _ in rows_of(plain.monitor.tensorboard_dir, "grad_reduced")}
+
+
+def test_a_rank_outside_module_ranks_collects_nothing(train):
+    run = train({"wg_distribution": True, "module_ranks": [1]}, steps=3)
+    assert run.monitor.handles == [] and not os.path.exists(run.monitor.tensorboard_dir)
+    run = train({"wg_distribution": True, "collect_times": 0}, steps=3)
+    assert run.monitor.handles == [] and os.listdir(run.monitor.tensorboard_dir) == []
