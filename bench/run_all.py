@@ -27,6 +27,7 @@ SMALL = [
     ("module_path_bound.py", ["--steps", "10", "--warmup", "3"]),
     ("gc_share.py", ["--steps", "10"]),
     ("precheck_replay.py", ["--calls", "100", "--tokens", "64", "--hidden", "128"]),
+    ("monitor_overhead.py", ["--width", "256", "--steps", "3", "--rounds", "1"]),
 ]
 FULL_OPTIONS = {"rewrite_memory.py": ["--full"]}  # its own default is the small sizes
 FULL = [(script, FULL_OPTIONS.get(script, [])) for script, _ in SMALL]
