@@ -148,6 +148,14 @@ class TrainerMon:
         if self.summary_writer is not None:
             self.summary_writer.close()
 
+    def __del__(self):
+        # msprobe closes its writer here; at interpreter exit the writer may be half torn down: nothing to raise
+        try:
+            if self.summary_writer is not None:
+                self.summary_writer.close()
+        except Exception:
+            pass
+
     # ------------------------------------------------------------------ setup
 
     def _register_params(self, chunks):

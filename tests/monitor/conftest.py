@@ -69,8 +69,7 @@ def train(tmp_path, monkeypatch):
             path.write_text(json.dumps(config))
             mon = TrainerMon(str(path), params_have_main_grad=False)
             mon.set_monitor(model, optimizer, grad_acc_steps=grad_acc_steps)
-            assert mon.params or not mon.monitoring or config.get("targets")
-        losses, grads = [], []
+        losses, grads, weights = [], [], []  # weights: before each step's update
         for step in range(steps):
             if fault and fault[1] == step:
                 if fault[0] == "nan":
@@ -87,12 +86,13 @@ def train(tmp_path, monkeypatch):
                 loss.backward()
                 losses.append(loss.detach().clone())
             grads.append([p.grad.clone() for p in model.parameters()])
+            weights.append([p.detach().clone() for p in model.parameters()])
             optimizer.step()
             if window is not None:
                 window[0] = False
         if mon is not None:
             mon.close()
-        return type("Run", (), {"losses": losses, "grads": grads, "monitor": mon, "model": model,
+        return type("Run", (), {"losses": losses, "grads": grads, "weights": weights, "monitor": mon, "model": model,
                                 "output": tmp_path / "monitor_output"})
 
     return run

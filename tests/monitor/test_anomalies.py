@@ -100,3 +100,38 @@ def test_a_nan_is_not_a_turbulence(train):
     config = dict(CONFIG, alert={"rules": [r for r in RULES if r["rule_name"] == "AnomalyTurbulence"]})
     run = train(config, steps=9, fault=("nan", 7, "fc1.weight"))
     assert run.monitor.anomalies == []
+
+
+def _msprobe_grad_anomaly_data(root):
+    """msprobe's GradAnomalyData class, executed from its source with MonitorConst's stage table read from
+    const.py (msprobe itself is not importable here)."""
+    import dataclasses
+    import re
+    import types
+
+    const = (root / "core" / "common" / "const.py").read_text(encoding="utf-8")
+    keys = {name: ast.literal_eval(re.search(rf"\n    {name} = (.+)", const).group(1))
+            for name in ("ACTV", "ACTVGRAD", "PRE_GRAD", "POST_GRAD", "ACC_GRAD", "EXP_AVG", "EXP_AVG_SQ",
+                         "DEFAULT_STAGE", "FORWARD_STAGE", "BACKWARD_STAGE", "OPTIMIZER_STAGE")}
+    stage = {keys["ACTV"]: keys["FORWARD_STAGE"]}
+    stage.update({key: keys["BACKWARD_STAGE"] for key in ("ACTVGRAD", "PRE_GRAD", "POST_GRAD", "ACC_GRAD")
+                  for key in [keys[key]]})
+    stage.update({keys["EXP_AVG"]: keys["OPTIMIZER_STAGE"], keys["EXP_AVG_SQ"]: keys["OPTIMIZER_STAGE"]})
+    const_ns = types.SimpleNamespace(TRAIN_STAGE=stage, DEFAULT_STAGE=keys["DEFAULT_STAGE"],
+                                     FORWARD_STAGE=keys["FORWARD_STAGE"])
+    tree = ast.parse((root / "core" / "monitor" / "anomaly_processor.py").read_text(encoding="utf-8"))
+    cls = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "GradAnomalyData")
+    namespace = {"dataclass": dataclasses.dataclass, "field": dataclasses.field, "MonitorConst": const_ns}
+    exec(compile(ast.Module(body=[cls], type_ignores=[]), "anomaly_processor.py", "exec"), namespace)
+    return namespace["GradAnomalyData"]
+
+
+def test_records_are_in_msprobe_execution_order(train, msprobe_root):
+    grad_anomaly_data = _msprobe_grad_anomaly_data(msprobe_root)
+    config = dict(CONFIG, mv_distribution=True)
+    run = train(config, steps=10, fault=("nan", 7, "fc2.weight"))
+    ours = run.monitor.anomalies
+    assert len(ours) > 10 and {"param_origin", "acc_grad", "post_grad", "exp_avg"} <= {
+        item["tag_name"].split("/")[-1] for item in ours}
+    theirs = sorted(ours[::-1], key=lambda item: grad_anomaly_data(**item))
+    assert [(item["step"], item["tag_name"]) for item in theirs] == [(item["step"], item["tag_name"]) for item in ours]

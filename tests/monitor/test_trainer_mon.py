@@ -87,6 +87,28 @@ def test_figures_equal_torch_on_the_tensors(train):
         assert float(update["norm"]) == pytest.approx(expected.norm().item(), rel=1e-5)
 
 
+@pytest.mark.parametrize("foreach, fused", [(False, None), (True, None), (None, True)])
+def test_every_step_weights_and_gradients(train, foreach, fused):
+    """param_origin and both gradient kinds of every step equal the tensors of that step (the weights as they were
+    before the update, recorded by the loop), under each AdamW implementation."""
+    run = train({"wg_distribution": True, "param_distribution": True, "ops": ["norm", "max"], "ndigits": 12},
+                steps=6, foreach=foreach, fused=fused)
+    folder = run.monitor.tensorboard_dir
+    origin, reduced = rows_of(folder, "param_origin"), rows_of(folder, "grad_reduced")
+    unreduced, updated = rows_of(folder, "grad_unreduced"), rows_of(folder, "param_updated")
+    names = [name for name, _ in run.model.named_parameters()]
+    for step in range(6):
+        for index, name in enumerate(names):
+            weight, grad = run.weights[step][index].double(), run.grads[step][index].double()
+            assert float(origin[(name, step)]["norm"]) == pytest.approx(weight.norm().item(), rel=2e-6)
+            assert float(origin[(name, step)]["max"]) == pytest.approx(weight.max().item(), abs=1e-12)
+            assert float(reduced[(name, step)]["norm"]) == pytest.approx(grad.norm().item(), rel=2e-6)
+            assert unreduced[(name, step)] == dict(reduced[(name, step)])
+            if step + 1 < 6:
+                after = run.weights[step + 1][index].double()
+                assert float(updated[(name, step)]["norm"]) == pytest.approx(after.norm().item(), rel=2e-6)
+
+
 def test_step_selection_follows_start_step_interval_and_collect_times(train):
     run = train({"wg_distribution": True, "start_step": 3, "step_interval": 4, "collect_times": 5}, steps=30)
     steps = sorted({step for _, step in rows_of(run.monitor.tensorboard_dir, "grad_reduced")})
@@ -188,3 +210,24 @@ def test_a_rank_outside_module_ranks_collects_nothing(train):
     assert run.monitor.handles == [] and not os.path.exists(run.monitor.tensorboard_dir)
     run = train({"wg_distribution": True, "collect_times": 0}, steps=3)
     assert run.monitor.handles == [] and os.listdir(run.monitor.tensorboard_dir) == []
+
+
+def test_msprobe_older_entry_points(tmp_path, monkeypatch):
+    import json
+
+    from msprobe_runtime import TrainerMon
+    from msprobe_runtime.config import ConfigError
+
+    monkeypatch.setenv("MONITOR_OUTPUT_DIR", str(tmp_path / "out"))
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"wg_distribution": True}))
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    monitor = TrainerMon(str(path), params_have_main_grad=False, opt_ty="Megatron_DistributedOptimizer")
+    with pytest.raises(ConfigError, match="set_wrapped_optimizer"):
+        monitor.monitor_gnorm_with_ad(model)
+    monitor.set_wrapped_optimizer(optimizer)
+    monitor.monitor_gnorm_with_ad(model)
+    model(torch.randn(4, 3)).sum().backward()
+    optimizer.step()
+    assert rows_of(monitor.tensorboard_dir, "grad_reduced").keys() == {("weight", 0), ("bias", 0)}
