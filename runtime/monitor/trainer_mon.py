@@ -99,6 +99,7 @@ class TrainerMon:
         self._micro = []
         self._collect_now = False
         self._failed = set()
+        self._dropped = False
         self._warned_main_grad = False
 
     # ------------------------------------------------------------------ msprobe's entry points
@@ -217,6 +218,7 @@ class TrainerMon:
                 logger.warning("monitor: %s failed (%s: %s); this step's figures are dropped", where,
                                type(error).__name__, error)
             self._rows = {}
+            self._dropped = True  # a partial step is not written: the post-step hook skips its flush
 
     def _on_grad(self, index, param):
         self._guarded("gradient hook", self._collect_grad, index, param)
@@ -285,22 +287,24 @@ class TrainerMon:
 
     def _post_step(self, optimizer, args, kwargs):
         self._guarded("optimizer post-step hook", self._finish_step)
+        self._dropped = False  # a failure here drops this step, never the next
 
     def _finish_step(self):
-        if self._collect_now:
-            if self.config.param_distribution:
-                for name, param in self.params:
-                    if param.numel():
-                        self._add("param_updated", name, param)
-            try:
+        try:
+            if self._collect_now and not self._dropped:
+                if self.config.param_distribution:
+                    for name, param in self.params:
+                        if param.numel():
+                            self._add("param_updated", name, param)
                 self._flush(self.step)
-            finally:
-                self._rows = {}
-            self.has_collect_times += 1
-        self.step += 1
-        if self.monitoring and self.has_collect_times >= self.config.collect_times:
-            self._remove_hooks()
-        self._collect_now = self._wants(self.step)
+                self.has_collect_times += 1
+        finally:  # the step is counted whatever failed, so that the steps written stay the optimizer's
+            self._rows = {}
+            self._dropped = False
+            self.step += 1
+            if self.monitoring and self.has_collect_times >= self.config.collect_times:
+                self._remove_hooks()
+            self._collect_now = self._wants(self.step)
 
     # ------------------------------------------------------------------ the flush, once per collected step
 

@@ -184,7 +184,10 @@ def test_an_error_of_ours_never_reaches_the_training_loop(train, monkeypatch, ca
     for a, b in zip(plain.losses, run.losses):
         assert torch.equal(a, b)
     assert "injected" in caplog.text
-    assert caplog.text.count("injected") == 3  # once per hook, not once per call
+    # once per hook that failed, not once per call: the gradient hook and the pre-step hook (the post-step hook
+    # then writes nothing for the step: it is dropped whole)
+    assert caplog.text.count("injected") == 2
+    assert not [name for name in os.listdir(run.monitor.tensorboard_dir) if name.endswith(".csv")]
 
 
 class Stack(torch.nn.Module):
@@ -231,3 +234,24 @@ def test_msprobe_older_entry_points(tmp_path, monkeypatch):
     model(torch.randn(4, 3)).sum().backward()
     optimizer.step()
     assert rows_of(monitor.tensorboard_dir, "grad_reduced").keys() == {("weight", 0), ("bias", 0)}
+
+
+def test_a_failed_flush_drops_that_step_only(train, monkeypatch, caplog):
+    from msprobe_runtime.monitor import writer
+
+    original = writer.CSVWriter.write
+
+    def write(self, prefix, step, rows):
+        if step == 3:
+            raise OSError("disk full")
+        return original(self, prefix, step, rows)
+
+    monkeypatch.setattr(writer.CSVWriter, "write", write)
+    run = train({"wg_distribution": True, "ops": ["norm"], "ndigits": 12}, steps=6)
+    assert "disk full" in caplog.text
+    rows = rows_of(run.monitor.tensorboard_dir, "grad_reduced")
+    assert sorted({step for _, step in rows}) == [0, 1, 2, 4, 5]
+    names = [name for name, _ in run.model.named_parameters()]
+    for step in (4, 5):  # still labelled with the optimizer's step
+        for name, grad in zip(names, run.grads[step]):
+            assert float(rows[(name, step)]["norm"]) == pytest.approx(grad.double().norm().item(), rel=2e-6)
