@@ -59,7 +59,8 @@ KEYS = {
     "all_xy": Key(REFUSED, f"activation statistics are {_NOT_YET}", neutral=(False,)),
     "forward_only": Key(REFUSED, f"activation statistics are {_NOT_YET}", neutral=(False,)),
     "backward_only": Key(REFUSED, f"activation statistics are {_NOT_YET}", neutral=(False,)),
-    "mg_direction": Key(REFUSED, f"gradient/momentum direction is {_NOT_YET}", neutral=(False,)),
+    "mg_direction": Key(SUPPORTED, "a bool: the share of gradient elements whose sign agrees with Adam's exp_avg, "
+                                   "other_* (tag .../mg_direction)"),
     "cc_distribution": Key(REFUSED, f"communication statistics are {_NOT_YET}; use {{}} or {{'enable': false}}"),
     "print_struct": Key(REFUSED, f"printing the module structure is {_NOT_YET}", neutral=(False,)),
     "stack_info": Key(REFUSED, f"stack_info.csv is {_NOT_YET}", neutral=(False,)),
@@ -86,6 +87,7 @@ class MonitorConfig:
     wg_distribution: bool = False
     param_distribution: bool = False
     mv_distribution: bool = False
+    mg_direction: bool = False
     ur_distribution: bool = False
     ops: list = field(default_factory=lambda: ["norm", "shape", "dtype"])
     eps: float = 1e-8
@@ -201,7 +203,8 @@ def parse(raw):
                                                 for k, v in targets.items()):
         _refuse("targets", f"expected a dict of module name -> dict, got {targets!r}")
     config.targets = dict(targets)
-    for name in ("wg_distribution", "param_distribution", "mv_distribution", "ur_distribution", "squash_name"):
+    for name in ("wg_distribution", "param_distribution", "mv_distribution", "ur_distribution", "mg_direction",
+                 "squash_name"):
         if name in raw:
             setattr(config, name, _bool(raw[name], name))
     for name in ("dynamic_on", "mg_distribution"):

@@ -40,3 +40,10 @@ def figures(tensor, ops, eps):
         else:
             raise ValueError(f"unknown op {op!r}")
     return torch.stack([part.to(torch.float32) for part in parts])
+
+
+def sign_matches(x, y):
+    """msprobe's get_sign_matches (features.py): (mean of sign(x) * sign(y) + 1) / 2, 1.0 for an empty y."""
+    if y.numel() == 0:
+        return torch.ones((), device=x.device)
+    return ((x.sign() * y.sign()).sum() / y.numel() + 1) / 2

@@ -36,7 +36,7 @@ _TZ = datetime.timezone(datetime.timedelta(hours=8))  # msprobe names its folder
 # CSV prefix -> the last part of msprobe's tag for those rows (name2tag, get_summary_writer_tag_name)
 TAG_SUFFIX = {"grad_unreduced": "acc_grad", "grad_reduced": "post_grad", "exp_avg": "exp_avg",
               "exp_avg_sq": "exp_avg_sq", "param_origin": "param_origin", "param_updated": "param_updated",
-              "adam_update": "adam_update", "adam_ratio": "adam_ratio"}
+              "adam_update": "adam_update", "adam_ratio": "adam_ratio", "other": "mg_direction"}
 
 _SQUASH = (r"^.*\.(layers?\..*)", r"^.*\.(embeddings?\..*)", r"^.*\.(final.*)", r"^.*\.(output.*)",
            r"^.*\.(norm.*)")
@@ -251,6 +251,24 @@ class TrainerMon:
             for name, param in self.params:
                 if param.numel():
                     self._add("param_origin", name, param)
+        if cfg.mg_direction:
+            self._collect_directions(optimizer)
+
+    def _collect_directions(self, optimizer):
+        # msprobe's mg_direction: the share of a gradient's elements whose sign agrees with Adam's exp_avg before
+        # this step's update; 1.0 before the first step; written as other_*.csv, tag .../mg_direction
+        states = {id(param): state for param, state in optimizer.state.items()}
+        for name, param in self.params:
+            grad = self._grad_of(param)
+            if grad is None:
+                continue
+            exp_avg = (states.get(id(param)) or {}).get("exp_avg")
+            with torch.no_grad():
+                if exp_avg is None:
+                    ratio = torch.ones((), device=grad.device)
+                else:
+                    ratio = metrics.sign_matches(grad, exp_avg)
+            self._add("other", name, ratio)
 
     def _collect_moments(self, optimizer):
         # the state and groups are looked up by id: a parameter's hash is the user's (runtime/foreign.py)

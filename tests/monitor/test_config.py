@@ -50,7 +50,7 @@ def test_msprobe_op_and_rule_names(msprobe_root):
     ({"xy_distribution": True}, "activation statistics are not yet"),
     ({"cc_distribution": {"enable": True}}, "communication statistics are not yet"),
     ({"print_struct": True}, "not yet"),
-    ({"mg_direction": True}, "not yet"),
+    ({"mg_direction": 1}, "expected true or false"),
     ({"start_step": -1}, "start_step"),
     ({"step_interval": 0}, "step_interval"),
     ({"eps": 1}, "eps"),

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 ALL = {"wg_distribution": True, "param_distribution": True, "mv_distribution": True, "ur_distribution": True,
-       "ops": ["min", "max", "norm", "zeros", "nans", "mean", "id"], "ndigits": 12}
+       "mg_direction": True, "ops": ["min", "max", "norm", "zeros", "nans", "mean", "id"], "ndigits": 12}
 
 
 def rows_of(folder, prefix):
@@ -255,3 +255,18 @@ def test_a_failed_flush_drops_that_step_only(train, monkeypatch, caplog):
     for step in (4, 5):  # still labelled with the optimizer's step
         for name, grad in zip(names, run.grads[step]):
             assert float(rows[(name, step)]["norm"]) == pytest.approx(grad.double().norm().item(), rel=2e-6)
+
+
+def test_mg_direction_is_the_sign_agreement_of_gradient_and_exp_avg(train):
+    run = train({"mg_direction": True, "ops": ["norm", "max"], "ndigits": 12}, steps=4)
+    rows = rows_of(run.monitor.tensorboard_dir, "other")
+    names = [name for name, _ in run.model.named_parameters()]
+    assert len(rows) == 4 * len(names)
+    for index, name in enumerate(names):
+        assert float(rows[(name, 0)]["norm"]) == 1.0  # no exp_avg before the first step: msprobe's 1.0
+        m = torch.zeros_like(run.grads[0][index])
+        for step in range(1, 4):
+            m = 0.9 * m + 0.1 * run.grads[step - 1][index]
+            g = run.grads[step][index]
+            expected = ((g.sign() * m.sign()).double().mean().item() + 1) / 2
+            assert float(rows[(name, step)]["max"]) == pytest.approx(expected, abs=1e-6)
