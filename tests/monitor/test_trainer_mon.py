@@ -270,3 +270,55 @@ def test_mg_direction_is_the_sign_agreement_of_gradient_and_exp_avg(train):
             g = run.grads[step][index]
             expected = ((g.sign() * m.sign()).double().mean().item() + 1) / 2
             assert float(rows[(name, step)]["max"]) == pytest.approx(expected, abs=1e-6)
+
+
+class Tagged(torch.Tensor):
+    """A tensor subclass that counts the torch functions run on it."""
+
+    calls = 0
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        Tagged.calls += 1
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+class WithSubclass(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.plain = torch.nn.Linear(4, 4)
+        self.odd = torch.nn.Parameter(torch.randn(4).as_subclass(Tagged))
+
+    def forward(self, x):
+        return self.plain(x) * self.odd.as_subclass(torch.Tensor)
+
+
+def _sgd_step_calls(monitor_config, tmp_path):
+    """The subclass's torch-function calls during one SGD step, with the monitor on or off."""
+    import json
+
+    from msprobe_runtime import TrainerMon
+
+    torch.manual_seed(0)
+    model = WithSubclass()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    monitor = None
+    if monitor_config is not None:
+        path = tmp_path / "subclass.json"
+        path.write_text(json.dumps(monitor_config))
+        monitor = TrainerMon(str(path), params_have_main_grad=False)
+        monitor.set_monitor(model, optimizer)
+    model(torch.randn(2, 4)).sum().backward()
+    Tagged.calls = 0
+    optimizer.step()
+    return Tagged.calls, monitor
+
+
+def test_a_tensor_subclass_is_left_alone(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("MONITOR_OUTPUT_DIR", str(tmp_path / "out"))
+    calls, monitor = _sgd_step_calls({"param_distribution": True, "wg_distribution": True}, tmp_path)
+    plain_calls, _ = _sgd_step_calls(None, tmp_path)
+    assert calls == plain_calls  # none of the subclass's code ran for the monitor: SGD's own calls only
+    assert "odd" in caplog.text and "Tagged" in caplog.text
+    names = {name for name, _ in rows_of(monitor.tensorboard_dir, "param_origin")}
+    assert names == {"plain.weight", "plain.bias"}
