@@ -47,7 +47,7 @@ class MLP(torch.nn.Module):
 def train(tmp_path, monkeypatch):
     """``train(config, steps=30, foreach=None, monitor=True, fault=None, grad_acc_steps=1, ...)`` -> a result with the
     losses, the gradients of every step, the monitor and the model. ``fault``: ``("nan", step, param name)`` puts a
-    NaN into that weight before the step; ``("lr", step, factor)`` multiplies the learning rate from that step."""
+    NaN (``"inf"``: an infinity) into that weight before the step; ``("lr", step, factor)`` multiplies the learning rate from that step."""
     monkeypatch.setenv("MONITOR_OUTPUT_DIR", str(tmp_path / "monitor_output"))
     counter = [0]
 
@@ -72,9 +72,9 @@ def train(tmp_path, monkeypatch):
         losses, grads, weights = [], [], []  # weights: before each step's update
         for step in range(steps):
             if fault and fault[1] == step:
-                if fault[0] == "nan":
+                if fault[0] in ("nan", "inf"):
                     with torch.no_grad():
-                        dict(model.named_parameters())[fault[2]].view(-1)[3] = float("nan")
+                        dict(model.named_parameters())[fault[2]].view(-1)[3] = float(fault[0])
                 else:
                     for group in optimizer.param_groups:
                         group["lr"] *= fault[2]

@@ -135,3 +135,13 @@ def test_records_are_in_msprobe_execution_order(train, msprobe_root):
         item["tag_name"].split("/")[-1] for item in ours}
     theirs = sorted(ours[::-1], key=lambda item: grad_anomaly_data(**item))
     assert [(item["step"], item["tag_name"]) for item in theirs] == [(item["step"], item["tag_name"]) for item in ours]
+
+
+def test_an_infinity_is_reported_by_the_nan_rule(train):
+    # ours: msprobe's AnomalyNan without a threshold looks for NaN only (math.isnan); an infinity in a weight is as
+    # much a fault, so the device rule tests isfinite
+    config = dict(CONFIG, alert={"rules": [{"rule_name": "AnomalyNan"}]})
+    run = train(config, steps=9, fault=("inf", 7, "fc1.weight"))
+    first = run.monitor.anomalies[0]
+    assert first["step"] == 7 and first["tag_name"] == "0:fc1.weight/rank0/param_origin"
+    assert "current value inf" in first["message"]
