@@ -45,9 +45,10 @@ class MLP(torch.nn.Module):
 
 @pytest.fixture
 def train(tmp_path, monkeypatch):
-    """``train(config, steps=30, foreach=None, monitor=True, fault=None, grad_acc_steps=1, ...)`` -> a result with the
-    losses, the gradients of every step, the monitor and the model. ``fault``: ``("nan", step, param name)`` puts a
-    NaN (``"inf"``: an infinity) into that weight before the step; ``("lr", step, factor)`` multiplies the learning rate from that step."""
+    """``train(config, steps=30, foreach=None, monitor=True, fault=None, grad_acc_steps=1, ...)`` -> a result with
+    the losses, the gradients and weights of every step, the monitor and the model. ``fault``: ``("nan", step,
+    param name)`` puts a NaN (``"inf"``: an infinity) into that weight before the step; ``("lr", step, factor)``
+    multiplies the learning rate from that step."""
     monkeypatch.setenv("MONITOR_OUTPUT_DIR", str(tmp_path / "monitor_output"))
     counter = [0]
 
