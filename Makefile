@@ -23,11 +23,13 @@ demo: setup
 
 check: setup
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 test: setup
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 

@@ -8,9 +8,11 @@ def bar_chart(rows, title, marks, path, left=300, width=760):
     values = [value for _, value, _, _ in rows if value is not None]
     scale = (width - left - 110) / max(values + [mark for mark, _ in marks] + [1e-9])
     height = 40 + len(rows) * (bar + gap) + 30
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             'font-family="sans-serif" font-size="12">',
-             f'<text x="{left}" y="18" font-weight="bold">{title}</text>']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        'font-family="sans-serif" font-size="12">',
+        f'<text x="{left}" y="18" font-weight="bold">{title}</text>',
+    ]
     y = 34
     for label, value, text, colour in rows:
         parts.append(f'<text x="{left - 8}" y="{y + bar - 4}" text-anchor="end">{label}</text>')

@@ -8,6 +8,7 @@ Variants, each on float32 tensors of several sizes, timed in turns (bench/timing
 
     python bench/checksums.py [--sizes 1024,262144,4194304] [--steps 20] [--rounds 3]
 """
+
 import argparse
 import os
 import sys
@@ -51,8 +52,13 @@ def variants(t):
     def md5():
         return checksums.checksum_of(t, "md5", True, None).value()
 
-    return {"sum (one read)": lambda: t.sum(), "statistics": statistics, "fingerprint": fingerprint,
-            "md5": md5, "xor (msprobe)": lambda: msprobe_xor(t)}
+    return {
+        "sum (one read)": lambda: t.sum(),
+        "statistics": statistics,
+        "fingerprint": fingerprint,
+        "md5": md5,
+        "xor (msprobe)": lambda: msprobe_xor(t),
+    }
 
 
 def main():

@@ -14,6 +14,7 @@ Figures are printed as ratios of ours to msprobe's. msprobe's row is "not yet" w
 missing (install it with: python -m venv --system-site-packages /tmp/msprobe-venv &&
 /tmp/msprobe-venv/bin/pip install mindstudio-probe==26.2.0).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,16 +29,32 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PATTERN = [("Functional.linear", 3), ("Functional.gelu", 1), ("Tensor.__add__", 2),
-           ("Functional.layer_norm", 3), ("Torch.matmul", 2), ("Functional.softmax", 1),
-           ("Tensor.__mul__", 2), ("Functional.dropout", 1), ("Tensor.view", 1), ("Torch.tanh", 1)]
+PATTERN = [
+    ("Functional.linear", 3),
+    ("Functional.gelu", 1),
+    ("Tensor.__add__", 2),
+    ("Functional.layer_norm", 3),
+    ("Torch.matmul", 2),
+    ("Functional.softmax", 1),
+    ("Tensor.__mul__", 2),
+    ("Functional.dropout", 1),
+    ("Tensor.view", 1),
+    ("Torch.tanh", 1),
+]
 
 
 def _record(rng, scale=1.0, numel=4096):
     norm = rng.uniform(10, 100)
-    return {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [64, numel // 64],
-            "Max": rng.uniform(1, 5) * scale, "Min": -rng.uniform(1, 5) * scale,
-            "Mean": rng.uniform(-0.1, 0.1) * scale, "Norm": norm * scale, "requires_grad": True}
+    return {
+        "type": "torch.Tensor",
+        "dtype": "torch.float32",
+        "shape": [64, numel // 64],
+        "Max": rng.uniform(1, 5) * scale,
+        "Min": -rng.uniform(1, 5) * scale,
+        "Mean": rng.uniform(-0.1, 0.1) * scale,
+        "Norm": norm * scale,
+        "requires_grad": True,
+    }
 
 
 def write_dump(directory, entries, seed=0, fault_at=None):
@@ -77,10 +94,11 @@ def write_dump(directory, entries, seed=0, fault_at=None):
                 entry = {"input": [out], "output": ins}
             dump.write(("," if position else "") + json.dumps(name) + ":" + json.dumps(entry))
             if direction == "forward":
-                frames = [f"File /work/model/layers.py, line {100 + line}, in forward, \n x = op(x)",
-                          "File /work/train.py, line 42, in step, \n loss = model(batch)"]
-                stack.write(("," if position else "") + json.dumps(str(position)) + ":"
-                            + json.dumps([[name], frames]))
+                frames = [
+                    f"File /work/model/layers.py, line {100 + line}, in forward, \n x = op(x)",
+                    "File /work/train.py, line 42, in step, \n loss = model(batch)",
+                ]
+                stack.write(("," if position else "") + json.dumps(str(position)) + ":" + json.dumps([[name], frames]))
         dump.write("}}")
         stack.write("}")
     with open(os.path.join(rank, "construct.json"), "w") as handle:
@@ -91,14 +109,24 @@ def write_dump(directory, entries, seed=0, fault_at=None):
 def measure(command, cwd=None):
     """(wall seconds, peak RSS in MiB, exit status, output tail, CPU seconds) of one child process."""
     start = time.perf_counter()
-    child = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")))
+    child = subprocess.Popen(
+        command,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")),
+    )
     output = child.stdout.read()
     _, status, usage = os.wait4(child.pid, 0)
     child.returncode = os.waitstatus_to_exitcode(status)
     elapsed = time.perf_counter() - start
-    return (elapsed, usage.ru_maxrss / 1024, child.returncode, output.decode(errors="replace")[-2000:],
-            usage.ru_utime + usage.ru_stime)
+    return (
+        elapsed,
+        usage.ru_maxrss / 1024,
+        child.returncode,
+        output.decode(errors="replace")[-2000:],
+        usage.ru_utime + usage.ru_stime,
+    )
 
 
 def main() -> int:
@@ -113,19 +141,24 @@ def main() -> int:
         started = time.perf_counter()
         run_a = write_dump(os.path.join(work, "a"), args.entries, seed=0, fault_at=args.entries // 4)
         run_b = write_dump(os.path.join(work, "b"), args.entries, seed=0)
-        size = os.path.getsize(os.path.join(run_a, "dump.json")) / 2 ** 20
-        print(f"two synthetic dumps of {args.entries} entries ({size:.0f} MiB of dump.json each), "
-              f"written in {time.perf_counter() - started:.1f} s")
+        size = os.path.getsize(os.path.join(run_a, "dump.json")) / 2**20
+        print(
+            f"two synthetic dumps of {args.entries} entries ({size:.0f} MiB of dump.json each), "
+            f"written in {time.perf_counter() - started:.1f} s"
+        )
 
-        ours = measure([sys.executable, "-m", "msprobe_rewrite", "compare", run_a, run_b, "-q",
-                        "-o", os.path.join(work, "ours")])
+        ours = measure(
+            [sys.executable, "-m", "msprobe_rewrite", "compare", run_a, run_b, "-q", "-o", os.path.join(work, "ours")]
+        )
         if ours[2] not in (0, 1):
             print(ours[3])
             return 2
         with open(os.path.join(work, "ours", "compare_summary.json")) as handle:
             first = json.load(handle)["first_divergence"]
-        print(f"ours:    {ours[0]:8.1f} s wall {ours[4]:8.1f} s CPU {ours[1]:8.0f} MiB peak RSS   first divergence: "
-              f"{first['entry'] if first else None}")
+        print(
+            f"ours:    {ours[0]:8.1f} s wall {ours[4]:8.1f} s CPU {ours[1]:8.0f} MiB peak RSS   first divergence: "
+            f"{first['entry'] if first else None}"
+        )
 
         python = args.msprobe_python
         cli = os.path.join(os.path.dirname(python), "msprobe")
@@ -135,16 +168,29 @@ def main() -> int:
             return 0
         out = os.path.join(work, "msprobe")
         os.makedirs(out, exist_ok=True)
-        theirs = measure([cli, "compare", "-tp", os.path.join(run_a, "dump.json"), "-gp",
-                          os.path.join(run_b, "dump.json"), "-o", out], cwd=work)
+        theirs = measure(
+            [
+                cli,
+                "compare",
+                "-tp",
+                os.path.join(run_a, "dump.json"),
+                "-gp",
+                os.path.join(run_b, "dump.json"),
+                "-o",
+                out,
+            ],
+            cwd=work,
+        )
         rows = glob.glob(os.path.join(out, "compare_result_*.csv"))
         if theirs[2] != 0 or not rows:
             print(f"msprobe: failed (exit {theirs[2]}):\n{theirs[3]}")
             print("ratio ours/msprobe: not yet")
             return 0
         print(f"msprobe: {theirs[0]:8.1f} s wall {theirs[4]:8.1f} s CPU {theirs[1]:8.0f} MiB peak RSS")
-        print(f"ratio ours/msprobe: wall time {ours[0] / theirs[0]:.3f}x, CPU time {ours[4] / theirs[4]:.3f}x, "
-              f"peak memory {ours[1] / theirs[1]:.3f}x")
+        print(
+            f"ratio ours/msprobe: wall time {ours[0] / theirs[0]:.3f}x, CPU time {ours[4] / theirs[4]:.3f}x, "
+            f"peak memory {ours[1] / theirs[1]:.3f}x"
+        )
         return 0
     finally:
         if not args.keep:

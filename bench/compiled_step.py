@@ -13,6 +13,7 @@ own, whose step is set against "off" too (between processes: a noisier figure).
 
     python bench/compiled_step.py [--models gpt,llama] [--size tiny|wide] [--steps 20] [--rounds 5] [--warmup 5]
 """
+
 import argparse
 import json
 import os
@@ -37,6 +38,7 @@ SIZES = {"tiny": {}, "wide": dict(HIDDEN=512, HEADS=8, SEQ=128, BATCH=4, VOCAB=1
 
 
 # ------------------------------------------------------------------------------------------ the worker
+
 
 def gpt_step_factory(size):
     """``(model, forward_backward(runner), optimizer_step())`` for megatron's GPT (train_gpt.py's model and data)."""
@@ -108,8 +110,11 @@ def worker(model_name, size, variants, steps, rounds, warmup, dump):
     if "L1" in variants or "mix" in variants:
         from msprobe_runtime import PrecisionDebugger
 
-        debuggers = {level: PrecisionDebugger(dump_path=os.path.join(dump, level), level=level, task="statistics")
-                     for level in ("L1", "mix") if level in variants}
+        debuggers = {
+            level: PrecisionDebugger(dump_path=os.path.join(dump, level), level=level, task="statistics")
+            for level in ("L1", "mix")
+            if level in variants
+        }
 
     def step(variant):
         debugger = debuggers.get(variant)
@@ -132,22 +137,51 @@ def worker(model_name, size, variants, steps, rounds, warmup, dump):
             times[variant].extend(step(variant) for _ in range(steps))
     for debugger in debuggers.values():
         debugger.wait()
-    print(json.dumps({"median": {variant: statistics.median(values) for variant, values in times.items()},
-                      "dynamo": {"frames": dict(counters["frames"]),
-                                 "graph_breaks": sum(counters["graph_break"].values()),
-                                 "unique_graphs": counters["stats"].get("unique_graphs", 0)}}))
+    print(
+        json.dumps(
+            {
+                "median": {variant: statistics.median(values) for variant, values in times.items()},
+                "dynamo": {
+                    "frames": dict(counters["frames"]),
+                    "graph_breaks": sum(counters["graph_break"].values()),
+                    "unique_graphs": counters["stats"].get("unique_graphs", 0),
+                },
+            }
+        )
+    )
 
 
 # ------------------------------------------------------------------------------------------ the driver
+
 
 def run_worker(model_name, variants, args, pythonpath, dump):
     env = {**os.environ, **REPRODUCIBLE, "PYTHONWARNINGS": "ignore"}
     env.pop("TORCHDYNAMO_DISABLE", None)  # compiled: what this bench measures
     env["PYTHONPATH"] = os.pathsep.join(path for path in (pythonpath, ROOT) if path)
-    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", model_name, "--size", args.size,
-                           "--variants", ",".join(variants), "--steps", str(args.steps), "--rounds", str(args.rounds),
-                           "--warmup", str(args.warmup), "--dump", dump],
-                          capture_output=True, text=True, timeout=3600, env=env)
+    done = subprocess.run(
+        [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--worker",
+            model_name,
+            "--size",
+            args.size,
+            "--variants",
+            ",".join(variants),
+            "--steps",
+            str(args.steps),
+            "--rounds",
+            str(args.rounds),
+            "--warmup",
+            str(args.warmup),
+            "--dump",
+            dump,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        env=env,
+    )
     if done.returncode != 0:
         sys.exit(f"the {model_name} worker ({','.join(variants)}) failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -176,20 +210,31 @@ def main():
         rewritten_copy(copy)
         for model_name in args.models.split(","):
             plain = run_worker(model_name, ["plain"], args, None, os.path.join(workdir, f"{model_name}-plain"))
-            rewritten = run_worker(model_name, list(VARIANTS), args, copy if model_name == "gpt" else None,
-                                   os.path.join(workdir, f"{model_name}-rewritten"))
+            rewritten = run_worker(
+                model_name,
+                list(VARIANTS),
+                args,
+                copy if model_name == "gpt" else None,
+                os.path.join(workdir, f"{model_name}-rewritten"),
+            )
             off = rewritten["median"]["off"]
-            print(f"\n{model_name} ({args.size}): torch.compile(model), {args.steps} steps x {args.rounds} rounds a "
-                  f"variant, median step; one CPU thread")
+            print(
+                f"\n{model_name} ({args.size}): torch.compile(model), {args.steps} steps x {args.rounds} rounds a "
+                f"variant, median step; one CPU thread"
+            )
             print(f"  {'variant':8s} {'ms':>8s} {'x off':>7s}")
-            print(f"  {'plain':8s} {plain['median']['plain'] * 1e3:8.2f} {plain['median']['plain'] / off:6.2f}x"
-                  f"   (its own process)")
+            print(
+                f"  {'plain':8s} {plain['median']['plain'] * 1e3:8.2f} {plain['median']['plain'] / off:6.2f}x"
+                f"   (its own process)"
+            )
             for variant in VARIANTS:
                 median = rewritten["median"][variant]
                 print(f"  {variant:8s} {median * 1e3:8.2f} {median / off:6.2f}x")
             same = "the same" if rewritten["dynamo"] == plain["dynamo"] else "DIFFERENT"
-            print(f"  Dynamo, plain: {plain['dynamo']}; rewritten, off then L1 and mix in turn: "
-                  f"{rewritten['dynamo']} ({same})")
+            print(
+                f"  Dynamo, plain: {plain['dynamo']}; rewritten, off then L1 and mix in turn: "
+                f"{rewritten['dynamo']} ({same})"
+            )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0

@@ -10,6 +10,7 @@ it names first is the culprit's forward entry; on the noise-only pair it should 
 compare (mindstudio-probe 26.2, in its own interpreter) names, in our reading, the first row of its CSV
 whose Result is not "pass" (its "warning" fires when an output's norm relative error is 10x its input's).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,13 @@ def msprobe_first(cli: str, run_a: str, run_b: str, work: str):
     from fixtures.cross_device.scenarios import dump_file
 
     out = tempfile.mkdtemp(dir=work)
-    done = subprocess.run([cli, "compare", "-tp", dump_file(run_a), "-gp", dump_file(run_b), "-o", out],
-                          capture_output=True, text=True, timeout=600, cwd=out)
+    done = subprocess.run(
+        [cli, "compare", "-tp", dump_file(run_a), "-gp", dump_file(run_b), "-o", out],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=out,
+    )
     rows = glob.glob(os.path.join(out, "compare_result_*.csv"))
     if done.returncode != 0 or not rows:
         return "error: " + (done.stdout + done.stderr)[-300:]
@@ -65,19 +71,37 @@ def main() -> int:
     manifest_path = args.manifest
     if manifest_path is None:
         env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        subprocess.run([sys.executable, "-m", "fixtures.cross_device.scenarios", "--count", str(args.count),
-                        "--seed", str(args.seed), "--out", work], check=True, env=env, cwd=ROOT,
-                       stderr=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "fixtures.cross_device.scenarios",
+                "--count",
+                str(args.count),
+                "--seed",
+                str(args.seed),
+                "--out",
+                work,
+            ],
+            check=True,
+            env=env,
+            cwd=ROOT,
+            stderr=subprocess.DEVNULL,
+        )
         manifest_path = os.path.join(work, "manifest.json")
     with open(manifest_path) as handle:
         manifest = json.load(handle)
     ours = judge(manifest)
     count = ours["count"]
     print(f"{count} scenarios ({', '.join(sorted({m['model'] for m in manifest}))})")
-    print(f"msprobe-rewrite compare, first suspect:    {ours['suspect_hits']:3d}/{count} culprits named first, "
-          f"{ours['noise_clean']:3d}/{count} noise-only pairs with no suspect")
-    print(f"msprobe-rewrite compare, first divergence: {ours['divergence_hits']:3d}/{count} culprits named first, "
-          f"{sum(not r['noise_divergence'] for r in ours['rows']):3d}/{count} noise-only pairs with no divergence")
+    print(
+        f"msprobe-rewrite compare, first suspect:    {ours['suspect_hits']:3d}/{count} culprits named first, "
+        f"{ours['noise_clean']:3d}/{count} noise-only pairs with no suspect"
+    )
+    print(
+        f"msprobe-rewrite compare, first divergence: {ours['divergence_hits']:3d}/{count} culprits named first, "
+        f"{sum(not r['noise_divergence'] for r in ours['rows']):3d}/{count} noise-only pairs with no divergence"
+    )
     cli = os.path.join(os.path.dirname(args.msprobe_python), "msprobe")
     if args.no_msprobe or not os.path.exists(cli):
         print("msprobe compare: not run" + ("" if args.no_msprobe else f" (no {cli})"))
@@ -91,8 +115,10 @@ def main() -> int:
         hits += named == row["truth"]
         clean += noise is None
         row["msprobe"], row["msprobe_noise"] = named, noise
-    print(f"msprobe compare (26.2), first warning:     {hits:3d}/{count} culprits named first, "
-          f"{clean:3d}/{count} noise-only pairs with no warning")
+    print(
+        f"msprobe compare (26.2), first warning:     {hits:3d}/{count} culprits named first, "
+        f"{clean:3d}/{count} noise-only pairs with no warning"
+    )
     if args.keep:
         with open(os.path.join(work, "cross_device_results.json"), "w") as handle:
             json.dump(ours["rows"], handle, indent=1)

@@ -9,6 +9,7 @@ ratio to the step with collection off of the same run.
 
     python bench/gc_share.py [--steps 60] [--json FILE]
 """
+
 import argparse
 import json
 import os
@@ -50,8 +51,7 @@ def worker(level, steps):
     if level != "off":
         from msprobe_runtime import PrecisionDebugger
 
-        debugger = PrecisionDebugger(dump_path=tempfile.mkdtemp(prefix="gc-share-"), level=level,
-                                     task="statistics")
+        debugger = PrecisionDebugger(dump_path=tempfile.mkdtemp(prefix="gc-share-"), level=level, task="statistics")
 
     def step():
         optimizer.zero_grad(set_to_none=True)
@@ -80,8 +80,16 @@ def worker(level, steps):
     for (phase, generation, begin), (_, _, end) in zip(events[::2], events[1::2]):
         counts[generation] += 1
         seconds += end - begin
-    print(json.dumps({"collections": counts, "gc_ms_per_step": seconds / steps * 1e3,
-                      "median_ms": statistics.median(times) * 1e3, "mean_ms": statistics.fmean(times) * 1e3}))
+    print(
+        json.dumps(
+            {
+                "collections": counts,
+                "gc_ms_per_step": seconds / steps * 1e3,
+                "median_ms": statistics.median(times) * 1e3,
+                "mean_ms": statistics.fmean(times) * 1e3,
+            }
+        )
+    )
 
 
 def main():
@@ -97,19 +105,28 @@ def main():
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "TORCHDYNAMO_DISABLE": "1", "PYTHONPATH": out}  # eager, above
     results = {}
     for level in ("off", "L1", "mix"):
-        done = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", level, "--steps",
-                               str(args.steps)], capture_output=True, text=True, env=env, timeout=1800)
+        done = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--worker", level, "--steps", str(args.steps)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=1800,
+        )
         if done.returncode != 0:
             sys.exit(f"{level} failed: {done.stderr[-2000:]}")
         results[level] = json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
     shutil.rmtree(out, ignore_errors=True)
     plain = results["off"]
-    print(f"tiny megatron GPT, rewritten copy, {args.steps} steps; ratios to collection off in this run "
-          f"(median {plain['median_ms']:.2f} ms, mean {plain['mean_ms']:.2f} ms)")
+    print(
+        f"tiny megatron GPT, rewritten copy, {args.steps} steps; ratios to collection off in this run "
+        f"(median {plain['median_ms']:.2f} ms, mean {plain['mean_ms']:.2f} ms)"
+    )
     for level, r in results.items():
-        print(f"  {level:6s} collections gen0/1/2 {r['collections'][0]:4d} / {r['collections'][1]:3d} / "
-              f"{r['collections'][2]:2d}   GC {r['gc_ms_per_step']:5.2f} ms/step   "
-              f"median {r['median_ms'] / plain['median_ms']:.2f}x   mean {r['mean_ms'] / plain['mean_ms']:.2f}x")
+        print(
+            f"  {level:6s} collections gen0/1/2 {r['collections'][0]:4d} / {r['collections'][1]:3d} / "
+            f"{r['collections'][2]:2d}   GC {r['gc_ms_per_step']:5.2f} ms/step   "
+            f"median {r['median_ms'] / plain['median_ms']:.2f}x   mean {r['mean_ms'] / plain['mean_ms']:.2f}x"
+        )
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(results, handle, indent=1)

@@ -7,6 +7,7 @@ comprehensions, f-strings, docstrings and comments. Deterministic: the same size
 
     python bench/generated_module.py 1000000 > /tmp/model.py
 """
+
 from __future__ import annotations
 
 import sys

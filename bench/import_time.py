@@ -11,6 +11,7 @@ with the CLI using every core.
 
     python bench/import_time.py [--module megatron.core.models.gpt] [--repeat 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,9 @@ def child(mode: str, module: str, prefix: str, prefetch: str = "") -> dict:
     env.update(PYTHONPYCACHEPREFIX=prefix, TORCHDYNAMO_DISABLE="1", PYTHONWARNINGS="ignore")
     if prefetch:
         env["MSPROBE_REWRITE_PREFETCH"] = prefetch
-    out = subprocess.run([sys.executable, "-c", CHILD, mode, module], capture_output=True, text=True, env=env,
-                         check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, mode, module], capture_output=True, text=True, env=env, check=True
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -86,8 +88,11 @@ def cli_seconds(files, jobs) -> float:
             os.makedirs(os.path.dirname(target), exist_ok=True)
             shutil.copyfile(path, target)
         start = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "msprobe_rewrite", "--no-cache", "--jobs", str(jobs), scratch],
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            [sys.executable, "-m", "msprobe_rewrite", "--no-cache", "--jobs", str(jobs), scratch],
+            capture_output=True,
+            text=True,
+        )
         elapsed = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"msprobe-rewrite failed: {done.stderr[-2000:]}")
@@ -119,24 +124,29 @@ def main() -> None:
         cli_all.append(cli_seconds(files, jobs))
     median = statistics.median
     base = median(plain)
-    rows = [("plain import", median(plain)),
-            ("hook, cold cache", median(cold)),
-            ("hook, cold, no prefetch", median(cold_alone)),
-            ("hook, warm cache", median(warm)),
-            ("compiler on the same files", median(compiler)),
-            ("hook's rewrite of them", median(hook_compiler)),
-            ("CLI on them, --jobs 1", median(cli_one)),
-            (f"CLI on them, --jobs {jobs}", median(cli_all))]
-    print(f"import {args.module} ({len(files)} megatron modules), median of {args.repeat}, torch pre-imported, "
-          f"{jobs} cores")
+    rows = [
+        ("plain import", median(plain)),
+        ("hook, cold cache", median(cold)),
+        ("hook, cold, no prefetch", median(cold_alone)),
+        ("hook, warm cache", median(warm)),
+        ("compiler on the same files", median(compiler)),
+        ("hook's rewrite of them", median(hook_compiler)),
+        ("CLI on them, --jobs 1", median(cli_one)),
+        (f"CLI on them, --jobs {jobs}", median(cli_all)),
+    ]
+    print(
+        f"import {args.module} ({len(files)} megatron modules), median of {args.repeat}, torch pre-imported, "
+        f"{jobs} cores"
+    )
     for label, seconds in rows:
         print(f"  {label:<28} {seconds:8.3f} s   {seconds / base:6.2f}x plain")
-    print(f"  cold / compiler on the same files (one core, in-process, no I/O): "
-          f"{median(cold) / median(compiler):.2f}")
-    print(f"  hook's rewrite (ast path) / compiler (libcst), in process: "
-          f"{median(hook_compiler) / median(compiler):.2f}")
-    print(f"  cold, no prefetch / CLI --jobs 1 (one core each): {median(cold_alone) / median(cli_one):.2f} "
-          "(target <= 1)")
+    print(f"  cold / compiler on the same files (one core, in-process, no I/O): {median(cold) / median(compiler):.2f}")
+    print(
+        f"  hook's rewrite (ast path) / compiler (libcst), in process: {median(hook_compiler) / median(compiler):.2f}"
+    )
+    print(
+        f"  cold, no prefetch / CLI --jobs 1 (one core each): {median(cold_alone) / median(cli_one):.2f} (target <= 1)"
+    )
     print(f"  cold / CLI --jobs {jobs} on the same files: {median(cold) / median(cli_all):.2f} (target <= 1)")
     print(f"  warm / plain: {statistics.median(warm) / base:.2f} (target <= 1.1)")
 

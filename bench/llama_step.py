@@ -28,6 +28,7 @@ compared bit for bit with the plain group's; msprobe L1 / mix with the plain ste
 ours (the same torch build in both interpreters, so it should be bit-identical). Exits 1 when ours is not
 bit-identical to plain.
 """
+
 import argparse
 import contextlib
 import copy
@@ -43,16 +44,24 @@ import time
 from timing import measure_interleaved
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SIZES = {"mid": dict(hidden=512, layers=4, heads=8, intermediate=1376, vocab=1000, seq=128, batch=2),
-         "tiny": dict(hidden=64, layers=2, heads=4, intermediate=176, vocab=128, seq=16, batch=2)}
+SIZES = {
+    "mid": dict(hidden=512, layers=4, heads=8, intermediate=1376, vocab=1000, seq=128, batch=2),
+    "tiny": dict(hidden=64, layers=2, heads=4, intermediate=176, vocab=128, seq=16, batch=2),
+}
 OURS = ("rewritten, off", "ours L1", "ours mix")
 # eager: msprobe and the do-it-yourself TorchFunctionMode measured beside us run eagerly; the compiled step is
 # bench/compiled_step.py
-ENV = {"PYTHONWARNINGS": "ignore", "TORCHDYNAMO_DISABLE": "1", "HF_HUB_OFFLINE": "1",
-       "TRANSFORMERS_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+ENV = {
+    "PYTHONWARNINGS": "ignore",
+    "TORCHDYNAMO_DISABLE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
+}
 
 
 # ----------------------------------------------------------------------------------------- worker side
+
 
 def _entries(dump_root):
     """Entries of step 0's dump.json (msprobe's layout and ours: step0/<rank or proc>/dump.json)."""
@@ -72,10 +81,18 @@ def worker(args):
     torch.set_num_threads(1)
     size = SIZES[args.size]
     config = transformers.LlamaConfig(
-        vocab_size=size["vocab"], hidden_size=size["hidden"], intermediate_size=size["intermediate"],
-        num_hidden_layers=size["layers"], num_attention_heads=size["heads"], num_key_value_heads=size["heads"],
-        max_position_embeddings=2 * size["seq"], tie_word_embeddings=False, pad_token_id=0, bos_token_id=1,
-        eos_token_id=2)
+        vocab_size=size["vocab"],
+        hidden_size=size["hidden"],
+        intermediate_size=size["intermediate"],
+        num_hidden_layers=size["layers"],
+        num_attention_heads=size["heads"],
+        num_key_value_heads=size["heads"],
+        max_position_embeddings=2 * size["seq"],
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     torch.manual_seed(1234)
     template = transformers.LlamaForCausalLM(config)
     template.train()
@@ -97,23 +114,30 @@ def worker(args):
             if end:
                 end()
             if name not in first:
-                first[name] = {"loss": loss.detach().clone(),
-                               "grads": {n: p.grad.detach().clone() for n, p in model.named_parameters()}}
+                first[name] = {
+                    "loss": loss.detach().clone(),
+                    "grads": {n: p.grad.detach().clone() for n, p in model.named_parameters()},
+                }
             optimizer.step()
+
         return step
 
-    info = {"attn_implementation": template.config._attn_implementation,
-            "parameters": sum(p.numel() for p in template.parameters()),
-            "instrumented": "__msprobe__" in vars(sys.modules[type(template).__module__]),
-            "torch": torch.__version__, "transformers": transformers.__version__}
+    info = {
+        "attn_implementation": template.config._attn_implementation,
+        "parameters": sum(p.numel() for p in template.parameters()),
+        "instrumented": "__msprobe__" in vars(sys.modules[type(template).__module__]),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
     results, entries = {}, {}
     if args.worker == "plain":
         from megatron_step import DIYCollector  # bench/ is sys.path[0]
 
         diy = DIYCollector(tempfile.mkdtemp(dir=root))
-        variants = {"plain": make_step("plain"),
-                    "DIY TorchFunctionMode": make_step("DIY TorchFunctionMode", around=diy.collecting,
-                                                       end=diy.flush)}
+        variants = {
+            "plain": make_step("plain"),
+            "DIY TorchFunctionMode": make_step("DIY TorchFunctionMode", around=diy.collecting, end=diy.flush),
+        }
         results = measure_interleaved(variants, args.steps, args.rounds, warmup=3)
     elif args.worker == "rewritten":
         from msprobe_runtime import PrecisionDebugger
@@ -121,14 +145,17 @@ def worker(args):
         variants = {"rewritten, off": make_step("rewritten, off")}
         debuggers = {}
         for level in ("L1", "mix"):
-            debugger = debuggers[level] = PrecisionDebugger(dump_path=os.path.join(root, level), level=level,
-                                                            task="statistics")
+            debugger = debuggers[level] = PrecisionDebugger(
+                dump_path=os.path.join(root, level), level=level, task="statistics"
+            )
 
             def end(debugger=debugger):
                 debugger.stop()
                 debugger.step()
-            variants[f"ours {level}"] = make_step(f"ours {level}", begin=lambda model, d=debugger: d.start(model),
-                                                  end=end)
+
+            variants[f"ours {level}"] = make_step(
+                f"ours {level}", begin=lambda model, d=debugger: d.start(model), end=end
+            )
         results = measure_interleaved(variants, args.steps, args.rounds, warmup=3)
         for level, debugger in debuggers.items():
             debugger.wait()
@@ -148,6 +175,7 @@ def worker(args):
         def end():
             debugger.stop()
             debugger.step()
+
         hooks.update(begin=lambda model: debugger.start(model=model), end=end)
         try:
             results[name] = measure_interleaved({name: collected}, args.steps, args.rounds, warmup=3)[name]
@@ -162,12 +190,22 @@ def worker(args):
 
 # ----------------------------------------------------------------------------------------- driver side
 
+
 def run_worker(python, group, args, grads=None, hook=False):
     env = {**os.environ, **ENV}
     env.pop("PYTHONPATH", None)
     command = [python] + (["-m", "msprobe_rewrite", "run", "--packages", "transformers", "--"] if hook else [])
-    command += [os.path.abspath(__file__), "--worker", group, "--size", args.size, "--steps", str(args.steps),
-                "--rounds", str(args.rounds)] + (["--grads", grads] if grads else [])
+    command += [
+        os.path.abspath(__file__),
+        "--worker",
+        group,
+        "--size",
+        args.size,
+        "--steps",
+        str(args.steps),
+        "--rounds",
+        str(args.rounds),
+    ] + (["--grads", grads] if grads else [])
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
     if done.returncode != 0:
         last = [line for line in done.stderr.strip().splitlines() if line.strip()][-1:]
@@ -194,50 +232,66 @@ def compare(got, reference):
         same = torch.equal(bits(value), bits(ref))
         diff = (value.double() - ref.double()).abs()
         nonzero = ref != 0
-        rows[name] = {"identical": same, "max_abs": diff.max().item(),
-                      "max_rel": (diff[nonzero] / ref.double().abs()[nonzero]).max().item() if nonzero.any() else 0.0,
-                      "norm_rel": (diff.norm() / ref.double().norm().clamp_min(1e-300)).item(),
-                      # the largest difference against the gradient's own scale (elementwise max_rel is large
-                      # where an element of the reference is near zero)
-                      "scaled": (diff.max() / ref.double().abs().max().clamp_min(1e-300)).item(),
-                      "elements_differing": int((diff != 0).sum()), "elements": ref.numel()}
+        rows[name] = {
+            "identical": same,
+            "max_abs": diff.max().item(),
+            "max_rel": (diff[nonzero] / ref.double().abs()[nonzero]).max().item() if nonzero.any() else 0.0,
+            "norm_rel": (diff.norm() / ref.double().norm().clamp_min(1e-300)).item(),
+            # the largest difference against the gradient's own scale (elementwise max_rel is large
+            # where an element of the reference is near zero)
+            "scaled": (diff.max() / ref.double().abs().max().clamp_min(1e-300)).item(),
+            "elements_differing": int((diff != 0).sum()),
+            "elements": ref.numel(),
+        }
     loss, ref_loss = got["loss"].double().item(), reference["loss"].double().item()
     differing = [n for n, r in rows.items() if not r["identical"]]
     worst = max(rows, key=lambda n: rows[n]["max_rel"])
-    return {"loss_identical": torch.equal(bits(got["loss"]), bits(reference["loss"])),
-            "loss": got["loss"].item(), "loss_reference": reference["loss"].item(),
-            "loss_abs": abs(loss - ref_loss), "loss_rel": abs(loss - ref_loss) / abs(ref_loss),
-            "parameters": len(rows), "parameters_differing": len(differing),
-            "max_abs": max(r["max_abs"] for r in rows.values()),
-            "max_rel": max(r["max_rel"] for r in rows.values()),
-            "max_norm_rel": max(r["norm_rel"] for r in rows.values()),
-            "max_scaled": max(r["scaled"] for r in rows.values()),
-            "elements_differing": sum(r["elements_differing"] for r in rows.values()),
-            "elements": sum(r["elements"] for r in rows.values()),
-            "worst_parameter": worst, "per_parameter": rows}
+    return {
+        "loss_identical": torch.equal(bits(got["loss"]), bits(reference["loss"])),
+        "loss": got["loss"].item(),
+        "loss_reference": reference["loss"].item(),
+        "loss_abs": abs(loss - ref_loss),
+        "loss_rel": abs(loss - ref_loss) / abs(ref_loss),
+        "parameters": len(rows),
+        "parameters_differing": len(differing),
+        "max_abs": max(r["max_abs"] for r in rows.values()),
+        "max_rel": max(r["max_rel"] for r in rows.values()),
+        "max_norm_rel": max(r["norm_rel"] for r in rows.values()),
+        "max_scaled": max(r["scaled"] for r in rows.values()),
+        "elements_differing": sum(r["elements_differing"] for r in rows.values()),
+        "elements": sum(r["elements"] for r in rows.values()),
+        "worst_parameter": worst,
+        "per_parameter": rows,
+    }
 
 
 def describe(c):
     if c["parameters_differing"] == 0 and c["loss_identical"]:
         return f"bit-identical (loss and all {c['parameters']} gradients)"
-    loss = ("loss identical" if c["loss_identical"] else
-            f"loss differs by {c['loss_abs']:.3g} (rel {c['loss_rel']:.3g})")
-    return (f"{c['parameters_differing']}/{c['parameters']} gradients differ "
-            f"({c['elements_differing']}/{c['elements']} elements): max abs {c['max_abs']:.3g}, "
-            f"max rel {c['max_rel']:.3g} (worst: {c['worst_parameter']}); per parameter at most "
-            f"{c['max_scaled']:.3g} of its largest gradient, {c['max_norm_rel']:.3g} norm-wise; {loss}")
+    loss = "loss identical" if c["loss_identical"] else f"loss differs by {c['loss_abs']:.3g} (rel {c['loss_rel']:.3g})"
+    return (
+        f"{c['parameters_differing']}/{c['parameters']} gradients differ "
+        f"({c['elements_differing']}/{c['elements']} elements): max abs {c['max_abs']:.3g}, "
+        f"max rel {c['max_rel']:.3g} (worst: {c['worst_parameter']}); per parameter at most "
+        f"{c['max_scaled']:.3g} of its largest gradient, {c['max_norm_rel']:.3g} norm-wise; {loss}"
+    )
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--small", action="store_true", help="tiny sizes (hidden 64, 2 layers, sequence 16), "
-                        "--steps 2 --rounds 1 --repeats 1 unless given: make bench")
+    parser.add_argument(
+        "--small",
+        action="store_true",
+        help="tiny sizes (hidden 64, 2 layers, sequence 16), --steps 2 --rounds 1 --repeats 1 unless given: make bench",
+    )
     parser.add_argument("--steps", type=int, help="timed steps per variant and round (default 10)")
     parser.add_argument("--rounds", type=int, help="rounds of interleaved timing (default 3)")
     parser.add_argument("--repeats", type=int, help="runs of each of our two groups, lower median kept (default 2)")
     parser.add_argument("--size", choices=SIZES, help="mid (default) or tiny (--small)")
-    parser.add_argument("--msprobe-python", help="interpreter with mindstudio-probe (and transformers); "
-                        "msprobe L1 / mix are not run without it")
+    parser.add_argument(
+        "--msprobe-python",
+        help="interpreter with mindstudio-probe (and transformers); msprobe L1 / mix are not run without it",
+    )
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--grads", help=argparse.SUPPRESS)
@@ -294,16 +348,19 @@ def main():
             theirs = torch.load(path)
             if f"msprobe {level}" in theirs:
                 fidelity[f"msprobe {level}"] = compare(theirs[f"msprobe {level}"], theirs["msprobe's plain"])
-            fidelity[f"msprobe's plain ({level} process) vs plain"] = compare(theirs["msprobe's plain"],
-                                                                             plain["plain"])
+            fidelity[f"msprobe's plain ({level} process) vs plain"] = compare(theirs["msprobe's plain"], plain["plain"])
     shutil.rmtree(work, ignore_errors=True)
 
     size = SIZES[args.size]
-    print(f"LlamaForCausalLM {size}, {info['plain']['parameters']:,} parameters, attention "
-          f"{info['plain']['attn_implementation']}, torch {info['plain']['torch']}, transformers "
-          f"{info['plain']['transformers']}; {args.steps} steps x {args.rounds} rounds, groups x {args.repeats}")
-    print(f"plain step {base * 1e3:.1f} ms; load average {load_before[0]:.2f} at the start, "
-          f"{os.getloadavg()[0]:.2f} at the end; {time.time() - started:.0f} s")
+    print(
+        f"LlamaForCausalLM {size}, {info['plain']['parameters']:,} parameters, attention "
+        f"{info['plain']['attn_implementation']}, torch {info['plain']['torch']}, transformers "
+        f"{info['plain']['transformers']}; {args.steps} steps x {args.rounds} rounds, groups x {args.repeats}"
+    )
+    print(
+        f"plain step {base * 1e3:.1f} ms; load average {load_before[0]:.2f} at the start, "
+        f"{os.getloadavg()[0]:.2f} at the end; {time.time() - started:.0f} s"
+    )
     for name, value in ratios.items():
         count = f"   ({entries[name]} entries in step 0)" if entries.get(name) else ""
         print(f"  {name:24s} " + (f"{value:5.2f}x{count}" if isinstance(value, float) else value))
@@ -311,19 +368,31 @@ def main():
     for name, c in fidelity.items():
         print(f"  {name:24s} {describe(c)}")
     if not info["rewritten"]["instrumented"] or info["plain"]["instrumented"]:
-        errors.append(f"instrumented: plain {info['plain']['instrumented']}, "
-                      f"rewritten {info['rewritten']['instrumented']}")
+        errors.append(
+            f"instrumented: plain {info['plain']['instrumented']}, rewritten {info['rewritten']['instrumented']}"
+        )
     for name in OURS:
         c = fidelity[name]
         if c["parameters_differing"] or not c["loss_identical"]:
             errors.append(f"{name} is not bit-identical to plain: {describe(c)}")
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump({"size": size, "steps": args.steps, "rounds": args.rounds, "repeats": args.repeats,
-                       "ratios": ratios, "seconds": best, "entries": entries,
-                       "load_average": {"start": load_before, "end": os.getloadavg()},
-                       "info": {**info, "msprobe": msprobe_info},
-                       "gradients": fidelity}, handle, indent=2)
+            json.dump(
+                {
+                    "size": size,
+                    "steps": args.steps,
+                    "rounds": args.rounds,
+                    "repeats": args.repeats,
+                    "ratios": ratios,
+                    "seconds": best,
+                    "entries": entries,
+                    "load_average": {"start": load_before, "end": os.getloadavg()},
+                    "info": {**info, "msprobe": msprobe_info},
+                    "gradients": fidelity,
+                },
+                handle,
+                indent=2,
+            )
     for error in errors:
         print(f"ERROR: {error}", file=sys.stderr)
     return 1 if errors else 0

@@ -24,6 +24,7 @@ False. msprobe raises on the first one; the error is reported as the result.
 --throughput also runs bench/rewrite_throughput.py on the installed megatron-core (the CLI against bare libcst
 parse + codegen) and adds its figures.
 """
+
 import argparse
 import contextlib
 import importlib.util
@@ -42,11 +43,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURE = os.path.join(ROOT, "fixtures", "megatron_gpt", "train_gpt.py")
 CONFIGS = {"fused": True, "unfused": False}  # bias_activation_fusion
 # --size: the fixture's tiny GPT, or a wider one where each call does more work (same number of calls)
-SIZES = {"tiny": dict(HIDDEN=64, HEADS=4, SEQ=16, BATCH=2, VOCAB=128),
-         "wide": dict(HIDDEN=512, HEADS=8, SEQ=128, BATCH=4, VOCAB=1024)}
+SIZES = {
+    "tiny": dict(HIDDEN=64, HEADS=4, SEQ=16, BATCH=2, VOCAB=128),
+    "wide": dict(HIDDEN=512, HEADS=8, SEQ=128, BATCH=4, VOCAB=1024),
+}
 
 
 # ----------------------------------------------------------------------------------------- worker side
+
 
 def _fixture():
     spec = importlib.util.spec_from_file_location("train_gpt", FIXTURE)
@@ -69,8 +73,9 @@ class DIYCollector:
                 for t in outs:
                     if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
                         d = t.detach()
-                        self.records.append((getattr(func, "__name__", "?"),
-                                             torch.stack([d.max(), d.min(), d.mean(), d.norm()])))
+                        self.records.append(
+                            (getattr(func, "__name__", "?"), torch.stack([d.max(), d.min(), d.mean(), d.norm()]))
+                        )
                 return out
 
         self.mode_class = Mode
@@ -136,7 +141,9 @@ def step_factory(args):
             if end:
                 end()
             optimizer.step()
+
         return step
+
     return make_step, root
 
 
@@ -157,14 +164,16 @@ def worker(args):
             def end(debugger=debugger):
                 debugger.stop()
                 debugger.step()
+
             variants[f"ours {level}"] = make_step(begin=lambda model, d=debugger: d.start(model=model), end=end)
     else:  # msprobe-L1, msprobe-mix: the plain step first, then msprobe patches torch for good
         # one model, built before the debugger as a training script does (the TransformerConfig and the MLP
         # then hold the original F.gelu, which megatron compares with the patched one)
         level = args.worker.split("-", 1)[1]
         hooks = {}
-        step = make_step(begin=lambda model: hooks["begin"](model) if hooks else None,
-                         end=lambda: hooks["end"]() if hooks else None)
+        step = make_step(
+            begin=lambda model: hooks["begin"](model) if hooks else None, end=lambda: hooks["end"]() if hooks else None
+        )
         results = {"plain": measure_interleaved({"plain": step}, args.steps, args.rounds, warmup=3)["plain"]}
         from msprobe.pytorch import PrecisionDebugger
 
@@ -173,6 +182,7 @@ def worker(args):
         def end():
             debugger.stop()
             debugger.step()
+
         hooks.update(begin=lambda model: debugger.start(model=model), end=end)
         try:
             results[f"msprobe {level}"] = measure_interleaved({"m": step}, args.steps, args.rounds, warmup=3)["m"]
@@ -185,12 +195,16 @@ def worker(args):
 
 # ----------------------------------------------------------------------------------------- driver side
 
+
 def rewritten_copy(out):
     spec = importlib.util.find_spec("megatron.core")
     source = os.path.dirname(list(spec.submodule_search_locations)[0])
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "msprobe_rewrite", "--out", os.path.join(out, "megatron"),
-                           "--jobs", "2", "-q", source], capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "msprobe_rewrite", "--out", os.path.join(out, "megatron"), "--jobs", "2", "-q", source],
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         sys.exit(f"rewrite failed: {done.stderr[-2000:]}")
     return time.perf_counter() - start
@@ -218,8 +232,13 @@ def run_in_rewritten_copy(script, options, what):
         # the caller's PYTHONPATH after the copy: the runtime measured is the one the caller imports
         path = os.pathsep.join(filter(None, (copy, os.environ.get("PYTHONPATH"))))
         env = {**os.environ, "PYTHONWARNINGS": "ignore", "TORCHDYNAMO_DISABLE": "1", "PYTHONPATH": path}
-        done = subprocess.run([sys.executable, os.path.abspath(script), "--worker", *options],
-                              capture_output=True, text=True, env=env, timeout=3600)
+        done = subprocess.run(
+            [sys.executable, os.path.abspath(script), "--worker", *options],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=3600,
+        )
     finally:
         shutil.rmtree(copy, ignore_errors=True)
     if done.returncode != 0:
@@ -232,10 +251,28 @@ def run_worker(python, group, config, args, pythonpath=None):
     env.pop("PYTHONPATH", None)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
-    done = subprocess.run([python, os.path.abspath(__file__), "--worker", group, "--config", config,
-                           "--steps", str(args.steps), "--rounds", str(args.rounds), "--size", args.size,
-                           "--microbatches", str(args.microbatches)],
-                          capture_output=True, text=True, env=env, timeout=1800)
+    done = subprocess.run(
+        [
+            python,
+            os.path.abspath(__file__),
+            "--worker",
+            group,
+            "--config",
+            config,
+            "--steps",
+            str(args.steps),
+            "--rounds",
+            str(args.rounds),
+            "--size",
+            args.size,
+            "--microbatches",
+            str(args.microbatches),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
+    )
     if done.returncode != 0:
         last = [line for line in done.stderr.strip().splitlines() if line.strip()][-1:]
         return {"error": f"failed: {last[0] if last else done.returncode}"}
@@ -260,23 +297,35 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--msprobe-python", help="interpreter with mindstudio-probe (default: "
-                        "/tmp/msprobe-venv/bin/python when it exists)")
+    parser.add_argument(
+        "--msprobe-python",
+        help="interpreter with mindstudio-probe (default: /tmp/msprobe-venv/bin/python when it exists)",
+    )
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--svg", help="write a bar chart here")
     parser.add_argument("--throughput", action="store_true", help="also bench/rewrite_throughput.py")
-    parser.add_argument("--size", choices=SIZES, default="tiny", help="tiny: the fixture's GPT (hidden 64, sequence "
-                        "16, batch 2); wide: hidden 512, 8 heads, sequence 128, batch 4, vocabulary 1024")
+    parser.add_argument(
+        "--size",
+        choices=SIZES,
+        default="tiny",
+        help="tiny: the fixture's GPT (hidden 64, sequence "
+        "16, batch 2); wide: hidden 512, 8 heads, sequence 128, batch 4, vocabulary 1024",
+    )
     parser.add_argument("--configs", default="fused,unfused", help="bias_activation_fusion on (fused), off")
-    parser.add_argument("--microbatches", type=int, default=1, help="forward and backward passes a step, "
-                        "gradients accumulated (megatron's microbatches; one debugger step)")
+    parser.add_argument(
+        "--microbatches",
+        type=int,
+        default=1,
+        help="forward and backward passes a step, gradients accumulated (megatron's microbatches; one debugger step)",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--config", default="fused", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         return worker(args)
-    msprobe_python = args.msprobe_python or ("/tmp/msprobe-venv/bin/python"
-                                             if os.path.exists("/tmp/msprobe-venv/bin/python") else None)
+    msprobe_python = args.msprobe_python or (
+        "/tmp/msprobe-venv/bin/python" if os.path.exists("/tmp/msprobe-venv/bin/python") else None
+    )
     copy = tempfile.mkdtemp(prefix="megatron-rewritten-")
     rewrite_seconds = rewritten_copy(copy)
     print(f"megatron-core rewritten into {copy} in {rewrite_seconds:.1f} s (the CLI's cache may serve it)")
@@ -302,18 +351,26 @@ def main():
                 table[config][name] = result[name]
             else:
                 table[config][name] = result[name] / result["plain"]
-        print(f"\n{config} (bias_activation_fusion={CONFIGS[config]}), {args.size} {SIZES[args.size]}, "
-              f"{args.microbatches} microbatch{'es' if args.microbatches > 1 else ''} a step: "
-              f"plain step {base * 1e3:.2f} ms")
+        print(
+            f"\n{config} (bias_activation_fusion={CONFIGS[config]}), {args.size} {SIZES[args.size]}, "
+            f"{args.microbatches} microbatch{'es' if args.microbatches > 1 else ''} a step: "
+            f"plain step {base * 1e3:.2f} ms"
+        )
         for name, value in table[config].items():
             print(f"  {name:24s} " + (f"{value:5.2f}x" if isinstance(value, float) else value))
-    figures = {"size": SIZES[args.size], "microbatches": args.microbatches, "steps": args.steps, "rounds": args.rounds,
-               "ratios": table,
-               "absolute": absolute}
+    figures = {
+        "size": SIZES[args.size],
+        "microbatches": args.microbatches,
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "ratios": table,
+        "absolute": absolute,
+    }
     if args.throughput:
         out = os.path.join(copy, "throughput.json")
-        subprocess.run([sys.executable, os.path.join(ROOT, "bench", "rewrite_throughput.py"), "--json", out],
-                       check=True)
+        subprocess.run(
+            [sys.executable, os.path.join(ROOT, "bench", "rewrite_throughput.py"), "--json", out], check=True
+        )
         with open(out) as handle:
             figures["rewrite_throughput"] = json.load(handle)
     if args.json:

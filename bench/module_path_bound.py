@@ -18,6 +18,7 @@ makes the same records, not a runtime. Needs the native op (a C++ compiler); wit
 
     python bench/module_path_bound.py [--config fused|unfused] [--steps 200]
 """
+
 import argparse
 import collections
 import glob
@@ -42,8 +43,11 @@ def bounds():
 
     tensor = torch.Tensor
     later = collector.LATER
-    begin, end, hook_parameters = (collector.Collector.module_forward_begin,
-                                   collector.Collector.module_forward_end, backward.hook_parameters)
+    begin, end, hook_parameters = (
+        collector.Collector.module_forward_begin,
+        collector.Collector.module_forward_end,
+        backward.hook_parameters,
+    )
 
     def records(recorder, values):
         made, todo = recorder.records(values)
@@ -99,6 +103,7 @@ def bounds():
         collector.Collector.module_forward_end = bound_end if forward else end
         # debugger.start() imports it from the module at every call
         backward.hook_parameters = no_parameters if no_parameters_hooked else hook_parameters
+
     return use
 
 
@@ -110,8 +115,10 @@ def worker(args):
         print(json.dumps({"skipped": "the native op is not built here (no C++ compiler?): the bound needs it"}))
         return 0
     use = bounds()
-    debuggers = {level: PrecisionDebugger(dump_path=os.path.join(root, level), level=level, task="statistics")
-                 for level in ("L1", "mix")}
+    debuggers = {
+        level: PrecisionDebugger(dump_path=os.path.join(root, level), level=level, task="statistics")
+        for level in ("L1", "mix")
+    }
     current = [None]
 
     def begin(model):
@@ -124,8 +131,13 @@ def worker(args):
             current[0].step()
 
     step = make_step(begin=begin, end=end)  # one model for every variant: they differ only in what collects
-    settings = {"off": (None, False, False), "L1": ("L1", False, False), "mix": ("mix", False, False),
-                "bound: forward": ("mix", True, False), "bound: forward, no parameters": ("mix", True, True)}
+    settings = {
+        "off": (None, False, False),
+        "L1": ("L1", False, False),
+        "mix": ("mix", False, False),
+        "bound: forward": ("mix", True, False),
+        "bound: forward, no parameters": ("mix", True, True),
+    }
     times = collections.defaultdict(list)
     steps_taken = collections.Counter()  # a debugger's steps so far: its dump folder's number
     last_step = {}
@@ -145,8 +157,10 @@ def worker(args):
                 steps_taken[level] += 1
     for debugger in debuggers.values():
         debugger.wait()
-    forward_entries = {variant: module_forward_entries(os.path.join(root, "mix", f"step{last_step[variant]}"))
-                       for variant in VARIANTS[2:]}
+    forward_entries = {
+        variant: module_forward_entries(os.path.join(root, "mix", f"step{last_step[variant]}"))
+        for variant in VARIANTS[2:]
+    }
     shutil.rmtree(root, ignore_errors=True)
     if len(set(forward_entries.values())) != 1 or not forward_entries["mix"]:
         # a hook's error is logged and its record skipped, never raised: a bound that no longer fits the
@@ -178,8 +192,9 @@ def main():
     args = megatron_step.tiny_bench_arguments(parser)
     if args.worker:
         return worker(args)
-    times = megatron_step.run_in_rewritten_copy(__file__, ["--config", args.config, "--steps", str(args.steps),
-                                                           "--warmup", str(args.warmup)], "timing")
+    times = megatron_step.run_in_rewritten_copy(
+        __file__, ["--config", args.config, "--steps", str(args.steps), "--warmup", str(args.warmup)], "timing"
+    )
     if "skipped" in times:
         print(f"module path bound: skipped: {times['skipped']}")
         return 0
@@ -187,8 +202,14 @@ def main():
     figures = {}
     for label, q in (("lowest", 0.0), ("10th percentile", 0.1), ("median", 0.5)):
         step = {variant: quantile(times[variant], q) for variant in VARIANTS}
-        figures[label] = {variant: {"ms": step[variant] * 1e3, "to off": step[variant] / step["off"],
-                                    "to L1": step[variant] / step["L1"]} for variant in VARIANTS}
+        figures[label] = {
+            variant: {
+                "ms": step[variant] * 1e3,
+                "to off": step[variant] / step["off"],
+                "to L1": step[variant] / step["L1"],
+            }
+            for variant in VARIANTS
+        }
         print(f"  {label} step (off {step['off'] * 1e3:.2f} ms):")
         for variant in VARIANTS[1:]:
             row = figures[label][variant]

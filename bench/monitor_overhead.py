@@ -10,6 +10,7 @@ Adam's moments: 6 figure kinds, ``--ops`` each); the same with the NaN and turbu
 pass over every parameter-sized tensor of a kind, so the cost grows with the ops and kinds asked for, and shrinks
 relative to the step as the batch grows (the step's matmuls grow with it, the monitor's passes do not).
 """
+
 import argparse
 import json
 import logging
@@ -71,15 +72,19 @@ def main():
         variants = {
             "plain": make_step(args.width, args.layers, args.batch, None, configs),
             "monitor wg+param+mv": make_step(args.width, args.layers, args.batch, figures, configs),
-            "monitor wg+param+mv, rules": make_step(args.width, args.layers, args.batch,
-                                                    dict(figures, alert={"rules": RULES}), configs),
-            "monitor wg": make_step(args.width, args.layers, args.batch, {"wg_distribution": True, "ops": ops},
-                                    configs),
+            "monitor wg+param+mv, rules": make_step(
+                args.width, args.layers, args.batch, dict(figures, alert={"rules": RULES}), configs
+            ),
+            "monitor wg": make_step(
+                args.width, args.layers, args.batch, {"wg_distribution": True, "ops": ops}, configs
+            ),
         }
         times = measure_interleaved(variants, args.steps, args.rounds)
     base = times["plain"]
-    print(f"MLP {args.layers} x Linear({args.width}, {args.width}) + GELU, batch {args.batch}, AdamW, CPU, 1 thread, "
-          f"ops {args.ops}")
+    print(
+        f"MLP {args.layers} x Linear({args.width}, {args.width}) + GELU, batch {args.batch}, AdamW, CPU, 1 thread, "
+        f"ops {args.ops}"
+    )
     print(f"plain step: {base * 1e3:.2f} ms")
     for name, seconds in times.items():
         print(f"{name:30s} {seconds / base:6.3f}x")

@@ -11,6 +11,7 @@ ratios are to a plain step measured in that process. Without it they are reporte
 
     python bench/overhead.py [--steps 10] [--rounds 3] [--counts] [--msprobe-python /tmp/msvenv/bin/python]
 """
+
 import argparse
 import json
 import os
@@ -22,7 +23,7 @@ import types
 
 from timing import measure_interleaved
 
-MODEL_SOURCE = '''
+MODEL_SOURCE = """
 import torch
 from torch import nn
 
@@ -53,7 +54,7 @@ def collected_step(debugger, model, x):
     train_step(model, x)
     debugger.stop()
     debugger.step()
-'''
+"""
 
 
 def load(source, name):
@@ -75,28 +76,37 @@ def ours(args):
     rewritten = load(rewritten_source, "rewritten_mlp")
     torch.manual_seed(0)
     x = torch.randn(64, 512)
+
     def plain_step(module, model):
         def step():
             model.zero_grad(set_to_none=True)
             module.train_step(model, x)
+
         return step
 
     root = tempfile.mkdtemp(prefix="msprobe-bench-")
-    variants = {"plain": plain_step(plain, plain.MLP()),
-                "rewritten, collection off": plain_step(rewritten, rewritten.MLP())}
+    variants = {
+        "plain": plain_step(plain, plain.MLP()),
+        "rewritten, collection off": plain_step(rewritten, rewritten.MLP()),
+    }
     debuggers = []
     for level in ("L1", "L0", "mix"):
-        for counts in ((False, True) if args.counts else (False,)):
+        for counts in (False, True) if args.counts else (False,):
             config = os.path.join(root, f"{level}-{counts}.json")
             with open(config, "w") as handle:
-                json.dump({"dump_path": os.path.join(root, f"{level}-{counts}"), "level": level,
-                           "statistics": {"nan_inf_count": counts}}, handle)
+                json.dump(
+                    {
+                        "dump_path": os.path.join(root, f"{level}-{counts}"),
+                        "level": level,
+                        "statistics": {"nan_inf_count": counts},
+                    },
+                    handle,
+                )
             debugger = PrecisionDebugger(config_path=config)
             debuggers.append(debugger)
             model = rewritten.MLP()
             name = f"ours {level}" + (" + NaN/Inf counts" if counts else "")
-            variants[name] = (lambda debugger=debugger, model=model:
-                              rewritten.collected_step(debugger, model, x))
+            variants[name] = lambda debugger=debugger, model=model: rewritten.collected_step(debugger, model, x)
     # Diagnostic: L1 and mix with every statistics op skipped (records, names, stacks and hooks only). The
     # native op reads each tensor where it makes its record and its backward hook, so skipping the reads means
     # leaving it: these rows take the collector's Python paths (records, torch's Python backward hooks), and
@@ -116,8 +126,9 @@ def ours(args):
         debugger._collector.stats.add = lambda t, kind: (nothing, None)
         debugger._collector.stats.native = lambda t: no_numbers
         debugger._collector.recorder = None  # the native records (describe_seq) read tensors too
-        variants[f"ours {level}, Python paths, no statistics ops"] = (
-            lambda debugger=debugger, model=model: rewritten.collected_step(debugger, model, x))
+        variants[f"ours {level}, Python paths, no statistics ops"] = lambda debugger=debugger, model=model: (
+            rewritten.collected_step(debugger, model, x)
+        )
     try:
         results = measure_interleaved(variants, args.steps, args.rounds)
         for debugger in debuggers:
@@ -127,7 +138,7 @@ def ours(args):
     return results
 
 
-MSPROBE_SIDE = '''
+MSPROBE_SIDE = """
 import json, os, statistics, sys, tempfile, time, types
 import torch
 torch.set_num_threads(1)
@@ -166,15 +177,20 @@ def step():
     debugger.step()
 results["msprobe " + level] = measure(step)
 print(json.dumps(results))
-'''
+"""
 
 
 def msprobe_side(python, args):
     """msprobe's levels, each in its own process (it patches torch at construction and never unpatches)."""
     out = {}
     for level in ("L1", "L0", "mix"):
-        done = subprocess.run([python, "-c", MSPROBE_SIDE, str(args.steps), str(args.rounds), level],
-                              input=MODEL_SOURCE, capture_output=True, text=True, timeout=1800)
+        done = subprocess.run(
+            [python, "-c", MSPROBE_SIDE, str(args.steps), str(args.rounds), level],
+            input=MODEL_SOURCE,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
         if done.returncode != 0:
             out[f"msprobe {level}"] = f"failed: {done.stderr.strip().splitlines()[-1:]}"
             continue

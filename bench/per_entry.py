@@ -22,6 +22,7 @@ output records (metadata, and the statistics by the native op where it serves), 
 ``--before FILE``: a ``--json`` of another runtime (run with that runtime first on ``PYTHONPATH``), drawn
 beside this run's figures in ``--svg``, each as a multiple of its own run's plain call.
 """
+
 import argparse
 import json
 import os
@@ -32,7 +33,7 @@ import time
 
 from charts import bar_chart
 
-SOURCE = '''
+SOURCE = """
 def calls(x, n):
     relu = torch.relu
     for _ in range(n):
@@ -70,7 +71,7 @@ def start(debugger):
 def finish(debugger):
     debugger.stop()
     debugger.step()
-'''
+"""
 
 
 def best_seconds(fn, rounds):
@@ -108,6 +109,7 @@ def main():
 
     def collected(body):
         """Seconds of ``body`` while collecting: a fresh step each round, its files written after."""
+
         def run():
             debugger = PrecisionDebugger(dump_path=tempfile.mkdtemp(dir=dump), task="statistics", level="L1")
             start(debugger)
@@ -117,6 +119,7 @@ def main():
             finish(debugger)
             debugger.wait()
             return elapsed
+
         return min(run() for _ in range(args.rounds))
 
     def backward_seconds(collecting):
@@ -134,14 +137,17 @@ def main():
                 debugger.wait()
             xg.grad = None
             return elapsed
+
         return min(run() for _ in range(args.rounds))
 
     plain_call = best_seconds(lambda: calls(x, n), args.rounds) / n
     scenarios = {
         "shallow stack": (lambda: calls(x, n), lambda: calls(x, n)),
         f"{args.depth} frames deeper": (lambda: nested(args.depth, x, n), lambda: nested(args.depth, x, n)),
-        f"in a module {args.depth} frames down": (lambda: in_module(args.depth, layer, x, n),
-                                                 lambda: in_module(args.depth, layer, x, n)),
+        f"in a module {args.depth} frames down": (
+            lambda: in_module(args.depth, layer, x, n),
+            lambda: in_module(args.depth, layer, x, n),
+        ),
         "input requires grad": (lambda: calls(xg, n), lambda: calls(xg, n)),
     }
     entry = {}
@@ -166,8 +172,11 @@ def main():
         rest = total - sum(v for k, v in parts.items() if k != "call stack (shallow)")
         print(f"  {'the rest':38s} {rest * 1e6:7.1f} {rest / plain_call:13.1f}")
         print(f"  {'total':38s} {total * 1e6:7.1f} {total / plain_call:13.1f}")
-    figures = {"plain_call_us": plain_call * 1e6, "entry_us": {k: v * 1e6 for k, v in entry.items()},
-               "parts_us": {k: v * 1e6 for k, v in parts.items()}}
+    figures = {
+        "plain_call_us": plain_call * 1e6,
+        "entry_us": {k: v * 1e6 for k, v in entry.items()},
+        "parts_us": {k: v * 1e6 for k, v in parts.items()},
+    }
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(figures, handle, indent=2)
@@ -188,8 +197,14 @@ def svg(after, before, path):
             if figures is None or name not in figures["entry_us"]:
                 continue
             us = figures["entry_us"][name]
-            rows.append((f"{name}, {label}" if before is not None else name, us,
-                         f"{us:.1f} µs ({us / figures['plain_call_us']:.0f} plain calls)", colour))
+            rows.append(
+                (
+                    f"{name}, {label}" if before is not None else name,
+                    us,
+                    f"{us:.1f} µs ({us / figures['plain_call_us']:.0f} plain calls)",
+                    colour,
+                )
+            )
     bar_chart(rows, "host time added per recorded entry, L1 (CPU, µs)", [(20.0, "20 µs (target)")], path)
 
 

@@ -14,6 +14,7 @@ collector is paused, and run once a round between the steps, untimed: its share 
 
     python bench/per_module.py [--cells 50] [--rounds 150] [--json FILE]
 """
+
 import argparse
 import gc
 import json
@@ -24,7 +25,7 @@ import sys
 import tempfile
 import time
 
-SOURCE = '''
+SOURCE = """
 import torch
 
 
@@ -56,7 +57,7 @@ def step(debugger, model, x):
     if debugger is not None:
         debugger.stop()
         debugger.step()
-'''
+"""
 
 
 def main():
@@ -86,7 +87,7 @@ def main():
         names = list(debuggers)
         for round_ in range(args.rounds + 5):
             gc.collect()  # untimed, once a round: what the collector costs is bench/gc_share.py's figure
-            for name in names[round_ % 3:] + names[:round_ % 3]:  # each variant first in a third of the rounds
+            for name in names[round_ % 3 :] + names[: round_ % 3]:  # each variant first in a third of the rounds
                 debugger = debuggers[name]
                 start = time.perf_counter()
                 namespace["step"](debugger, model, x)
@@ -103,18 +104,31 @@ def main():
     per_call_off = step["off"] / calls
     module_us = (step["mix"] - step["L1"]) / calls * 1e6
     api_us = (step["L1"] - step["off"]) / calls * 1e6
-    print(f"chain of {args.cells} cells: {calls} module calls and {calls} API calls a step, one thread; "
-          f"median of {args.rounds} steps")
+    print(
+        f"chain of {args.cells} cells: {calls} module calls and {calls} API calls a step, one thread; "
+        f"median of {args.rounds} steps"
+    )
     for name, seconds in step.items():
         print(f"  step, {name:4s} {seconds * 1e3:8.3f} ms   {seconds / step['off']:5.2f}x")
-    print(f"  a module call at mix (mix - L1)  {module_us:6.1f} us   {module_us / (per_call_off * 1e6):5.2f}x "
-          f"the step's time per call with collection off ({per_call_off * 1e6:.1f} us)")
+    print(
+        f"  a module call at mix (mix - L1)  {module_us:6.1f} us   {module_us / (per_call_off * 1e6):5.2f}x "
+        f"the step's time per call with collection off ({per_call_off * 1e6:.1f} us)"
+    )
     print(f"  an API call at L1 (L1 - off)     {api_us:6.1f} us   {api_us / (per_call_off * 1e6):5.2f}x")
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump({"cells": args.cells, "rounds": args.rounds, "step_ms": {k: v * 1e3 for k, v in step.items()},
-                       "module_call_us": module_us, "api_call_us": api_us, "off_per_call_us": per_call_off * 1e6},
-                      handle, indent=1)
+            json.dump(
+                {
+                    "cells": args.cells,
+                    "rounds": args.rounds,
+                    "step_ms": {k: v * 1e3 for k, v in step.items()},
+                    "module_call_us": module_us,
+                    "api_call_us": api_us,
+                    "off_per_call_us": per_call_off * 1e6,
+                },
+                handle,
+                indent=1,
+            )
     return 0
 
 

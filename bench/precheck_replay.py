@@ -11,6 +11,7 @@ process (tensors already in memory, torch's default threads); the pre-check runs
 interpreter start to written reports, with its default jobs (all available cores). The figures are the ratios
 check / reference of wall time (the issue's bound: under 2) and of CPU time (robust on a shared machine).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,7 +35,7 @@ def _pattern(tokens, hidden, generator):
         return torch.randn(*shape, generator=generator) * scale
 
     x = t(tokens, hidden)
-    w1, w2 = t(hidden * 2, hidden, scale=hidden ** -0.5), t(hidden, hidden * 2, scale=(2 * hidden) ** -0.5)
+    w1, w2 = t(hidden * 2, hidden, scale=hidden**-0.5), t(hidden, hidden * 2, scale=(2 * hidden) ** -0.5)
     q, k = t(tokens, hidden // 4), t(hidden // 4, tokens)
     return [
         ("Functional.linear", F.linear, [x, w1], {}),
@@ -50,8 +51,16 @@ def _pattern(tokens, hidden, generator):
 
 def _record(value, data_name=None):
     if isinstance(value, torch.Tensor):
-        record = {"type": "torch.Tensor", "dtype": str(value.dtype), "shape": list(value.shape), "Max": None,
-                  "Min": None, "Mean": None, "Norm": None, "requires_grad": False}
+        record = {
+            "type": "torch.Tensor",
+            "dtype": str(value.dtype),
+            "shape": list(value.shape),
+            "Max": None,
+            "Min": None,
+            "Mean": None,
+            "Norm": None,
+            "requires_grad": False,
+        }
         if data_name:
             record["data_name"] = data_name
         return record
@@ -80,19 +89,24 @@ def make_dump(root, calls, tokens, hidden):
             records.append(_record(arg, name))
         out = fn(*args, **kwargs)
         torch.save(out, os.path.join(data_dir, f"{entry_name}.output.0.pt"))
-        data[entry_name] = {"input_args": records, "input_kwargs": {k: _record(v) for k, v in kwargs.items()},
-                            "output": [_record(out, f"{entry_name}.output.0.pt")]}
+        data[entry_name] = {
+            "input_args": records,
+            "input_kwargs": {k: _record(v) for k, v in kwargs.items()},
+            "output": [_record(out, f"{entry_name}.output.0.pt")],
+        }
         replay.append((fn, args, kwargs))
     with open(os.path.join(rank, "dump.json"), "w") as handle:
-        json.dump({"task": "tensor", "level": "L1", "framework": "pytorch", "dump_data_dir": None, "data": data},
-                  handle)
+        json.dump(
+            {"task": "tensor", "level": "L1", "framework": "pytorch", "dump_data_dir": None, "data": data}, handle
+        )
     return replay
 
 
 def reference_seconds(replay):
     """(wall, CPU) seconds of the calls run once in float64."""
-    wide = [(fn, [a.double() if isinstance(a, torch.Tensor) else a for a in args], kwargs)
-            for fn, args, kwargs in replay]
+    wide = [
+        (fn, [a.double() if isinstance(a, torch.Tensor) else a for a in args], kwargs) for fn, args, kwargs in replay
+    ]
     started, cpu = time.perf_counter(), time.process_time()
     for fn, args, kwargs in wide:
         fn(*args, **kwargs)
@@ -110,8 +124,16 @@ def main():
     try:
         replay = make_dump(os.path.join(root, "dump"), args.calls, args.tokens, args.hidden)
         reference, reference_cpu = min(reference_seconds(replay) for _ in range(2))
-        command = [sys.executable, "-m", "msprobe_rewrite", "precheck", os.path.join(root, "dump"), "-o",
-                   os.path.join(root, "out"), "-q"] + (["-j", str(args.jobs)] if args.jobs else [])
+        command = [
+            sys.executable,
+            "-m",
+            "msprobe_rewrite",
+            "precheck",
+            os.path.join(root, "dump"),
+            "-o",
+            os.path.join(root, "out"),
+            "-q",
+        ] + (["-j", str(args.jobs)] if args.jobs else [])
         env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
@@ -120,13 +142,19 @@ def main():
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         check_cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
         summary = json.load(open(os.path.join(root, "out", "precheck_summary.json")))
-        print(f"calls {args.calls}, tokens {args.tokens}, hidden {args.hidden}, jobs {summary['jobs']}: "
-              f"exit {done.returncode}, {summary['counts']}")
-        print(f"wall: float64 reference {reference:.2f} s, precheck {check:.2f} s: ratio {check / reference:.2f} "
-              "(bound: < 2)")
+        print(
+            f"calls {args.calls}, tokens {args.tokens}, hidden {args.hidden}, jobs {summary['jobs']}: "
+            f"exit {done.returncode}, {summary['counts']}"
+        )
+        print(
+            f"wall: float64 reference {reference:.2f} s, precheck {check:.2f} s: ratio {check / reference:.2f} "
+            "(bound: < 2)"
+        )
         # on a shared machine wall time measures the neighbours too; CPU time is the work done
-        print(f"CPU:  float64 reference {reference_cpu:.2f} s, precheck {check_cpu:.2f} s (all its processes): "
-              f"ratio {check_cpu / reference_cpu:.2f}")
+        print(
+            f"CPU:  float64 reference {reference_cpu:.2f} s, precheck {check_cpu:.2f} s (all its processes): "
+            f"ratio {check_cpu / reference_cpu:.2f}"
+        )
         return 0 if done.returncode == 0 else 1
     finally:
         shutil.rmtree(root, ignore_errors=True)

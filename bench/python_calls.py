@@ -11,6 +11,7 @@ and as a ratio to the same step's count with collection off (rewritten copy, no 
 
     python bench/python_calls.py [--config fused|unfused] [--top 12] [--json FILE]
 """
+
 import argparse
 import collections
 import glob
@@ -61,6 +62,7 @@ def worker(args):
             def end(debugger=debugger):
                 debugger.stop()
                 debugger.step()
+
             step = make_step(begin=lambda model, d=debugger: d.start(model=model), end=end)
         python, builtin = count_step(step, args.warmup)
         entries = 0
@@ -69,10 +71,18 @@ def worker(args):
             dumps = glob.glob(os.path.join(root, level, f"step{args.warmup}", "*", "dump.json"))
             with open(dumps[0], encoding="utf-8") as handle:
                 entries = len(json.load(handle)["data"])
-        ours = {f"{os.path.basename(path)}:{name}": count for (path, name), count in python.items()
-                if path.startswith(runtime_dir)}
-        results[level] = {"python": sum(python.values()), "runtime": sum(ours.values()), "builtin": builtin,
-                          "entries": entries, "top": collections.Counter(ours).most_common(args.top)}
+        ours = {
+            f"{os.path.basename(path)}:{name}": count
+            for (path, name), count in python.items()
+            if path.startswith(runtime_dir)
+        }
+        results[level] = {
+            "python": sum(python.values()),
+            "runtime": sum(ours.values()),
+            "builtin": builtin,
+            "entries": entries,
+            "top": collections.Counter(ours).most_common(args.top),
+        }
     shutil.rmtree(root, ignore_errors=True)
     print(json.dumps(results))
 
@@ -83,16 +93,21 @@ def main():
     args = megatron_step.tiny_bench_arguments(parser)
     if args.worker:
         return worker(args)
-    results = megatron_step.run_in_rewritten_copy(__file__, ["--config", args.config, "--warmup", str(args.warmup),
-                                                             "--top", str(args.top)], "counting")
+    results = megatron_step.run_in_rewritten_copy(
+        __file__, ["--config", args.config, "--warmup", str(args.warmup), "--top", str(args.top)], "counting"
+    )
     off = results["off"]
     print(f"tiny megatron GPT ({args.config}), one steady step, counted with sys.setprofile")
-    print(f"  {'':4s} {'Python calls':>13s} {'of them ours':>13s} {'builtin calls':>14s} {'entries':>8s} "
-          f"{'ours/entry':>11s} {'Python calls / off':>19s}")
+    print(
+        f"  {'':4s} {'Python calls':>13s} {'of them ours':>13s} {'builtin calls':>14s} {'entries':>8s} "
+        f"{'ours/entry':>11s} {'Python calls / off':>19s}"
+    )
     for level, row in results.items():
         per_entry = f"{row['runtime'] / row['entries']:.1f}" if row["entries"] else "-"
-        print(f"  {level:4s} {row['python']:13d} {row['runtime']:13d} {row['builtin']:14d} {row['entries']:8d} "
-              f"{per_entry:>11s} {row['python'] / off['python']:18.2f}x")
+        print(
+            f"  {level:4s} {row['python']:13d} {row['runtime']:13d} {row['builtin']:14d} {row['entries']:8d} "
+            f"{per_entry:>11s} {row['python'] / off['python']:18.2f}x"
+        )
     print("  the runtime's functions entered most at mix:")
     for name, count in results["mix"]["top"]:
         print(f"    {count:6d}  {name}")

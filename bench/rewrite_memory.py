@@ -14,6 +14,7 @@ the original bytes, the text one without falling back to libcst. Every figure is
 bare parse measured in the same run. Targets (issue 13): rewrite within 1.5x, restore well below (0.5x);
 the exit status is 1 when one is missed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -82,14 +83,26 @@ def _child(case: str, path: str, output: str) -> None:
     if case == "rewrite":
         with open(output, "wb") as handle:
             handle.write(result)
-    print(json.dumps({"case": case, "base_kib": base, "peak_kib": peak, "added_kib": peak - base,
-                      "exact": reset, "seconds": seconds, "sha256": digest,
-                      "fallbacks": sum(text_restore.FALLBACKS.values())}))
+    print(
+        json.dumps(
+            {
+                "case": case,
+                "base_kib": base,
+                "peak_kib": peak,
+                "added_kib": peak - base,
+                "exact": reset,
+                "seconds": seconds,
+                "sha256": digest,
+                "fallbacks": sum(text_restore.FALLBACKS.values()),
+            }
+        )
+    )
 
 
 def _measure(case: str, path: str, output: str) -> dict:
-    completed = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", case, path, output],
-                               capture_output=True, text=True)
+    completed = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--child", case, path, output], capture_output=True, text=True
+    )
     if completed.returncode != 0:
         sys.exit(f"{case} failed:\n{completed.stderr}")
     return json.loads(completed.stdout.strip().splitlines()[-1])
@@ -138,8 +151,10 @@ def main() -> int:
         if args.file:
             with open(args.file, "rb") as handle:
                 return 0 if run(args.file, handle.read(), directory) else 1
-        met = [run(f"generated module of {size / 1e6:g} MB", generate(size), directory)
-               for size in ((1_000_000, 5_000_000) if args.full else (100_000, 250_000))]
+        met = [
+            run(f"generated module of {size / 1e6:g} MB", generate(size), directory)
+            for size in ((1_000_000, 5_000_000) if args.full else (100_000, 250_000))
+        ]
     return 0 if all(met) else 1
 
 

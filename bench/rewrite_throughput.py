@@ -10,6 +10,7 @@ one process), which is the floor for any libcst-based rewriter. Targets (issue 2
 on a fresh copy of the files, exactly as a user's run would, in this process (interpreter start-up and
 imports excluded, as for the bare figure); the warm run is also timed as a subprocess, start-up included.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,7 +66,7 @@ def timed_cli(args):
     with contextlib.redirect_stderr(err):
         wall, cpu, code = timed(lambda: cli.main([str(a) for a in args]))
     lines = [line for line in err.getvalue().splitlines() if line.startswith("msprobe-rewrite: ") and "," in line]
-    summary = lines[-1][len("msprobe-rewrite: "):] if lines else err.getvalue().strip()
+    summary = lines[-1][len("msprobe-rewrite: ") :] if lines else err.getvalue().strip()
     return wall, cpu, f"exit {code}: {summary}"
 
 
@@ -75,8 +76,11 @@ def main(argv=None) -> int:
     parser.add_argument("--limit", type=int, default=0, help="only the first N files (sorted by path)")
     parser.add_argument("--jobs", type=int, default=0, help="the parallel run's --jobs (default: the CLI's default)")
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
-    parser.add_argument("--assert-targets", action="store_true",
-                        help="exit 1 when a target is missed (cold default-jobs run > 2x, warm > 5%% of first)")
+    parser.add_argument(
+        "--assert-targets",
+        action="store_true",
+        help="exit 1 when a target is missed (cold default-jobs run > 2x, warm > 5%% of first)",
+    )
     args = parser.parse_args(argv)
 
     root = args.root or megatron_core_dir()
@@ -86,8 +90,10 @@ def main(argv=None) -> int:
     sources = [open(os.path.join(root, *rel.split("/")), "rb").read() for rel in rels]
     jobs_args = ["--jobs", str(args.jobs)] if args.jobs else []
     jobs_label = f"--jobs {args.jobs}" if args.jobs else f"--jobs default ({cli._default_jobs()})"
-    print(f"{len(rels)} files, {sum(map(len, sources)) / 1e6:.1f} MB, from {root}; "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"{len(rels)} files, {sum(map(len, sources)) / 1e6:.1f} MB, from {root}; "
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
+    )
 
     def bare_parse_codegen():
         for source in sources:
@@ -113,28 +119,41 @@ def main(argv=None) -> int:
         rows.append(("second run (cache), in process", *timed_cli([tree, *jobs_args])))
         command = [sys.executable, "-m", "msprobe_rewrite", tree, *jobs_args]
         wall, cpu, result = timed(lambda: subprocess.run(command, capture_output=True, text=True))
-        rows.append(("second run (cache), new process", wall, cpu,
-                     f"exit {result.returncode}: {result.stderr.strip().splitlines()[-1][17:]}"))
+        rows.append(
+            (
+                "second run (cache), new process",
+                wall,
+                cpu,
+                f"exit {result.returncode}: {result.stderr.strip().splitlines()[-1][17:]}",
+            )
+        )
 
     width = max(len(row[0]) for row in rows)
     print(f"{'':<{width}}  {'wall':>9}  {'/bare':>6}  {'CPU':>9}  {'/bare':>6}")
     for label, wall, cpu, note in rows:
-        print(f"{label:<{width}}  {wall:8.3f}s  {wall / bare:5.2f}x  {cpu:8.3f}s  {cpu / bare_cpu:5.2f}x"
-              + (f"   [{note}]" if note else ""))
+        print(
+            f"{label:<{width}}  {wall:8.3f}s  {wall / bare:5.2f}x  {cpu:8.3f}s  {cpu / bare_cpu:5.2f}x"
+            + (f"   [{note}]" if note else "")
+        )
     first, warm, warm_process = rows[4][1], rows[5][1], rows[6][1]
     cold_default = rows[3][1]
-    print(f"second run / first run (wall): {warm / first:.1%} in process, {warm_process / first:.1%} with start-up "
-          f"(target <= 5%); cold {jobs_label} / bare (wall): {cold_default / bare:.2f}x (target <= 2x); "
-          f"cold --jobs 1 / bare (CPU): {rows[1][2] / bare_cpu:.2f}x")
+    print(
+        f"second run / first run (wall): {warm / first:.1%} in process, {warm_process / first:.1%} with start-up "
+        f"(target <= 5%); cold {jobs_label} / bare (wall): {cold_default / bare:.2f}x (target <= 2x); "
+        f"cold --jobs 1 / bare (CPU): {rows[1][2] / bare_cpu:.2f}x"
+    )
     print("CPU time is the figure to trust on a busy machine; wall time is what a user waits.")
 
     figures = {
-        "files": len(rels), "bytes": sum(map(len, sources)), "root": root,
+        "files": len(rels),
+        "bytes": sum(map(len, sources)),
+        "root": root,
         "wall_seconds": {row[0]: row[1] for row in rows},
         "cpu_seconds": {row[0]: row[2] for row in rows},
         "wall_ratio_to_bare": {row[0]: row[1] / bare for row in rows},
         "cpu_ratio_to_bare": {row[0]: row[2] / bare_cpu for row in rows},
-        "warm_over_first": warm / first, "warm_process_over_first": warm_process / first,
+        "warm_over_first": warm / first,
+        "warm_process_over_first": warm_process / first,
     }
     if args.json:
         with open(args.json, "w") as handle:

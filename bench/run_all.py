@@ -2,6 +2,7 @@
 
 Each script prints its figures as ratios to a baseline measured in the same run; this only runs them in turn.
 """
+
 import argparse
 import os
 import subprocess
@@ -38,7 +39,7 @@ def main() -> int:
     parser.add_argument("--full", action="store_true", help="the full sizes (tens of minutes on 2 cores)")
     args = parser.parse_args()
     failed = []
-    for script, options in (FULL if args.full else SMALL):
+    for script, options in FULL if args.full else SMALL:
         print(f"\n=== bench/{script} {' '.join(options)}", flush=True)
         if subprocess.run([sys.executable, os.path.join(HERE, script), *options]).returncode != 0:
             failed.append(script)

@@ -8,6 +8,7 @@ with ``torch.sum`` (one read of the data by torch's own kernel) as the baseline 
 
     python bench/statistics_pass.py [--threads 1] [--cold-mib 64]
 """
+
 import argparse
 import sys
 import time
@@ -72,20 +73,28 @@ def main():
         for numel in (512, 4096, 262_144, 1 << 20, 4 << 20):
             t = torch.randn(numel).to(dtype)
             calls = 1000 if numel < 10_000 else max(3, 2_000_000 // numel)
-            row = [best_us(lambda t: native.stats(t, False), t, calls),
-                   best_us(lambda t: native.stats(t, True), t, calls),
-                   best_us(four, t, calls), best_us(counts, t, calls)]
+            row = [
+                best_us(lambda t: native.stats(t, False), t, calls),
+                best_us(lambda t: native.stats(t, True), t, calls),
+                best_us(four, t, calls),
+                best_us(counts, t, calls),
+            ]
             print(f"{str(dtype).replace('torch.', ''):10s} {numel:9d} " + " ".join(f"{v:9.1f}" for v in row))
 
     print(f"\nout of cache: 1 MiB tensors in turn from {args.cold_mib} MiB, median µs per tensor")
-    print(f"{'dtype':10s} {'elements':>9s} {'native':>9s} {'+counts':>9s} {'torch 4':>9s} {'torch.sum':>9s} "
-          f"{'native/sum':>10s}")
+    print(
+        f"{'dtype':10s} {'elements':>9s} {'native':>9s} {'+counts':>9s} {'torch 4':>9s} {'torch.sum':>9s} "
+        f"{'native/sum':>10s}"
+    )
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         numel = (1 << 20) // torch.empty((), dtype=dtype).element_size()
         pool = [torch.randn(numel).to(dtype) for _ in range(args.cold_mib)]
         row = cold_us([lambda t: native.stats(t, False), lambda t: native.stats(t, True), four, torch.sum], pool)
-        print(f"{str(dtype).replace('torch.', ''):10s} {numel:9d} " + " ".join(f"{v:9.1f}" for v in row)
-              + f" {row[0] / row[3]:9.2f}x")
+        print(
+            f"{str(dtype).replace('torch.', ''):10s} {numel:9d} "
+            + " ".join(f"{v:9.1f}" for v in row)
+            + f" {row[0] / row[3]:9.2f}x"
+        )
         del pool
     return 0
 

@@ -7,6 +7,7 @@ machine: median and minimum over the steps, in milliseconds per step.
 
     python bench/statistics_share.py [--steps 15]
 """
+
 import argparse
 import os
 import shutil
@@ -74,8 +75,7 @@ def main():
                 continue
             for level in ("L1", "mix"):
                 for counts in (False, True):
-                    debugger = PrecisionDebugger(dump_path=os.path.join(root, f"{path}-{level}-{counts}"),
-                                                 level=level)
+                    debugger = PrecisionDebugger(dump_path=os.path.join(root, f"{path}-{level}-{counts}"), level=level)
                     debugger.config.nan_inf_count = counts
                     model = rewritten.MLP()
                     rewritten.collected_step(debugger, model, x)  # makes the collector and its StatBuffer
@@ -89,8 +89,10 @@ def main():
                     debugger.wait()
                     label = f"{path} {level}" + (" + NaN/Inf counts" if counts else "")
                     median = statistics.median(per_step) * 1e3
-                    print(f"  {label:34s} {clock['adds']:3d} tensors/step  median {median:6.2f} ms"
-                          f"  min {min(per_step) * 1e3:6.2f} ms")
+                    print(
+                        f"  {label:34s} {clock['adds']:3d} tensors/step  median {median:6.2f} ms"
+                        f"  min {min(per_step) * 1e3:6.2f} ms"
+                    )
     finally:
         native_stats.load = real_load
         shutil.rmtree(root, ignore_errors=True)

@@ -1,5 +1,6 @@
 """Step timing shared by the benchmarks: variants that take turns, so that drift of a shared machine falls on
 all of them alike."""
+
 import statistics
 import time
 

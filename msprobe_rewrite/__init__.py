@@ -3,6 +3,7 @@
 ``api.rewrite_source`` and ``api.restore_source`` are the whole compiler as functions on bytes; the CLI
 (``msprobe-rewrite``) applies them to trees, and ``install_import_hook`` applies them as modules are imported.
 """
+
 from ._version import __version__  # noqa: F401  (a leaf: cache.py reads it too)
 
 

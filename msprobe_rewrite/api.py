@@ -1,4 +1,5 @@
 """The compiler as functions on bytes: ``rewrite_source``, ``restore_source``, ``is_instrumented``."""
+
 from __future__ import annotations
 
 import ast
@@ -11,8 +12,16 @@ from msprobe_runtime.catalogue import Catalogue, load_catalogue
 
 from . import runtime_import, text_restore
 from .gc_pause import paused_gc
-from .markers import (RUNTIME_IMPORT, RUNTIME_MODULE, RUNTIME_NAME, SKIP_FILE_MARKER,  # noqa: F401 (re-exported)
-                      is_instrumented, maybe_lossy, module_of, package_of)
+from .markers import (
+    RUNTIME_IMPORT,
+    RUNTIME_MODULE,
+    RUNTIME_NAME,
+    SKIP_FILE_MARKER,  # noqa: F401 (re-exported)
+    is_instrumented,
+    maybe_lossy,
+    module_of,
+    package_of,
+)
 from .resolver import Resolver
 from .restore import Restorer
 from .scopes import collect_scopes
@@ -83,9 +92,14 @@ def _parse(source: bytes, path: str) -> cst.Module:
     raise RewriteError(f"{path}: cannot parse: {_python_reason(source, path) or reason}") from None
 
 
-def rewrite_source(source: bytes, catalogue: Optional[Catalogue] = None, path: str = "<string>",
-                   skip_decorators: Iterable[str] = (), package: Optional[str] = None,
-                   add_import: bool = True) -> bytes:
+def rewrite_source(
+    source: bytes,
+    catalogue: Optional[Catalogue] = None,
+    path: str = "<string>",
+    skip_decorators: Iterable[str] = (),
+    package: Optional[str] = None,
+    add_import: bool = True,
+) -> bytes:
     """Instrument one module's source; an instrumented source is re-instrumented from its original.
 
     ``package`` resolves relative imports; by default it is found from ``path``'s ``__init__.py`` files.
@@ -106,8 +120,14 @@ def _first_difference(got: bytes, want: bytes) -> int:
     return min(got.count(b"\n"), want.count(b"\n")) + 1
 
 
-def _rewrite_source(source: bytes, catalogue: Optional[Catalogue], path: str, skip_decorators: Iterable[str],
-                    package: Optional[str], add_import: bool) -> bytes:
+def _rewrite_source(
+    source: bytes,
+    catalogue: Optional[Catalogue],
+    path: str,
+    skip_decorators: Iterable[str],
+    package: Optional[str],
+    add_import: bool,
+) -> bytes:
     if SKIP_FILE_MARKER.search(source):
         return restore_source(source, path) if is_instrumented(source) else source
     original = restore_source(source, path) if is_instrumented(source) else source
@@ -127,8 +147,7 @@ def _rewrite_source(source: bytes, catalogue: Optional[Catalogue], path: str, sk
         return original
     if maybe_lossy(original) and module.bytes != original:
         line = _first_difference(module.bytes, original)
-        raise RewriteError(f"{path}: libcst does not reproduce line {line} byte for byte, so the file is left "
-                           "as it is")
+        raise RewriteError(f"{path}: libcst does not reproduce line {line} byte for byte, so the file is left as it is")
     if not add_import:
         return rewritten.bytes
     try:
@@ -150,10 +169,13 @@ def restore_source(source: bytes, path: str = "<string>") -> bytes:
     return restored
 
 
-MISSING_IMPORT = (f"its runtime import (`{RUNTIME_IMPORT}`) was missing, so it could not run; its instrumented "
-                  "forms were restored")
-MOVED_IMPORT = ("its runtime import is not on a line msprobe-rewrite puts it on, and was left where it is; its "
-                "instrumented forms were restored")
+MISSING_IMPORT = (
+    f"its runtime import (`{RUNTIME_IMPORT}`) was missing, so it could not run; its instrumented forms were restored"
+)
+MOVED_IMPORT = (
+    "its runtime import is not on a line msprobe-rewrite puts it on, and was left where it is; its "
+    "instrumented forms were restored"
+)
 
 
 def restore_report(source: bytes, path: str = "<string>") -> Tuple[bytes, List[str]]:
@@ -212,11 +234,12 @@ def _runtime_name_binding(source: bytes) -> Optional[str]:
             if node.name != RUNTIME_MODULE or node.asname != RUNTIME_NAME:
                 return "own"
             found = "runtime"
-        elif ((isinstance(node, ast.Name) and node.id == RUNTIME_NAME and not isinstance(node.ctx, ast.Load))
-              or (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-                  and node.name == RUNTIME_NAME)
-              or (isinstance(node, ast.arg) and node.arg == RUNTIME_NAME)
-              or getattr(node, "name", None) == RUNTIME_NAME  # except ... as, match captures
-              or getattr(node, "rest", None) == RUNTIME_NAME):
+        elif (
+            (isinstance(node, ast.Name) and node.id == RUNTIME_NAME and not isinstance(node.ctx, ast.Load))
+            or (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == RUNTIME_NAME)
+            or (isinstance(node, ast.arg) and node.arg == RUNTIME_NAME)
+            or getattr(node, "name", None) == RUNTIME_NAME  # except ... as, match captures
+            or getattr(node, "rest", None) == RUNTIME_NAME
+        ):
             return "own"
     return found

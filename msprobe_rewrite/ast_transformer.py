@@ -12,6 +12,7 @@ Anything this module cannot decide for certain (a skip marker, a spelling libcst
 already instrumented file, an API call inside nested f-strings) returns None, and the caller takes the
 libcst path; nothing here imports libcst.
 """
+
 from __future__ import annotations
 
 import ast
@@ -25,11 +26,9 @@ from msprobe_runtime.catalogue import Catalogue
 
 from . import decisions
 from .kernels import is_kernel_decorator
-from .markers import (RUNTIME_NAME, SKIP_FILE_MARKER, SKIP_MARKER, is_instrumented, maybe_lossy, module_of,
-                      package_of)
+from .markers import RUNTIME_NAME, SKIP_FILE_MARKER, SKIP_MARKER, is_instrumented, maybe_lossy, module_of, package_of
 from .resolver import API, NOT_API, Resolver
 from .scopes import Scope, callee_path, collect_scopes
-
 
 
 def _by_ast_node(*kinds):
@@ -48,8 +47,22 @@ _NOT_A_TOKEN_START = _BLANK | {ord("#")}
 
 
 # Nodes that hold no expression the rewrite changes.
-_LEAVES = (ast.Name, ast.Constant, ast.Import, ast.ImportFrom, ast.Pass, ast.Break, ast.Continue, ast.Global,
-           ast.Nonlocal, ast.expr_context, ast.operator, ast.unaryop, ast.cmpop, ast.boolop)
+_LEAVES = (
+    ast.Name,
+    ast.Constant,
+    ast.Import,
+    ast.ImportFrom,
+    ast.Pass,
+    ast.Break,
+    ast.Continue,
+    ast.Global,
+    ast.Nonlocal,
+    ast.expr_context,
+    ast.operator,
+    ast.unaryop,
+    ast.cmpop,
+    ast.boolop,
+)
 
 
 _GAP = frozenset(b" \t\x0c\r\n\\(")  # what may stand between a keyword and its test: blanks and parentheses
@@ -81,8 +94,10 @@ def _routes_truth_test(node: ast.AST) -> bool:
     """``decisions.routes_truth_test`` on the facts of an ast test (``forms.routes_truth_test`` for libcst)."""
     comparison = name = None
     if isinstance(node, ast.Compare):
-        comparison = ([type(op).__name__ for op in node.ops],
-                      [_literal_kind(operand) for operand in (node.left, *node.comparators)])
+        comparison = (
+            [type(op).__name__ for op in node.ops],
+            [_literal_kind(operand) for operand in (node.left, *node.comparators)],
+        )
     elif isinstance(node, ast.Name):
         name = node.id
     elif isinstance(node, ast.Attribute):
@@ -138,9 +153,9 @@ class _Text:
         position = start - 1
         while position >= 0 and data[position] in _GAP:
             position -= 1
-        if position < 0 or not (data[position:position + 1].isalnum() or data[position] == 0x5F):
+        if position < 0 or not (data[position : position + 1].isalnum() or data[position] == 0x5F):
             raise Unsure("no keyword before a truth test where one was expected")
-        gap = data[position + 1:start]
+        gap = data[position + 1 : start]
         if b"\n" in gap or b"\r" in gap:
             line = max(data.rfind(b"\n", 0, position), data.rfind(b"\r", 0, position)) + 1
             if b"#" in data[line:position]:
@@ -156,7 +171,7 @@ class _Text:
         if not self.data.startswith(spelling, position):
             raise Unsure(f"expected {spelling!r} at byte {position}")
         following = position + len(spelling)
-        after = self.data[following:following + 2]
+        after = self.data[following : following + 2]
         return whitespace == position and len(after) == 2 and after[0] == 0x20 and after[1] not in _NOT_A_TOKEN_START
 
 
@@ -172,15 +187,28 @@ class AstCallSiteTransformer:
         self.fstrings = 0  # f-strings around the current node (format specs are not f-strings of their own)
         self.misplaced = 0  # replacement fields around the current node whose positions are wrong
         self.handlers = {
-            ast.FunctionDef: self._definition, ast.AsyncFunctionDef: self._definition,
-            ast.ClassDef: self._definition, ast.Lambda: self._lambda,
-            ast.ListComp: self._comprehension, ast.SetComp: self._comprehension,
-            ast.DictComp: self._comprehension, ast.GeneratorExp: self._comprehension,
-            ast.JoinedStr: self._fstring, ast.FormattedValue: self._formatted_value,
-            ast.Call: self._call, ast.BinOp: self._binary, ast.UnaryOp: self._unary,
-            ast.Compare: self._comparison, ast.Assign: self._assignment, ast.AugAssign: self._augmented,
-            ast.If: self._test_owner, ast.While: self._test_owner, ast.Assert: self._test_owner,
-            ast.IfExp: self._test_owner, ast.comprehension: self._comprehension_ifs, ast.For: self._for_loop,
+            ast.FunctionDef: self._definition,
+            ast.AsyncFunctionDef: self._definition,
+            ast.ClassDef: self._definition,
+            ast.Lambda: self._lambda,
+            ast.ListComp: self._comprehension,
+            ast.SetComp: self._comprehension,
+            ast.DictComp: self._comprehension,
+            ast.GeneratorExp: self._comprehension,
+            ast.JoinedStr: self._fstring,
+            ast.FormattedValue: self._formatted_value,
+            ast.Call: self._call,
+            ast.BinOp: self._binary,
+            ast.UnaryOp: self._unary,
+            ast.Compare: self._comparison,
+            ast.Assign: self._assignment,
+            ast.AugAssign: self._augmented,
+            ast.If: self._test_owner,
+            ast.While: self._test_owner,
+            ast.Assert: self._test_owner,
+            ast.IfExp: self._test_owner,
+            ast.comprehension: self._comprehension_ifs,
+            ast.For: self._for_loop,
         }
         self.tests = set()  # ids of the nodes in a test position, as transformer.CallSiteTransformer.tests
         if hasattr(ast, "match_case"):  # Python 3.10+
@@ -273,10 +301,10 @@ class AstCallSiteTransformer:
     def _prints_its_text(self, node: ast.expr) -> bool:
         """A replacement field with ``=`` after its expression (a "self-documenting" field)."""
         position, _ = self.text.next_token(self.text.end(node))
-        return self.text.data[position:position + 1] == b"="
+        return self.text.data[position : position + 1] == b"="
 
     def _placed(self, node: ast.expr) -> bool:
-        segment = self.text.data[self.text.start(node):self.text.end(node)]
+        segment = self.text.data[self.text.start(node) : self.text.end(node)]
         try:
             parsed = ast.parse(b"(" + segment + b")", mode="eval")
         except (SyntaxError, ValueError):
@@ -318,7 +346,7 @@ class AstCallSiteTransformer:
         self._positions_known()
         text = self.text
         paren, whitespace = text.next_token(text.end(node.func))
-        if text.data[paren:paren + 1] != b"(":
+        if text.data[paren : paren + 1] != b"(":
             raise Unsure("the call's parenthesis is not where it was expected")
         if any(isinstance(arg, ast.GeneratorExp) and text.start(arg) == paren for arg in node.args):
             return node  # f(x for x in y): a bare generator must stay the only argument
@@ -350,7 +378,7 @@ class AstCallSiteTransformer:
     def _single_string(self, node: ast.Constant) -> bool:
         """Whether a string constant is one literal (libcst's SimpleString), not adjacent ones."""
         self._positions_known()
-        segment = self.text.data[self.text.start(node):self.text.end(node)]
+        segment = self.text.data[self.text.start(node) : self.text.end(node)]
         return sum(token.type == tokenize.STRING for token in _tokens(b"(" + segment + b")")) == 1
 
     # -- truth tests (as transformer.CallSiteTransformer's) -------------------------------------------
@@ -387,9 +415,14 @@ class AstCallSiteTransformer:
         """``decisions.iteration_entry`` on the facts of an ast value, read before its own rewrite."""
         display = decisions.NOT_DISPLAY
         if isinstance(value, (ast.List, ast.Tuple, ast.Set)):
-            display = decisions.DISPLAY_OF_DISPLAYS if all(
-                isinstance(item, (ast.List, ast.Tuple)) or decisions.is_literal(_literal_kind(item))
-                for item in value.elts) else decisions.DISPLAY
+            display = (
+                decisions.DISPLAY_OF_DISPLAYS
+                if all(
+                    isinstance(item, (ast.List, ast.Tuple)) or decisions.is_literal(_literal_kind(item))
+                    for item in value.elts
+                )
+                else decisions.DISPLAY
+            )
         elif isinstance(value, (ast.Dict, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
             display = decisions.DISPLAY
         builtin = self._builtin_name(value.func) if isinstance(value, ast.Call) else None
@@ -468,7 +501,7 @@ class AstCallSiteTransformer:
 
     def _enclosed(self, node: ast.expr) -> bool:
         """Whether ``node``'s text is one pair of parentheses and what they hold."""
-        segment = self.text.data[self.text.start(node):self.text.end(node)]
+        segment = self.text.data[self.text.start(node) : self.text.end(node)]
         if not segment.startswith(b"("):
             return False
         depth = 0
@@ -496,8 +529,9 @@ class AstCallSiteTransformer:
         """``obj[k] = v`` -> ``__msprobe__.item(obj)[k] = v`` and ``a, b = t`` -> ``a, b =
         __msprobe__.iterate(t)``, as ``leave_Assign``."""
         entry = None
-        if (any(isinstance(target, _UNPACKING) for target in node.targets)
-                and not isinstance(node.value, (ast.Yield, ast.YieldFrom))):
+        if any(isinstance(target, _UNPACKING) for target in node.targets) and not isinstance(
+            node.value, (ast.Yield, ast.YieldFrom)
+        ):
             entry = self._iteration_entry(node.value, False)
         self._children(node)
         for index, target in enumerate(node.targets):
@@ -526,7 +560,7 @@ class AstCallSiteTransformer:
             return node
         if isinstance(target, ast.Attribute):
             dot, whitespace = text.next_token(text.end(target.value))
-            if text.data[dot:dot + 1] != b"." or not target.attr.isascii():
+            if text.data[dot : dot + 1] != b"." or not target.attr.isascii():
                 raise Unsure("cannot find an attribute's dot")
             if whitespace != dot or text.end(target) != dot + 1 + len(target.attr):
                 return node  # `a . b += v`: no form keeps the spaces around the dot
@@ -540,8 +574,13 @@ class AstCallSiteTransformer:
         return ast.copy_location(ast.Expr(value=call), node)
 
 
-def rewrite_to_ast(source: bytes, catalogue: Catalogue, path: str = "<string>",
-                   skip_decorators: Iterable[str] = (), package: Optional[str] = None) -> Optional[ast.Module]:
+def rewrite_to_ast(
+    source: bytes,
+    catalogue: Catalogue,
+    path: str = "<string>",
+    skip_decorators: Iterable[str] = (),
+    package: Optional[str] = None,
+) -> Optional[ast.Module]:
     """The instrumented module as an ``ast`` tree, without the runtime import (the import hook binds
     ``__msprobe__`` itself), equal to parsing ``api.rewrite_source(..., add_import=False)``; None where only
     the libcst path can say (it then also gives any error)."""

@@ -9,6 +9,7 @@ other names on the old bytes.
 There is no fsync: the guarantee is against a crash of this process, not against power loss, and an
 fsync per file would make a rewrite of a large tree several times slower.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,8 +29,10 @@ class HardLinked(OSError):
     """The destination has other hard links; replacing it would split them."""
 
     def __init__(self, path: str, links: int):
-        super().__init__(f"{path} has {links} hard links; replacing it would leave the other "
-                         f"{links - 1} on the old bytes, so it is left as it is")
+        super().__init__(
+            f"{path} has {links} hard links; replacing it would leave the other "
+            f"{links - 1} on the old bytes, so it is left as it is"
+        )
         self.path, self.links = path, links
 
 
@@ -68,8 +71,13 @@ def _keep_owner(fd: int, existing: os.stat_result) -> None:
             pass
 
 
-def write_atomic(path: str, data: bytes, mode: Optional[int] = None,
-                 unchanged_since: Optional[os.stat_result] = None, refuse_hard_links: bool = True) -> None:
+def write_atomic(
+    path: str,
+    data: bytes,
+    mode: Optional[int] = None,
+    unchanged_since: Optional[os.stat_result] = None,
+    refuse_hard_links: bool = True,
+) -> None:
     """Replace ``path`` with ``data``.
 
     ``mode``: the permission bits of the result; by default those of the file being replaced, or the

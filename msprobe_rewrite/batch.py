@@ -5,6 +5,7 @@ Everything that touches the file system or the cache happens in this (the parent
 workers only turn bytes into bytes. So a worker that dies cannot leave a half-written file, and the cache
 has one writer per run.
 """
+
 from __future__ import annotations
 
 import multiprocessing
@@ -50,7 +51,7 @@ class Options:
     # for restore.
     catalogue: object = None
     cache: Optional[ResultCache] = None
-    verify: bool = True         # refuse a rewritten file that does not compile
+    verify: bool = True  # refuse a rewritten file that does not compile
     # A rewrite holds libcst's tree, many times the source's size (size_limits): past this size a file is skipped
     # and said, never attempted. A restore reads up to size_limits.RESTORE_GROWTH times as much, and a rewrite
     # writes no more than that (size_limits says why). None: no limit
@@ -94,7 +95,7 @@ def _transform(task: Tuple[int, str, bytes, str]) -> Tuple[int, str, bytes]:
         reason = str(error)
         # The CLI puts the path in front of every reason; do not say it twice.
         if reason.startswith(f"{path}: "):
-            reason = reason[len(path) + 2:]
+            reason = reason[len(path) + 2 :]
         return index, FAIL, reason.encode("utf-8", "replace")
     except Exception as error:  # a compiler bug must cost one file, not the run
         return index, _CRASH, f"internal error: {type(error).__name__}: {error}".encode("utf-8", "replace")
@@ -178,8 +179,7 @@ def _run_transforms(tasks: List[Tuple[int, str, bytes, str]], jobs: int, catalog
         blocked = worker_signals.block_sigint()
         pool = None
         try:
-            pool = _Pool(workers, initializer=_init_worker, initargs=(catalogue, verify),
-                         context=_pool_context())
+            pool = _Pool(workers, initializer=_init_worker, initargs=(catalogue, verify), context=_pool_context())
         except OSError:  # no /dev/shm, process limits: one process still does the job
             pass
         finally:
@@ -205,6 +205,7 @@ def _run_transforms(tasks: List[Tuple[int, str, bytes, str]], jobs: int, catalog
 
 
 # --- the parent side -------------------------------------------------------------------------------
+
 
 @dataclass
 class _Pending:
@@ -288,8 +289,9 @@ def _finish(options: Options, pending: _Pending, kind: str, payload: bytes) -> O
     if options.mode == REWRITE and limit is not None and len(result) > limit:
         # Written, it could not be restored with the same --max-file-size (size_limits; test_cli_faults.py,
         # test_a_rewrite_that_would_outgrow_the_restore_limit_is_not_written).
-        outcome = Outcome(entry.path, SKIPPED, size_limits.rewritten_too_large(len(result), options.max_bytes),
-                          notice=True)
+        outcome = Outcome(
+            entry.path, SKIPPED, size_limits.rewritten_too_large(len(result), options.max_bytes), notice=True
+        )
         if options.write == OUT:
             try:
                 _copy_out(entry.path, _out_path(options, entry))
@@ -306,9 +308,12 @@ def _finish(options: Options, pending: _Pending, kind: str, payload: bytes) -> O
         elif options.write == OUT:
             _write_out_bytes(_out_path(options, entry), result, stat.S_IMODE(pending.stat.st_mode))
     except atomic.HardLinked as error:
-        return Outcome(entry.path, FAILED,
-                       f"has {error.links} hard links; an atomic rewrite would split them (the other "
-                       f"names would keep the old bytes), so it is left as it is")
+        return Outcome(
+            entry.path,
+            FAILED,
+            f"has {error.links} hard links; an atomic rewrite would split them (the other "
+            f"names would keep the old bytes), so it is left as it is",
+        )
     except OSError as error:
         return Outcome(entry.path, FAILED, f"cannot write: {error}")
     return outcome
@@ -327,9 +332,13 @@ def _too_large(options: Options, path: str, source: bytes) -> Optional[Outcome]:
     if options.mode == REWRITE:
         if len(source) <= options.max_bytes:
             return None
-        return Outcome(path, SKIPPED, f"{len(source) / (1 << 20):.1f} MiB, past the {options.max_bytes / (1 << 20):g} "
-                       f"MiB limit (--max-file-size): libcst needs about 1 GB of memory per MB; left as it is",
-                       notice=True)
+        return Outcome(
+            path,
+            SKIPPED,
+            f"{len(source) / (1 << 20):.1f} MiB, past the {options.max_bytes / (1 << 20):g} "
+            f"MiB limit (--max-file-size): libcst needs about 1 GB of memory per MB; left as it is",
+            notice=True,
+        )
     if len(source) <= size_limits.restore_limit(options.max_bytes):
         return None
     if is_instrumented(source):
@@ -354,8 +363,9 @@ def _read_regular_file(path: str) -> Tuple[Optional[bytes], os.stat_result]:
         return handle.read(), file_stat
 
 
-def run(entries: Sequence[Entry], options: Options,
-        on_progress: Optional[Callable[[int, int, str], None]] = None) -> List[Outcome]:
+def run(
+    entries: Sequence[Entry], options: Options, on_progress: Optional[Callable[[int, int, str], None]] = None
+) -> List[Outcome]:
     """Process ``entries``; return one outcome per Python file (or skipped file), in ``entries`` order.
 
     Nothing is written until every file has been read and looked up and the catalogue (needed only for
@@ -401,8 +411,9 @@ def run(entries: Sequence[Entry], options: Options,
             continue
         # the rewrite depends on the file's module name too (relative imports, and the catalogued functions the
         # module defines, decide which calls are APIs): a byte-identical file under another name is another entry
-        entry_mode = (f"{key_mode}\0{module_of(entry.path, package_of(entry.path)) or ''}" if cache is not None
-                      else key_mode)
+        entry_mode = (
+            f"{key_mode}\0{module_of(entry.path, package_of(entry.path)) or ''}" if cache is not None else key_mode
+        )
         key = cache.key(source_digest(source), entry_mode) if cache is not None else None
         item = _Pending(entry, source, file_stat, key, entry_mode)
         hit = cache.get(key) if cache is not None else None
@@ -430,8 +441,9 @@ def run(entries: Sequence[Entry], options: Options,
                 outcomes[index] = Outcome(entry.path, FAILED, f"cannot copy to {dst}: {error}")
                 continue
         if entry.kind == EXCLUDED or (entry.kind == LINK and is_python(entry.path)):
-            outcomes[index] = Outcome(entry.path, SKIPPED,
-                                      "excluded" if entry.kind == EXCLUDED else "symbolic link, not followed")
+            outcomes[index] = Outcome(
+                entry.path, SKIPPED, "excluded" if entry.kind == EXCLUDED else "symbolic link, not followed"
+            )
 
     for index, item, hit in hits:
         outcomes[index] = _finish(options, item, *hit)

@@ -10,6 +10,7 @@ name no one can guess, opened exclusively, then ``os.replace``), so two processe
 package at once both leave a valid file and a link planted beside the cache is never written through;
 anything unreadable, truncated or from another key is ignored and rewritten.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -57,7 +58,7 @@ def read(path: Optional[str], key: bytes) -> Optional[CodeType]:
     except OSError:
         return None
     start = len(_HEADER) + _KEY_SIZE
-    if len(data) <= start or not data.startswith(_HEADER) or data[len(_HEADER):start] != key:
+    if len(data) <= start or not data.startswith(_HEADER) or data[len(_HEADER) : start] != key:
         return None
     try:
         code = marshal.loads(data[start:])

@@ -10,6 +10,7 @@ entry reads as a miss. Each salt gets its own folder (a generation); only the mo
 the cache itself disables it for the rest of the run: it must never
 be why a rewrite fails.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -24,7 +25,7 @@ _MAGIC = b"msprobe-rewrite-cache 1\n"
 
 # Entry kinds.
 SAME = "same"  # the result equals the source
-NEW = "new"    # the payload is the result
+NEW = "new"  # the payload is the result
 FAIL = "fail"  # the payload is the reason the source cannot be rewritten (utf-8)
 _KINDS = frozenset({SAME, NEW, FAIL})
 
@@ -56,6 +57,7 @@ def compiler_fingerprint(files: Optional[List[str]] = None) -> str:
             digest.update(os.path.basename(path).encode() + b"\0" + handle.read() + b"\0")
     try:
         from importlib.metadata import version
+
         digest.update(version("libcst").encode())
     except Exception:  # the fingerprint is best effort; the package digest already covers our code
         pass
@@ -98,19 +100,22 @@ class ResultCache:
             write_atomic(tag, TAG_TEXT, mode=0o644)
         os.utime(self.directory)
         try:
-            generations = [entry for entry in os.scandir(self.root)
-                           if entry.is_dir(follow_symlinks=False) and entry.path != self.directory
-                           and _is_ours(entry.path)]
+            generations = [
+                entry
+                for entry in os.scandir(self.root)
+                if entry.is_dir(follow_symlinks=False) and entry.path != self.directory and _is_ours(entry.path)
+            ]
             generations.sort(key=lambda entry: entry.stat(follow_symlinks=False).st_mtime, reverse=True)
         except OSError:
             return
-        for stale in generations[KEEP_GENERATIONS - 1:]:
+        for stale in generations[KEEP_GENERATIONS - 1 :]:
             shutil.rmtree(stale.path, ignore_errors=True)
 
     def key(self, digest: str, mode: str) -> str:
         # surrogatepass: a module name from an undecodable file name (tests/compiler/test_cli.py)
-        return hashlib.sha256(self._salt + b"\0" + mode.encode("utf-8", "surrogatepass") + b"\0"
-                              + digest.encode()).hexdigest()
+        return hashlib.sha256(
+            self._salt + b"\0" + mode.encode("utf-8", "surrogatepass") + b"\0" + digest.encode()
+        ).hexdigest()
 
     def _path(self, key: str) -> str:
         return os.path.join(self.directory, key[:2], key[2:])
@@ -166,7 +171,7 @@ def _is_ours(directory: str) -> bool:
 def _decode(blob: bytes) -> Optional[Tuple[str, bytes]]:
     if not blob.startswith(_MAGIC):
         return None
-    rest = blob[len(_MAGIC):]
+    rest = blob[len(_MAGIC) :]
     parts = rest.split(b"\n", 2)
     if len(parts) != 3:
         return None

@@ -13,6 +13,7 @@ file that could not be processed, or left instrumented by ``--restore`` (every o
 processed). So ``msprobe-rewrite --out DIR . && python DIR/train.py`` runs the copy
 (``tests/compiler/test_cli.py::test_exit_status_as_black_uses_it``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,9 @@ EXIT_ERROR = 2
 # only when it carries this file (a copy made earlier, refreshed) or with --force: anything else there is
 # somebody's own work that a same-named file of the copy would replace.
 OUT_MARKER = ".msprobe-rewrite-out"
-OUT_MARKER_TEXT = (f"This folder holds a copy instrumented by {PROG} (--out). Running {PROG} --out into it "
-                   "again replaces its files.\n")
+OUT_MARKER_TEXT = (
+    f"This folder holds a copy instrumented by {PROG} (--out). Running {PROG} --out into it again replaces its files.\n"
+)
 
 
 def _default_jobs() -> int:
@@ -78,13 +80,12 @@ _PYTHON_FORMATWARNING = warnings.formatwarning
 # (test_bare_command_lists_every_command). A command missing here is still listed, by name.
 COMMAND_SUMMARIES: Dict[str, str] = {
     "rewrite": "PATH...: instrument files in place (the default: `msprobe-rewrite PATH...`); "
-               "options: --out, --check, --diff, --restore, ...",
+    "options: --out, --check, --diff, --restore, ...",
     "run": "[--packages PKG] -- script.py ARGS | -m MODULE ARGS: run a program with its imports instrumented, "
-           "nothing written to disk",
+    "nothing written to disk",
     "compare": "RUN_A RUN_B: align two runs' dumps and name the first divergence",
     "precheck": "DUMP: replay each dumped API call on the CPU and grade it, with no reference run",
-    "nan": "DUMP: name where NaN or Inf started in one run (the op, step, rank and line), as msprobe's "
-           "overflow_check",
+    "nan": "DUMP: name where NaN or Inf started in one run (the op, step, rank and line), as msprobe's overflow_check",
     "check": "PATH...: report API calls the instrumentation cannot see (the lint)",
     "guard": "PATH...: fail on instrumented files, or restore them with --fix (for pre-commit)",
     "hook-path": "print the folder to put on PYTHONPATH so that $MSPROBE_REWRITE_PACKAGES instruments on import",
@@ -104,15 +105,19 @@ def _commands_overview(width: int = 100) -> str:
 
 def _bare_overview() -> str:
     parser = build_parser()
-    return (f"{parser.format_usage()}\n{parser.description}\n\n{_commands_overview()}\n\n"
-            f"The rewrite's options: {PROG} --help")
+    return (
+        f"{parser.format_usage()}\n{parser.description}\n\n{_commands_overview()}\n\n"
+        f"The rewrite's options: {PROG} --help"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     exit_status = textwrap.fill(
         "Exit status (as black's): 0 done, whether or not a file changed (a rewrite in place, --out, --restore); "
         "1 only with --check or --diff, when a file would change; 2 error (a file that could not be processed, "
-        "or that --restore left instrumented). A folder named like a command can be given as ./NAME.", 100)
+        "or that --restore left instrumented). A folder named like a command can be given as ./NAME.",
+        100,
+    )
     parser = argparse.ArgumentParser(
         prog=PROG,
         usage="%(prog)s [options] PATH [PATH ...]\n       %(prog)s COMMAND [arguments]",
@@ -122,39 +127,72 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("paths", nargs="+", metavar="PATH", help="files and folders to process")
     what = parser.add_argument_group("what to do (default: rewrite in place)")
-    what.add_argument("--out", metavar="DIR",
-                      help="write an instrumented copy of the tree (non-Python files copied too) to DIR "
-                           "instead of rewriting in place; takes exactly one PATH, whose contents "
-                           "become DIR's contents. A DIR that is not empty is refused unless an earlier "
-                           f"--out wrote it (it holds {OUT_MARKER}) or --force is given")
-    what.add_argument("--force", action="store_true",
-                      help="with --out: write into DIR even if it is not empty, replacing same-named files")
-    what.add_argument("--check", action="store_true",
-                      help="write nothing; list the files that would change and exit 1 if any")
-    what.add_argument("--diff", action="store_true",
-                      help="write nothing; print a unified diff and exit 1 if it is not empty")
-    what.add_argument("--restore", action="store_true",
-                      help="return instrumented files to their exact original bytes")
+    what.add_argument(
+        "--out",
+        metavar="DIR",
+        help="write an instrumented copy of the tree (non-Python files copied too) to DIR "
+        "instead of rewriting in place; takes exactly one PATH, whose contents "
+        "become DIR's contents. A DIR that is not empty is refused unless an earlier "
+        f"--out wrote it (it holds {OUT_MARKER}) or --force is given",
+    )
+    what.add_argument(
+        "--force",
+        action="store_true",
+        help="with --out: write into DIR even if it is not empty, replacing same-named files",
+    )
+    what.add_argument(
+        "--check", action="store_true", help="write nothing; list the files that would change and exit 1 if any"
+    )
+    what.add_argument(
+        "--diff", action="store_true", help="write nothing; print a unified diff and exit 1 if it is not empty"
+    )
+    what.add_argument("--restore", action="store_true", help="return instrumented files to their exact original bytes")
     how = parser.add_argument_group("how")
-    how.add_argument("--catalogue", metavar="FILE", action="append", default=[],
-                     help="a catalogue YAML (msprobe's support_wrap_ops.yaml sections, or 'custom:') "
-                          "whose entries add to or replace the shipped ones; repeatable")
-    how.add_argument("--exclude", metavar="GLOB", action="append", default=[],
-                     help="skip files and folders whose path (relative to PATH) or name matches GLOB; "
-                          "repeatable")
-    how.add_argument("-j", "--jobs", type=_positive_int, default=None, metavar="N",
-                     help="worker processes (default: all available cores)")
-    how.add_argument("--no-cache", action="store_true",
-                     help="neither read nor write the result cache "
-                          "(default location: rewrite/ in $MSPROBE_CACHE_DIR, else in $XDG_CACHE_HOME/msprobe-rewrite; "
-                          "$MSPROBE_REWRITE_CACHE_DIR, where set, is the folder itself)")
-    how.add_argument("--max-file-size", type=float, default=batch.DEFAULT_MAX_BYTES / (1 << 20), metavar="MIB",
-                     help="skip (and name) files larger than this many MiB: libcst needs about 1 GB of memory per "
-                          "MB of source (default: %(default)g; 0: no limit). --restore reads files up to "
-                          f"{size_limits.RESTORE_GROWTH}x as large (what a rewrite writes is larger than what it "
-                          "read), and a rewrite writes none larger")
-    how.add_argument("--no-verify", action="store_true",
-                     help="do not check that each rewritten file compiles before writing it (a few percent faster)")
+    how.add_argument(
+        "--catalogue",
+        metavar="FILE",
+        action="append",
+        default=[],
+        help="a catalogue YAML (msprobe's support_wrap_ops.yaml sections, or 'custom:') "
+        "whose entries add to or replace the shipped ones; repeatable",
+    )
+    how.add_argument(
+        "--exclude",
+        metavar="GLOB",
+        action="append",
+        default=[],
+        help="skip files and folders whose path (relative to PATH) or name matches GLOB; repeatable",
+    )
+    how.add_argument(
+        "-j",
+        "--jobs",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="worker processes (default: all available cores)",
+    )
+    how.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="neither read nor write the result cache "
+        "(default location: rewrite/ in $MSPROBE_CACHE_DIR, else in $XDG_CACHE_HOME/msprobe-rewrite; "
+        "$MSPROBE_REWRITE_CACHE_DIR, where set, is the folder itself)",
+    )
+    how.add_argument(
+        "--max-file-size",
+        type=float,
+        default=batch.DEFAULT_MAX_BYTES / (1 << 20),
+        metavar="MIB",
+        help="skip (and name) files larger than this many MiB: libcst needs about 1 GB of memory per "
+        "MB of source (default: %(default)g; 0: no limit). --restore reads files up to "
+        f"{size_limits.RESTORE_GROWTH}x as large (what a rewrite writes is larger than what it "
+        "read), and a rewrite writes none larger",
+    )
+    how.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="do not check that each rewritten file compiles before writing it (a few percent faster)",
+    )
     out = parser.add_argument_group("output")
     out.add_argument("-q", "--quiet", action="store_true", help="print only errors (and --check/--diff output)")
     out.add_argument("-v", "--verbose", action="store_true", help="name every file that changed or was skipped")
@@ -186,8 +224,11 @@ def _diff(path: str, before: bytes, after: bytes) -> bytes:
         return result
 
     name = os.fsencode(path.replace(os.sep, "/"))
-    return b"".join(difflib.diff_bytes(difflib.unified_diff, lines(before), lines(after),
-                                       fromfile=b"a/" + name, tofile=b"b/" + name))
+    return b"".join(
+        difflib.diff_bytes(
+            difflib.unified_diff, lines(before), lines(after), fromfile=b"a/" + name, tofile=b"b/" + name
+        )
+    )
 
 
 def _catalogue_files_digest(extra_files: Sequence[str]) -> Optional[str]:
@@ -230,9 +271,11 @@ def _out_problem(source: str, out_dir: str, force: bool = False) -> Optional[str
         except OSError as error:
             return f"--out {out_dir}: cannot list it: {error.strerror or error}"
         if names and OUT_MARKER not in names:
-            return (f"--out {out_dir} is not empty and was not written by {PROG} (it has no {OUT_MARKER}); "
-                    "its files would be replaced. Give a new or empty folder, or add --force to write "
-                    "into it anyway")
+            return (
+                f"--out {out_dir} is not empty and was not written by {PROG} (it has no {OUT_MARKER}); "
+                "its files would be replaced. Give a new or empty folder, or add --force to write "
+                "into it anyway"
+            )
     return None
 
 
@@ -265,6 +308,7 @@ def _rewrite_main(argv: Sequence[str]) -> int:
 
     mode = batch.RESTORE if args.restore else batch.REWRITE
     from msprobe_runtime.catalogue import CatalogueError, load_catalogue
+
     loaded = []
 
     def catalogue():
@@ -323,8 +367,10 @@ def _rewrite_main(argv: Sequence[str]) -> int:
 def _report(args: argparse.Namespace, mode: str, outcomes: List[batch.Outcome], cache: Optional[ResultCache]) -> int:
     changed = [o for o in outcomes if o.status == batch.CHANGED]
     failed = [o for o in outcomes if o.status == batch.FAILED]
-    counts = {status: sum(1 for o in outcomes if o.status == status)
-              for status in (batch.CHANGED, batch.UNCHANGED, batch.SKIPPED, batch.FAILED)}
+    counts = {
+        status: sum(1 for o in outcomes if o.status == status)
+        for status in (batch.CHANGED, batch.UNCHANGED, batch.SKIPPED, batch.FAILED)
+    }
 
     if args.diff:
         out = sys.stdout.buffer if hasattr(sys.stdout, "buffer") else None
@@ -347,8 +393,7 @@ def _report(args: argparse.Namespace, mode: str, outcomes: List[batch.Outcome], 
             if outcome.status == batch.CHANGED and not (args.check or args.diff):
                 print(f"{verb} {outcome.path}", file=sys.stderr)
             elif outcome.status == batch.SKIPPED:
-                print(f"skipped {outcome.path}" + (f" ({outcome.reason})" if outcome.reason else ""),
-                      file=sys.stderr)
+                print(f"skipped {outcome.path}" + (f" ({outcome.reason})" if outcome.reason else ""), file=sys.stderr)
     for outcome in failed:
         _error(f"{outcome.path}: {outcome.reason}")
     if cache is not None and cache.problem and not args.quiet:
@@ -359,8 +404,11 @@ def _report(args: argparse.Namespace, mode: str, outcomes: List[batch.Outcome], 
             changed_word = "would be restored" if (args.check or args.diff) else "restored"
         else:
             changed_word = "would change" if (args.check or args.diff) else "changed"
-        print(f"{PROG}: {counts[batch.CHANGED]} {changed_word}, {counts[batch.UNCHANGED]} unchanged, "
-              f"{counts[batch.SKIPPED]} skipped, {counts[batch.FAILED]} failed", file=sys.stderr)
+        print(
+            f"{PROG}: {counts[batch.CHANGED]} {changed_word}, {counts[batch.UNCHANGED]} unchanged, "
+            f"{counts[batch.SKIPPED]} skipped, {counts[batch.FAILED]} failed",
+            file=sys.stderr,
+        )
 
     if failed:
         return EXIT_ERROR
@@ -382,7 +430,8 @@ def _hook_path_main(argv: Sequence[str]) -> int:
     # A parser of no arguments, so that --help prints usage like every other command's, and a stray argument is
     # a usage error: before, `hook-path --help` printed the path (test_every_command_answers_help).
     argparse.ArgumentParser(
-        prog=f"{PROG} hook-path", description="P" + COMMAND_SUMMARIES["hook-path"][1:] + ", as in: "
+        prog=f"{PROG} hook-path",
+        description="P" + COMMAND_SUMMARIES["hook-path"][1:] + ", as in: "
         "PYTHONPATH=$(msprobe-rewrite hook-path) MSPROBE_REWRITE_PACKAGES=megatron python train.py",
     ).parse_args(argv)
     print(os.path.dirname(os.path.abspath(startup.__file__)))

@@ -6,6 +6,7 @@ sites, messages) that whoever made the dump chose. Such a cell is written with a
 spreadsheets read as "text" (OWASP's advice for CSV injection); a number, negative or a percentage, is left as
 it is. msprobe's own ``write_csv`` refuses these cells; escaping them keeps the row.
 """
+
 from __future__ import annotations
 
 import csv

@@ -5,6 +5,7 @@ The walkers gather facts (the literal kind of an operand, the operators of a com
 here decide on them. The zones never rewritten are one table, ``ZONES``, with each tree's spelling of them.
 Imports neither libcst nor torch.
 """
+
 from __future__ import annotations
 
 import ast
@@ -14,10 +15,10 @@ from msprobe_runtime.operators import OBSERVED_BUILTINS
 
 # -- literal kinds: what an operand is when it is written as a literal -------------------------------------------
 NOT_LITERAL = 0
-NUMBER = 1      # 1, 1.0, 1j
-TEXT = 2        # "s", b"s", f"{x}", adjacent strings
-CONSTANT = 3    # None, True, False
-ELLIPSIS = 4    # ...
+NUMBER = 1  # 1, 1.0, 1j
+TEXT = 2  # "s", b"s", f"{x}", adjacent strings
+CONSTANT = 3  # None, True, False
+ELLIPSIS = 4  # ...
 
 
 def is_literal(kind: int) -> bool:
@@ -31,6 +32,7 @@ def is_text(kind: int) -> bool:
 
 
 # -- operators ---------------------------------------------------------------------------------------------
+
 
 def rewrite_binary(entry: str, left: int, right: int, left_is_one_string: Callable[[], bool]) -> bool:
     """``a <op> b`` -> ``__msprobe__.<entry>(a, b)``, unless no tensor can take part or it formats a string
@@ -48,8 +50,9 @@ def rewrite_unary(operand: int) -> bool:
 def rewrite_comparison(comparators: int, left: int, right: int) -> bool:
     """``a < b`` -> ``__msprobe__.lt(a, b)``: one operator only (a chain has no form that keeps both the single
     evaluation of its middle operand and short-circuiting), and no text or literal-only comparison."""
-    return comparators == 1 and not is_text(left) and not is_text(right) and not (
-        is_literal(left) and is_literal(right))
+    return (
+        comparators == 1 and not is_text(left) and not is_text(right) and not (is_literal(left) and is_literal(right))
+    )
 
 
 # -- truth tests -------------------------------------------------------------------------------------------
@@ -57,8 +60,9 @@ ALWAYS_BOOL_COMPARISONS = frozenset({"Is", "IsNot", "In", "NotIn"})  # the same 
 FLAGS = frozenset({"TYPE_CHECKING", "__debug__"})  # read by their spelling (type checkers, ``python -O``)
 
 
-def routes_truth_test(literal: int, is_not: bool, comparison: Optional[Tuple[Sequence[str], Sequence[int]]],
-                      name: Optional[str]) -> bool:
+def routes_truth_test(
+    literal: int, is_not: bool, comparison: Optional[Tuple[Sequence[str], Sequence[int]]], name: Optional[str]
+) -> bool:
     """Whether a test is routed through ``__msprobe__.truth``. Not for a test no tensor takes part in: a
     literal, ``not x`` itself (a bool), an identity or membership comparison (always a bool), a comparison with
     a text literal, and the flags. ``comparison``: the operators' class names and the operands' literal kinds,
@@ -79,8 +83,25 @@ def routes_truth_test(literal: int, is_not: bool, comparison: Optional[Tuple[Seq
 # (``operators.OBSERVED_BUILTINS``; tests/runtime/test_window_coverage.py).
 NOT_DISPLAY, DISPLAY, DISPLAY_OF_DISPLAYS = 0, 1, 2  # a list, tuple, set, dict display or comprehension;
 # DISPLAY_OF_DISPLAYS: a list, tuple or set display whose every item is a list or tuple display or a literal
-NEVER_A_TENSOR = frozenset({"range", "zip", "enumerate", "map", "filter", "sorted", "list", "tuple", "set",
-                            "frozenset", "dict", "iter", "str", "bytes", "bytearray"})
+NEVER_A_TENSOR = frozenset(
+    {
+        "range",
+        "zip",
+        "enumerate",
+        "map",
+        "filter",
+        "sorted",
+        "list",
+        "tuple",
+        "set",
+        "frozenset",
+        "dict",
+        "iter",
+        "str",
+        "bytes",
+        "bytearray",
+    }
+)
 """builtins whose result is never a tensor"""
 ITEMS_NEVER_TENSORS = frozenset({"range", "zip", "enumerate"})
 """builtins whose result's items are never tensors (ints, tuples)"""
@@ -109,10 +130,11 @@ def observes_builtin(name: str) -> bool:
 
 # -- zones never rewritten ---------------------------------------------------------------------------------
 
+
 class Zone(NamedTuple):
     what: str
     cst: Tuple[Tuple[str, Optional[str]], ...]  # libcst (node class, field); field None: the whole node
-    ast: Tuple[Tuple[str, str], ...]            # ast (node class, field) left as written
+    ast: Tuple[Tuple[str, str], ...]  # ast (node class, field) left as written
 
 
 _DEFINITIONS = ("FunctionDef", "AsyncFunctionDef", "ClassDef")
@@ -121,15 +143,28 @@ ZONES: Tuple[Zone, ...] = (
     # evaluated once, when the definition runs, before any step collects
     Zone("decorators", (("Decorator", None),), tuple((d, "decorator_list") for d in _DEFINITIONS)),
     Zone("parameter defaults", (("Param", "default"),), (("arguments", "defaults"), ("arguments", "kw_defaults"))),
-    Zone("class bases and keywords", (("ClassDef", "bases"), ("ClassDef", "keywords")),
-         (("ClassDef", "bases"), ("ClassDef", "keywords"))),
+    Zone(
+        "class bases and keywords",
+        (("ClassDef", "bases"), ("ClassDef", "keywords")),
+        (("ClassDef", "bases"), ("ClassDef", "keywords")),
+    ),
     # evaluated lazily, or never, and read by tools as written
-    Zone("annotations", (("Annotation", None),),
-         (("FunctionDef", "returns"), ("AsyncFunctionDef", "returns"), ("arg", "annotation"),
-          ("AnnAssign", "annotation"))),
-    Zone("type parameters and type aliases (Python 3.12)", (("TypeParameters", None), ("TypeAlias", None)),
-         tuple((d, "type_params") for d in _DEFINITIONS) + (("TypeAlias", "name"), ("TypeAlias", "type_params"),
-                                                              ("TypeAlias", "value"))),
+    Zone(
+        "annotations",
+        (("Annotation", None),),
+        (
+            ("FunctionDef", "returns"),
+            ("AsyncFunctionDef", "returns"),
+            ("arg", "annotation"),
+            ("AnnAssign", "annotation"),
+        ),
+    ),
+    Zone(
+        "type parameters and type aliases (Python 3.12)",
+        (("TypeParameters", None), ("TypeAlias", None)),
+        tuple((d, "type_params") for d in _DEFINITIONS)
+        + (("TypeAlias", "name"), ("TypeAlias", "type_params"), ("TypeAlias", "value")),
+    ),
     # not expressions at all
     Zone("match patterns", (("MatchCase", "pattern"),), (("match_case", "pattern"),)),
     Zone("with ... as targets", (("AsName", None),), (("withitem", "optional_vars"),)),
@@ -153,8 +188,9 @@ def frozen_ast_parts(node: ast.AST) -> List[ast.AST]:
         values: Iterable = value if isinstance(value, list) else [value]
         if (kind, field) in FROZEN_AST_FIELDS:
             out.extend(v for v in values if isinstance(v, ast.AST))
-        elif isinstance(value, (ast.arguments, ast.arg)) or (field in ("posonlyargs", "args", "kwonlyargs")
-                                                               and isinstance(node, ast.arguments)):
+        elif isinstance(value, (ast.arguments, ast.arg)) or (
+            field in ("posonlyargs", "args", "kwonlyargs") and isinstance(node, ast.arguments)
+        ):
             for item in values:
                 if isinstance(item, ast.AST):
                     out.extend(frozen_ast_parts(item))

@@ -6,6 +6,7 @@ lookups fail, and a failing ``getattr`` raises and catches an exception. ``Cache
 once per class, and does not descend into node types listed in ``LEAVES``: nodes that can hold no expression a
 rewrite would change (names, literals, whitespace, punctuation, imports). Their ``leave_`` methods still run.
 """
+
 from __future__ import annotations
 
 from typing import Dict, FrozenSet, Optional, Tuple
@@ -14,17 +15,48 @@ import libcst as cst
 
 from msprobe_runtime import operators
 
-LEAVES: FrozenSet[type] = frozenset({
-    cst.Name, cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString, cst.Ellipsis,
-    cst.SimpleWhitespace, cst.ParenthesizedWhitespace, cst.TrailingWhitespace, cst.EmptyLine, cst.Newline,
-    cst.Comment, cst.Comma, cst.Dot, cst.Semicolon, cst.Colon, cst.AssignEqual, cst.LeftParen, cst.RightParen,
-    cst.LeftSquareBracket, cst.RightSquareBracket, cst.LeftCurlyBrace, cst.RightCurlyBrace, cst.AsName,
-    cst.Import, cst.ImportFrom, cst.ImportAlias, cst.Pass, cst.Break, cst.Continue, cst.Global, cst.Nonlocal,
-    cst.ImportStar, cst.FormattedStringText, cst.BitOr,
-    # operator tokens: those of the operator table, and the ones no runtime entry stands for
-    *(getattr(cst, row.cst_node) for row in operators.TABLE if row.cst_node),
-    *(getattr(cst, name) for name in ("Not", "And", "Or", "In", "NotIn", "Is", "IsNot")),
-})
+LEAVES: FrozenSet[type] = frozenset(
+    {
+        cst.Name,
+        cst.Integer,
+        cst.Float,
+        cst.Imaginary,
+        cst.SimpleString,
+        cst.Ellipsis,
+        cst.SimpleWhitespace,
+        cst.ParenthesizedWhitespace,
+        cst.TrailingWhitespace,
+        cst.EmptyLine,
+        cst.Newline,
+        cst.Comment,
+        cst.Comma,
+        cst.Dot,
+        cst.Semicolon,
+        cst.Colon,
+        cst.AssignEqual,
+        cst.LeftParen,
+        cst.RightParen,
+        cst.LeftSquareBracket,
+        cst.RightSquareBracket,
+        cst.LeftCurlyBrace,
+        cst.RightCurlyBrace,
+        cst.AsName,
+        cst.Import,
+        cst.ImportFrom,
+        cst.ImportAlias,
+        cst.Pass,
+        cst.Break,
+        cst.Continue,
+        cst.Global,
+        cst.Nonlocal,
+        cst.ImportStar,
+        cst.FormattedStringText,
+        cst.BitOr,
+        # operator tokens: those of the operator table, and the ones no runtime entry stands for
+        *(getattr(cst, row.cst_node) for row in operators.TABLE if row.cst_node),
+        *(getattr(cst, name) for name in ("Not", "And", "Or", "In", "NotIn", "Is", "IsNot")),
+    }
+)
 
 
 def _dotted_names(node: cst.Attribute) -> bool:

@@ -3,6 +3,7 @@ directories that never hold the user's own source (VCS metadata, caches, virtual
 
 For ``--out`` the walk also reports every other file, so the copy of the tree is complete.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -13,16 +14,27 @@ from typing import Iterable, Iterator, List, Sequence
 
 # Directories that are tool state, never source. Virtual environments are recognised by their
 # pyvenv.cfg rather than by name, so a package that happens to be called `env` is still walked.
-SKIP_DIR_NAMES = frozenset({
-    ".git", ".hg", ".svn", "__pycache__", ".tox", ".nox", ".eggs",
-    ".mypy_cache", ".pytest_cache", ".ruff_cache", ".hypothesis",
-})
+SKIP_DIR_NAMES = frozenset(
+    {
+        ".git",
+        ".hg",
+        ".svn",
+        "__pycache__",
+        ".tox",
+        ".nox",
+        ".eggs",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        ".hypothesis",
+    }
+)
 
-PYTHON = "python"      # a .py file to rewrite (or restore)
-OTHER = "other"        # any other file: copied as it is by --out, ignored otherwise
+PYTHON = "python"  # a .py file to rewrite (or restore)
+OTHER = "other"  # any other file: copied as it is by --out, ignored otherwise
 EXCLUDED = "excluded"  # a .py file matched by --exclude: reported as skipped, copied as it is by --out
-LINK = "link"          # a symbolic link met while walking: never followed, recreated by --out
-SPECIAL = "special"    # not a regular file (a named pipe, a socket, a device): never opened, never copied
+LINK = "link"  # a symbolic link met while walking: never followed, recreated by --out
+SPECIAL = "special"  # not a regular file (a named pipe, a socket, a device): never opened, never copied
 
 NOT_REGULAR = "not a regular file"
 
@@ -30,7 +42,7 @@ NOT_REGULAR = "not a regular file"
 @dataclass(frozen=True)
 class Entry:
     path: str  # the path to open, built from the user's PATH argument so messages show it as typed
-    rel: str   # relative to the PATH argument, '/'-separated: the name under --out and for --exclude
+    rel: str  # relative to the PATH argument, '/'-separated: the name under --out and for --exclude
     kind: str
 
 
@@ -85,8 +97,10 @@ def _walk(top: str, globs: Sequence[str]) -> Iterator[Entry]:
                 continue
             elif excluded(rel_dir + name, globs):
                 # Excluded directories are still part of the tree that --out copies.
-                yield from (Entry(e.path, rel_dir + name + "/" + e.rel, EXCLUDED if e.kind == PYTHON else e.kind)
-                            for e in _walk(full, ()))
+                yield from (
+                    Entry(e.path, rel_dir + name + "/" + e.rel, EXCLUDED if e.kind == PYTHON else e.kind)
+                    for e in _walk(full, ())
+                )
             else:
                 kept.append(name)
         dirnames[:] = kept

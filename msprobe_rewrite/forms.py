@@ -2,6 +2,7 @@
 (``msprobe_runtime.operators``), the runtime name, and the whitespace encoding that lets every rewritten form
 be turned back into its original text byte for byte.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Tuple
@@ -42,8 +43,13 @@ def runtime_entry(node: cst.BaseExpression) -> Optional[str]:
     """``name`` when ``node`` is a call of ``__msprobe__.name``, else None."""
     if isinstance(node, cst.Call):
         func = node.func
-        if (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)
-                and func.value.value == RUNTIME_NAME and not func.lpar and not func.value.lpar):
+        if (
+            isinstance(func, cst.Attribute)
+            and isinstance(func.value, cst.Name)
+            and func.value.value == RUNTIME_NAME
+            and not func.lpar
+            and not func.value.lpar
+        ):
             return func.attr.value
     return None
 
@@ -76,8 +82,9 @@ def comma_for_operator(before, after) -> Optional[cst.Comma]:
     return cst.Comma(whitespace_before=before, whitespace_after=after)
 
 
-def operator_whitespace(comma: cst.Comma) -> Tuple[cst.BaseParenthesizableWhitespace,
-                                                   cst.BaseParenthesizableWhitespace]:
+def operator_whitespace(
+    comma: cst.Comma,
+) -> Tuple[cst.BaseParenthesizableWhitespace, cst.BaseParenthesizableWhitespace]:
     """The inverse of ``comma_for_operator``."""
     before, after = comma.whitespace_before, comma.whitespace_after
     if _text(before) == "" and _text(after) == " ":
@@ -109,8 +116,10 @@ def routes_truth_test(node: cst.BaseExpression) -> bool:
     """``decisions.routes_truth_test`` on the facts of a libcst test."""
     comparison = name = None
     if isinstance(node, cst.Comparison):
-        comparison = ([type(t.operator).__name__ for t in node.comparisons],
-                      [literal_kind(node.left), *(literal_kind(t.comparator) for t in node.comparisons)])
+        comparison = (
+            [type(t.operator).__name__ for t in node.comparisons],
+            [literal_kind(node.left), *(literal_kind(t.comparator) for t in node.comparisons)],
+        )
     elif isinstance(node, cst.Name):
         name = node.value
     elif isinstance(node, cst.Attribute):

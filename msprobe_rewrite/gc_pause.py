@@ -6,6 +6,7 @@ share of the CLI's time, and more of a cold import (bench/rewrite_throughput.py,
 docs/benchmarks-log.md, 'Rewrite throughput of megatron-core', 'Import time under the hook'). The cycles a
 rewrite leaves are collected after it.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -9,6 +9,7 @@ A file is instrumented when it carries the runtime import, or calls of runtime e
 deleted, *and* restoring it changes it: their text alone also appears in this project's own source, in strings.
 Where restore cannot be sure of the original bytes (a deleted import, one a formatter moved), a note says why.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,14 +30,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Fail on Python files that carry msprobe-rewrite instrumentation (or restore them).",
-        epilog="Exit status: 0 none instrumented (or all restored with --fix), 1 instrumented files found, "
-               "2 error.")
+        epilog="Exit status: 0 none instrumented (or all restored with --fix), 1 instrumented files found, 2 error.",
+    )
     parser.add_argument("paths", nargs="+", metavar="PATH", help="files and folders to check")
-    parser.add_argument("--fix", action="store_true",
-                        help="restore instrumented files to their exact original bytes, in place")
+    parser.add_argument(
+        "--fix", action="store_true", help="restore instrumented files to their exact original bytes, in place"
+    )
     parser.add_argument("--exit-non-zero-on-fix", action="store_true", help="with --fix, exit 1 if a file was restored")
-    parser.add_argument("--exclude", metavar="GLOB", action="append", default=[],
-                        help="skip files and folders whose relative path or name matches GLOB; repeatable")
+    parser.add_argument(
+        "--exclude",
+        metavar="GLOB",
+        action="append",
+        default=[],
+        help="skip files and folders whose relative path or name matches GLOB; repeatable",
+    )
     return parser
 
 
@@ -78,8 +85,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 write_atomic(entry.path, original, unchanged_since=stat)
                 print(f"{entry.path}: restored the original bytes (was instrumented by msprobe-rewrite)")
             else:
-                print(f"{entry.path}: instrumented by msprobe-rewrite; restore it with: "
-                      f"msprobe-rewrite --restore {shlex.quote(entry.path)}")
+                print(
+                    f"{entry.path}: instrumented by msprobe-rewrite; restore it with: "
+                    f"msprobe-rewrite --restore {shlex.quote(entry.path)}"
+                )
             for note in notes:
                 print(f"{entry.path}: note: {note}")
         except RewriteError as error:
@@ -92,8 +101,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             _error(f"{entry.path}: {error}")
             errors += 1
     if found and not args.fix:
-        print(f"{PROG}: {len(found)} instrumented file{'s' * (len(found) != 1)}; restore all with: "
-              f"msprobe-rewrite --restore {' '.join(shlex.quote(p) for p in found)}", file=sys.stderr)
+        print(
+            f"{PROG}: {len(found)} instrumented file{'s' * (len(found) != 1)}; restore all with: "
+            f"msprobe-rewrite --restore {' '.join(shlex.quote(p) for p in found)}",
+            file=sys.stderr,
+        )
     if errors:
         return EXIT_ERROR
     if found and (not args.fix or args.exit_non_zero_on_fix):

@@ -9,6 +9,7 @@ typeguard's does, so ``get_source`` (tracebacks, ``inspect.getsource``), ``get_d
 (``pkgutil.get_data``), resource readers and ``importlib.reload`` behave as for any source module: the
 file on disk is never changed and every line keeps its number.
 """
+
 from __future__ import annotations
 
 import _imp
@@ -28,8 +29,24 @@ from .scopes import STDLIB_MODULES
 ENV_PACKAGES = "MSPROBE_REWRITE_PACKAGES"
 
 # Never instrumented, whatever is asked: the interpreter's own library, torch and its kin, and the tools.
-NEVER = frozenset({"torch", "torch_npu", "torchgen", "functorch", "triton", "libcst", "yaml", "numpy",
-                   "msprobe_rewrite", "msprobe_runtime", "msprobe", "_pytest", "pytest", "pluggy"})
+NEVER = frozenset(
+    {
+        "torch",
+        "torch_npu",
+        "torchgen",
+        "functorch",
+        "triton",
+        "libcst",
+        "yaml",
+        "numpy",
+        "msprobe_rewrite",
+        "msprobe_runtime",
+        "msprobe",
+        "_pytest",
+        "pytest",
+        "pluggy",
+    }
+)
 
 
 def _never(name: str) -> bool:
@@ -56,8 +73,9 @@ class InstrumentingLoader(importlib.machinery.SourceFileLoader):
         if cached_at is not None and self.options.packages:
             from . import prefetch
 
-            prefetch.start(fullname, self.options.packages, self.options.catalogue_files,
-                           self.options.skip_decorators, fingerprint)
+            prefetch.start(
+                fullname, self.options.packages, self.options.catalogue_files, self.options.skip_decorators, fingerprint
+            )
         try:
             code = instrumented_code(source, source_path, self._package, catalogue, self.options.skip_decorators)
         except Exception as error:  # a compiler bug must not stop the user's program either
@@ -71,8 +89,7 @@ class InstrumentingLoader(importlib.machinery.SourceFileLoader):
         from .api import RewriteError
 
         reason = failure if isinstance(failure, RewriteError) else f"{type(failure).__name__}: {failure}"
-        warnings.warn(f"msprobe-rewrite: {fullname} is imported uninstrumented: {reason}",
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(f"msprobe-rewrite: {fullname} is imported uninstrumented: {reason}", RuntimeWarning, stacklevel=2)
         return plain  # not cached: the warning comes every run
 
     def exec_module(self, module):
@@ -110,8 +127,9 @@ class InstrumentingFinder(importlib.abc.MetaPathFinder):
             return spec
         if not by_name and not os.path.realpath(spec.origin).startswith(self.paths):
             return spec
-        spec.loader = InstrumentingLoader(fullname, spec.origin, self.options,
-                                          is_package=spec.submodule_search_locations is not None)
+        spec.loader = InstrumentingLoader(
+            fullname, spec.origin, self.options, is_package=spec.submodule_search_locations is not None
+        )
         return spec
 
     def _find_elsewhere(self, fullname, path, target):
@@ -149,8 +167,13 @@ class ImportHook:
         self.uninstall()
 
 
-def install_import_hook(packages: Iterable[str] = (), *, paths: Iterable[str] = (),
-                        catalogue_files: Sequence[str] = (), skip_decorators: Sequence[str] = ()) -> ImportHook:
+def install_import_hook(
+    packages: Iterable[str] = (),
+    *,
+    paths: Iterable[str] = (),
+    catalogue_files: Sequence[str] = (),
+    skip_decorators: Sequence[str] = (),
+) -> ImportHook:
     """Instrument the modules of ``packages`` (by name prefix: ``megatron`` covers ``megatron.core.x``) and
     the source files under ``paths`` as they are imported from now on.
 
@@ -166,8 +189,11 @@ def install_import_hook(packages: Iterable[str] = (), *, paths: Iterable[str] = 
     finder = InstrumentingFinder(packages, paths, options)
     already = sorted(name for name in list(sys.modules) if finder.wants_name(name))
     if already:
-        warnings.warn("msprobe-rewrite: already imported before the import hook, so not instrumented: "
-                      + ", ".join(already), RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            "msprobe-rewrite: already imported before the import hook, so not instrumented: " + ", ".join(already),
+            RuntimeWarning,
+            stacklevel=2,
+        )
     sys.meta_path.insert(0, finder)
     return ImportHook(finder)
 

@@ -1,6 +1,7 @@
 """What a module's source text says about its rewrite, read without parsing it and without libcst: the opt-out
 markers, the runtime import that marks it instrumented, spellings libcst does not reproduce, and its package.
 """
+
 from __future__ import annotations
 
 import os

@@ -2,6 +2,7 @@
 this module, not the hook): which modules a package list covers, the options the rewrite depends on, and the
 code object of one instrumented module.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,8 +21,9 @@ class RewriteOptions:
     """What the rewrite depends on besides the source: catalogue files and skipped decorators (and, for the
     prefetch workers, the packages asked for)."""
 
-    def __init__(self, catalogue_files: Sequence[str] = (), skip_decorators: Sequence[str] = (),
-                 packages: Sequence[str] = ()):
+    def __init__(
+        self, catalogue_files: Sequence[str] = (), skip_decorators: Sequence[str] = (), packages: Sequence[str] = ()
+    ):
         self.packages = list(packages)
         self.catalogue_files = [os.fspath(f) for f in catalogue_files]
         self.skip_decorators = list(skip_decorators)
@@ -38,13 +40,15 @@ class RewriteOptions:
                 from .cache import compiler_fingerprint
 
                 self._catalogue = load_catalogue(self.catalogue_files)
-                self._fingerprint = "\0".join([compiler_fingerprint(), self._catalogue.digest,
-                                               *sorted(self.skip_decorators)])
+                self._fingerprint = "\0".join(
+                    [compiler_fingerprint(), self._catalogue.digest, *sorted(self.skip_decorators)]
+                )
         return self._catalogue, self._fingerprint
 
 
-def instrumented_code(source: bytes, source_path: str, package: Optional[str], catalogue,
-                      skip_decorators: Sequence[str]) -> CodeType:
+def instrumented_code(
+    source: bytes, source_path: str, package: Optional[str], catalogue, skip_decorators: Sequence[str]
+) -> CodeType:
     """The code object the loader runs and caches for one module (the prefetch workers call this too, so
     that what they cache is exactly what the loader would).
 
@@ -58,18 +62,21 @@ def instrumented_code(source: bytes, source_path: str, package: Optional[str], c
 
     with paused_gc():
         try:
-            tree = rewrite_to_ast(source, catalogue, path=source_path, skip_decorators=skip_decorators,
-                                  package=package)
+            tree = rewrite_to_ast(source, catalogue, path=source_path, skip_decorators=skip_decorators, package=package)
             if tree is not None:
                 return compile(tree, source_path, "exec", dont_inherit=True)
         except SyntaxError:
             pass  # one Python's compiler finds in the user's code (a misplaced __future__ import): libcst's turn
         except Exception as error:
-            warnings.warn(f"msprobe-rewrite: internal error on the fast path for {source_path}, please report: "
-                          f"{type(error).__name__}: {error}; it is instrumented on the libcst path instead",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"msprobe-rewrite: internal error on the fast path for {source_path}, please report: "
+                f"{type(error).__name__}: {error}; it is instrumented on the libcst path instead",
+                RuntimeWarning,
+                stacklevel=2,
+            )
     from .api import rewrite_source
 
-    rewritten = rewrite_source(source, catalogue, path=source_path, package=package,
-                               skip_decorators=skip_decorators, add_import=False)
+    rewritten = rewrite_source(
+        source, catalogue, path=source_path, package=package, skip_decorators=skip_decorators, add_import=False
+    )
     return compile(rewritten, source_path, "exec", dont_inherit=True)

@@ -12,6 +12,7 @@ and a worker writes exactly the entry the loader would (``instrumented_code``, t
 replace). A worker that falls behind, dies, or resolves a name differently costs spare-core time, never a
 wrong module. Workers stop after their current file when the importing process exits.
 """
+
 from __future__ import annotations
 
 import ast
@@ -36,6 +37,7 @@ _stop_at_exit = False
 
 # ----------------------------------------------------------------- the importing process
 
+
 def worker_count(environ=os.environ) -> int:
     """``$MSPROBE_REWRITE_PREFETCH`` workers where it is a number (0 turns prefetch off); otherwise the spare
     cores: those this process may run on, less one per local rank (each rank imports too), at most four."""
@@ -55,8 +57,13 @@ def worker_count(environ=os.environ) -> int:
     return max(0, min(_MAX_WORKERS, cores - ranks))
 
 
-def start(fullname: str, packages: Sequence[str], catalogue_files: Sequence[str],
-          skip_decorators: Sequence[str], fingerprint: str) -> int:
+def start(
+    fullname: str,
+    packages: Sequence[str],
+    catalogue_files: Sequence[str],
+    skip_decorators: Sequence[str],
+    fingerprint: str,
+) -> int:
     """Start the workers for the package of ``fullname`` (once per top-level package); returns how many."""
     top = fullname.partition(".")[0]
     if top in _started or sys.dont_write_bytecode or not sys.executable:
@@ -67,24 +74,36 @@ def start(fullname: str, packages: Sequence[str], catalogue_files: Sequence[str]
     count = worker_count()
     if not roots or count == 0:
         return 0
-    job = {"start": fullname, "packages": list(packages), "roots": {top: roots},
-           "catalogue_files": list(catalogue_files), "skip_decorators": list(skip_decorators),
-           "fingerprint": fingerprint, "pycache_prefix": sys.pycache_prefix, "parent": os.getpid(),
-           "count": count}
-    environment = {k: v for k, v in os.environ.items()
-                   if k not in ("MSPROBE_REWRITE_PACKAGES", "PYTHONDONTWRITEBYTECODE")}
+    job = {
+        "start": fullname,
+        "packages": list(packages),
+        "roots": {top: roots},
+        "catalogue_files": list(catalogue_files),
+        "skip_decorators": list(skip_decorators),
+        "fingerprint": fingerprint,
+        "pycache_prefix": sys.pycache_prefix,
+        "parent": os.getpid(),
+        "count": count,
+    }
+    environment = {
+        k: v for k, v in os.environ.items() if k not in ("MSPROBE_REWRITE_PACKAGES", "PYTHONDONTWRITEBYTECODE")
+    }
     # Where the importing process found the compiler is the worker's last resort, after its own sys.path
     # (never ahead of the standard library). A different copy found first has another fingerprint, and its
     # worker writes nothing.
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    program = (f"import sys; sys.path.append({here!r}); "
-               "from msprobe_rewrite.prefetch import main; sys.exit(main())")
+    program = f"import sys; sys.path.append({here!r}); from msprobe_rewrite.prefetch import main; sys.exit(main())"
     flags = ["-O"] * sys.flags.optimize
     started = 0
     for index in range(count):
         try:
-            worker = subprocess.Popen([sys.executable, *flags, "-c", program], stdin=subprocess.PIPE,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=environment)
+            worker = subprocess.Popen(
+                [sys.executable, *flags, "-c", program],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env=environment,
+            )
             worker.stdin.write(json.dumps({**job, "index": index}).encode())
             worker.stdin.close()
         except OSError:
@@ -121,6 +140,7 @@ def wait_workers(timeout: Optional[float] = None) -> None:
 
 
 # ----------------------------------------------------------------- the import order, read statically
+
 
 class ModuleIndex:
     """Module names of the hooked packages mapped to their source files, by the plain directory layout."""
@@ -160,8 +180,9 @@ def imported_names(tree: ast.Module, fullname: str, is_package: bool) -> Tuple[L
         if base is None:
             return []  # a relative import above the top-level package, or with no package at all
         # ``from a import b`` imports a, and a.b too where b is a submodule
-        return ([base] if base else []) + [f"{base}.{alias.name}" if base else alias.name
-                                           for alias in node.names if alias.name != "*"]
+        return ([base] if base else []) + [
+            f"{base}.{alias.name}" if base else alias.name for alias in node.names if alias.name != "*"
+        ]
 
     def walk(body, out):
         for node in body:
@@ -187,7 +208,8 @@ def imported_names(tree: ast.Module, fullname: str, is_package: bool) -> Tuple[L
 
 def _is_type_checking(test) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def import_order(start: str, index: ModuleIndex) -> Tuple[List[Tuple[str, str, bool]], int]:

@@ -2,6 +2,7 @@
 compared), only when stderr is a terminal (a log file or a CI capture gets the summary alone), and cleared
 before anything else is printed. The one progress display of every command.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -14,8 +15,13 @@ class Progress:
     # Redrawing for every file would cost more than a cached file takes to process.
     INTERVAL = 0.1
 
-    def __init__(self, total: Optional[int] = None, stream: Optional[TextIO] = None,
-                 enabled: Optional[bool] = None, interval: float = INTERVAL):
+    def __init__(
+        self,
+        total: Optional[int] = None,
+        stream: Optional[TextIO] = None,
+        enabled: Optional[bool] = None,
+        interval: float = INTERVAL,
+    ):
         """``total``: the count of the whole work, when known up front (0: nothing to show)."""
         self.stream = stream if stream is not None else sys.stderr
         if enabled is None:
@@ -40,7 +46,7 @@ class Progress:
         line = f"[{done}/{total}] {label}" if total else f"[{done}] {label}"
         if len(line) > width:
             # Keep the end of the path: the file name is the informative part.
-            line = line[: max(0, width // 3)] + "…" + line[-(width - width // 3 - 1):] if width > 8 else line[:width]
+            line = line[: max(0, width // 3)] + "…" + line[-(width - width // 3 - 1) :] if width > 8 else line[:width]
         self.stream.write("\r" + line + "\x1b[K")
         self.stream.flush()
         self._shown = True

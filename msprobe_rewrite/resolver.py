@@ -4,6 +4,7 @@ Only dotted names are resolved (``relu``, ``F.gelu``, ``torch.nn.functional.gelu
 through the scope's binding table, so aliases and ``from`` imports resolve however they were spelled, and a
 local that shadows an import is not mistaken for it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,12 +1,22 @@
 """The inverse of the rewrite: every instrumented form back to the exact text it came from."""
+
 from __future__ import annotations
 
 import libcst as cst
 
 from .dispatch import CachedDispatch
 from .text_forms import UNWRAPPED
-from .forms import (AUGMENTED_BY_NAME, BINARY_BY_NAME, COMPARISON_BY_NAME, EMPTY, UNARY_BY_NAME, has_line_break,
-                    is_empty, operator_whitespace, runtime_entry)
+from .forms import (
+    AUGMENTED_BY_NAME,
+    BINARY_BY_NAME,
+    COMPARISON_BY_NAME,
+    EMPTY,
+    UNARY_BY_NAME,
+    has_line_break,
+    is_empty,
+    operator_whitespace,
+    runtime_entry,
+)
 
 
 def _string_value(node: cst.BaseExpression) -> str:
@@ -26,27 +36,38 @@ class Restorer(CachedDispatch):
             callee = 1 if entry == "call" else 0  # call("Api.name", fn, ...) / dyn(fn, ...)
             whitespace = updated.whitespace_before_args
             # A line break after the original `(` follows the callee, which stays on its own line.
-            moved = (args[callee].comma.whitespace_after if len(args) > callee + 1
-                     else args[callee].whitespace_after_arg)
+            moved = args[callee].comma.whitespace_after if len(args) > callee + 1 else args[callee].whitespace_after_arg
             if has_line_break(moved) and is_empty(whitespace):
                 whitespace = moved
-            return cst.Call(func=args[callee].value, args=args[callee + 1:],
-                            whitespace_after_func=updated.whitespace_after_func,
-                            whitespace_before_args=whitespace,
-                            lpar=updated.lpar, rpar=updated.rpar)
+            return cst.Call(
+                func=args[callee].value,
+                args=args[callee + 1 :],
+                whitespace_after_func=updated.whitespace_after_func,
+                whitespace_before_args=whitespace,
+                lpar=updated.lpar,
+                rpar=updated.rpar,
+            )
         if entry in BINARY_BY_NAME or entry in COMPARISON_BY_NAME:
             before, after = operator_whitespace(args[0].comma)
             if entry in BINARY_BY_NAME:
                 operator = BINARY_BY_NAME[entry](whitespace_before=before, whitespace_after=after)
-                return cst.BinaryOperation(left=args[0].value, operator=operator, right=args[1].value,
-                                           lpar=updated.lpar, rpar=updated.rpar)
+                return cst.BinaryOperation(
+                    left=args[0].value, operator=operator, right=args[1].value, lpar=updated.lpar, rpar=updated.rpar
+                )
             operator = COMPARISON_BY_NAME[entry](whitespace_before=before, whitespace_after=after)
-            return cst.Comparison(left=args[0].value,
-                                  comparisons=[cst.ComparisonTarget(operator=operator, comparator=args[1].value)],
-                                  lpar=updated.lpar, rpar=updated.rpar)
+            return cst.Comparison(
+                left=args[0].value,
+                comparisons=[cst.ComparisonTarget(operator=operator, comparator=args[1].value)],
+                lpar=updated.lpar,
+                rpar=updated.rpar,
+            )
         if entry in UNARY_BY_NAME:
-            return cst.UnaryOperation(operator=UNARY_BY_NAME[entry](whitespace_after=EMPTY),
-                                      expression=args[0].value, lpar=updated.lpar, rpar=updated.rpar)
+            return cst.UnaryOperation(
+                operator=UNARY_BY_NAME[entry](whitespace_after=EMPTY),
+                expression=args[0].value,
+                lpar=updated.lpar,
+                rpar=updated.rpar,
+            )
         return updated  # the parts of augmented assignments, undone with their statement
 
     def leave_Assign(self, original: cst.Assign, updated: cst.Assign):
@@ -61,10 +82,12 @@ class Restorer(CachedDispatch):
         if entry not in AUGMENTED_BY_NAME or len(updated.targets) != 1:
             return updated
         target = updated.targets[0]
-        operator = AUGMENTED_BY_NAME[entry](whitespace_before=target.whitespace_before_equal,
-                                            whitespace_after=target.whitespace_after_equal)
-        return cst.AugAssign(target=target.target, operator=operator, value=updated.value.args[1].value,
-                             semicolon=updated.semicolon)
+        operator = AUGMENTED_BY_NAME[entry](
+            whitespace_before=target.whitespace_before_equal, whitespace_after=target.whitespace_after_equal
+        )
+        return cst.AugAssign(
+            target=target.target, operator=operator, value=updated.value.args[1].value, semicolon=updated.semicolon
+        )
 
     def leave_Expr(self, original: cst.Expr, updated: cst.Expr):
         if runtime_entry(updated.value) != "aug":

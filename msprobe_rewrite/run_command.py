@@ -6,6 +6,7 @@
 the script itself, the modules beside it, and the named packages instrumented as they are imported. It works
 as the program that ``torchrun`` starts: ``torchrun --nproc-per-node 2 -m msprobe_rewrite run -- train.py``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,20 +18,37 @@ from typing import List, Optional, Sequence
 
 from .markers import RUNTIME_NAME
 
-USAGE = ("msprobe-rewrite run [--packages PKG[,PKG...]] [--catalogue FILE] [--skip-decorator NAME] "
-         "(-- script.py | -m module) [args...]")
+USAGE = (
+    "msprobe-rewrite run [--packages PKG[,PKG...]] [--catalogue FILE] [--skip-decorator NAME] "
+    "(-- script.py | -m module) [args...]"
+)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="msprobe-rewrite run", usage=USAGE,
-                                     description="Run a Python program with its imports instrumented.")
-    parser.add_argument("--packages", action="append", default=[], metavar="PKG[,PKG...]",
-                        help="instrument these packages (by name prefix) as they are imported; "
-                             "$MSPROBE_REWRITE_PACKAGES adds more")
-    parser.add_argument("--catalogue", action="append", default=[], metavar="FILE",
-                        help="catalogue YAML files added to the shipped one; repeatable")
-    parser.add_argument("--skip-decorator", action="append", default=[], metavar="NAME",
-                        help="leave the bodies of functions with this decorator uninstrumented; repeatable")
+    parser = argparse.ArgumentParser(
+        prog="msprobe-rewrite run", usage=USAGE, description="Run a Python program with its imports instrumented."
+    )
+    parser.add_argument(
+        "--packages",
+        action="append",
+        default=[],
+        metavar="PKG[,PKG...]",
+        help="instrument these packages (by name prefix) as they are imported; $MSPROBE_REWRITE_PACKAGES adds more",
+    )
+    parser.add_argument(
+        "--catalogue",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="catalogue YAML files added to the shipped one; repeatable",
+    )
+    parser.add_argument(
+        "--skip-decorator",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="leave the bodies of functions with this decorator uninstrumented; repeatable",
+    )
     return parser
 
 
@@ -39,15 +57,16 @@ def _split(argv: Sequence[str]):
     argv = list(argv)
     for index, arg in enumerate(argv):
         if arg == "--":
-            rest = argv[index + 1:]
+            rest = argv[index + 1 :]
             if rest[:1] == ["-m"]:
                 return argv[:index], (rest[1] if len(rest) > 1 else None), None, rest[2:]
             return argv[:index], None, (rest[0] if rest else None), rest[1:]
         if arg == "-m":
-            return argv[:index], (argv[index + 1] if index + 1 < len(argv) else None), None, argv[index + 2:]
-        if not arg.startswith("-") and (index == 0 or argv[index - 1] not in
-                                        ("--packages", "--catalogue", "--skip-decorator")):
-            return argv[:index], None, arg, argv[index + 1:]
+            return argv[:index], (argv[index + 1] if index + 1 < len(argv) else None), None, argv[index + 2 :]
+        if not arg.startswith("-") and (
+            index == 0 or argv[index - 1] not in ("--packages", "--catalogue", "--skip-decorator")
+        ):
+            return argv[:index], None, arg, argv[index + 1 :]
     return argv, None, None, []
 
 
@@ -83,9 +102,12 @@ def _run_script(script: str, args: List[str], hook_options) -> int:
     path = os.path.abspath(script)
     directory = os.path.dirname(path)
     sys.path[0] = directory
-    hook = install_import_hook(hook_options["packages"], paths=[directory],
-                               catalogue_files=hook_options["catalogue"],
-                               skip_decorators=hook_options["skip_decorators"])
+    hook = install_import_hook(
+        hook_options["packages"],
+        paths=[directory],
+        catalogue_files=hook_options["catalogue"],
+        skip_decorators=hook_options["skip_decorators"],
+    )
     catalogue, _ = hook.finder.options.prepare()
     with open(script, "rb") as handle:
         source = handle.read()
@@ -99,8 +121,14 @@ def _run_script(script: str, args: List[str], hook_options) -> int:
         print(f"msprobe-rewrite run: running {script} uninstrumented: {error}", file=sys.stderr)
         code = compile(source, path, "exec", dont_inherit=True)
     main = types.ModuleType("__main__")
-    main.__dict__.update(__file__=path, __builtins__=__builtins__, __cached__=None, __spec__=None,
-                         __package__=None, **{RUNTIME_NAME: msprobe_runtime})
+    main.__dict__.update(
+        __file__=path,
+        __builtins__=__builtins__,
+        __cached__=None,
+        __spec__=None,
+        __package__=None,
+        **{RUNTIME_NAME: msprobe_runtime},
+    )
     main.__loader__ = None
     saved_main = sys.modules.get("__main__")
     sys.modules["__main__"] = main
@@ -123,14 +151,15 @@ def _run_module(module: str, args: List[str], hook_options) -> int:
     from .import_hook import install_import_hook
 
     sys.path[0] = os.getcwd()
-    install_import_hook([*hook_options["packages"], module.partition(".")[0]],
-                        catalogue_files=hook_options["catalogue"],
-                        skip_decorators=hook_options["skip_decorators"])
+    install_import_hook(
+        [*hook_options["packages"], module.partition(".")[0]],
+        catalogue_files=hook_options["catalogue"],
+        skip_decorators=hook_options["skip_decorators"],
+    )
     sys.argv = [module, *args]  # runpy replaces argv[0] with the module's file, as `python -m` does
     try:
         # runpy runs the loader's code in a namespace of its own, so the runtime is bound there too.
-        runpy.run_module(module, init_globals={RUNTIME_NAME: msprobe_runtime}, run_name="__main__",
-                         alter_sys=True)
+        runpy.run_module(module, init_globals={RUNTIME_NAME: msprobe_runtime}, run_name="__main__", alter_sys=True)
     except SystemExit as exit_:
         return _exit_code(exit_)
     except ImportError as error:
@@ -159,8 +188,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"usage: {USAGE}", file=sys.stderr)
         return 2
     packages = [p for group in options.packages for p in group.split(",") if p.strip()]
-    hook_options = dict(packages=[*packages, *packages_from_environment()], catalogue=options.catalogue,
-                        skip_decorators=options.skip_decorator)
+    hook_options = dict(
+        packages=[*packages, *packages_from_environment()],
+        catalogue=options.catalogue,
+        skip_decorators=options.skip_decorator,
+    )
     from msprobe_runtime.catalogue import CatalogueError
 
     try:

@@ -21,6 +21,7 @@ Each placement has a distinct shape, so ``remove`` knows which one it undoes; it
 of a shared line (``import msprobe_runtime as __msprobe__`` left on a line of its own before the statement it
 shared a line with), and says where a moved import leaves it unsure of the original lines.
 """
+
 from __future__ import annotations
 
 from typing import List, NamedTuple, Optional, Sequence, Set
@@ -79,8 +80,7 @@ def _line_statement(empty: cst.EmptyLine) -> cst.SimpleStatementLine:
         whitespace = cst.SimpleWhitespace("  " + whitespace.value)
     return cst.SimpleStatementLine(
         body=[_import_statement()],
-        trailing_whitespace=cst.TrailingWhitespace(whitespace=whitespace, comment=empty.comment,
-                                                   newline=empty.newline),
+        trailing_whitespace=cst.TrailingWhitespace(whitespace=whitespace, comment=empty.comment, newline=empty.newline),
     )
 
 
@@ -121,8 +121,10 @@ def _names(nodes) -> Set[str]:
 def _is_inert_line(line: cst.BaseStatement) -> bool:
     """``pass``, ``...`` or a docstring: a class body line that runs nothing."""
     return isinstance(line, cst.SimpleStatementLine) and all(
-        isinstance(s, cst.Pass) or (isinstance(s, cst.Expr) and isinstance(
-            s.value, (cst.SimpleString, cst.ConcatenatedString, cst.Ellipsis))) for s in line.body)
+        isinstance(s, cst.Pass)
+        or (isinstance(s, cst.Expr) and isinstance(s.value, (cst.SimpleString, cst.ConcatenatedString, cst.Ellipsis)))
+        for s in line.body
+    )
 
 
 def _inert(statement: cst.BaseStatement, defined: Set[str]) -> bool:
@@ -143,8 +145,9 @@ def _inert(statement: cst.BaseStatement, defined: Set[str]) -> bool:
     if isinstance(statement, cst.ClassDef):
         body = statement.body.body
         if isinstance(statement.body, cst.SimpleStatementSuite):
-            if not all(isinstance(s, cst.Pass) or isinstance(s, cst.Expr) and isinstance(s.value, cst.Ellipsis)
-                       for s in body):
+            if not all(
+                isinstance(s, cst.Pass) or isinstance(s, cst.Expr) and isinstance(s.value, cst.Ellipsis) for s in body
+            ):
                 return False
         else:
             local = set(defined)
@@ -169,7 +172,8 @@ def _place_in_suite(statements: List[cst.BaseStatement], start: int, defined: Se
             if isinstance(body, cst.SimpleStatementSuite):
                 semicolon = cst.Semicolon(whitespace_before=EMPTY, whitespace_after=SPACE)
                 statements[index] = statement.with_changes(
-                    body=body.with_changes(body=[_import_statement(semicolon), *body.body]))
+                    body=body.with_changes(body=[_import_statement(semicolon), *body.body])
+                )
                 return True
             inner = list(body.body)
             if _place_in_suite(inner, 0, defined):
@@ -190,7 +194,7 @@ def _place_between_definitions(statements: List[cst.BaseStatement], start: int) 
         chosen = _pick_line(lines, 3)  # past a definition, so never on lines 1-2
         if chosen is not None:
             carrier = _line_statement(lines[chosen]).with_changes(leading_lines=lines[:chosen])
-            statements[index:index + 1] = [carrier, statement.with_changes(leading_lines=lines[chosen + 1:])]
+            statements[index : index + 1] = [carrier, statement.with_changes(leading_lines=lines[chosen + 1 :])]
             return True
     return False
 
@@ -235,13 +239,15 @@ def place(module: cst.Module) -> cst.Module:
     if chosen is not None:  # 2
         statement = _line_statement(candidates[chosen])
         if chosen < len(header):
-            new_header, statement_lines, rest = header[:chosen], [], header[chosen + 1:] + list(first.leading_lines)
+            new_header, statement_lines, rest = header[:chosen], [], header[chosen + 1 :] + list(first.leading_lines)
         else:
             cut = chosen - len(header)
             new_header, statement_lines = header, list(first.leading_lines[:cut])
-            rest = list(first.leading_lines[cut + 1:])
-        body[start:start + 1] = [statement.with_changes(leading_lines=statement_lines),
-                                 first.with_changes(leading_lines=rest)]
+            rest = list(first.leading_lines[cut + 1 :])
+        body[start : start + 1] = [
+            statement.with_changes(leading_lines=statement_lines),
+            first.with_changes(leading_lines=rest),
+        ]
         return module.with_changes(header=new_header if start == 0 else module.header, body=body)
 
     if start > 0:  # 3
@@ -249,7 +255,8 @@ def place(module: cst.Module) -> cst.Module:
         if last.body[-1].semicolon is cst.MaybeSentinel.DEFAULT:
             statements = list(last.body)
             statements[-1] = statements[-1].with_changes(
-                semicolon=cst.Semicolon(whitespace_before=EMPTY, whitespace_after=SPACE))
+                semicolon=cst.Semicolon(whitespace_before=EMPTY, whitespace_after=SPACE)
+            )
             body[start - 1] = last.with_changes(body=[*statements, _import_statement()])
             return module.with_changes(body=body)
 
@@ -269,27 +276,34 @@ def place(module: cst.Module) -> cst.Module:
 # whole line goes, and the rest is the original bytes (with whatever else the formatter changed). Any other
 # shape that no placement writes is restored the same way, with this note, since the lines around it may
 # differ from the original.
-UNSURE = ("the runtime import stood on a line of its own where msprobe-rewrite never puts it (split off its line "
-          "or moved, by a formatter?); restore removed that line, so blank lines near it may differ from the "
-          "original")
+UNSURE = (
+    "the runtime import stood on a line of its own where msprobe-rewrite never puts it (split off its line "
+    "or moved, by a formatter?); restore removed that line, so blank lines near it may differ from the "
+    "original"
+)
 
 
 class Removal(NamedTuple):
     module: cst.Module
-    found: bool         # whether a runtime import was taken off
-    notes: List[str]    # why the result may not be the original bytes
+    found: bool  # whether a runtime import was taken off
+    notes: List[str]  # why the result may not be the original bytes
 
 
-def _standalone(statements: List[cst.BaseStatement], index: int, module_level: bool,
-                notes: List[str]) -> List[cst.EmptyLine]:
+def _standalone(
+    statements: List[cst.BaseStatement], index: int, module_level: bool, notes: List[str]
+) -> List[cst.EmptyLine]:
     """Take off the import that is the only statement of ``statements[index]``; return the lines it leaves for
     the footer of the suite (when it was the suite's last statement)."""
     statement = statements[index]
     following = statements[index + 1] if index + 1 < len(statements) else None
     commented = statement.trailing_whitespace.comment is not None
     split = isinstance(following, cst.SimpleStatementLine) and not commented
-    placed = (module_level and following is not None and not isinstance(following, cst.SimpleStatementLine)
-              and all(line.comment is not None for line in following.leading_lines))
+    placed = (
+        module_level
+        and following is not None
+        and not isinstance(following, cst.SimpleStatementLine)
+        and all(line.comment is not None for line in following.leading_lines)
+    )
     if not split and not placed:
         notes.append(UNSURE)
     # A placed import gives back the blank or comment line it took; a split one, or one no placement put there,
@@ -302,8 +316,9 @@ def _standalone(statements: List[cst.BaseStatement], index: int, module_level: b
     return []
 
 
-def _remove_in_suite(statements: List[cst.BaseStatement], notes: List[str],
-                     module_level: bool) -> Optional[List[cst.EmptyLine]]:
+def _remove_in_suite(
+    statements: List[cst.BaseStatement], notes: List[str], module_level: bool
+) -> Optional[List[cst.EmptyLine]]:
     """Take the runtime import off; None if there is none, else the lines it leaves for the suite's footer."""
     for index, statement in enumerate(statements):
         if isinstance(statement, cst.SimpleStatementLine):
@@ -315,7 +330,7 @@ def _remove_in_suite(statements: List[cst.BaseStatement], notes: List[str],
                 return _standalone(statements, index, module_level, notes)
             middle = next((i for i in range(1, len(small) - 1) if is_runtime_import(small[i])), None)
             if middle is not None and _future_prefix(statement) == middle:  # 1, after __future__ imports
-                statements[index] = statement.with_changes(body=[*small[:middle], *small[middle + 1:]])
+                statements[index] = statement.with_changes(body=[*small[:middle], *small[middle + 1 :]])
                 return []
             if len(small) > 1 and is_runtime_import(small[-1]):  # 3
                 before = list(small[:-1])
@@ -335,7 +350,8 @@ def _remove_in_suite(statements: List[cst.BaseStatement], notes: List[str],
                     if not inner:
                         raise PlacementError("the runtime import is the only statement of a try body")
                     statements[index] = statement.with_changes(
-                        body=body.with_changes(body=inner, footer=[*footer, *body.footer]))
+                        body=body.with_changes(body=inner, footer=[*footer, *body.footer])
+                    )
                     return []
     return None
 

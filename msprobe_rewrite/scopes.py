@@ -5,6 +5,7 @@ parsing, so the bindings come from ``ast`` instead, in the spirit of typeguard's
 listed in pre-order of the source (the order in which a libcst visitor enters them), so the transformer pairs
 each libcst scope node with its table by position in that list and checks the pairing by kind and name.
 """
+
 from __future__ import annotations
 
 import ast
@@ -132,8 +133,11 @@ def dotted_path(node: ast.AST, constants_as_names: bool = False) -> Optional[str
         node = node.value
     if isinstance(node, ast.Name):
         parts.append(node.id)
-    elif constants_as_names and isinstance(node, ast.Constant) and (
-            node.value is None or node.value is True or node.value is False):
+    elif (
+        constants_as_names
+        and isinstance(node, ast.Constant)
+        and (node.value is None or node.value is True or node.value is False)
+    ):
         parts.append(repr(node.value))
     else:
         return None
@@ -186,8 +190,7 @@ class _Collector(ast.NodeVisitor):
         self.depth += 1  # decorators, defaults and annotations are evaluated outside the function
         for item in node.decorator_list + node.args.defaults + [d for d in node.args.kw_defaults if d]:
             self.visit(item)
-        for arg in node.args.posonlyargs + node.args.args + node.args.kwonlyargs + [node.args.vararg,
-                                                                                     node.args.kwarg]:
+        for arg in node.args.posonlyargs + node.args.args + node.args.kwonlyargs + [node.args.vararg, node.args.kwarg]:
             if arg is not None and arg.annotation is not None:
                 self.visit(arg.annotation)
         if node.returns is not None:
@@ -255,8 +258,7 @@ class _Collector(ast.NodeVisitor):
 
     def visit_Assign(self, node: ast.Assign) -> None:
         kind = None
-        if (len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-                and isinstance(node.value, ast.Call)):
+        if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) and isinstance(node.value, ast.Call):
             kind = self._stdlib_value_kind(node.value)
         if kind is not None:
             self.current.bind(node.targets[0].id, kind)

@@ -17,6 +17,7 @@ rewritten within it could not be restored (a 1 MB module of the benchmark's kind
   rewrite with a given ``--max-file-size`` wrote, a restore with the same limit reads
   (tests/compiler/test_cli_faults.py, test_restore_reads_every_file_the_rewrite_wrote).
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -40,14 +41,18 @@ def _restore_limit_words(max_bytes: int) -> str:
 
 def rewritten_too_large(result_size: int, max_bytes: int) -> str:
     """Why a rewrite is not written: its result would be past what a restore reads."""
-    return (f"rewritten it would be {mib(result_size)}, past {_restore_limit_words(max_bytes)}, so it could not "
-            "be restored; left as it is")
+    return (
+        f"rewritten it would be {mib(result_size)}, past {_restore_limit_words(max_bytes)}, so it could not "
+        "be restored; left as it is"
+    )
 
 
 def restore_too_large(size: int, max_bytes: int) -> str:
     """Why an instrumented file is left instrumented by a restore."""
-    return (f"{mib(size)}, past {_restore_limit_words(max_bytes)}: left instrumented; restore it with a larger "
-            "--max-file-size (a restore holds about 0.1 GB of memory per MB)")
+    return (
+        f"{mib(size)}, past {_restore_limit_words(max_bytes)}: left instrumented; restore it with a larger "
+        "--max-file-size (a restore holds about 0.1 GB of memory per MB)"
+    )
 
 
 def restore_skips(size: int, max_bytes: int) -> str:

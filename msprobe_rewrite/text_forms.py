@@ -5,6 +5,7 @@ text (its ``__msprobe__.entry(``, its commas, its ``)``), so the edits of nested
 exactly what ``restore.Restorer`` (the libcst restore, the reference) gives, and raises ``Undecided`` for a
 form written in a way the reference may treat otherwise (a keyword argument, parentheses the reference drops).
 """
+
 from __future__ import annotations
 
 import ast
@@ -36,9 +37,13 @@ def entry(node: ast.AST) -> Optional[str]:
     if type(node) is not ast.Call:
         return None
     func = node.func
-    if (type(func) is ast.Attribute and type(func.value) is ast.Name and func.value.id == RUNTIME_NAME
-            and node.lineno == func.lineno == func.value.lineno
-            and node.col_offset == func.col_offset == func.value.col_offset):
+    if (
+        type(func) is ast.Attribute
+        and type(func.value) is ast.Name
+        and func.value.id == RUNTIME_NAME
+        and node.lineno == func.lineno == func.value.lineno
+        and node.col_offset == func.col_offset == func.value.col_offset
+    ):
         return func.attr
     return None
 
@@ -79,8 +84,8 @@ class Call:
 
 def operator_text(text: Text, left, right, spelling: bytes) -> Edit:
     """The comma between two arguments back into the operator it replaced; ``, `` stands for `` + ``."""
-    before = text.data[left[1]:left[2]]
-    after = text.data[left[2] + 1:right[0]]
+    before = text.data[left[1] : left[2]]
+    after = text.data[left[2] + 1 : right[0]]
     if before == b"" and after == b" ":
         return left[1], right[0], b" " + spelling + b" "
     return left[1], right[0], before + spelling + after
@@ -99,16 +104,16 @@ def call_or_dyn(text: Text, node: ast.Call, name: str) -> List[Edit]:
     _not_a_runtime_call(node.args[callee_index])
     spans = call.spans(callee_index + 1)
     callee = spans[callee_index]
-    whitespace_after_func = text.data[text.end(node.func):call.open]
-    whitespace = text.data[call.open + 1:call.first]
+    whitespace_after_func = text.data[text.end(node.func) : call.open]
+    whitespace = text.data[call.open + 1 : call.first]
     if callee[2] == call.close:  # the callee is the last argument: what precedes `)` is its own whitespace
         rest = call.close
-        moved = text.data[callee[1]:call.close]
+        moved = text.data[callee[1] : call.close]
     else:
         rest = text.skip(callee[2] + 1)
         if rest == call.close:
             raise Undecided("a trailing comma after the callee")
-        moved = text.data[callee[2] + 1:rest]
+        moved = text.data[callee[2] + 1 : rest]
     # A line break after the original `(` follows the callee, which stays on its own line.
     if has_line_break(moved) and whitespace == b"":
         whitespace = moved
@@ -150,8 +155,12 @@ def _not_a_runtime_call(restored: ast.AST) -> None:
     left to the reference."""
     if type(restored) is ast.Call:
         restored = restored.func
-    if (type(restored) is ast.Attribute and type(restored.value) is ast.Name and restored.value.id == RUNTIME_NAME
-            and restored.attr in _STATEMENT_ENTRIES):
+    if (
+        type(restored) is ast.Attribute
+        and type(restored.value) is ast.Name
+        and restored.value.id == RUNTIME_NAME
+        and restored.attr in _STATEMENT_ENTRIES
+    ):
         raise Undecided("a form that restores to a runtime call")
 
 
@@ -172,8 +181,12 @@ def _maybe_parenthesized(text: Text, node: ast.Call, parent: ast.AST, call: Call
     if following >= len(data) or data[following] != CLOSE:
         return False
     # `f(__msprobe__.truth(t))`: the parentheses are the outer call's
-    return not (type(parent) is ast.Call and parent.args == [node] and not parent.keywords
-                and text.skip(text.end(parent.func)) == opening)
+    return not (
+        type(parent) is ast.Call
+        and parent.args == [node]
+        and not parent.keywords
+        and text.skip(text.end(parent.func)) == opening
+    )
 
 
 def _anchor(text: Text, node: ast.AST, parent: ast.AST, start: int) -> int:
@@ -237,8 +250,12 @@ def augmented_target(text: Text, statement: ast.Expr) -> List[Edit]:
         edits = item_store(text, target)
     else:
         raise Undecided("an aug form of another target")
-    return [(call.start, reference[0], b""), *edits,
-            _aug_operator(text, reference, op_name, value, AUGMENTED[spelling]), (value[1], call.end, b"")]
+    return [
+        (call.start, reference[0], b""),
+        *edits,
+        _aug_operator(text, reference, op_name, value, AUGMENTED[spelling]),
+        (value[1], call.end, b""),
+    ]
 
 
 def _aug_operator(text: Text, reference, op_name, value, spelling: bytes) -> Edit:

@@ -2,6 +2,7 @@
 reference) on ast positions, with the same result and the same notes, and ``Undecided`` where the text may
 not say what the reference would do (a semicolon after the import, the import ending a ``try`` body).
 """
+
 from __future__ import annotations
 
 import ast
@@ -14,20 +15,35 @@ from .text_scan import Text, Undecided
 
 Edit = tuple
 
-_COMPOUND = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.If, ast.For, ast.AsyncFor, ast.While,
-             ast.With, ast.AsyncWith, ast.Try, *((ast.TryStar,) if hasattr(ast, "TryStar") else ()),
-             *((ast.Match,) if hasattr(ast, "Match") else ()))
+_COMPOUND = (
+    ast.FunctionDef,
+    ast.AsyncFunctionDef,
+    ast.ClassDef,
+    ast.If,
+    ast.For,
+    ast.AsyncFor,
+    ast.While,
+    ast.With,
+    ast.AsyncWith,
+    ast.Try,
+    *((ast.TryStar,) if hasattr(ast, "TryStar") else ()),
+    *((ast.Match,) if hasattr(ast, "Match") else ()),
+)
 
 
 class Removal(NamedTuple):
     edits: List[Edit]
-    found: bool        # whether a runtime import was taken off
-    notes: List[str]   # why the result may not be the original bytes
+    found: bool  # whether a runtime import was taken off
+    notes: List[str]  # why the result may not be the original bytes
 
 
 def is_runtime_import(node: ast.AST) -> bool:
-    return (type(node) is ast.Import and len(node.names) == 1 and node.names[0].name == RUNTIME_MODULE
-            and node.names[0].asname == RUNTIME_NAME)
+    return (
+        type(node) is ast.Import
+        and len(node.names) == 1
+        and node.names[0].name == RUNTIME_MODULE
+        and node.names[0].asname == RUNTIME_NAME
+    )
 
 
 def _is_future(node: ast.AST) -> bool:
@@ -42,8 +58,7 @@ def _lines(text: Text, body: List[ast.stmt]) -> List[List[ast.stmt]]:
     for statement in body:
         if previous is not None and not isinstance(statement, _COMPOUND) and not isinstance(previous, _COMPOUND):
             after = text.skip_blank(text.end(previous))
-            if (text.data[after:after + 1] == b";"
-                    and text.skip_blank(after + 1) == text.start(statement)):
+            if text.data[after : after + 1] == b";" and text.skip_blank(after + 1) == text.start(statement):
                 lines[-1].append(statement)
                 previous = statement
                 continue
@@ -53,7 +68,7 @@ def _lines(text: Text, body: List[ast.stmt]) -> List[List[ast.stmt]]:
 
 
 def _has_semicolon(text: Text, statement: ast.stmt) -> bool:
-    return text.data[text.skip_blank(text.end(statement)):][:1] == b";"
+    return text.data[text.skip_blank(text.end(statement)) :][:1] == b";"
 
 
 def _standalone(text: Text, lines, index: int, module_level: bool, notes: List[str]) -> List[Edit]:
@@ -65,22 +80,26 @@ def _standalone(text: Text, lines, index: int, module_level: bool, notes: List[s
     following = lines[index + 1][0] if index + 1 < len(lines) else None
     if following is None and not module_level:
         raise Undecided("the runtime import ends a try body")
-    byte = data[after:after + 1]
+    byte = data[after : after + 1]
     if byte == b";" or byte == b"\\":
         raise Undecided("a semicolon or continuation after the runtime import")
     commented = byte == b"#"
     if not commented and byte not in (b"\n", b"\r"):
         raise Undecided("the runtime import's line does not end after it")
     split = following is not None and not isinstance(following, _COMPOUND) and not commented
-    placed = (module_level and following is not None and isinstance(following, _COMPOUND)
-              and _comment_lines_only(text, statement, following))
+    placed = (
+        module_level
+        and following is not None
+        and isinstance(following, _COMPOUND)
+        and _comment_lines_only(text, statement, following)
+    )
     if not split and not placed:
         notes.append(UNSURE)
     if commented:  # the comment line it took, given back: its whitespace lost the two spaces before `#`
         return [(text.start(statement), after, data[end:after][2:])]
     if placed:  # the blank line it took, given back
         return [(text.start(statement), end, b"")]
-    line_end = after + (2 if data[after:after + 2] == b"\r\n" else 1)
+    line_end = after + (2 if data[after : after + 2] == b"\r\n" else 1)
     return [(text.line_start(statement), line_end, b"")]
 
 
@@ -88,7 +107,7 @@ def _comment_lines_only(text: Text, statement: ast.stmt, following: ast.stmt) ->
     """Whether every line between ``statement`` and ``following`` (its decorators included) is a comment."""
     first = min([following.lineno, *(d.lineno for d in getattr(following, "decorator_list", ()))])
     for number in range(statement.end_lineno + 1, first):
-        line = text.data[text.lines[number - 1]:text.lines[number]]
+        line = text.data[text.lines[number - 1] : text.lines[number]]
         if not line.lstrip(b" \t\x0c").startswith(b"#"):
             return False
     return True
@@ -107,7 +126,7 @@ def _try_body_on_its_line(text: Text, statement: ast.Try) -> bool:
     """Whether the body of ``try:`` is on the ``try:`` line itself (libcst's SimpleStatementSuite)."""
     colon = text.skip(text.start(statement) + 3)
     text.expect(colon, ord(":"))
-    byte = text.data[text.skip_blank(colon + 1):][:1]
+    byte = text.data[text.skip_blank(colon + 1) :][:1]
     if byte == b"\\":
         raise Undecided("a continuation after try:")
     return byte not in (b"\n", b"\r", b"#", b"")

@@ -5,6 +5,7 @@ Python's ``ast`` (a fraction of libcst's memory: see bench/rewrite_memory.py).
 compare it with on every golden case and on the corpora), or raises ``Undecided`` where it cannot be sure:
 the caller then restores with libcst and counts the case in ``FALLBACKS``, by reason.
 """
+
 from __future__ import annotations
 
 import ast
@@ -24,8 +25,8 @@ FALLBACKS: Counter = Counter()  # reason -> how many restores fell back to libcs
 
 class Restored(NamedTuple):
     source: bytes
-    found: bool        # whether the runtime import was taken off
-    notes: List[str]   # why the result may not be the original bytes
+    found: bool  # whether the runtime import was taken off
+    notes: List[str]  # why the result may not be the original bytes
 
 
 def _decode(source: bytes):
@@ -35,7 +36,7 @@ def _decode(source: bytes):
     except SyntaxError as error:
         raise Undecided(f"encoding: {error}") from None
     bom = codecs.BOM_UTF8 if source.startswith(codecs.BOM_UTF8) else b""
-    body = source[len(bom):]
+    body = source[len(bom) :]
     if codecs.lookup(encoding).name in ("utf-8", "utf-8-sig"):  # the BOM, if any, is put back as it was
         return body, None, bom
     try:

@@ -4,6 +4,7 @@ Between one expression node and the next there are only whitespace, line continu
 punctuation (strings are nodes), so a small scanner finds the commas, parentheses and ``=`` that the forms of
 docs/contract.md are made of. Offsets are into UTF-8 bytes, the unit of ast's column offsets.
 """
+
 from __future__ import annotations
 
 import ast

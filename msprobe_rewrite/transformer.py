@@ -3,6 +3,7 @@
 Only expressions change; every binding, import, decorator, default and annotation stays as written. Scopes
 come from ``scopes.collect_scopes`` (built from ``ast``) and are entered here in the same pre-order.
 """
+
 from __future__ import annotations
 
 from typing import Iterable, List, Optional
@@ -11,8 +12,21 @@ import libcst as cst
 
 from .dispatch import CachedDispatch
 from . import decisions
-from .forms import (AUGMENTED, BINARY, COMMA, COMPARISON, EMPTY, UNARY, comma_for_operator, has_line_break,
-                    is_empty, literal_kind, routes_truth_test, runtime_attr, safe_as_argument)
+from .forms import (
+    AUGMENTED,
+    BINARY,
+    COMMA,
+    COMPARISON,
+    EMPTY,
+    UNARY,
+    comma_for_operator,
+    has_line_break,
+    is_empty,
+    literal_kind,
+    routes_truth_test,
+    runtime_attr,
+    safe_as_argument,
+)
 from .kernels import is_kernel_decorator
 from .markers import SKIP_MARKER
 from .resolver import API, NOT_API, Resolver
@@ -184,8 +198,9 @@ class CallSiteTransformer(CachedDispatch):
         if not updated.args:
             callee = cst.Arg(value=updated.func, whitespace_after_arg=whitespace if newline else EMPTY)
         else:
-            callee = cst.Arg(value=updated.func, comma=COMMA.with_changes(whitespace_after=whitespace)
-                             if newline else COMMA)
+            callee = cst.Arg(
+                value=updated.func, comma=COMMA.with_changes(whitespace_after=whitespace) if newline else COMMA
+            )
         if newline:
             updated = updated.with_changes(whitespace_before_args=EMPTY)
         args = [callee, *updated.args]
@@ -194,15 +209,18 @@ class CallSiteTransformer(CachedDispatch):
             quote = next((q for q in ('"', "'") if q not in self.fstring_quotes), None)
             if quote is not None:  # inside f-strings using both quotes, identity dispatch names it instead
                 entry = "call"
-                args.insert(0, cst.Arg(value=cst.SimpleString(f"{quote}{resolution.api_name}{quote}"),
-                                       comma=COMMA))
+                args.insert(0, cst.Arg(value=cst.SimpleString(f"{quote}{resolution.api_name}{quote}"), comma=COMMA))
         self.changes += 1
         return updated.with_changes(func=runtime_attr(entry), args=args)
 
     def leave_BinaryOperation(self, original, updated):
         entry = BINARY[type(updated.operator)]
-        if self.frozen or not decisions.rewrite_binary(entry, literal_kind(original.left), literal_kind(original.right),
-                                                       lambda: isinstance(original.left, cst.SimpleString)):
+        if self.frozen or not decisions.rewrite_binary(
+            entry,
+            literal_kind(original.left),
+            literal_kind(original.right),
+            lambda: isinstance(original.left, cst.SimpleString),
+        ):
             return updated
         operator = updated.operator
         comma = comma_for_operator(operator.whitespace_before, operator.whitespace_after)
@@ -217,10 +235,18 @@ class CallSiteTransformer(CachedDispatch):
     def _iteration_entry(self, value: cst.BaseExpression, unpacks_items: bool) -> Optional[str]:
         display = decisions.NOT_DISPLAY
         if isinstance(value, (cst.List, cst.Tuple, cst.Set)):
-            display = decisions.DISPLAY_OF_DISPLAYS if all(
-                isinstance(element, cst.Element) and (isinstance(element.value, (cst.List, cst.Tuple))
-                                                      or decisions.is_literal(literal_kind(element.value)))
-                for element in value.elements) else decisions.DISPLAY
+            display = (
+                decisions.DISPLAY_OF_DISPLAYS
+                if all(
+                    isinstance(element, cst.Element)
+                    and (
+                        isinstance(element.value, (cst.List, cst.Tuple))
+                        or decisions.is_literal(literal_kind(element.value))
+                    )
+                    for element in value.elements
+                )
+                else decisions.DISPLAY
+            )
         elif isinstance(value, (cst.Dict, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)):
             display = decisions.DISPLAY
         builtin = self._builtin_name(value.func) if isinstance(value, cst.Call) else None
@@ -233,8 +259,12 @@ class CallSiteTransformer(CachedDispatch):
     def _leave_loop(self, original, updated):
         """``for x in t`` -> ``for x in __msprobe__.iterate(t)``; a comprehension's ``for`` alike. Not where
         ``in`` touches its value (``in(t)``: ``__msprobe__`` would join the keyword), nor ``async for``."""
-        if (self.frozen or updated.asynchronous is not None or is_empty(updated.whitespace_after_in)
-                or not safe_as_argument(original.iter)):
+        if (
+            self.frozen
+            or updated.asynchronous is not None
+            or is_empty(updated.whitespace_after_in)
+            or not safe_as_argument(original.iter)
+        ):
             return updated  # `for a, b in "ab", "cd"`: a bare tuple is no single argument
         entry = self._iteration_entry(original.iter, isinstance(original.target, (cst.Tuple, cst.List)))
         if entry is None:
@@ -276,10 +306,12 @@ class CallSiteTransformer(CachedDispatch):
         if isinstance(expression, cst.BooleanOperation):
             return expression.with_changes(
                 left=self._truth_test(expression.left, spaced or bool(expression.lpar)),
-                right=self._truth_test(expression.right, not is_empty(expression.operator.whitespace_after)))
+                right=self._truth_test(expression.right, not is_empty(expression.operator.whitespace_after)),
+            )
         if isinstance(expression, cst.UnaryOperation) and isinstance(expression.operator, cst.Not):
-            return expression.with_changes(expression=self._truth_test(
-                expression.expression, not is_empty(expression.operator.whitespace_after)))
+            return expression.with_changes(
+                expression=self._truth_test(expression.expression, not is_empty(expression.operator.whitespace_after))
+            )
         if self.frozen or not spaced or not routes_truth_test(expression):
             return expression
         self.changes += 1
@@ -306,21 +338,30 @@ class CallSiteTransformer(CachedDispatch):
     def leave_UnaryOperation(self, original, updated):
         if isinstance(updated.operator, cst.Not):
             operand = updated.expression
-            if (id(original) in self.tests or self.frozen or is_empty(updated.operator.whitespace_after)
-                    or not routes_truth_test(operand)):
+            if (
+                id(original) in self.tests
+                or self.frozen
+                or is_empty(updated.operator.whitespace_after)
+                or not routes_truth_test(operand)
+            ):
                 return updated  # in a test position, its owner routes the operand
             self.changes += 1  # elsewhere `not` calls bool() once on its whole operand's value
             return updated.with_changes(expression=cst.Call(func=runtime_attr("truth"), args=[cst.Arg(value=operand)]))
         entry = UNARY.get(type(updated.operator))
-        if (self.frozen or entry is None or not decisions.rewrite_unary(literal_kind(original.expression))
-                or not is_empty(updated.operator.whitespace_after)):
+        if (
+            self.frozen
+            or entry is None
+            or not decisions.rewrite_unary(literal_kind(original.expression))
+            or not is_empty(updated.operator.whitespace_after)
+        ):
             return updated
         return self._runtime_call(entry, [cst.Arg(value=updated.expression)], updated)
 
     def leave_Comparison(self, original, updated):
         comparisons = original.comparisons
-        if self.frozen or not decisions.rewrite_comparison(len(comparisons), literal_kind(original.left),
-                                                           literal_kind(comparisons[0].comparator)):
+        if self.frozen or not decisions.rewrite_comparison(
+            len(comparisons), literal_kind(original.left), literal_kind(comparisons[0].comparator)
+        ):
             return updated
         target = updated.comparisons[0]
         entry = COMPARISON.get(type(target.operator))
@@ -348,8 +389,11 @@ class CallSiteTransformer(CachedDispatch):
         updated = updated.with_changes(targets=targets)
         # `a, b = t` iterates t: `a, b = __msprobe__.iterate(t)`; not a yield's value, whose parentheses the
         # ast path cannot see
-        if (any(isinstance(target.target, (cst.Tuple, cst.List)) for target in original.targets)
-                and not isinstance(original.value, cst.Yield) and safe_as_argument(original.value)):
+        if (
+            any(isinstance(target.target, (cst.Tuple, cst.List)) for target in original.targets)
+            and not isinstance(original.value, cst.Yield)
+            and safe_as_argument(original.value)
+        ):
             entry = self._iteration_entry(original.value, False)
             if entry is not None:
                 updated = updated.with_changes(value=self._iterated(entry, updated.value))
@@ -363,12 +407,21 @@ class CallSiteTransformer(CachedDispatch):
         target = updated.target
         if isinstance(target, cst.Name):
             self.changes += 1
-            call = cst.Call(func=runtime_attr(entry),
-                            args=[cst.Arg(value=cst.Name(target.value), comma=COMMA), cst.Arg(value=updated.value)])
+            call = cst.Call(
+                func=runtime_attr(entry),
+                args=[cst.Arg(value=cst.Name(target.value), comma=COMMA), cst.Arg(value=updated.value)],
+            )
             return cst.Assign(
-                targets=[cst.AssignTarget(target=target, whitespace_before_equal=operator.whitespace_before,
-                                          whitespace_after_equal=operator.whitespace_after)],
-                value=call, semicolon=updated.semicolon)
+                targets=[
+                    cst.AssignTarget(
+                        target=target,
+                        whitespace_before_equal=operator.whitespace_before,
+                        whitespace_after_equal=operator.whitespace_after,
+                    )
+                ],
+                value=call,
+                semicolon=updated.semicolon,
+            )
         comma = comma_for_operator(operator.whitespace_before, operator.whitespace_after)
         if comma is None:
             return updated
@@ -376,19 +429,27 @@ class CallSiteTransformer(CachedDispatch):
             dot = target.dot
             if not (is_empty(dot.whitespace_before) and is_empty(dot.whitespace_after)):
                 return updated
-            reference = cst.Call(func=runtime_attr("attr"), args=[
-                cst.Arg(value=target.value, comma=COMMA),
-                cst.Arg(value=cst.SimpleString(f'"{target.attr.value}"'))])
+            reference = cst.Call(
+                func=runtime_attr("attr"),
+                args=[
+                    cst.Arg(value=target.value, comma=COMMA),
+                    cst.Arg(value=cst.SimpleString(f'"{target.attr.value}"')),
+                ],
+            )
         elif isinstance(target, cst.Subscript) and not target.lpar:
             loader = cst.Call(func=runtime_attr("item"), args=[cst.Arg(value=target.value)])
             reference = target.with_changes(value=loader)
         else:
             return updated
         self.changes += 1
-        call = cst.Call(func=runtime_attr("aug"), args=[
-            cst.Arg(value=reference, comma=COMMA),
-            cst.Arg(value=cst.SimpleString(f'"{entry}"'), comma=comma),
-            cst.Arg(value=updated.value)])
+        call = cst.Call(
+            func=runtime_attr("aug"),
+            args=[
+                cst.Arg(value=reference, comma=COMMA),
+                cst.Arg(value=cst.SimpleString(f'"{entry}"'), comma=comma),
+                cst.Arg(value=updated.value),
+            ],
+        )
         return cst.Expr(value=call, semicolon=updated.semicolon)
 
 

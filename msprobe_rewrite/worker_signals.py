@@ -12,6 +12,7 @@ starting thread: the pool's own threads inherit that mask, so every worker they 
 replace one) is born with SIGINT blocked, and unblocks it only once it ignores it (a SIGINT pending by then is
 discarded). The parent's main thread unblocks it once the pool is up, and takes any Ctrl-C held back meanwhile.
 """
+
 from __future__ import annotations
 
 import signal

@@ -6,6 +6,7 @@ output and input tensors. Parameter gradients: ``register_post_accumulate_grad_h
 a node or changes an edge, so accumulation order, and therefore every gradient bit, stays as it was. Every hook
 returns None: it observes, it never replaces a gradient.
 """
+
 from __future__ import annotations
 
 import torch  # imported by the collector already, whose module this is part of
@@ -69,8 +70,9 @@ def hook_api_backward(collector, name, outputs):
     token = collector.step.token
     width = len(outputs)
     for node, positions in nodes.items():
-        collector.keep_hook(node.register_hook(_Observer(collector, token, "API backward hook", observe_api,
-                                                         (name, width, positions))))
+        collector.keep_hook(
+            node.register_hook(_Observer(collector, token, "API backward hook", observe_api, (name, width, positions)))
+        )
 
 
 class _Observer:
@@ -116,15 +118,17 @@ def observe_api(collector, name, width, positions, grad_inputs, grad_outputs):
     if "input" in entry:
         for position, output_nr in positions:
             if output_nr < len(grad_outputs):
-                entry["input"][position] = describe(grad_outputs[output_nr],
-                                                    collector.file_stem(name, "input", str(position)))
+                entry["input"][position] = describe(
+                    grad_outputs[output_nr], collector.file_stem(name, "input", str(position))
+                )
     if "output" in entry:
         if not collector.plan.tensor_task:  # no file names: the native op describes them in one call
             entry["output"].extend(collector.describe_seq(grad_inputs, None))
             return
         start = len(entry["output"])
-        entry["output"].extend(describe(g, collector.file_stem(name, "output", str(start + i)))
-                               for i, g in enumerate(grad_inputs))
+        entry["output"].extend(
+            describe(g, collector.file_stem(name, "output", str(start + i))) for i, g in enumerate(grad_inputs)
+        )
 
 
 def hook_module_backward(collector, name, inputs, outputs, params=()):
@@ -177,15 +181,19 @@ def hook_module_backward(collector, name, inputs, outputs, params=()):
             _tensor_hook(collector, inputs[position], (wait, "output", in_slot[position]))
     for node, edges in consumers:
         edges = [(edge, in_slot[position]) for edge, position in edges]
-        collector.keep_hook(node.register_hook(_Observer(
-            collector, collector.step.token, "module backward hook", _observe_consumers, (wait, edges))))
+        collector.keep_hook(
+            node.register_hook(
+                _Observer(collector, collector.step.token, "module backward hook", _observe_consumers, (wait, edges))
+            )
+        )
 
 
 def _tensor_hook(collector, t, bound):
     """torch's tensor hook of a module's backward on ``t`` (``observe_tensor(collector, *bound, grad)``), removed
     when the step ends."""
-    collector.keep_hook(t.register_hook(_Observer(collector, collector.step.token, "module backward hook",
-                                                  observe_tensor, bound)))
+    collector.keep_hook(
+        t.register_hook(_Observer(collector, collector.step.token, "module backward hook", observe_tensor, bound))
+    )
 
 
 def _wait_for_parts(collector, wait, n_out, n_in, params):
@@ -352,12 +360,14 @@ def hook_parameters(collector):
                 if main_grad is not None and is_subclass(type(main_grad), torch.Tensor):
                     with torch.enable_grad():
                         node = param.expand_as(param).grad_fn.next_functions[0][0]
-                    handle = node.register_hook(_Observer(collector, None, "parameter gradient hook",
-                                                          _observe_main_grad, (prefix, param_name, param)))
+                    handle = node.register_hook(
+                        _Observer(
+                            collector, None, "parameter gradient hook", _observe_main_grad, (prefix, param_name, param)
+                        )
+                    )
                     handles.append(_Keep(handle, node))
                 else:
-                    handles.append(param.register_post_accumulate_grad_hook(
-                        _ParamHook(collector, prefix, param_name)))
+                    handles.append(param.register_post_accumulate_grad_hook(_ParamHook(collector, prefix, param_name)))
     collector.set_hooked_parameters(listed)
     return handles
 

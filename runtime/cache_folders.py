@@ -10,6 +10,7 @@ root existed, is kept for compatibility: set, it is that cache's folder itself.
 Here, in the runtime, because the runtime must find its build folder without libcst; the compiler imports it
 from here. Only ``os``: importing it imports neither torch nor libcst.
 """
+
 import os
 
 ROOT_VARIABLE = "MSPROBE_CACHE_DIR"

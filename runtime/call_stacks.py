@@ -12,12 +12,13 @@ program started by ``python`` does not have), and torch's ``__torch_function__``
 to the observing mode (``handle_torch_function`` and the function that called it), so that such a call's
 stack starts where the call was made, as it does for a call msprobe's wrapper sees.
 """
+
 from __future__ import annotations
 
 import os
 import sys
 
-MAX_FRAMES = 64       # stack.json's lines per entry, innermost first
+MAX_FRAMES = 64  # stack.json's lines per entry, innermost first
 MAX_RAW = 4 * MAX_FRAMES  # frames walked before the runtime's and nn.Module's call frames are dropped
 
 _RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -155,8 +156,8 @@ class Resolver:
         self._dispatch_file = _dispatch_file()
         self._op_calls = _op_call_codes()
         self._runpy_files = _runpy_files()
-        self._codes = {}     # id(code) -> (code, kind, {position: line})
-        self._stacks = {}    # id(pair) -> (pair, frames): a stack, or the outer part of one
+        self._codes = {}  # id(code) -> (code, kind, {position: line})
+        self._stacks = {}  # id(pair) -> (pair, frames): a stack, or the outer part of one
         self._interned = {}  # frames -> frames
 
     def trim(self):
@@ -195,7 +196,7 @@ class Resolver:
             start = 0
             while start < len(kinds) and kinds[start] is _DISPATCH:
                 start += 1
-            frames = frames[start + 1:]
+            frames = frames[start + 1 :]
         elif kinds and kinds[0] is _OP_CALL:
             # a torch.ops operator the observing mode saw (custom_op_namespaces): its __call__ frames are the
             # operator's machinery; msprobe's wrapper of torch.ops.<ns>.<op> is called at the user's line
@@ -220,8 +221,11 @@ class Resolver:
         filename = code.co_filename
         if code in _LAUNCHERS:
             return _LAUNCHER
-        if (filename.startswith(_RUNTIME_DIR) or filename in self.skip_files
-                or any(filename.startswith(folder) for folder in self._tool_dirs)):
+        if (
+            filename.startswith(_RUNTIME_DIR)
+            or filename in self.skip_files
+            or any(filename.startswith(folder) for folder in self._tool_dirs)
+        ):
             return _DROPPED
         if filename == self._dispatch_file:
             return _DISPATCH
@@ -265,8 +269,10 @@ def _op_call_codes():
     """The code of the ``__call__`` of torch's operator objects (torch.ops packets and overloads, and the
     CustomOpDef of torch.library.custom_op), where torch is loaded."""
     codes = []
-    for module_name, class_names in (("torch._ops", ("OpOverload", "OpOverloadPacket")),
-                                     ("torch._library.custom_ops", ("CustomOpDef",))):
+    for module_name, class_names in (
+        ("torch._ops", ("OpOverload", "OpOverloadPacket")),
+        ("torch._library.custom_ops", ("CustomOpDef",)),
+    ):
         module = sys.modules.get(module_name)
         for class_name in class_names:
             call = getattr(getattr(module, class_name, None), "__call__", None)

@@ -5,6 +5,7 @@ accepted as it is) plus a ``custom`` section mapping fully qualified names to du
 compiler (static resolution by qualified name) and the runtime (resolution by identity), so it imports
 neither torch nor libcst.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -72,9 +73,7 @@ def _entries_of(data: Mapping, source: str) -> Dict[str, str]:
                 entries[str(qualname)] = str(dump_name)
             continue
         if section not in SECTIONS:
-            raise CatalogueError(
-                f"{source}: unknown section {section!r}; known: {', '.join(sorted(SECTIONS))}, custom"
-            )
+            raise CatalogueError(f"{source}: unknown section {section!r}; known: {', '.join(sorted(SECTIONS))}, custom")
         if not isinstance(names, Sequence) or isinstance(names, str):
             raise CatalogueError(f"{source}: section {section!r} must be a list of API names")
         module, prefix = SECTIONS[section]

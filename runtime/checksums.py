@@ -18,6 +18,7 @@ an n-byte tensor is bounded by ``(n / p1) * (n / p2)``. The 16 hex digits are th
 Statistics slots carry the fingerprint to the host as four 16-bit parts, exact in any float type the flush
 uses.
 """
+
 from __future__ import annotations
 
 import threading
@@ -69,23 +70,26 @@ def fingerprint_parts(t):
     on_cpu = raw.device.type == "cpu"
     sums = [None, None]
     for start in range(0, n, _BLOCK):
-        part = raw[start:start + _BLOCK].to(torch.int64)
+        part = raw[start : start + _BLOCK].to(torch.int64)
         length = part.numel()
         full = length // _ROW
         first_row = start // _ROW
         for lane, (p, _g) in enumerate(LANES):
             pieces = []
             if full:
-                rows_view = part[:full * _ROW].view(full, _ROW)
+                rows_view = part[: full * _ROW].view(full, _ROW)
                 # int64 mv is one pass on the CPU; other backends may lack integer matmul
                 pieces.append(torch.mv(rows_view, powers[lane]) if on_cpu else (rows_view * powers[lane]).sum(1))
             tail = length - full * _ROW
             if tail:
-                pieces.append(torch.dot(part[full * _ROW:], powers[lane][:tail]).reshape(1) if on_cpu
-                              else (part[full * _ROW:] * powers[lane][:tail]).sum().reshape(1))
+                pieces.append(
+                    torch.dot(part[full * _ROW :], powers[lane][:tail]).reshape(1)
+                    if on_cpu
+                    else (part[full * _ROW :] * powers[lane][:tail]).sum().reshape(1)
+                )
             row_sums = (pieces[0] if len(pieces) == 1 else torch.cat(pieces)) % p
             count = row_sums.numel()
-            total = (row_sums * multipliers[lane][first_row:first_row + count] % p).sum() % p
+            total = (row_sums * multipliers[lane][first_row : first_row + count] % p).sum() % p
             sums[lane] = total if sums[lane] is None else (sums[lane] + total) % p
     # the "+ 1" of every byte, summed in closed form: sum of g**k for k < n
     sums = [(total + _geometric(g, n, p)) % p for total, (p, g) in zip(sums, LANES)]

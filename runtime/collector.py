@@ -5,6 +5,7 @@ computed on the device, runs the user's call exactly once with the user's own ar
 observe-only backward hooks. Any error of its own is logged once and that record is skipped; the user's call
 is never repeated and never sees the error.
 """
+
 from __future__ import annotations
 
 import builtins
@@ -23,9 +24,22 @@ from .compiled_regions import POLYFILLED as _POLYFILLED
 from .module_tracking import ObserveMode, instrumented_globals, mode_active, on_top
 from .module_tracking import tracing as _tracing
 from .switches import switched_on
-from .foreign import (BOUND_METHOD_TYPES, bound_self, children, class_attribute, defines_before, instance_attribute,
-                      is_subclass, key_text, mapping_items, method_name, subclass_test,
-                      own_parameters, sequence_items, type_name)
+from .foreign import (
+    BOUND_METHOD_TYPES,
+    bound_self,
+    children,
+    class_attribute,
+    defines_before,
+    instance_attribute,
+    is_subclass,
+    key_text,
+    mapping_items,
+    method_name,
+    subclass_test,
+    own_parameters,
+    sequence_items,
+    type_name,
+)
 from .open_calls import ApiBackwardHook, ApiCall, Boundary, ModuleCall, make
 from .recording_plan import Plan
 from .records import TensorRecord, describe_builtin
@@ -33,8 +47,7 @@ from .selection import Selection
 from .contract import RUNTIME_MODULE
 from .shims import FOREIGN_CALL, MODULE_CALL, NOT_ROUTED
 from .checksums import checksum_of
-from .statistics import (KIND_EMPTY, LATER, StatBuffer, float8_scaling, float8_view,
-                         low_precision_dtypes, tensor_kind)
+from .statistics import KIND_EMPTY, LATER, StatBuffer, float8_scaling, float8_view, low_precision_dtypes, tensor_kind
 from .step_state import StepState
 
 logger = logging.getLogger("msprobe_runtime")
@@ -50,6 +63,7 @@ def _reuse_min():
     """The least elements of a tensor whose statistics may be served again; none with MSPROBE_STATS_REUSE=0
     (every record read afresh: to rule reuse out when a statistic looks wrong, or to compare against)."""
     return _REUSE_MIN if switched_on("MSPROBE_STATS_REUSE") else sys.maxsize
+
 
 _PLAIN_SCALARS = (bool, int, float, complex)
 _TENSOR = torch.Tensor
@@ -115,7 +129,7 @@ class Collector:
     def __init__(self, config, identity, tensor_methods, named_modules, stats=None):
         self.config = config
         self.plan = Plan.of(config)  # what is recorded (recording_plan): replaced only by module_dump's narrowing
-        self.identity = identity              # id(callable) -> dump name, for dyn and the mode
+        self.identity = identity  # id(callable) -> dump name, for dyn and the mode
         self.tensor_methods = tensor_methods  # method name -> "Tensor.name"
         self.operator_names = operators.dump_names(tensor_methods)  # entry -> (left name, reflected name)
         self.truth_name = tensor_methods.get("__bool__")  # a truth test's dump name (Tensor.__bool__)
@@ -123,8 +137,7 @@ class Collector:
         # a call's arguments and outputs described in one native call where it serves (describe_seq)
         self._reuse_min = _reuse_min()
         # the native op's Recorder, None where it does not serve (also backward.hook_module_backward's hooks)
-        self.recorder = (self.stats.native_recorder(self._reuse_min, _RECENT) if self.plan.statistics_only
-                         else None)
+        self.recorder = self.stats.native_recorder(self._reuse_min, _RECENT) if self.plan.statistics_only else None
         self._optimizer_hooks = []  # while collecting: any torch optimizer's step opens and ends its phase
         # msprobe's optimizer status: "optimizer" during a torch optimizer's step, "clip_grad" during torch's
         # gradient clipping called from instrumented code; at mix, each API entry made then has it as its parent
@@ -137,11 +150,13 @@ class Collector:
         self._arrivals = []
         self.native_backward = False  # set by set_collecting
         if self.recorder is not None:
-            self.recorder.observe_backward(self._arrivals, _api_backward_fallback, _module_backward_fallback,
-                                            weakref.ref(self))
+            self.recorder.observe_backward(
+                self._arrivals, _api_backward_fallback, _module_backward_fallback, weakref.ref(self)
+            )
         # config.json's scope and list, matched as msprobe does (selection.py); None: everything is recorded
-        self.selection = (Selection(config.scope, config.list, config.level, config.task)
-                          if config.scope or config.list else None)
+        self.selection = (
+            Selection(config.scope, config.list, config.level, config.task) if config.scope or config.list else None
+        )
         self.modules = {}  # id(module) -> (module, "Module.net1.ln1.Linear.")
         # calls into compiled code (compiled_calls): its wrappers, and the model's modules compiled in place
         self.compiled = compiled_calls.CompiledCallables()
@@ -314,8 +329,10 @@ class Collector:
         if collecting:
             # an optimizer may write its parameters without moving their version counters (a fused kernel,
             # megatron's copy through ``.data``): any torch optimizer's step ends what is known of them
-            self._optimizer_hooks = [register_optimizer_step_pre_hook(self._optimizer_begins),
-                                     register_optimizer_step_post_hook(self._optimizer_ends)]
+            self._optimizer_hooks = [
+                register_optimizer_step_pre_hook(self._optimizer_begins),
+                register_optimizer_step_post_hook(self._optimizer_ends),
+            ]
 
     def _optimizer_begins(self, *_hook_args):
         self.phase = "optimizer"
@@ -381,16 +398,16 @@ class Collector:
         key = (where, type(error).__name__, str(error)[:200])
         if key not in self._logged:
             self._logged.add(key)
-            logger.warning("msprobe_runtime: %s failed (%s: %s); that record is skipped",
-                           where, type(error).__name__, error)
+            logger.warning(
+                "msprobe_runtime: %s failed (%s: %s); that record is skipped", where, type(error).__name__, error
+            )
 
     # ----------------------------------------------------------------- entry points (from the shims)
 
     def call(self, api_name, fn, args, kwargs):
         if not _POLYFILLED and _tracing():
             return fn(*args, **kwargs)
-        if (type(fn) is _FUNCTION and fn.__code__.co_name == _COMPILE_WRAPPER
-                and self.compiled.function(fn) is not None):
+        if type(fn) is _FUNCTION and fn.__code__.co_name == _COMPILE_WRAPPER and self.compiled.function(fn) is not None:
             return self.compiled_call(fn, args, kwargs, sys._getframe(2), api_name)
         if self.work.depth or not self.plan.level_api:
             return fn(*args, **kwargs)
@@ -413,8 +430,11 @@ class Collector:
         # may have been loaded since start() (compiled_calls)
         if kind is _FUNCTION or kind is _METHOD:
             function = fn if kind is _FUNCTION else fn.__func__
-            if (type(function) is _FUNCTION and function.__code__.co_name == _COMPILE_WRAPPER
-                    and self.compiled.function(function) is not None):
+            if (
+                type(function) is _FUNCTION
+                and function.__code__.co_name == _COMPILE_WRAPPER
+                and self.compiled.function(function) is not None
+            ):
                 return self.compiled_call(fn, args, kwargs, sys._getframe(2))
         elif kind is self.compiled.optimized_module or self.compiled_modules.get(id(fn)) is fn:
             return self.compiled_call(fn, args, kwargs, sys._getframe(2))
@@ -445,8 +465,11 @@ class Collector:
         kind = type(first)
         if _is_tensor_type(kind):
             api_name, record_args = self.operator_names[name][0], operands
-        elif len(operands) == 2 and (kind is int or kind is float or is_subclass(kind, _PLAIN_SCALARS)) and (
-                _is_tensor_type(type(operands[1]))):
+        elif (
+            len(operands) == 2
+            and (kind is int or kind is float or is_subclass(kind, _PLAIN_SCALARS))
+            and (_is_tensor_type(type(operands[1])))
+        ):
             # Python reaches the tensor's reflected method: msprobe records that one, self first
             api_name, record_args = self.operator_names[name][1], (operands[1], first)
         else:
@@ -468,8 +491,13 @@ class Collector:
         """Whether a call from instrumented code here is to run with the mode on: collecting APIs, eager, not
         inside a recorded call, and no mode already watching (``ctx[-1]`` false: uninstrumented code's mode
         sees the call by itself)."""
-        return not ((not _POLYFILLED and _tracing()) or not self.collecting or self.work.depth
-                    or not self.plan.level_api or not self.ctx[-1])
+        return not (
+            (not _POLYFILLED and _tracing())
+            or not self.collecting
+            or self.work.depth
+            or not self.plan.level_api
+            or not self.ctx[-1]
+        )
 
     def call_observed(self, fn, *args, **kwargs):
         """``fn(*args, **kwargs)`` with the observing mode on, as ``shims.dyn`` calls a foreign function."""
@@ -500,8 +528,13 @@ class Collector:
     def truth(self, value):
         """A truth test: recorded as the tensor's ``__bool__`` (msprobe's ``Tensor.__bool__``, and what the
         observing mode records for ``if t:`` in uninstrumented code); any other value is only tested."""
-        if ((not _POLYFILLED and _tracing()) or self.work.depth or not self.plan.level_api
-                or self.truth_name is None or not _is_tensor_type(type(value))):
+        if (
+            (not _POLYFILLED and _tracing())
+            or self.work.depth
+            or not self.plan.level_api
+            or self.truth_name is None
+            or not _is_tensor_type(type(value))
+        ):
             return bool(value)
         return self.api(self.truth_name, bool, (value,), {}, (value,), sys._getframe(2))
 
@@ -591,8 +624,9 @@ class Collector:
             return
         entry = record.entry if kind == "api" else None
         if kwargs and entry is not None and "input_kwargs" in entry:  # the pre-hook had the positional ones only
-            entry["input_kwargs"] = self.describe_map(kwargs, self.file_stem(record.forward, "input")
-                                                      if self.plan.tensor_task else None)
+            entry["input_kwargs"] = self.describe_map(
+                kwargs, self.file_stem(record.forward, "input") if self.plan.tensor_task else None
+            )
         self.end_compiled(begun, kwargs, result)
 
     # ----------------------------------------------------------------- APIs
@@ -663,8 +697,9 @@ class Collector:
         plan, step = self.plan, self.step
         if entry is not None:
             if plan.want_output:
-                entry["output"] = self.describe_output(result, self.file_stem(forward, "output")
-                                                       if plan.tensor_task else None)
+                entry["output"] = self.describe_output(
+                    result, self.file_stem(forward, "output") if plan.tensor_task else None
+                )
             if self._arrivals:
                 self.take_arrivals()
             with self._lock:
@@ -840,21 +875,25 @@ class Collector:
             self.module_stack.pop()
         if entry is not None:
             if self.plan.want_input and kwargs:
-                entry["input_kwargs"] = self.describe_map(kwargs, self.file_stem(name, "input")
-                                                          if self.plan.tensor_task else None)
+                entry["input_kwargs"] = self.describe_map(
+                    kwargs, self.file_stem(name, "input") if self.plan.tensor_task else None
+                )
             if self.plan.want_output:
-                entry["output"] = self.describe_output(result, self.file_stem(name, "output")
-                                                       if self.plan.tensor_task else None)
+                entry["output"] = self.describe_output(
+                    result, self.file_stem(name, "output") if self.plan.tensor_task else None
+                )
             listed = self.hooked_parameters.get(id(module))
             own = listed.own if listed is not None and listed.module is module else own_parameters(module)
             if own:
                 if self.plan.tensor_task:
-                    entry["parameters"] = {param_name: self.describe(param, self.file_stem(name, "parameters",
-                                                                                           param_name))
-                                           for param_name, param in own}
+                    entry["parameters"] = {
+                        param_name: self.describe(param, self.file_stem(name, "parameters", param_name))
+                        for param_name, param in own
+                    }
                 else:
-                    entry["parameters"] = dict(zip([param_name for param_name, _ in own],
-                                                   self.describe_seq([param for _, param in own], None)))
+                    entry["parameters"] = dict(
+                        zip([param_name for param_name, _ in own], self.describe_seq([param for _, param in own], None))
+                    )
             if self._arrivals:
                 self.take_arrivals()
             with self._lock:
@@ -886,7 +925,7 @@ class Collector:
             return known[1]
         found, seen = [], set()
         self.step.module_parameters[id(module)] = (module, found)  # held: no other module takes its id this step;
-        listed = self.hooked_parameters.get(id(module))        # and a module inside itself adds nothing twice
+        listed = self.hooked_parameters.get(id(module))  # and a module inside itself adds nothing twice
         for param in listed.hooked if listed is not None and listed.module is module else ():
             seen.add(id(param))
             found.append(param)
@@ -984,8 +1023,11 @@ class Collector:
                         if record is LATER:
                             value = values[i]
                             kind = type(value)
-                            records[i] = (self._tensor(value, None, False) if kind is _TENSOR or kind is _PARAMETER
-                                          else self.describe(value, None, 1))
+                            records[i] = (
+                                self._tensor(value, None, False)
+                                if kind is _TENSOR or kind is _PARAMETER
+                                else self.describe(value, None, 1)
+                            )
                 return records
             return [self._tensor(v, None) if type(v) is _TENSOR else self.describe(v, None, 1) for v in values]
         return [self.describe(v, f"{prefix}.{i}", 1) for i, v in enumerate(values)]
@@ -995,8 +1037,12 @@ class Collector:
             items = dict.items(values) if type(values) is dict else mapping_items(values)  # keyword arguments
             if items is not None:
                 items = list(items)
-                return dict(zip([k if type(k) is str else key_text(k) for k, _ in items],
-                                self.describe_seq([v for _, v in items], None)))
+                return dict(
+                    zip(
+                        [k if type(k) is str else key_text(k) for k, _ in items],
+                        self.describe_seq([v for _, v in items], None),
+                    )
+                )
         out = {}
         for k, v in mapping_items(values):
             text = key_text(k)
@@ -1016,8 +1062,9 @@ class Collector:
         if depth < 16:
             items = sequence_items(value)
             if items is not None:
-                return [self.describe(v, f"{file_stem}.{i}" if file_stem else None, depth + 1)
-                        for i, v in enumerate(items)]
+                return [
+                    self.describe(v, f"{file_stem}.{i}" if file_stem else None, depth + 1) for i, v in enumerate(items)
+                ]
             items = mapping_items(value)
             if items is not None:
                 out = {}
@@ -1060,8 +1107,17 @@ class Collector:
                 # (tests/runtime/test_tensor_subclasses.py)
                 self._say_opaque(type(t))
                 self.step.tensor_records += 1
-                return TensorRecord("torch.Tensor", _dtype_name(t.dtype), tuple(t.shape), requires_grad,
-                                    KIND_EMPTY, None, None, None, None)
+                return TensorRecord(
+                    "torch.Tensor",
+                    _dtype_name(t.dtype),
+                    tuple(t.shape),
+                    requires_grad,
+                    KIND_EMPTY,
+                    None,
+                    None,
+                    None,
+                    None,
+                )
         kind = tensor_kind(t)
         readable = None
         if kind != KIND_EMPTY:
@@ -1086,8 +1142,9 @@ class Collector:
                 readable = t.numel() == 0 or self._has_readable_data(t)
             checksum = checksum_of(t, self.plan.checksum_mode, readable, self.stats)
         self.step.tensor_records += 1
-        return TensorRecord("torch.Tensor", _dtype_name(t.dtype), tuple(t.shape), requires_grad, kind, slot,
-                            counts, data_name, checksum)
+        return TensorRecord(
+            "torch.Tensor", _dtype_name(t.dtype), tuple(t.shape), requires_grad, kind, slot, counts, data_name, checksum
+        )
 
     def _has_readable_data(self, t):
         """Whether the statistics ops can read ``t``'s values: not a meta tensor (no data), nor a sparse,
@@ -1104,16 +1161,18 @@ class Collector:
             return True
         if what not in self._unreadable:
             self._unreadable.add(what)
-            logger.warning("msprobe_runtime: %s tensors are recorded without statistics (dtype and shape only)",
-                           what)
+            logger.warning("msprobe_runtime: %s tensors are recorded without statistics (dtype and shape only)", what)
         return False
 
     def _say_opaque(self, kind):
         if kind not in self._unreadable:
             self._unreadable.add(kind)
-            logger.warning("msprobe_runtime: tensors of class %s are recorded with dtype and shape and null "
-                           "statistics: their values are reached only through the class's own "
-                           "__torch_dispatch__, which the runtime does not run", type_name(kind))
+            logger.warning(
+                "msprobe_runtime: tensors of class %s are recorded with dtype and shape and null "
+                "statistics: their values are reached only through the class's own "
+                "__torch_dispatch__, which the runtime does not run",
+                type_name(kind),
+            )
 
     def _no_statistics(self, t, error):
         """Say once per dtype that its tensors are recorded with null statistics, and why (torch has no
@@ -1121,9 +1180,13 @@ class Collector:
         if t.dtype not in self._unreadable:
             self._unreadable.add(t.dtype)
             lines = str(error).strip().splitlines()
-            logger.warning("msprobe_runtime: statistics of %s tensors cannot be computed here (%s: %s); they are "
-                           "recorded with dtype and shape and null statistics", _dtype_name(t.dtype),
-                           type(error).__name__, lines[0][:200] if lines else "")
+            logger.warning(
+                "msprobe_runtime: statistics of %s tensors cannot be computed here (%s: %s); they are "
+                "recorded with dtype and shape and null statistics",
+                _dtype_name(t.dtype),
+                type(error).__name__,
+                lines[0][:200] if lines else "",
+            )
 
     def _slots(self, t, kind):
         """Statistics slots of ``t`` (``StatBuffer.add``), shared with an earlier record of the same tensor."""
@@ -1250,9 +1313,11 @@ _MODULE_CALLS = {}  # id(class) -> (class, whether it is called through nn.Modul
 
 _RUNTIME_PACKAGE = RUNTIME_MODULE + "."
 # torch's gradient clipping, which msprobe wraps to tag its calls ``clip_grad``: id -> function
-_CLIPPING = {id(f): f for f in (getattr(torch.nn.utils, name, None)
-                                for name in ("clip_grad_norm_", "clip_grad_norm", "clip_grad_value_"))
-             if f is not None}
+_CLIPPING = {
+    id(f): f
+    for f in (getattr(torch.nn.utils, name, None) for name in ("clip_grad_norm_", "clip_grad_norm", "clip_grad_value_"))
+    if f is not None
+}
 
 
 def _foreign(function):
@@ -1295,8 +1360,11 @@ def _not_routed(kind):
     may define ``__hash__``)."""
     known = _MODULE_CALLS.get(id(kind))
     if known is None or known[0] is not kind:
-        plain = (_MODULE_CALL_IMPL is not None and is_subclass(kind, torch.nn.Module)
-                 and class_attribute(kind, "__call__") is _MODULE_CALL_IMPL)
+        plain = (
+            _MODULE_CALL_IMPL is not None
+            and is_subclass(kind, torch.nn.Module)
+            and class_attribute(kind, "__call__") is _MODULE_CALL_IMPL
+        )
         if len(_MODULE_CALLS) > 4096:
             _MODULE_CALLS.clear()
         known = _MODULE_CALLS[id(kind)] = (kind, plain)  # the class is held: its id is not reused meanwhile
@@ -1382,10 +1450,12 @@ def _te_float8(t):
 
 # tensor subclasses whose values the runtime reads through their documented layout, never their own dispatch;
 # a float8 class's reader gives a ``float8_view`` that knows its scale (docs/low-precision.md)
-_DOCUMENTED = (("torch.distributed.tensor", "DTensor", _dtensor_shard),
-               ("torch.distributed._functional_collectives", "AsyncCollectiveTensor", _collective_result),
-               ("torchao.float8.float8_training_tensor", "Float8TrainingTensor", _torchao_float8),
-               ("transformer_engine.pytorch.tensor.float8_tensor", "Float8Tensor", _te_float8))
+_DOCUMENTED = (
+    ("torch.distributed.tensor", "DTensor", _dtensor_shard),
+    ("torch.distributed._functional_collectives", "AsyncCollectiveTensor", _collective_result),
+    ("torchao.float8.float8_training_tensor", "Float8TrainingTensor", _torchao_float8),
+    ("transformer_engine.pytorch.tensor.float8_tensor", "Float8Tensor", _te_float8),
+)
 
 
 def _documented_part(t):

@@ -11,6 +11,7 @@ outputs; nothing inside it is (the shims there are traced as plain calls: ``comp
 Only what CPython keeps for a plain function (its code, its ``__dict__``) and torch's own dicts of a module are
 read: no attribute lookup runs code of the user's (``foreign``).
 """
+
 from __future__ import annotations
 
 import sys
@@ -32,8 +33,8 @@ class CompiledCallables:
     (before that, nothing can be compiled)."""
 
     def __init__(self):
-        self.wrapper_code = None       # the code of every ``torch.compile`` wrapper function
-        self.optimized_module = None   # torch._dynamo.eval_frame.OptimizedModule
+        self.wrapper_code = None  # the code of every ``torch.compile`` wrapper function
+        self.optimized_module = None  # torch._dynamo.eval_frame.OptimizedModule
         self.refresh()
 
     def refresh(self):
@@ -105,8 +106,9 @@ def named_as_eager(root):
             wrappers.add(path)
         if wrappers and "_orig_mod" in path:
             parts = path.split(".")
-            path = ".".join(part for i, part in enumerate(parts)
-                            if not (part == "_orig_mod" and ".".join(parts[:i]) in wrappers))
+            path = ".".join(
+                part for i, part in enumerate(parts) if not (part == "_orig_mod" and ".".join(parts[:i]) in wrappers)
+            )
         yield path, module
 
 

@@ -16,6 +16,7 @@ compiled before the next of these calls is traced through the shim itself, which
 on its value): it compiles once more at most, when that value changes; the collector's own entries return the
 plain call while Dynamo traces them, so nothing is recorded and no graph breaks (tests/compile/test_unregistered.py).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -83,9 +84,16 @@ def _plain_unary(name):
 
 def polyfills():
     """``[(entry, what Dynamo traces in its place)]`` for every entry point that reads the collector."""
-    pairs = [(shims.call, _plain_call), (shims.dyn, _plain_dyn), (shims.truth, _plain_truth),
-             (shims.iterate, _plain_iterate), (shims.builtin, _plain_builtin), (shims.iterate_unpacked, _plain_iterate),
-             (shims.store, _plain_store), (shims.aug, _plain_aug)]
+    pairs = [
+        (shims.call, _plain_call),
+        (shims.dyn, _plain_dyn),
+        (shims.truth, _plain_truth),
+        (shims.iterate, _plain_iterate),
+        (shims.builtin, _plain_builtin),
+        (shims.iterate_unpacked, _plain_iterate),
+        (shims.store, _plain_store),
+        (shims.aug, _plain_aug),
+    ]
     for row in operators.rows(operators.BINARY, operators.COMPARISON, operators.AUGMENTED):
         pairs.append((shims.OPERATOR_ENTRIES[row.entry], _plain_binary(row.entry)))
     for row in operators.rows(operators.UNARY):
@@ -141,7 +149,10 @@ class _RegisteringLoader:
 
             logging.getLogger("msprobe_runtime").warning(
                 "msprobe_runtime: registering with torch.compile failed (%s: %s); compiled code that reaches "
-                "the runtime may break its graph there", type(error).__name__, error)
+                "the runtime may break its graph there",
+                type(error).__name__,
+                error,
+            )
 
     def __getattr__(self, name):  # get_code, get_source, is_package, ... of the real loader
         return getattr(self.loader, name)

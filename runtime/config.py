@@ -5,6 +5,7 @@ config refuses it with a message that names the key and the nearest supported op
 did-you-mean, and every value is type-checked. Only reads files; touches no device and imports no torch. The
 environment's ``MSPROBE_*`` switches are read through ``switches``.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -21,9 +22,9 @@ TASKS = ("statistics", "tensor")
 SUMMARY_MODES = ("statistics",) + tuple(CHECKSUM_MODES)
 LEVELS = ("L0", "L1", "mix", "debug")  # debug: only PrecisionDebugger.save() records (debug.json)
 DATA_MODES = ("all", "input", "output", "forward", "backward")
-STEP_RANK_MAX = 10 ** 6  # msprobe's bound on a step or rank number
+STEP_RANK_MAX = 10**6  # msprobe's bound on a step or rank number
 DEFAULT_CUSTOM_OP_NAMESPACES = ("_C_ascend",)  # msprobe's DebuggerConfig.DEFAULT_CUSTOM_OP_NAMESPACES
-SEED_MAX = 2 ** 32 - 1
+SEED_MAX = 2**32 - 1
 
 SUPPORTED = "supported"
 REFUSED = "refused"
@@ -45,58 +46,97 @@ class Key:
     neutral: tuple = ()  # values of a refused key that change nothing in msprobe either: accepted
 
 
-_MSPROBE_ONLY_TASK = ("task {task!r} is not supported, so its section is never read (as msprobe reads only the "
-                      "section of the task it runs)")
+_MSPROBE_ONLY_TASK = (
+    "task {task!r} is not supported, so its section is never read (as msprobe reads only the "
+    "section of the task it runs)"
+)
 
 COMMON_KEYS = {
-    "task": Key(SUPPORTED, "statistics or tensor; msprobe's other tasks (acc_check, structure, diff_check, "
-                           "nan_check) are refused"),
-    "dump_path": Key(SUPPORTED, "a non-empty string; the constructor's dump_path wins; one that holds a dump is "
-                                "refused (DumpPathError), where msprobe overwrites, unless MSPROBE_DUMP_OVERWRITE=1"),
+    "task": Key(
+        SUPPORTED,
+        "statistics or tensor; msprobe's other tasks (acc_check, structure, diff_check, nan_check) are refused",
+    ),
+    "dump_path": Key(
+        SUPPORTED,
+        "a non-empty string; the constructor's dump_path wins; one that holds a dump is "
+        "refused (DumpPathError), where msprobe overwrites, unless MSPROBE_DUMP_OVERWRITE=1",
+    ),
     "rank": Key(SUPPORTED, "a list of ints and 'a-b' ranges; [] = every rank"),
     "step": Key(SUPPORTED, "a list of ints and 'a-b' ranges; [] = every step; the constructor's step wins"),
     "level": Key(SUPPORTED, "L0, L1, mix, or debug (only save() records, into debug.json); L2 is refused"),
-    "dump_enable": Key(SUPPORTED, "a bool; re-read from the file between steps, as msprobe does "
-                                  "(config.read_dump_enable)"),
-    "extra_info": Key(SUPPORTED, "true only (msprobe's default): stack.json and construct.json are always written; "
-                                 "false is refused"),
-    "async_dump": Key(SUPPORTED, "a bool; the dump is always written by a background thread, so both values "
-                                 "give the same files"),
+    "dump_enable": Key(
+        SUPPORTED, "a bool; re-read from the file between steps, as msprobe does (config.read_dump_enable)"
+    ),
+    "extra_info": Key(
+        SUPPORTED, "true only (msprobe's default): stack.json and construct.json are always written; false is refused"
+    ),
+    "async_dump": Key(
+        SUPPORTED, "a bool; the dump is always written by a background thread, so both values give the same files"
+    ),
     "precision": Key(SUPPORTED, "'low' only (msprobe's default); 'high' is refused"),
     "risk_level": Key(SUPPORTED, "'ALL' only: every API is recorded; FOCUS and CORE are refused"),
-    "custom_op_namespaces": Key(SUPPORTED, "a list of torch.ops namespaces (identifiers); null = msprobe's "
-                                           "['_C_ascend']: every op of them with a default overload is recorded "
-                                           "as '{namespace}.{op}', as msprobe does (docs/custom-ops.md)"),
-    "load": Key(REFUSED, "replacing module inputs with dumped tensors is not supported; load the .pt files of a "
-                         "task 'tensor' dump yourself"),
+    "custom_op_namespaces": Key(
+        SUPPORTED,
+        "a list of torch.ops namespaces (identifiers); null = msprobe's "
+        "['_C_ascend']: every op of them with a default overload is recorded "
+        "as '{namespace}.{op}', as msprobe does (docs/custom-ops.md)",
+    ),
+    "load": Key(
+        REFUSED,
+        "replacing module inputs with dumped tensors is not supported; load the .pt files of a "
+        "task 'tensor' dump yourself",
+    ),
     # kept from earlier msprobe releases, whose PrecisionDebugger called seed_all(seed, mode=is_deterministic)
-    "seed": Key(OURS, "an int in [0, 2**32-1]; seed_all(seed, mode=is_deterministic) runs when the debugger "
-                      "is built"),
-    "is_deterministic": Key(OURS, "a bool; with seed (1234 if absent), asks for deterministic algorithms "
-                                  "(seed_all's mode)"),
+    "seed": Key(OURS, "an int in [0, 2**32-1]; seed_all(seed, mode=is_deterministic) runs when the debugger is built"),
+    "is_deterministic": Key(
+        OURS, "a bool; with seed (1234 if absent), asks for deterministic algorithms (seed_all's mode)"
+    ),
 }
 
-LOAD_KEYS = {name: Key(REFUSED, "part of 'load', which is refused") for name in
-             ("path", "modules", "step", "rank", "dump_after_load")}
+LOAD_KEYS = {
+    name: Key(REFUSED, "part of 'load', which is refused")
+    for name in ("path", "modules", "step", "rank", "dump_after_load")
+}
 
 _SECTION_KEYS = {
-    "scope": Key(SUPPORTED, "two full dump names, the start and the end of a range, as msprobe: "
-                            "['Torch.relu.1.forward', 'Functional.gelu.3.forward'] (forward entries), backward "
-                            "names for backward entries, module names at L0 and mix"),
-    "list": Key(SUPPORTED, "full dump names or substrings of them; at mix a module entry also selects the "
-                           "forward entries called inside that module"),
+    "scope": Key(
+        SUPPORTED,
+        "two full dump names, the start and the end of a range, as msprobe: "
+        "['Torch.relu.1.forward', 'Functional.gelu.3.forward'] (forward entries), backward "
+        "names for backward entries, module names at L0 and mix",
+    ),
+    "list": Key(
+        SUPPORTED,
+        "full dump names or substrings of them; at mix a module entry also selects the "
+        "forward entries called inside that module",
+    ),
     "data_mode": Key(SUPPORTED, "a list of all, input, output, forward, backward ('all' alone)"),
     "summary_mode": Key(SUPPORTED, f"one of {', '.join(SUMMARY_MODES)} (docs/bit-exact.md); xor is refused"),
-    "slice": Key(REFUSED, "tensor slicing is not supported; use task 'tensor' and slice the saved .pt files",
-                 neutral=(None, [])),
-    "request_id": Key(REFUSED, "request slicing (an inference feature built on slice) is not supported; "
-                               "use step to choose what is dumped", neutral=(None, "")),
-    "diff_nums": Key(REFUSED, "used only by msprobe's diff_check task, which is not supported; "
-                              "use 'msprobe-rewrite compare' on two dumps", neutral=(None, 1)),
-    "tensor_list": Key(REFUSED, "saving full tensors of some APIs during a statistics dump is not supported; "
-                                "run task 'tensor' with list set to those APIs", neutral=(None, [])),
-    "bench_path": Key(REFUSED, "used only by msprobe's benchmark comparison, which is not supported; "
-                               "use 'msprobe-rewrite compare' on two dumps", neutral=(None, "")),
+    "slice": Key(
+        REFUSED, "tensor slicing is not supported; use task 'tensor' and slice the saved .pt files", neutral=(None, [])
+    ),
+    "request_id": Key(
+        REFUSED,
+        "request slicing (an inference feature built on slice) is not supported; use step to choose what is dumped",
+        neutral=(None, ""),
+    ),
+    "diff_nums": Key(
+        REFUSED,
+        "used only by msprobe's diff_check task, which is not supported; use 'msprobe-rewrite compare' on two dumps",
+        neutral=(None, 1),
+    ),
+    "tensor_list": Key(
+        REFUSED,
+        "saving full tensors of some APIs during a statistics dump is not supported; "
+        "run task 'tensor' with list set to those APIs",
+        neutral=(None, []),
+    ),
+    "bench_path": Key(
+        REFUSED,
+        "used only by msprobe's benchmark comparison, which is not supported; "
+        "use 'msprobe-rewrite compare' on two dumps",
+        neutral=(None, ""),
+    ),
     # ours: exact NaN and Inf counts per floating tensor (msprobe has none). On by default: the native
     # statistics pass (native_stats.py) counts them at no measurable cost (a tensor is read a second time
     # only where it holds a NaN or an Inf; docs/benchmarks-log.md, 'One fused pass per tensor'). Where that op
@@ -107,15 +147,23 @@ _SECTION_KEYS = {
 # msprobe 26.2's section keys per task (its pt_config classes); sections of tasks we do not run are only
 # checked for being objects, as msprobe ignores every section but the chosen task's
 _MSPROBE_SECTION_KEYS = {
-    "statistics": ("scope", "list", "data_mode", "summary_mode", "slice", "request_id", "diff_nums",
-                   "tensor_list"),
+    "statistics": ("scope", "list", "data_mode", "summary_mode", "slice", "request_id", "diff_nums", "tensor_list"),
     "tensor": ("scope", "list", "data_mode", "summary_mode", "slice", "request_id", "diff_nums", "bench_path"),
-    "acc_check": ("scope", "list", "data_mode", "summary_mode", "slice", "request_id", "diff_nums",
-                  "white_list", "black_list", "error_data_path"),
+    "acc_check": (
+        "scope",
+        "list",
+        "data_mode",
+        "summary_mode",
+        "slice",
+        "request_id",
+        "diff_nums",
+        "white_list",
+        "black_list",
+        "error_data_path",
+    ),
     "structure": ("scope", "list", "data_mode", "summary_mode", "slice", "request_id", "diff_nums"),
     "diff_check": ("scope", "list", "data_mode", "summary_mode", "slice", "request_id", "diff_nums"),
-    "nan_check": ("scope", "list", "data_mode", "summary_mode", "slice", "request_id", "diff_nums",
-                  "tensor_list"),
+    "nan_check": ("scope", "list", "data_mode", "summary_mode", "slice", "request_id", "diff_nums", "tensor_list"),
 }
 
 
@@ -135,7 +183,7 @@ SECTION_KEYS = _section_table()  # task -> key -> Key
 # refusals of values of supported keys: (key, value) -> why, and what to use instead
 REFUSED_TASKS = {
     "acc_check": "collect with task 'tensor' at level L1 for one step, then 'msprobe-rewrite precheck DUMP' "
-                 "replays every API against a float64 golden on the CPU ('msprobe-rewrite precheck --help')",
+    "replays every API against a float64 golden on the CPU ('msprobe-rewrite precheck --help')",
     "structure": "use task 'statistics': construct.json is written with every dump",
     "diff_check": "dump both runs with task 'statistics' and compare them with 'msprobe-rewrite compare'",
     "nan_check": "use task 'statistics': NaN shows in Max/Min, and NaN and Inf are counted (nan_inf_count)",
@@ -153,8 +201,10 @@ def keys():
     for name, key in LOAD_KEYS.items():
         out[f"load.{name}"] = key
     for task, table in SECTION_KEYS.items():
-        out[task] = Key(SUPPORTED if task in TASKS else INACTIVE,
-                        f"the options of task {task!r}" if task in TASKS else _MSPROBE_ONLY_TASK.format(task=task))
+        out[task] = Key(
+            SUPPORTED if task in TASKS else INACTIVE,
+            f"the options of task {task!r}" if task in TASKS else _MSPROBE_ONLY_TASK.format(task=task),
+        )
         for name, key in table.items():
             out[f"{task}.{name}"] = key
     return out
@@ -221,9 +271,12 @@ def parse_ints(value, name):
     if value is None:
         return []
     if not isinstance(value, (list, tuple)):
-        _refuse(name, f"expected a list of ints and 'a-b' ranges, got {value!r}; write [{value!r}]"
-                if isinstance(value, int) and not isinstance(value, bool) else
-                f"expected a list of ints and 'a-b' ranges, got {value!r}")
+        _refuse(
+            name,
+            f"expected a list of ints and 'a-b' ranges, got {value!r}; write [{value!r}]"
+            if isinstance(value, int) and not isinstance(value, bool)
+            else f"expected a list of ints and 'a-b' ranges, got {value!r}",
+        )
     out = []
     for item in value:
         if type(item) is int:
@@ -258,17 +311,18 @@ def _namespaces(value, path):
     if value is None:
         return list(DEFAULT_CUSTOM_OP_NAMESPACES)
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        _refuse(path, f"expected a list of torch.ops namespace names (strings), such as [\"mylib\"]; got {value!r}")
+        _refuse(path, f'expected a list of torch.ops namespace names (strings), such as ["mylib"]; got {value!r}')
     for name in value:
         if name.isidentifier():
             continue
         hint = ""
-        if name.startswith("torch.ops.") and name[len("torch.ops."):].isidentifier():
-            hint = f"; did you mean {name[len('torch.ops.'):]!r}?"
+        if name.startswith("torch.ops.") and name[len("torch.ops.") :].isidentifier():
+            hint = f"; did you mean {name[len('torch.ops.') :]!r}?"
         elif "::" in name and name.split("::", 1)[0].isidentifier():
             hint = f"; give the namespace alone: {name.split('::', 1)[0]!r}"
-        _refuse(path, f"{name!r} is not a torch.ops namespace name (an identifier, as in torch.ops.mylib.op: "
-                      f"'mylib'){hint}")
+        _refuse(
+            path, f"{name!r} is not a torch.ops namespace name (an identifier, as in torch.ops.mylib.op: 'mylib'){hint}"
+        )
     return list(dict.fromkeys(value))
 
 
@@ -287,8 +341,11 @@ def _scope(value, path, level):
     if not names:
         return []
     if len(names) != 2:
-        _refuse(path, f"give exactly two full dump names, the start and the end of the range "
-                      f"(got {len(names)}); to select single names use list")
+        _refuse(
+            path,
+            f"give exactly two full dump names, the start and the end of the range "
+            f"(got {len(names)}); to select single names use list",
+        )
     kinds = []
     for name in names:
         kind = dump_names.scope_kind(name)  # msprobe's scope check of a full dump name
@@ -298,14 +355,17 @@ def _scope(value, path, level):
             hint = ""
             if dump_names.scope_kind(name + ".forward") == "api":
                 hint = f"; did you mean {name + '.forward'!r}?"
-            _refuse(path, f"{name!r} is not a full dump name such as 'Torch.relu.1.forward' or "
-                          f"'Module.net1.Linear.forward.0'{hint}")
+            _refuse(
+                path,
+                f"{name!r} is not a full dump name such as 'Torch.relu.1.forward' or "
+                f"'Module.net1.Linear.forward.0'{hint}",
+            )
     if level == "L1" and "module" in kinds:
-        _refuse(path, "at level L1 only APIs are recorded, so a module name never matches; use level mix, "
-                      "or API names")
+        _refuse(path, "at level L1 only APIs are recorded, so a module name never matches; use level mix, or API names")
     if level == "L0" and "api" in kinds:
-        _refuse(path, "at level L0 only modules are recorded, so an API name never matches; use level mix, "
-                      "or module names")
+        _refuse(
+            path, "at level L0 only modules are recorded, so an API name never matches; use level mix, or module names"
+        )
     if level != "mix" and kinds[0] != kinds[1]:
         _refuse(path, "a range from an API to a module (or back) needs level mix")
     return names
@@ -317,8 +377,11 @@ def _list(value, path):
         if not name:
             _refuse(path, "an empty string would match every name; remove it")
         if name.startswith("name-regex(") and name.endswith(")"):
-            _refuse(path, f"{name!r}: msprobe matches name-regex() only for MindSpore; list entries are "
-                          f"substrings of dump names here")
+            _refuse(
+                path,
+                f"{name!r}: msprobe matches name-regex() only for MindSpore; list entries are "
+                f"substrings of dump names here",
+            )
     return names
 
 
@@ -339,8 +402,9 @@ def _check_keys(raw, table, where):
             label = f"{where}.{name}" if where else name
             _refuse(label, f"unknown key{_did_you_mean(name, table)}")
         key = table[name]
-        if key.status == REFUSED and not any(raw[name] == value and type(raw[name]) is type(value)
-                                             for value in key.neutral):
+        if key.status == REFUSED and not any(
+            raw[name] == value and type(raw[name]) is type(value) for value in key.neutral
+        ):
             label = f"{where}.{name}" if where else name
             _refuse(label, f"accepted by msprobe but not supported here: {key.note}")
 
@@ -428,19 +492,34 @@ def config_from_dict(raw, task=None, dump_path=None, level=None, step=None, conf
     if raw.get("dump_enable") is not None:
         config.dump_enable = _bool(raw["dump_enable"], "dump_enable")
     if not _bool(raw.get("extra_info", True), "extra_info"):
-        _refuse("extra_info", "false is accepted by msprobe but not supported here: stack.json and "
-                              "construct.json are always written (they cost nothing while collection is off); "
-                              "remove the key")
+        _refuse(
+            "extra_info",
+            "false is accepted by msprobe but not supported here: stack.json and "
+            "construct.json are always written (they cost nothing while collection is off); "
+            "remove the key",
+        )
     config.async_dump = _bool(raw.get("async_dump", False), "async_dump")
     if raw.get("precision") is not None:
-        _choice(raw["precision"], "precision", ("low",),
-                {"high": "msprobe's 'high' leaves Mean and Norm out; here they are always computed, "
-                         "as msprobe's default 'low' does"})
+        _choice(
+            raw["precision"],
+            "precision",
+            ("low",),
+            {
+                "high": "msprobe's 'high' leaves Mean and Norm out; here they are always computed, "
+                "as msprobe's default 'low' does"
+            },
+        )
     if raw.get("risk_level") is not None:
-        _choice(raw["risk_level"], "risk_level", ("ALL",),
-                {"FOCUS": "it drops APIs such as reshape, cat and float; every API is recorded here "
-                          "(risk_level ALL); use list to narrow the dump",
-                 "CORE": "every API is recorded here (risk_level ALL); use list to narrow the dump"})
+        _choice(
+            raw["risk_level"],
+            "risk_level",
+            ("ALL",),
+            {
+                "FOCUS": "it drops APIs such as reshape, cat and float; every API is recorded here "
+                "(risk_level ALL); use list to narrow the dump",
+                "CORE": "every API is recorded here (risk_level ALL); use list to narrow the dump",
+            },
+        )
     if raw.get("seed") is not None:
         seed = raw["seed"]
         if type(seed) is not int or not 0 <= seed <= SEED_MAX:
@@ -462,8 +541,10 @@ def config_from_dict(raw, task=None, dump_path=None, level=None, step=None, conf
     config.data_mode = _data_mode(section.get("data_mode"), f"{where}.data_mode")
     if section.get("summary_mode") is not None:
         # msprobe's XOR of 64-bit words misses swapped words and cancels two flips of the same bit
-        refused = {"xor": "its XOR of 64-bit words misses swapped words; use 'fingerprint' (a position-aware "
-                          "hash on the device, docs/bit-exact.md) or 'md5' (msprobe's CRC32)"}
+        refused = {
+            "xor": "its XOR of 64-bit words misses swapped words; use 'fingerprint' (a position-aware "
+            "hash on the device, docs/bit-exact.md) or 'md5' (msprobe's CRC32)"
+        }
         config.summary_mode = _choice(section["summary_mode"], f"{where}.summary_mode", SUMMARY_MODES, refused)
     config.nan_inf_count = _bool(section.get("nan_inf_count", True), f"{where}.nan_inf_count")
     config.dump_path = _utf8_path(os.path.abspath(os.path.expanduser(config.dump_path)))
@@ -478,6 +559,9 @@ def _utf8_path(path):
     try:
         path.encode("utf-8")
     except UnicodeEncodeError:
-        _refuse("dump_path", f"{os.fsencode(path)!r} is not a UTF-8 name, and dump.json records it as UTF-8 "
-                             "text; choose a folder whose path is UTF-8")
+        _refuse(
+            "dump_path",
+            f"{os.fsencode(path)!r} is not a UTF-8 name, and dump.json records it as UTF-8 "
+            "text; choose a folder whose path is UTF-8",
+        )
     return path

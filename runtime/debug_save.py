@@ -5,6 +5,7 @@ Entries are ``{name}.{n}.debug`` (the value as a dump record, nested lists and d
 on each saved tensor that requires grad fills in its gradient. A tensor hook adds no autograd node and
 returns None, so gradients stay bit-identical.
 """
+
 from __future__ import annotations
 
 import logging

@@ -7,6 +7,7 @@ and points the shims at the collector; ``stop()`` undoes all of it and flushes; 
 the next step. As in msprobe, ``PrecisionDebugger.start()`` (and stop, step, save, set_init_step) called on the
 class reaches the debugger built last, so other modules need no reference to it.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -52,8 +53,10 @@ class _ClassOrInstance:
 
 
 def _not_built(name: str, *args: Any, **kwargs: Any) -> NoReturn:
-    raise RuntimeError(f"msprobe_runtime: PrecisionDebugger.{name}() needs a PrecisionDebugger built first "
-                       f"(PrecisionDebugger(config_path=..., dump_path=...))")
+    raise RuntimeError(
+        f"msprobe_runtime: PrecisionDebugger.{name}() needs a PrecisionDebugger built first "
+        f"(PrecisionDebugger(config_path=..., dump_path=...))"
+    )
 
 
 class PrecisionDebugger:
@@ -72,9 +75,14 @@ class PrecisionDebugger:
             return current
         return super().__new__(cls)
 
-    def __init__(self, config_path: Optional[Union[str, os.PathLike]] = None, task: Optional[str] = None,
-                 dump_path: Optional[Union[str, os.PathLike]] = None, level: Optional[str] = None,
-                 step: Optional[Sequence[int]] = None) -> None:
+    def __init__(
+        self,
+        config_path: Optional[Union[str, os.PathLike]] = None,
+        task: Optional[str] = None,
+        dump_path: Optional[Union[str, os.PathLike]] = None,
+        level: Optional[str] = None,
+        step: Optional[Sequence[int]] = None,
+    ) -> None:
         if self._built:
             return
         self.config = load_config(config_path, task, dump_path, level, step)
@@ -108,8 +116,9 @@ class PrecisionDebugger:
     # ------------------------------------------------------------------ public API
 
     @_ClassOrInstance
-    def start(self, model: Any = None, token_range: Optional[Sequence[int]] = None,
-              rank_id: Optional[int] = None) -> None:
+    def start(
+        self, model: Any = None, token_range: Optional[Sequence[int]] = None, rank_id: Optional[int] = None
+    ) -> None:
         """Begin (or resume) collecting in the current step.
 
         ``token_range=[a, b]``: collect only during forwards ``a`` to ``b`` (counted from 0 at each start) of
@@ -197,10 +206,13 @@ class PrecisionDebugger:
             return False
         if not self._refusal_said:
             self._refusal_said = True
-            logger.warning("msprobe_runtime: start() of the debugger writing to %r is refused: the debugger "
-                           "writing to %r is collecting, and one debugger collects at a time. That one records "
-                           "every call; start this one after its stop().", self.config.dump_path,
-                           other.config.dump_path)
+            logger.warning(
+                "msprobe_runtime: start() of the debugger writing to %r is refused: the debugger "
+                "writing to %r is collecting, and one debugger collects at a time. That one records "
+                "every call; start this one after its stop().",
+                self.config.dump_path,
+                other.config.dump_path,
+            )
         return True
 
     def _end_collection(self) -> bool:
@@ -265,8 +277,10 @@ class PrecisionDebugger:
         import torch
 
         if type(name) is not str or type(save_backward) is not bool or not valid_variable(variable, torch.Tensor):
-            logger.warning("msprobe_runtime: save() takes a tensor, int, float or str (or lists, tuples and "
-                           "dicts with str keys of them), a str name and a bool save_backward; this call is skipped")
+            logger.warning(
+                "msprobe_runtime: save() takes a tensor, int, float or str (or lists, tuples and "
+                "dicts with str keys of them), a str name and a bool save_backward; this call is skipped"
+            )
             return
         if self.config.dump_enable is False or not self.config.wants_step(self.current_step):
             return
@@ -279,8 +293,12 @@ class PrecisionDebugger:
                 self._collector = self._build_collector()
             self._debug.save(self._collector, variable, name, save_backward)
         except Exception as error:  # never into the training loop: the value is not recorded
-            logger.warning("msprobe_runtime: save(%r) failed (%s: %s); the value is not recorded",
-                           name, type(error).__name__, error)
+            logger.warning(
+                "msprobe_runtime: save(%r) failed (%s: %s); the value is not recorded",
+                name,
+                type(error).__name__,
+                error,
+            )
 
     @_ClassOrInstance
     def set_init_step(self, step: int) -> None:
@@ -299,8 +317,10 @@ class PrecisionDebugger:
         """Record ``module``'s calls as ``Module.{name}.{Class}.forward.{n}`` (and backward) and none of the
         API calls inside them, until ``module_dump_end()``: msprobe's module_dump, for level L1."""
         if self.config.level != "L1":
-            logger.info("msprobe_runtime: module_dump() is for level L1 (at %s the modules are recorded "
-                        "already); ignored", self.config.level)
+            logger.info(
+                "msprobe_runtime: module_dump() is for level L1 (at %s the modules are recorded already); ignored",
+                self.config.level,
+            )
             return
         if self._module_dump is not None:
             self.module_dump_end()
@@ -386,8 +406,12 @@ class PrecisionDebugger:
             collector.log_error("collecting the step's statistics", error)
         directory = self._step_dir(self.current_step)
         if dump:
-            header = {"task": self.config.task, "level": self.config.level, "framework": "pytorch",
-                      "dump_data_dir": None}
+            header = {
+                "task": self.config.task,
+                "level": self.config.level,
+                "framework": "pytorch",
+                "dump_data_dir": None,
+            }
             job = StepJob(directory, header, data, stacks, construct, tensors, plain)
             if on_host and collector.plan.checksum_mode is None and self._writer.may_prepare():
                 # every number is here: made into files now, in one go (writer.py says why not on its thread)
@@ -402,8 +426,12 @@ class PrecisionDebugger:
             tensors = []  # written with the dump, in the same folder
         if debug is not None:
             tensor_dir = os.path.join(directory, "dump_tensor_data")
-            header = {"task": self.config.task, "level": "debug", "framework": "pytorch",
-                      "dump_data_dir": tensor_dir if self.config.task == "tensor" else None}
+            header = {
+                "task": self.config.task,
+                "level": "debug",
+                "framework": "pytorch",
+                "dump_data_dir": tensor_dir if self.config.task == "tensor" else None,
+            }
             self._writer.submit(DebugJob(directory, header, debug, tensors, tensor_dir))
         if dump:
             self._dirty = False
@@ -422,17 +450,24 @@ class PrecisionDebugger:
         try:
             value = read_dump_enable(path)
         except Exception as error:  # a half-written file: keep the last value, try again at the next change
-            logger.warning("msprobe_runtime: re-reading dump_enable from %s failed (%s); it stays %s",
-                           path, error, self.config.dump_enable)
+            logger.warning(
+                "msprobe_runtime: re-reading dump_enable from %s failed (%s); it stays %s",
+                path,
+                error,
+                self.config.dump_enable,
+            )
             return
         if value is None or value == self.config.dump_enable:
             return  # msprobe: removing the key keeps the last state
-        logger.warning("msprobe_runtime: dump_enable is now %s (%s changed) at step %d",
-                       value, path, self.current_step)
+        logger.warning("msprobe_runtime: dump_enable is now %s (%s changed) at step %d", value, path, self.current_step)
         self.config.dump_enable = value
         collector = self._collector
-        if not value and self._end_collection() and collector is not None and (
-                collector.step.data or collector.step.pending_backward):
+        if (
+            not value
+            and self._end_collection()
+            and collector is not None
+            and (collector.step.data or collector.step.pending_backward)
+        ):
             self._flush()  # what this step collected so far is written (not an empty step begun by step())
 
 
@@ -441,8 +476,11 @@ def _at_exit(debugger_ref: "weakref.ref[PrecisionDebugger]", writer: DumpWriter)
     being collected is written, then every file waits to reach the disk (tests/runtime/test_process_life.py)."""
     debugger = debugger_ref()
     try:
-        if debugger is not None and debugger._collector is not None and (
-                debugger._collector.collecting or debugger._debug.dirty):
+        if (
+            debugger is not None
+            and debugger._collector is not None
+            and (debugger._collector.collecting or debugger._debug.dirty)
+        ):
             debugger.stop()
     except Exception as error:  # noqa: BLE001 - at exit the user's own traceback must stay the last word
         logger.error("msprobe_runtime: writing the last step at exit failed: %s", error)
@@ -476,8 +514,10 @@ def _check_writable(root: str) -> None:
         os.close(handle)
         os.unlink(probe)
     except OSError as error:
-        raise DumpPathNotWritable(f"msprobe_runtime: dump_path {root!r} cannot hold a dump: "
-                                  f"{error.strerror or error}; choose a writable folder") from None
+        raise DumpPathNotWritable(
+            f"msprobe_runtime: dump_path {root!r} cannot hold a dump: "
+            f"{error.strerror or error}; choose a writable folder"
+        ) from None
 
 
 def _chunks(model: Any) -> List[Tuple[str, Any]]:
@@ -507,8 +547,10 @@ def _check_model(model: Any) -> None:
     for index, (_, chunk) in enumerate(_chunks(model)):
         if not is_subclass(type(chunk), torch.nn.Module):
             where = f"item {index} of the list" if type(model) in (list, tuple) else "the model"
-            raise TypeError(f"msprobe_runtime: start() takes a torch.nn.Module or a list or tuple of them; "
-                            f"{where} is a {type_name(type(chunk))}")
+            raise TypeError(
+                f"msprobe_runtime: start() takes a torch.nn.Module or a list or tuple of them; "
+                f"{where} is a {type_name(type(chunk))}"
+            )
 
 
 def _rank() -> Optional[int]:

@@ -14,6 +14,7 @@ A record's tensor files (``task: tensor``) extend an entry's name with the field
 each made one plain file name by ``tensor_file_name``.
 Imports nothing heavy: the runtime's hot path and the compiler's compare both use it.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -26,6 +27,7 @@ DIRECTIONS = (FORWARD, BACKWARD, PARAMETERS_GRAD)
 
 
 # ----------------------------------------------------------------- building (the collector)
+
 
 def api_call(api_name: str, index: int) -> str:
     return f"{api_name}.{index}"
@@ -82,7 +84,7 @@ def tensor_file_name(stem: str) -> str:
     name = stem.translate(_NOT_IN_FILE_NAMES) + ".pt"
     if len(name.encode("utf-8", "surrogatepass")) > _MAX_FILE_NAME:
         digest = hashlib.sha256(stem.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-        head = name.encode("utf-8", "surrogatepass")[:_MAX_FILE_NAME - 24].decode("utf-8", "ignore")
+        head = name.encode("utf-8", "surrogatepass")[: _MAX_FILE_NAME - 24].decode("utf-8", "ignore")
         name = f"{head}.{digest}.pt"
     return name
 
@@ -99,6 +101,7 @@ def is_forward(name: str) -> bool:
 
 
 # ----------------------------------------------------------------- parsing (compare)
+
 
 def split_name(name: str) -> Tuple[str, str, Optional[int]]:
     """(base, direction, index); a name of no known shape is its own base with direction ''.

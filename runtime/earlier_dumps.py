@@ -7,6 +7,7 @@ confused with (``rank{R}`` for its rank; without a rank, every leaf, as the refu
 tensor file of the old run stays beside the new one for compare to pair. A ``proc{pid}`` folder of a process
 still alive is kept: it may be a sibling writing now (test_overwrite_switch_replaces_the_earlier_dump).
 """
+
 from __future__ import annotations
 
 import glob
@@ -64,7 +65,8 @@ def refuse_or_replace(root: str, rank: Optional[int]) -> None:
         raise DumpPathError(
             f"msprobe_runtime: {root!r} already holds a dump ({os.path.relpath(existing[0], root)}); nothing was "
             f"overwritten. Choose a new dump_path, remove the old dump, or set {OVERWRITE_SWITCH}=1 to replace it "
-            "as msprobe does.")
+            "as msprobe does."
+        )
     folders = sorted({os.path.dirname(path) for path in existing})
     removed = [folder for folder in folders if not _alive(folder)]
     for folder in removed:
@@ -73,6 +75,10 @@ def refuse_or_replace(root: str, rank: Optional[int]) -> None:
             os.rmdir(os.path.dirname(folder))  # the step folder, once nothing else is in it
         except OSError:
             pass
-    logger.warning("msprobe_runtime: %s=1: removed the earlier dump in %r (%d folder(s), %s)", OVERWRITE_SWITCH,
-                   root, len(removed), ", ".join(os.path.relpath(folder, root) for folder in removed[:4])
-                   + (", ..." if len(removed) > 4 else ""))
+    logger.warning(
+        "msprobe_runtime: %s=1: removed the earlier dump in %r (%d folder(s), %s)",
+        OVERWRITE_SWITCH,
+        root,
+        len(removed),
+        ", ".join(os.path.relpath(folder, root) for folder in removed[:4]) + (", ..." if len(removed) > 4 else ""),
+    )

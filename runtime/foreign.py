@@ -9,6 +9,7 @@ made every model recurse until the stack ran out: ``isinstance`` reads ``__class
 a bound method's ``__self__``), walks a class's MRO through ``type``'s own descriptors, or calls the base
 type's slot directly (``tuple.__iter__(x)``), so no Python code of the object's class or metaclass runs.
 """
+
 from __future__ import annotations
 
 import types

@@ -5,6 +5,7 @@ config.json's ``custom_op_namespaces`` (``custom_operators``), and the Tensor me
 are looked at only when they are already imported (megatron, mindspeed) or installed (torch_npu, which is then
 imported here, at start, never at import of msprobe_runtime).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -73,8 +74,9 @@ def custom_operators(namespaces):
         schemas = torch._C._jit_get_all_schemas()
     except Exception:
         return []
-    ops = sorted({schema.name for schema in schemas
-                  if not schema.overload_name and schema.name.partition("::")[0] in wanted})
+    ops = sorted(
+        {schema.name for schema in schemas if not schema.overload_name and schema.name.partition("::")[0] in wanted}
+    )
     try:
         from torch._library.custom_ops import OPDEFS  # qualified name -> CustomOpDef, of torch.library.custom_op
     except Exception:
@@ -102,12 +104,14 @@ def build_identity(extra_files=(), custom_op_namespaces=()):
     identity = {}
     keep = []  # hold the objects, so an id is never reused while the table lives
     tensor_methods = {}
-    items = sorted(catalogue.by_qualname.items(),
-                   key=lambda kv: next((i for i, p in enumerate(_PRIORITY) if kv[1].startswith(p)),
-                                       len(_PRIORITY)), reverse=True)
+    items = sorted(
+        catalogue.by_qualname.items(),
+        key=lambda kv: next((i for i, p in enumerate(_PRIORITY) if kv[1].startswith(p)), len(_PRIORITY)),
+        reverse=True,
+    )
     for qualname, dump_name in items:
         if qualname.startswith("torch.Tensor."):
-            tensor_methods[qualname[len("torch.Tensor."):]] = dump_name
+            tensor_methods[qualname[len("torch.Tensor.") :]] = dump_name
         obj = _resolve(qualname)
         if obj is None or not callable(obj):
             continue

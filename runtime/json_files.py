@@ -17,6 +17,7 @@ cost the training thread. The answer is ``(errno or -1 or 0, message)``: 0 when 
 otherwise the error, which the writer thread raises as its own (docs: one loud message, the step not
 written, later steps tried again).
 """
+
 from __future__ import annotations
 
 import json
@@ -102,8 +103,7 @@ def _text(item, kept):
 def tensor_json(type_name, dtype, shape, requires_grad, top, low, mean, norm, counts):
     """msprobe's record of a tensor, in its key order (the one literal for it: ``records`` adds the optional
     checksum and file name)."""
-    out = {"type": type_name, "dtype": dtype, "shape": list(shape), "Max": top, "Min": low, "Mean": mean,
-           "Norm": norm}
+    out = {"type": type_name, "dtype": dtype, "shape": list(shape), "Max": top, "Min": low, "Mean": mean, "Norm": norm}
     out["requires_grad"] = requires_grad
     if counts is not None:
         out["NaN_count"] = int(counts[0])
@@ -161,7 +161,7 @@ def encode(message):
 
 def decode(message):
     """What ``encode`` made ``message`` from."""
-    return marshal.loads(message[_LENGTH.size:])
+    return marshal.loads(message[_LENGTH.size :])
 
 
 def read_message(stream):
@@ -200,16 +200,18 @@ def serve(source, answers):
             write_files(directory, files, kept)
             answer = (0, "")
         except OSError as error:
-            answer = (error.errno or -1, f"{error.strerror or error}" + (f": {error.filename!r}"
-                                                                          if error.filename else ""))
+            answer = (
+                error.errno or -1,
+                f"{error.strerror or error}" + (f": {error.filename!r}" if error.filename else ""),
+            )
         except Exception as error:  # noqa: BLE001 - said to the writer thread, which reports it
             answer = (-1, f"{type(error).__name__}: {error}")
         answers.write(encode(answer))
         answers.flush()
 
 
-_NAP = 0.002   # seconds between looks at the pipe while steps keep coming
-_AWAKE = 1.0   # seconds after a message during which this process naps rather than blocks
+_NAP = 0.002  # seconds between looks at the pipe while steps keep coming
+_AWAKE = 1.0  # seconds after a message during which this process naps rather than blocks
 
 
 def _await(source, last):

@@ -7,6 +7,7 @@ a ``TorchFunctionMode`` is pushed for the duration of that call, so API calls in
 (``Functional.linear`` inside ``nn.Linear``) are recorded as msprobe records them. The mode only observes:
 it calls the original function once, with the original arguments.
 """
+
 from __future__ import annotations
 
 import dis
@@ -74,7 +75,7 @@ def _operator_tables():
     for index, (nb_name, _symbol) in enumerate(getattr(dis, "_nb_ops", ())):
         base = nb_name[3:]
         inplace = base.startswith("INPLACE_")
-        base = base[len("INPLACE_"):] if inplace else base
+        base = base[len("INPLACE_") :] if inplace else base
         row = _NB_ROWS.get(base)
         if row is not None:
             binary[index] = operators.INPLACE_OF[row.entry].dunder if inplace else row.dunder
@@ -126,7 +127,7 @@ def fold_keywords(func, args, kwargs):
         names = ()
         code = func.__code__ if type(func) is _FUNCTION else None
         if code is not None:
-            names = code.co_varnames[:code.co_argcount]
+            names = code.co_varnames[: code.co_argcount]
         _POSITIONAL[func] = names
     if len(names) <= len(args) or names[len(args)] not in kwargs:
         return args, kwargs
@@ -219,8 +220,11 @@ def _take_hooks():
     """Our hooks out of torch's tables, each mark with them (torch's own handle leaves the with_kwargs one)."""
     pre, post = _hook_ids()
     _nn_module._global_forward_pre_hooks.pop(pre, None)
-    for table in (_nn_module._global_forward_hooks, _nn_module._global_forward_hooks_with_kwargs,
-                  _nn_module._global_forward_hooks_always_called):
+    for table in (
+        _nn_module._global_forward_hooks,
+        _nn_module._global_forward_hooks_with_kwargs,
+        _nn_module._global_forward_hooks_always_called,
+    ):
         table.pop(post, None)
 
 
@@ -336,8 +340,12 @@ class ModuleTracker:
             busy = collector.work.depth  # Collector.busy, as an attribute read: every module call
             if instrumented and collector.mode_depth:
                 aside = _set_aside(collector)
-            elif (not instrumented and collector.plan.level_api and not busy
-                    and (collector.mode_depth == 0 or not mode_active())):
+            elif (
+                not instrumented
+                and collector.plan.level_api
+                and not busy
+                and (collector.mode_depth == 0 or not mode_active())
+            ):
                 mode = ObserveMode(collector)
                 collector.push_mode(mode)
             if collector.plan.level_module and not busy:

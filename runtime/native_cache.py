@@ -14,6 +14,7 @@ running on another machine that shares the cache). Processes of one machine take
 another
 build got there first anyway (machines sharing a cache), the one in place is checked and kept.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -58,6 +58,7 @@ record the gradients with no Python frame and queue them for ``Collector.take_ar
 cannot record goes to the collector's Python. Besides, the op walks a module's part of the graph
 (``consumer_edges``) and captures call stacks (``capture``, Python 3.11+), each distinct stack made once.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -83,8 +84,12 @@ SOURCES = ("stats_op.cpp",)
 
 NAME = "msprobe_stats"
 # built on the machine that runs it, for its CPU; the cache key names the CPU (a home shared by other machines)
-FLAGS = ["-O3"] + {"x86_64": ["-march=native"], "AMD64": ["-march=native"],
-                   "aarch64": ["-mcpu=native"], "arm64": ["-mcpu=native"]}.get(platform.machine(), [])
+FLAGS = ["-O3"] + {
+    "x86_64": ["-march=native"],
+    "AMD64": ["-march=native"],
+    "aarch64": ["-mcpu=native"],
+    "arm64": ["-mcpu=native"],
+}.get(platform.machine(), [])
 
 # the build folder's layout: a folder of an earlier layout (its ``ready`` marker held a path, not a record of
 # the library) belongs to the versions of the tool that made it, and is left to them
@@ -108,8 +113,11 @@ def _cpu_id():
     try:
         with open("/proc/cpuinfo", "r", encoding="utf-8", errors="replace") as handle:
             lines = handle.read().split("\n\n", 1)[0].splitlines()
-        keep = [line for line in lines if line.split(":", 1)[0].strip() in ("vendor_id", "model name", "flags",
-                                                                           "Features", "CPU part")]
+        keep = [
+            line
+            for line in lines
+            if line.split(":", 1)[0].strip() in ("vendor_id", "model name", "flags", "Features", "CPU part")
+        ]
         return "\n".join(keep)
     except OSError:
         return platform.processor() or platform.machine()
@@ -138,8 +146,19 @@ def _source_digest():
 def build_directory():
     import torch
 
-    key = hashlib.sha256("\0".join([_source_digest(), " ".join(FLAGS), _cpu_id(), torch.__version__,
-                                    sys.version, platform.machine(), CACHE_LAYOUT]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        "\0".join(
+            [
+                _source_digest(),
+                " ".join(FLAGS),
+                _cpu_id(),
+                torch.__version__,
+                sys.version,
+                platform.machine(),
+                CACHE_LAYOUT,
+            ]
+        ).encode()
+    ).hexdigest()[:16]
     return os.path.join(cache_root(), f"stats-torch{torch.__version__.replace('+', '_')}-{key}")
 
 
@@ -163,8 +182,13 @@ def _build(directory):
     try:
         # compiled where they lie, so a compiler's message names runtime/native/<file>:<line>
         # (test_native_stats.py's test_a_compile_error_names_the_source_file_and_line)
-        module = cpp_extension.load(NAME, sources=[os.path.join(NATIVE_DIR, name) for name in SOURCES],
-                                    extra_cflags=FLAGS, build_directory=building, verbose=False)
+        module = cpp_extension.load(
+            NAME,
+            sources=[os.path.join(NATIVE_DIR, name) for name in SOURCES],
+            extra_cflags=FLAGS,
+            build_directory=building,
+            verbose=False,
+        )
         native_cache.write_record(building, module.__file__)  # complete: later processes import it without ninja
         native_cache.publish(building, directory)
     except BaseException:
@@ -185,9 +209,11 @@ def load():
             try:
                 module = _load()
             except Exception as error:  # no compiler, no ninja, a failed build: the torch ops serve
-                logger.warning("msprobe_runtime: the native statistics op cannot be built (%s); statistics use "
-                               "torch ops (slower; Mean and Norm may differ in the last float32 bit)",
-                               _build_error_line(str(error).strip().splitlines()) or type(error).__name__)
+                logger.warning(
+                    "msprobe_runtime: the native statistics op cannot be built (%s); statistics use "
+                    "torch ops (slower; Mean and Norm may differ in the last float32 bit)",
+                    _build_error_line(str(error).strip().splitlines()) or type(error).__name__,
+                )
                 module = None
         _state["module"] = module
         _state["done"] = True
@@ -209,17 +235,23 @@ def _load():
         # never loaded (a truncated library is a SIGBUS: test_native_build_cache.py), but built again rather
         # than left to the torch ops: a run keeps one path from its first record to its last, the op is what
         # the user asked for, and the next process finds a good build instead of this warning
-        logger.warning("msprobe_runtime: the cached native statistics op in %s is not loaded: %s; it is built "
-                       "again", directory, problem)
-    with native_cache.build_lock(directory, waiting=lambda: logger.warning(
-            "msprobe_runtime: waiting for another process's build of the native statistics op into %s", directory)):
+        logger.warning(
+            "msprobe_runtime: the cached native statistics op in %s is not loaded: %s; it is built again",
+            directory,
+            problem,
+        )
+    with native_cache.build_lock(
+        directory,
+        waiting=lambda: logger.warning(
+            "msprobe_runtime: waiting for another process's build of the native statistics op into %s", directory
+        ),
+    ):
         # the build of the process that held the lock, or its failure, is this one's
         library, _ = native_cache.checked_library(directory)
         if library is not None:
             return _import(library)
         _raise_failed_before(directory)
-        logger.warning("msprobe_runtime: building the native statistics op once (about a minute) into %s",
-                       directory)
+        logger.warning("msprobe_runtime: building the native statistics op once (about a minute) into %s", directory)
         try:
             return _build(directory)
         except Exception as error:

@@ -6,6 +6,7 @@ Each is a NamedTuple, made on the hot path with ``tuple.__new__(Kind, (...))`` (
 ``__new__`` is a Python function, one more frame per call (bench/python_calls.py counts them), where
 ``tuple.__new__`` and the field reads are C.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, NamedTuple, Optional

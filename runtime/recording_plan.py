@@ -4,6 +4,7 @@ summary_mode, read once into a frozen ``Plan`` that the hot path reads attribute
 ``module_dump()`` narrows it (``Plan.narrowed_to_modules``) and its end restores the plan it replaced: the
 plan itself never changes (tests/runtime/test_recording_plan.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -16,8 +17,17 @@ from .checksums import MODES as CHECKSUM_MODES
 class Plan:
     """What is recorded: the levels, the directions and fields of each entry, the task, the checksum."""
 
-    __slots__ = ("level_api", "level_module", "construct_apis", "tensor_task", "checksum_mode", "want_forward",
-                 "want_backward", "want_input", "want_output")
+    __slots__ = (
+        "level_api",
+        "level_module",
+        "construct_apis",
+        "tensor_task",
+        "checksum_mode",
+        "want_forward",
+        "want_backward",
+        "want_input",
+        "want_output",
+    )
 
     level_api: bool  # API calls get entries (L1, mix)
     level_module: bool  # module calls get entries (L0, mix)
@@ -37,15 +47,17 @@ class Plan:
         everything = "all" in modes or not modes
         no_direction = not ({"forward", "backward"} & modes)
         no_side = not ({"input", "output"} & modes)
-        return cls(level_api=config.level in ("L1", "mix"),
-                   level_module=config.level in ("L0", "mix"),
-                   construct_apis=config.level == "mix",
-                   tensor_task=config.task == "tensor",
-                   checksum_mode=config.summary_mode if config.summary_mode in CHECKSUM_MODES else None,
-                   want_forward=everything or "forward" in modes or no_direction,
-                   want_backward=everything or "backward" in modes or no_direction,
-                   want_input=everything or "input" in modes or no_side,
-                   want_output=everything or "output" in modes or no_side)
+        return cls(
+            level_api=config.level in ("L1", "mix"),
+            level_module=config.level in ("L0", "mix"),
+            construct_apis=config.level == "mix",
+            tensor_task=config.task == "tensor",
+            checksum_mode=config.summary_mode if config.summary_mode in CHECKSUM_MODES else None,
+            want_forward=everything or "forward" in modes or no_direction,
+            want_backward=everything or "backward" in modes or no_direction,
+            want_input=everything or "input" in modes or no_side,
+            want_output=everything or "output" in modes or no_side,
+        )
 
     @property
     def statistics_only(self) -> bool:

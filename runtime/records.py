@@ -9,6 +9,7 @@ leaves untracked by the garbage collector, so the records a step keeps until its
 its young collections nor piled up in its oldest generation, where they brought on full collections. It stays
 a tuple until the writing process makes it into msprobe's record (``json_files.native_json``).
 """
+
 from __future__ import annotations
 
 from .foreign import is_subclass, type_name
@@ -24,15 +25,14 @@ class TensorRecord:
 
     __slots__ = ("dtype", "shape", "requires_grad", "kind", "slot", "counts", "data_name", "type", "checksum")
 
-    def __init__(self, type_name, dtype, shape, requires_grad, kind, slot, counts, data_name=None,
-                 checksum=None):
+    def __init__(self, type_name, dtype, shape, requires_grad, kind, slot, counts, data_name=None, checksum=None):
         self.type = type_name
         self.dtype = dtype
-        self.shape = shape      # a tuple of ints: untracked by the garbage collector, unlike a list
+        self.shape = shape  # a tuple of ints: untracked by the garbage collector, unlike a list
         self.requires_grad = requires_grad
         self.kind = kind
-        self.slot = slot        # statistics.Slot or the numbers themselves (statistics.slot_values); None: empty
-        self.counts = counts    # the NaN and Inf counts, as ``slot``, or None
+        self.slot = slot  # statistics.Slot or the numbers themselves (statistics.slot_values); None: empty
+        self.counts = counts  # the NaN and Inf counts, as ``slot``, or None
         self.data_name = data_name
         self.checksum = checksum  # checksums.Checksum (summary_mode md5 or fingerprint), or None
 
@@ -91,8 +91,18 @@ FP8_SATURATED_FRACTION = "fp8_saturated_fraction"
 # its values (1 / scale for torchao's Float8TrainingTensor, scale_inv for Transformer Engine's Float8Tensor)
 FP8_SCALE = "fp8_scale"
 
-_INT_DTYPES = frozenset({"torch.int8", "torch.int16", "torch.int32", "torch.int64", "torch.uint8",
-                         "torch.uint16", "torch.uint32", "torch.uint64"})
+_INT_DTYPES = frozenset(
+    {
+        "torch.int8",
+        "torch.int16",
+        "torch.int32",
+        "torch.int64",
+        "torch.uint8",
+        "torch.uint16",
+        "torch.uint32",
+        "torch.uint64",
+    }
+)
 
 
 def _num(value, dtype):

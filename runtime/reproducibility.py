@@ -10,6 +10,7 @@ nothing behind. torch's mode stack is per thread and the autograd engine runs ba
 *forward* module hook also puts the mode on the stack for each module call where it is missing: a recomputation
 in backward (Megatron's and torch's reentrant checkpoint) and module calls on other threads drop out too.
 """
+
 from __future__ import annotations
 
 import random
@@ -19,10 +20,30 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 # msprobe's random_api_list.yaml (torch_random, tensor_random)
-_TORCH_RANDOM = ("bernoulli", "multinomial", "normal", "poisson", "rand", "rand_like", "randint", "randint_like",
-                 "randn", "randn_like", "randperm")
-_TENSOR_RANDOM = ("bernoulli_", "cauchy_", "exponential_", "geometric_", "log_normal_", "multinomial", "normal_",
-                  "random_", "uniform_")
+_TORCH_RANDOM = (
+    "bernoulli",
+    "multinomial",
+    "normal",
+    "poisson",
+    "rand",
+    "rand_like",
+    "randint",
+    "randint_like",
+    "randn",
+    "randn_like",
+    "randperm",
+)
+_TENSOR_RANDOM = (
+    "bernoulli_",
+    "cauchy_",
+    "exponential_",
+    "geometric_",
+    "log_normal_",
+    "multinomial",
+    "normal_",
+    "random_",
+    "uniform_",
+)
 
 
 def _table(owner, names):
@@ -34,8 +55,21 @@ def _dropouts():
 
     found = _table(F, ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout"))
     # torch's own kernels, which F's functions call and which code may call directly
-    found.update(_table(torch, ("dropout", "dropout_", "feature_dropout", "feature_dropout_", "alpha_dropout",
-                                "alpha_dropout_", "feature_alpha_dropout", "feature_alpha_dropout_")))
+    found.update(
+        _table(
+            torch,
+            (
+                "dropout",
+                "dropout_",
+                "feature_dropout",
+                "feature_dropout_",
+                "alpha_dropout",
+                "alpha_dropout_",
+                "feature_alpha_dropout",
+                "feature_alpha_dropout_",
+            ),
+        )
+    )
     return found
 
 
@@ -113,8 +147,10 @@ class _ModuleCalls:
 
         self.mode = mode
         self.local = threading.local()
-        self.handles = [nn_module.register_module_forward_pre_hook(self._pre),
-                        nn_module.register_module_forward_hook(self._post, always_call=True)]
+        self.handles = [
+            nn_module.register_module_forward_pre_hook(self._pre),
+            nn_module.register_module_forward_hook(self._post, always_call=True),
+        ]
 
     def _pre(self, module, args):
         pushed = self.local.__dict__.setdefault("pushed", [])

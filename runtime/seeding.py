@@ -1,4 +1,5 @@
 """seed_all: msprobe's seeding helper, so two runs can be compared bit for bit; and config.json's seed."""
+
 from __future__ import annotations
 
 import os
@@ -11,8 +12,9 @@ if TYPE_CHECKING:
 DEFAULT_SEED = 1234
 
 
-def seed_all(seed: int = DEFAULT_SEED, mode: bool = False, rm_dropout: bool = False,
-             is_enhanced: bool = False) -> "Reproducibility":
+def seed_all(
+    seed: int = DEFAULT_SEED, mode: bool = False, rm_dropout: bool = False, is_enhanced: bool = False
+) -> "Reproducibility":
     """Seed Python, NumPy (when installed) and torch on every device; ``mode=True`` also asks for
     deterministic algorithms and deterministic communication (HCCL, cuBLAS workspace).
 
@@ -21,7 +23,7 @@ def seed_all(seed: int = DEFAULT_SEED, mode: bool = False, rm_dropout: bool = Fa
     mode instead of replaced torch attributes (``reproducibility``). Returns a handle whose ``restore()``
     (or the end of a ``with`` block) turns both off again."""
     # msprobe's own checks (reproducibility/common.py): a float or bool seed is refused, not truncated
-    if type(seed) is not int or not 0 <= seed <= 2 ** 32 - 1:
+    if type(seed) is not int or not 0 <= seed <= 2**32 - 1:
         raise ValueError(f"seed_all: seed must be an int in [0, 2**32-1], got {seed!r}")
     if type(mode) is not bool:
         raise TypeError(f"seed_all: mode must be a bool, got {mode!r}")

@@ -14,6 +14,7 @@ forward entry is decided when its forward begins. A list entry is matched agains
 it, while backward entries are matched by name only (as msprobe 26.2 does). An entry that matches no name by
 the end of a step is reported once, never silently. Imports nothing heavy: the collector calls it per entry.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -117,7 +118,8 @@ class Selection:
         is listed itself."""
         self._see(name)
         return dump_names.forward_name(name) in self.grad_modules or (
-            self.in_scope and bool(self.names) and self._listed(name))
+            self.in_scope and bool(self.names) and self._listed(name)
+        )
 
     def end_step(self):
         """Warn once per entry that matched no entry name in this step (when the step recorded any)."""
@@ -129,7 +131,15 @@ class Selection:
                     continue
                 self._warned.add((field, entry))
                 close = difflib.get_close_matches(entry, self.seen, n=1, cutoff=0.6)
-                hint = f"; the nearest name recorded is {close[0]!r}" if close else (
-                    f"; names recorded look like {self.seen[0]!r}")
-                logger.warning("msprobe_runtime: %s.%s entry %r matched no dump name in this step%s",
-                               self.where, field, entry, hint)
+                hint = (
+                    f"; the nearest name recorded is {close[0]!r}"
+                    if close
+                    else (f"; names recorded look like {self.seen[0]!r}")
+                )
+                logger.warning(
+                    "msprobe_runtime: %s.%s entry %r matched no dump name in this step%s",
+                    self.where,
+                    field,
+                    entry,
+                    hint,
+                )

@@ -9,6 +9,7 @@ compiled function that reaches it at each ``start()`` and ``stop()`` (tests/comp
 traces, each entry is traced as the plain operation it forwards to (``compiled_regions``), never reading
 ``_collector``.
 """
+
 from __future__ import annotations
 
 import operator as _op
@@ -75,7 +76,7 @@ def dyn(fn: Any, /, *args: Any, **kwargs: Any) -> Any:  # any callable: a module
 def truth(value: object, /) -> bool:
     """``bool(value)`` for a truth test (``if value:``), recorded while collecting."""
     if _collector is None or type(value) is bool:  # a bool is never recorded (most tests: 561 of 567 a step
-        return bool(value)                           # on the tiny GPT), and costs no second frame
+        return bool(value)  # on the tiny GPT), and costs no second frame
     return _collector.truth(value)
 
 

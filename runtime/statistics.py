@@ -15,18 +15,19 @@ data of a scaled tensor class (torchao's Float8TrainingTensor, Transformer Engin
 ``float8_view`` that knows its scale: its statistics are those of the dequantized values, its fractions those of
 the float8 data, and its slot one or two numbers longer, the dequantization factor (``fp8_scale``).
 """
+
 from __future__ import annotations
 
 import threading
 import weakref
 
 # Kinds decide msprobe's null rules at write time.
-KIND_FLOAT = 0     # Max, Min, Mean, Norm
-KIND_NO_MEAN = 1   # float64 and integer tensors: Max and Min only (msprobe leaves Mean and Norm null)
-KIND_BOOL = 2      # Max = any, Min = all
-KIND_SCALAR = 3    # 0-d: all four equal to the value
-KIND_EMPTY = 4     # no slot at all: every statistic null
-KIND_LOW = 5       # float8 and float4: Max, Min, Mean, Norm of the values decoded, plus the zero and saturated
+KIND_FLOAT = 0  # Max, Min, Mean, Norm
+KIND_NO_MEAN = 1  # float64 and integer tensors: Max and Min only (msprobe leaves Mean and Norm null)
+KIND_BOOL = 2  # Max = any, Min = all
+KIND_SCALAR = 3  # 0-d: all four equal to the value
+KIND_EMPTY = 4  # no slot at all: every statistic null
+KIND_LOW = 5  # float8 and float4: Max, Min, Mean, Norm of the values decoded, plus the zero and saturated
 
 _WIDTH = {KIND_FLOAT: 4, KIND_NO_MEAN: 2, KIND_BOOL: 2, KIND_SCALAR: 1}
 
@@ -34,8 +35,14 @@ _WIDTH = {KIND_FLOAT: 4, KIND_NO_MEAN: 2, KIND_BOOL: 2, KIND_SCALAR: 1}
 # (docs/low-precision.md). float8_e8m0fnu holds exponents only (MX scales: no zero, no sign): its values are
 # decoded to float64, since 2**127 squared is past float32. float4_e2m1fn_x2 packs two values in a byte that no
 # torch op unpacks (no copy kernel on the CPU): its bytes are decoded through a table of the 16 codes.
-_LOW_NAMES = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu",
-              "float4_e2m1fn_x2")
+_LOW_NAMES = (
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float8_e4m3fnuz",
+    "float8_e5m2fnuz",
+    "float8_e8m0fnu",
+    "float4_e2m1fn_x2",
+)
 _FLOAT4_CODES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)  # E2M1
 _LOW_CHUNK = 1 << 20  # elements upcast to float32 at a time: a 4 MiB temporary, not a float32 copy per tensor
 _dtype_sets: list = []
@@ -144,7 +151,7 @@ class Slot:
         if batch is None:
             return None
         flat = batch.values()
-        return flat[self.offset:self.offset + self.width]
+        return flat[self.offset : self.offset + self.width]
 
 
 def slot_values(slot):
@@ -168,7 +175,7 @@ class _Stage:
         self.counts = []
 
 
-_STAGE_MAX_NUMEL = 4096   # larger tensors are reduced in place: their passes cost more than the ops' overhead
+_STAGE_MAX_NUMEL = 4096  # larger tensors are reduced in place: their passes cost more than the ops' overhead
 _STAGE_MAX_BYTES = 64 << 20
 _STAGE_FIRST_ROWS = 32
 
@@ -257,8 +264,15 @@ class StatBuffer:
             t, repeat = _dense_view(t)
         # staging copies into a plain buffer: not for tensor subclasses (a DTensor cannot be copied into one)
         # nor inference tensors (a buffer made in inference mode could not be written outside it)
-        if (kind == KIND_FLOAT and repeat == 1 and t.numel() <= _STAGE_MAX_NUMEL and type(t) is torch.Tensor
-                and t.is_contiguous() and not t.is_inference() and not torch.is_inference_mode_enabled()):
+        if (
+            kind == KIND_FLOAT
+            and repeat == 1
+            and t.numel() <= _STAGE_MAX_NUMEL
+            and type(t) is torch.Tensor
+            and t.is_contiguous()
+            and not t.is_inference()
+            and not torch.is_inference_mode_enabled()
+        ):
             staged = self._stage(t)
             if staged is not None:
                 return staged
@@ -269,7 +283,7 @@ class StatBuffer:
             else:
                 norm = torch.linalg.vector_norm(t)
             if repeat != 1:
-                norm = norm * (repeat ** 0.5)
+                norm = norm * (repeat**0.5)
             values = torch.stack((t.amax(), t.amin(), t.mean(), norm))
         elif kind == KIND_NO_MEAN:
             values = torch.stack((t.amax(), t.amin()))
@@ -340,7 +354,7 @@ class StatBuffer:
             t, repeat = _dense_view(t)
             flat = t.reshape(-1)  # a dense view as it is; another layout copied at one byte an element
             one = factor.reshape(()) if factor is not None else None
-            chunks = ((decode(flat[start:start + _LOW_CHUNK]), None) for start in range(0, flat.numel(), _LOW_CHUNK))
+            chunks = ((decode(flat[start : start + _LOW_CHUNK]), None) for start in range(0, flat.numel(), _LOW_CHUNK))
             n = flat.numel() * per_element
             extra = (one,) if one is not None else ()
         values, counts = [], []
@@ -349,8 +363,9 @@ class StatBuffer:
                 # torchao divides by its scale, TE multiplies by the inverse: each as its class does
                 v = f if factor is None else (f / scale.reshape(()) if divide else f * scale.reshape(()))
             values.append(torch.stack((v.amax(), v.amin(), v.sum(), torch.dot(v, v))))
-            counts.append(torch.stack((torch.isnan(v).sum(), torch.isinf(v).sum(), (f == 0).sum(),
-                                       (f.abs() == top).sum())))
+            counts.append(
+                torch.stack((torch.isnan(v).sum(), torch.isinf(v).sum(), (f == 0).sum(), (f.abs() == top).sum()))
+            )
         if len(values) == 1:
             part, count = values[0], counts[0]
             total, squares = part[2], part[3]
@@ -411,7 +426,7 @@ class StatBuffer:
             for stage in stages:
                 if not stage.rows:
                     continue
-                m = stage.buffer[:stage.rows]
+                m = stage.buffer[: stage.rows]
                 values = torch.stack((m.amax(1), m.amin(1), m.mean(1), torch.linalg.vector_norm(m, dim=1)), 1)
                 groups.append(Slot(values.reshape(-1), 4 * stage.rows, stage.slots))
                 if self.nan_inf_count:
@@ -444,8 +459,11 @@ class StatBuffer:
         with self._lock:
             for key, keep in kept.items():
                 self._stages.setdefault(key, [keep])
-            self._staged_bytes = sum(stage.buffer.numel() * stage.buffer.element_size()
-                                     for stages in self._stages.values() for stage in stages)
+            self._staged_bytes = sum(
+                stage.buffer.numel() * stage.buffer.element_size()
+                for stages in self._stages.values()
+                for stage in stages
+            )
         on_host = True
         by_device = {}
         for slot in pending:
@@ -483,7 +501,9 @@ def _fused_failed(error):
     lines = str(error).strip().splitlines()
     logging.getLogger("msprobe_runtime").warning(
         "msprobe_runtime: the Triton statistics kernels failed here (%s: %s); statistics use torch ops",
-        type(error).__name__, lines[0][:200] if lines else "")
+        type(error).__name__,
+        lines[0][:200] if lines else "",
+    )
 
 
 def _launch(device, by_dtype, target):

@@ -4,6 +4,7 @@ outlives it by accident, and every table of a step is declared in one place.
 The collector owns it (``Collector.step``) and replaces it in ``Collector.reset``; its hooks are removed then
 (``remove_hooks``). Nothing else writes to it (tests/test_single_source.py).
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Set, Tuple
@@ -12,10 +13,28 @@ from typing import Any, Dict, List, Set, Tuple
 class StepState:
     """The counters, entries, stacks, construct, saved tensors and backward bookkeeping of one step."""
 
-    __slots__ = ("token", "hooks", "api_counts", "module_counts", "param_counts", "data", "stacks", "construct",
-                 "tensors", "tensor_records", "recent", "leaves", "api_backward_hooks", "module_backward_hooks",
-                 "backward_parents", "backward_names", "pending_backward", "param_waiters", "skipped_backward",
-                 "module_parameters")
+    __slots__ = (
+        "token",
+        "hooks",
+        "api_counts",
+        "module_counts",
+        "param_counts",
+        "data",
+        "stacks",
+        "construct",
+        "tensors",
+        "tensor_records",
+        "recent",
+        "leaves",
+        "api_backward_hooks",
+        "module_backward_hooks",
+        "backward_parents",
+        "backward_names",
+        "pending_backward",
+        "param_waiters",
+        "skipped_backward",
+        "module_parameters",
+    )
 
     def __init__(self) -> None:
         # a new object each step, held by this step's Python backward hooks: a hook whose step has ended stays

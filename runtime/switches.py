@@ -4,6 +4,7 @@ A leaf: it imports nothing of the runtime, so any module may read a switch. When
 ``config``, ``native_stats`` importing it closed the cycle config -> checksums -> statistics -> native_stats ->
 config (tests/test_import_graph.py).
 """
+
 import os
 
 

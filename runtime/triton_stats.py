@@ -25,6 +25,7 @@ other layout of up to 4 dimensions read through its strides (no copy).
 Not yet: several tensors per ``_partials`` launch (a pointer table), so a recorded call costs one launch per
 tensor and each flush one ``_finish`` per arena; the torch-op path's own cost (issue 31).
 """
+
 from __future__ import annotations
 
 import threading
@@ -34,11 +35,11 @@ import triton
 import triton.language as tl
 
 
-_BLOCK = 1024       # elements a program loads at once
-_MAX_ROWS = 256     # partial rows of one tensor at most: a larger tensor's programs each read more blocks
-_ARENA_ROWS = 1 << 14   # rows of a new arena (6 float64 each: 768 KiB), more where one tensor needs them
-_ARENA_TENSORS = 2048   # tensors of an arena
-_FINISH_BLOCK = 128     # rows a ``_finish`` program combines at once
+_BLOCK = 1024  # elements a program loads at once
+_MAX_ROWS = 256  # partial rows of one tensor at most: a larger tensor's programs each read more blocks
+_ARENA_ROWS = 1 << 14  # rows of a new arena (6 float64 each: 768 KiB), more where one tensor needs them
+_ARENA_TENSORS = 2048  # tensors of an arena
+_FINISH_BLOCK = 128  # rows a ``_finish`` program combines at once
 
 # the dtype code ``_finish`` rounds Mean and Norm to; float64 tensors get Max and Min only (statistics'
 # KIND_NO_MEAN: a slot of width 2), the others Max, Min, Mean and Norm (width 4); a 0-d tensor its value (1)
@@ -50,9 +51,28 @@ _INTS = ["n", "iters", "tensor", "row0", "rows", "repeat", "code", "d1", "d2", "
 
 
 @triton.jit(do_not_specialize=_INTS)  # a value of 1 would be made a constant: one compile per value, no .to
-def _partials(x, n, iters, part, meta, tensor, row0, rows, repeat, code,
-              d1, d2, d3, s0, s1, s2, s3,
-              CONTIGUOUS: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr):
+def _partials(
+    x,
+    n,
+    iters,
+    part,
+    meta,
+    tensor,
+    row0,
+    rows,
+    repeat,
+    code,
+    d1,
+    d2,
+    d3,
+    s0,
+    s1,
+    s2,
+    s3,
+    CONTIGUOUS: tl.constexpr,
+    WIDE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     pid = tl.program_id(0)
     lanes = tl.arange(0, BLOCK)
     if WIDE:
@@ -189,7 +209,7 @@ class TritonStats:
         self._dense_view = dense_view
         self._lock = threading.Lock()
         self._arenas = {}  # (device, width) -> the _Arena filling
-        self._done = []    # group slots of arenas closed before the flush (full)
+        self._done = []  # group slots of arenas closed before the flush (full)
 
     def add(self, t, width):
         """``(slot, counts slot or None)`` of a plain strided tensor of float32, float16 or bfloat16 (``width``
@@ -213,8 +233,8 @@ class TritonStats:
         grid = -(-n // (_BLOCK * iters))
         sizes, strides = [1] * 4, [0] * 4
         if not contiguous:
-            sizes[4 - t.dim():] = t.shape
-            strides[4 - t.dim():] = t.stride()
+            sizes[4 - t.dim() :] = t.shape
+            strides[4 - t.dim() :] = t.stride()
         slot = self._slot(None, width)
         counts = self._slot(None, 2) if self.nan_inf_count else None
         with self._lock:
@@ -226,9 +246,26 @@ class TritonStats:
             if arena is None:
                 arena = self._arenas[key] = _Arena(t.device, max(_ARENA_ROWS, grid))
             row0, tensor = arena.rows, len(arena.slots)
-            _partials[(grid,)](t, n, iters, arena.part, arena.meta, tensor, row0, grid, repeat, code,
-                               sizes[1], sizes[2], sizes[3], *strides,
-                               CONTIGUOUS=contiguous, WIDE=code == 3, BLOCK=_BLOCK, enable_fp_fusion=False)
+            _partials[(grid,)](
+                t,
+                n,
+                iters,
+                arena.part,
+                arena.meta,
+                tensor,
+                row0,
+                grid,
+                repeat,
+                code,
+                sizes[1],
+                sizes[2],
+                sizes[3],
+                *strides,
+                CONTIGUOUS=contiguous,
+                WIDE=code == 3,
+                BLOCK=_BLOCK,
+                enable_fp_fusion=False,
+            )
             arena.rows += grid
             arena.slots.append(slot)
             arena.counts.append(counts)

@@ -10,6 +10,7 @@ A step whose numbers are all on the host already (CPU tensors, no checksum to co
 training thread itself at the flush (``prepare``): done in one go there, it costs the training thread less than
 the same Python work done here, where every torch op that released the GIL had to wait to get it back.
 """
+
 from __future__ import annotations
 
 import gc
@@ -30,9 +31,10 @@ from .records import resolve
 logger = logging.getLogger("msprobe_runtime")
 _WRITER_SWITCH_INTERVAL = 0.0002
 _KEPT = frozenset({"stack.json", "construct.json"})  # files that stay the same from step to step
-_STREAMS = itertools.count(1)   # one per writer: its kept files are its own in the writing process (shared)
+_STREAMS = itertools.count(1)  # one per writer: its kept files are its own in the writing process (shared)
 _VERSIONS = itertools.count(1)
 _KEYS_HELD = 64  # kept files whose objects a writer holds: the messages not yet answered may name them
+
 
 def format_stack(frames):
     """msprobe's stack lines: ``File {path}, line {n}, in {func}, \\n {source}``, innermost first."""
@@ -54,8 +56,8 @@ class StepJob:
         self.data = data
         self.stacks = stacks
         self.construct = construct
-        self.tensors = tensors      # [(file name, device tensor clone)] for task=tensor
-        self.plain = plain          # no TensorRecord in ``data``: its entries are written as they are
+        self.tensors = tensors  # [(file name, device tensor clone)] for task=tensor
+        self.plain = plain  # no TensorRecord in ``data``: its entries are written as they are
 
 
 class PreparedJob:
@@ -65,8 +67,8 @@ class PreparedJob:
 
     def __init__(self, directory, files, message, tensors):
         self.directory = directory
-        self.files = files          # [(file name, JSON-ready object)], in writing order; None: in ``message``
-        self.message = message      # the same for the writing process (json_files.encode), or None
+        self.files = files  # [(file name, JSON-ready object)], in writing order; None: in ``message``
+        self.message = message  # the same for the writing process (json_files.encode), or None
         self.tensors = tensors
 
 
@@ -82,12 +84,12 @@ class Writer:
         self._reported = set()
         self._failing = False
         self._resolver = None  # call_stacks.Resolver, made at the first write (torch is imported by then)
-        self._formatted = {}   # id(frames) -> (frames, stack.json's lines), across steps (the same sites come back)
+        self._formatted = {}  # id(frames) -> (frames, stack.json's lines), across steps (the same sites come back)
         self._files_lock = threading.Lock()  # the resolver and its caches: this thread, or the training one
-        self._stacks = None    # (the raw stacks of the last step written, its stack.json object)
+        self._stacks = None  # (the raw stacks of the last step written, its stack.json object)
         self._stream = next(_STREAMS)  # this writer's files kept by the writing process: (stream, version)
-        self._sent = {}        # file name -> (object, key, child) last sent whole to the writing process
-        self._keys = {}        # key -> object, the last few sent whole: to write a message here (Unavailable)
+        self._sent = {}  # file name -> (object, key, child) last sent whole to the writing process
+        self._keys = {}  # key -> object, the last few sent whole: to write a message here (Unavailable)
         self._report_lock = threading.Lock()  # errors: this thread, or a training thread reading posts' answers
         # steps queued for this thread to make into files: while there are any, no later step may be made into
         # files elsewhere (``may_prepare``), since a kept file is sent by key to the writing process in the
@@ -198,8 +200,11 @@ class Writer:
             if not self._failing:
                 return
             self._failing = False
-            logger.warning("msprobe_runtime: writing dumps works again (%s); %d step(s) before it were not "
-                           "written", directory, len(self.errors))
+            logger.warning(
+                "msprobe_runtime: writing dumps works again (%s); %d step(s) before it were not written",
+                directory,
+                len(self.errors),
+            )
 
     def _failed(self, directory, error):
         """One loud message for the first failure of a kind (a full disk, a permission): later steps are still
@@ -211,10 +216,13 @@ class Writer:
             if kind in self._reported:
                 return
             self._reported.add(kind)
-        logger.error("msprobe_runtime: writing the dump of %s failed: %s. Steps written before it are complete; "
-                     "this step is not written (no partial file is left), and each later step is tried again "
-                     "(further failures of this kind are not reported one by one).",
-                     directory, error)
+        logger.error(
+            "msprobe_runtime: writing the dump of %s failed: %s. Steps written before it are complete; "
+            "this step is not written (no partial file is left), and each later step is tried again "
+            "(further failures of this kind are not reported one by one).",
+            directory,
+            error,
+        )
 
     def _lines(self, frames):
         # by id: the resolver gives equal stacks as one tuple, which this table holds alive
@@ -274,8 +282,7 @@ class Writer:
                     if group is None:
                         group = groups[id(frames)] = (frames, [])
                     group[1].append(name)
-                stack = {str(i): [names, self._lines(frames)]
-                         for i, (frames, names) in enumerate(groups.values())}
+                stack = {str(i): [names, self._lines(frames)] for i, (frames, names) in enumerate(groups.values())}
                 self._stacks = (job.stacks, stack)
         dump = dict(job.header)
         if job.tensors or job.header.get("task") == "tensor":
@@ -336,8 +343,9 @@ class Writer:
                     sent.append((name, obj))
                     continue
                 last = self._sent.get(name)
-                if (last is not None and child is not None and last[2] is child
-                        and (last[0] is obj or last[0] == obj)):  # plain data: no user type is asked
+                if (
+                    last is not None and child is not None and last[2] is child and (last[0] is obj or last[0] == obj)
+                ):  # plain data: no user type is asked
                     sent.append((name, None, last[1]))
                     continue
                 key = (self._stream, next(_VERSIONS))

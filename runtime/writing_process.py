@@ -14,6 +14,7 @@ raises ``Unavailable`` and the writer thread writes the files itself, as it alwa
 never lost. A forked child of the training process (a DataLoader worker)
 never writes through its parent's pipe: it starts its own process if it needs one.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -149,19 +150,24 @@ class WritingProcess:
         executable = sys.executable
         if not _is_python(executable):
             self._failed = True
-            logger.info("msprobe_runtime: no Python executable to start the writing process with (%r); the "
-                        "writer thread writes the dumps", executable)
+            logger.info(
+                "msprobe_runtime: no Python executable to start the writing process with (%r); the "
+                "writer thread writes the dumps",
+                executable,
+            )
             raise Unavailable()
         try:
             import subprocess
 
             # -I -S: the standard library only (no site, no user paths); its own stderr is ours, so a crash shows
-            self._child = subprocess.Popen([executable, "-I", "-S", _SCRIPT], stdin=subprocess.PIPE,
-                                           stdout=subprocess.PIPE, close_fds=True)
+            self._child = subprocess.Popen(
+                [executable, "-I", "-S", _SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True
+            )
         except Exception as error:  # noqa: BLE001 - any failure to start means: write in this process
             self._failed = True
-            logger.info("msprobe_runtime: the writing process could not start (%s); the writer thread writes "
-                        "the dumps", error)
+            logger.info(
+                "msprobe_runtime: the writing process could not start (%s); the writer thread writes the dumps", error
+            )
             raise Unavailable() from error
         self._capacity = _enlarge(self._child.stdin.fileno())
         return self._child
@@ -169,8 +175,9 @@ class WritingProcess:
     def _gone(self, why):
         self._failed = True
         child, self._child = self._child, None
-        logger.warning("msprobe_runtime: the writing process ended (%s); the writer thread writes the dumps "
-                       "from now on", why)
+        logger.warning(
+            "msprobe_runtime: the writing process ended (%s); the writer thread writes the dumps from now on", why
+        )
         if child is not None:
             _close(child)
 

@@ -1,4 +1,5 @@
 """Fixtures shared by every test directory."""
+
 import importlib.util
 import os
 import subprocess
@@ -34,8 +35,12 @@ def megatron_copy(tmp_path_factory):
         pytest.skip("megatron-core is not installed")
     site = Path(importlib.util.find_spec("megatron.core").submodule_search_locations[0]).parent
     copy = tmp_path_factory.mktemp("rewritten")
-    result = subprocess.run([sys.executable, "-m", "msprobe_rewrite", "--out", str(copy / "megatron"), "--jobs", "2",
-                             str(site)], capture_output=True, text=True, timeout=900)
+    result = subprocess.run(
+        [sys.executable, "-m", "msprobe_rewrite", "--out", str(copy / "megatron"), "--jobs", "2", str(site)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     assert "0 failed" in result.stdout + result.stderr, result.stdout + result.stderr
     assert (copy / "megatron" / "core" / "models" / "gpt" / "gpt_model.py").read_text().count("__msprobe__") > 10

@@ -6,6 +6,7 @@ default names differed by one character (``$XDG_CACHE_HOME/msprobe-rewrite`` for
 Each test uses both caches for real, as a user does: a rewrite of a small tree through the CLI (the real
 compiler) writes result entries, and the runtime's ``native_stats.load()`` with a build that fails at once (no
 minute-long compile) leaves its failure note in the op's build folder. Then it looks where the files went."""
+
 import os
 
 import pytest
@@ -28,8 +29,9 @@ def environment(tmp_path, monkeypatch):
 
 
 def _files(folder):
-    return sorted(os.path.relpath(os.path.join(here, name), folder)
-                  for here, _, names in os.walk(folder) for name in names)
+    return sorted(
+        os.path.relpath(os.path.join(here, name), folder) for here, _, names in os.walk(folder) for name in names
+    )
 
 
 def _use_both_caches(tmp_path, monkeypatch):
@@ -58,8 +60,7 @@ def _assert_rewrite_entries(folder):
 
 def _assert_native_build(folder):
     files = _files(folder)
-    assert any(name.startswith("stats-torch") and name.endswith(os.sep + native_stats.FAILED)
-               for name in files), files
+    assert any(name.startswith("stats-torch") and name.endswith(os.sep + native_stats.FAILED) for name in files), files
 
 
 @pytest.mark.parametrize("xdg", [True, False], ids=["XDG_CACHE_HOME", "home"])

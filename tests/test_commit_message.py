@@ -1,6 +1,7 @@
 """The commit-msg hook (tools/check_commit_message.py, run by .pre-commit-config.yaml): a subject of at most
 72 characters, then a blank line and a body; merges and fixup!/squash! commits let through. The script is run
 as the hook runs it, on a message file, outside any git repository (so no merge is in progress)."""
+
 import os
 import subprocess
 import sys
@@ -19,16 +20,18 @@ BODY = "\nWhy: the reason the diff cannot show.\n"
 def run(tmp_path, text):
     message = tmp_path / "COMMIT_EDITMSG"
     message.write_text(text, encoding="utf-8")
-    return subprocess.run([sys.executable, SCRIPT, str(message)], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [sys.executable, SCRIPT, str(message)], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
 
 
 GOOD = {
     "subject and body": "docs: split the benchmarks\n" + BODY,
     "a subject of exactly 72 characters": SUBJECT_72 + "\n" + BODY,
-    "git's template comments and a verbose diff below the scissors":
+    "git's template comments and a verbose diff below the scissors": (
         "runtime: one pass\n\nBecause it reads memory once.\n# Please enter the commit message\n"
-        "# ------------------------ >8 ------------------------\n" + "x" * 100 + "\n",
+        "# ------------------------ >8 ------------------------\n" + "x" * 100 + "\n"
+    ),
     "blank lines before the subject": "\n\nfix: a thing\n\nThe reason.\n",
     "a merge": "Merge branch 'wt-p' into main with a subject that is long enough to pass the limit of 72\n",
     "a fixup": "fixup! " + "y" * 80 + "\n",
@@ -65,8 +68,9 @@ def test_both_reasons_at_once():
 
 
 def test_an_unreadable_file(tmp_path):
-    result = subprocess.run([sys.executable, SCRIPT, str(tmp_path / "missing")], capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run(
+        [sys.executable, SCRIPT, str(tmp_path / "missing")], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 2
 
 

@@ -1,5 +1,6 @@
 """The README's demo command runs end to end and reports a bit-identical run and a real dump; what it prints for
 a new user holds: the native op's build is said while it happens, and the follow-up commands run as printed."""
+
 import json
 import os
 import signal
@@ -18,8 +19,13 @@ ROOT = Path(__file__).resolve().parents[1]
 def demo(tmp_path_factory):
     """(the demo's output folder, its stdout) of one run with two steps."""
     out = tmp_path_factory.mktemp("demo") / "demo out"
-    result = subprocess.run([sys.executable, "-m", "fixtures.demo", "--out", str(out), "--steps", "2"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "fixtures.demo", "--out", str(out), "--steps", "2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     return out, result.stdout
 
@@ -48,8 +54,9 @@ def test_the_printed_follow_up_commands_run_as_printed_in_a_new_shell(demo, tmp_
     env = {name: value for name, value in os.environ.items() if name != "VIRTUAL_ENV"}
     env["PATH"] = path
     for command in commands:
-        done = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=600)
+        done = subprocess.run(
+            ["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+        )
         assert done.returncode == 0, f"{command}\n{done.stdout}{done.stderr}"
     assert len(sorted((out / "dump2").glob("step*/*/dump.json"))) == 2
     summary = json.loads((out / "compare-report" / "compare_summary.json").read_text())
@@ -62,9 +69,15 @@ def test_the_native_op_build_is_said_while_it_happens(tmp_path):
     the demo is stopped as soon as the line is read."""
     env = {name: value for name, value in os.environ.items() if name != "MSPROBE_NATIVE_STATS"}
     env["MSPROBE_CACHE_DIR"] = str(tmp_path / "empty cache")
-    process = subprocess.Popen([sys.executable, "-m", "fixtures.demo", "--out", str(tmp_path / "out"), "--steps", "1"],
-                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "fixtures.demo", "--out", str(tmp_path / "out"), "--steps", "1"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     seen = []
     try:
         for line in process.stdout:

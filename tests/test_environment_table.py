@@ -2,6 +2,7 @@
 the source (``os.environ.get``, ``environ[...]``, ``switched_on``, by literal or by a module's constant), so a
 new variable without a row fails here. Before, there was no table: two cache folders with two variables and
 the switches were spread over the README's paragraphs."""
+
 import ast
 import os
 import re
@@ -12,13 +13,18 @@ PACKAGES = ("msprobe_rewrite", "runtime")
 
 def _is_environ(node):
     return (isinstance(node, ast.Name) and node.id in ("environ", "environment")) or (
-        isinstance(node, ast.Attribute) and node.attr == "environ")
+        isinstance(node, ast.Attribute) and node.attr == "environ"
+    )
 
 
 def _read_names(tree):
-    constants = {target.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
-                 and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
-                 for target in node.targets if isinstance(target, ast.Name)}
+    constants = {
+        target.id: node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
 
     def value(node):
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
@@ -30,10 +36,14 @@ def _read_names(tree):
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and node.args:
             func = node.func
-            getter = isinstance(func, ast.Attribute) and func.attr in ("get", "getenv") and (
-                _is_environ(func.value) or (isinstance(func.value, ast.Name) and func.value.id == "os"))
+            getter = (
+                isinstance(func, ast.Attribute)
+                and func.attr in ("get", "getenv")
+                and (_is_environ(func.value) or (isinstance(func.value, ast.Name) and func.value.id == "os"))
+            )
             switch = (isinstance(func, ast.Name) and func.id == "switched_on") or (
-                isinstance(func, ast.Attribute) and func.attr == "switched_on")
+                isinstance(func, ast.Attribute) and func.attr == "switched_on"
+            )
             if getter or switch:
                 yield value(node.args[0])
         elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and _is_environ(node.value):
@@ -56,8 +66,12 @@ def readme_table():
         text = handle.read()
     assert "### Environment variables" in text, "README.md has no section '### Environment variables'"
     section = text.split("### Environment variables", 1)[1].split("\n#", 1)[0]
-    return {name for line in section.splitlines() if line.startswith("| `")
-            for name in re.findall(r"`([A-Z][A-Z0-9_]+)`", line.split("|")[1])}
+    return {
+        name
+        for line in section.splitlines()
+        if line.startswith("| `")
+        for name in re.findall(r"`([A-Z][A-Z0-9_]+)`", line.split("|")[1])
+    }
 
 
 def test_the_readme_table_names_every_environment_variable_read():

@@ -8,6 +8,7 @@ the module it reads from: ``from . import shims`` depends on ``shims``, ``from .
 ``__init__``. The parent packages that Python runs first on the way to a submodule are not edges: every module of a
 package would otherwise sit in a cycle with an ``__init__`` that imports any of them.
 """
+
 import ast
 import os
 
@@ -55,19 +56,32 @@ def imports_of(module, path, modules):
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 anchor = module.split(".")
-                anchor = anchor[:len(anchor) - (node.level - 1 if is_package else node.level)]
+                anchor = anchor[: len(anchor) - (node.level - 1 if is_package else node.level)]
                 base = ".".join(anchor + ([node.module] if node.module else []))
             else:
                 base = node.module
             for alias in node.names:
                 # ``from pkg import sub`` reads the submodule; ``from mod import name`` reads mod
-                targets.add(_known(f"{base}.{alias.name}", modules) if f"{base}.{alias.name}" in modules
-                            else _known(base, modules))
-        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) and \
-                isinstance(node.args[0].value, str) and (
-                    (isinstance(node.func, ast.Name) and node.func.id == "__import__") or
-                    (isinstance(node.func, ast.Attribute) and node.func.attr == "import_module" and
-                     isinstance(node.func.value, ast.Name) and node.func.value.id == "importlib")):
+                targets.add(
+                    _known(f"{base}.{alias.name}", modules)
+                    if f"{base}.{alias.name}" in modules
+                    else _known(base, modules)
+                )
+        elif (
+            isinstance(node, ast.Call)
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+            and (
+                (isinstance(node.func, ast.Name) and node.func.id == "__import__")
+                or (
+                    isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "import_module"
+                    and isinstance(node.func.value, ast.Name)
+                    and node.func.value.id == "importlib"
+                )
+            )
+        ):
             targets.add(_known(node.args[0].value, modules))  # importlib.import_module("a.b") is an import too
     targets.discard(None)
     return targets
@@ -132,4 +146,5 @@ def test_no_import_cycle(package):
     found = [cycle for cycle in cycles(graph) if cycle not in ALLOWED]
     assert found == [], "import cycles (each module, then what it imports inside the cycle):\n" + "\n\n".join(
         "\n".join(f"{module} -> {', '.join(sorted(graph[module] & cycle))}" for module in sorted(cycle))
-        for cycle in found)
+        for cycle in found
+    )

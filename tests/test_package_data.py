@@ -3,6 +3,7 @@ pyproject.toml's package-data globs for msprobe_runtime, the native op's C++ (ru
 user's machine at the first start()) above all. A file no glob covers is left out of the wheel, and the op
 then cannot be built there; the globs are matched as setuptools matches them (``glob``, relative to the
 package's folder)."""
+
 import glob
 import os
 
@@ -24,8 +25,12 @@ def _package_data():
 
 
 def _covered():
-    return {os.path.relpath(path, RUNTIME) for pattern in _package_data()
-            for path in glob.glob(os.path.join(RUNTIME, pattern)) if os.path.isfile(path)}
+    return {
+        os.path.relpath(path, RUNTIME)
+        for pattern in _package_data()
+        for path in glob.glob(os.path.join(RUNTIME, pattern))
+        if os.path.isfile(path)
+    }
 
 
 def _data_files():

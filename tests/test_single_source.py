@@ -1,5 +1,6 @@
 """Each rule of the project lives in one place (the architecture in docs/architecture.md); these checks read
 the source, so a second copy of a rule, or state changed from outside its owner, fails here."""
+
 import ast
 import os
 import re
@@ -23,8 +24,10 @@ def _sources():
 SOURCES = dict(_sources())
 
 
-@pytest.mark.parametrize("spelling", ["__rxor__", "__radd__", "__itruediv__", "__neg__", "MatrixMultiplyAssign",
-                                      "ast.MatMult", "FLOOR_DIVIDE"])
+@pytest.mark.parametrize(
+    "spelling",
+    ["__rxor__", "__radd__", "__itruediv__", "__neg__", "MatrixMultiplyAssign", "ast.MatMult", "FLOOR_DIVIDE"],
+)
 def test_the_operator_vocabulary_is_spelt_in_one_file(spelling):
     files = [path for path, text in SOURCES.items() if spelling.split(".")[-1] in text]
     assert files == [os.path.join("runtime", "operators.py")]
@@ -53,8 +56,7 @@ def _writes_outside_the_collector():
                 targets = list(node.targets)
             elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
                 targets = [node.target]
-            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
-                    node.func.attr in _MUTATORS:
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _MUTATORS:
                 targets = [node.func.value]
             while targets:
                 target = targets.pop()
@@ -71,8 +73,10 @@ def test_the_collectors_execution_state_changes_only_in_the_collector():
     for path, node, target in _writes_outside_the_collector():
         while isinstance(target, ast.Subscript):
             target = target.value
-        if isinstance(target, ast.Attribute) and (target.attr in ("work", "mode_depth", "ctx", "param_waiters") or (
-                target.attr == "depth" and isinstance(target.value, ast.Attribute) and target.value.attr == "work")):
+        if isinstance(target, ast.Attribute) and (
+            target.attr in ("work", "mode_depth", "ctx", "param_waiters")
+            or (target.attr == "depth" and isinstance(target.value, ast.Attribute) and target.value.attr == "work")
+        ):
             offenders.append(f"{path}:{node.lineno}")
     assert offenders == []
 
@@ -97,11 +101,17 @@ def test_the_dump_names_grammar_is_spelt_in_one_file():
         if path == os.path.join("runtime", "dump_names.py"):
             continue
         for node in ast.walk(ast.parse(text)):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.search(
-                    r"forward\|backward|backward\|forward", node.value):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and re.search(r"forward\|backward|backward\|forward", node.value)
+            ):
                 offenders.append(f"{path}:{node.lineno} pattern {node.value!r}")
-            keys = [key.value if isinstance(key, ast.Constant) else None for key in node.keys] \
-                if isinstance(node, ast.Dict) else []
+            keys = (
+                [key.value if isinstance(key, ast.Constant) else None for key in node.keys]
+                if isinstance(node, ast.Dict)
+                else []
+            )
             if {"forward", "backward"} <= set(keys) <= {"forward", "backward", "parameters_grad"}:
                 offenders.append(f"{path}:{node.lineno} a table keyed by the directions")
     assert offenders == []

@@ -1,5 +1,6 @@
 """The versions we test are stated once, in pyproject.toml's ``[tool.msprobe-rewrite.tested]``; the
 classifiers, the README's "Versions" section and docs/versions.md say the same."""
+
 import os
 import re
 
@@ -28,8 +29,11 @@ def tested(project):
 
 
 def test_the_classifiers_name_exactly_the_pythons_tested(project, tested):
-    named = sorted(c.rsplit(" :: ", 1)[1] for c in project["project"]["classifiers"]
-                   if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c))
+    named = sorted(
+        c.rsplit(" :: ", 1)[1]
+        for c in project["project"]["classifiers"]
+        if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)
+    )
     assert named == sorted(tested["python"])
     minimum = re.fullmatch(r">=(3\.\d+)", project["project"]["requires-python"]).group(1)
     assert all(tuple(map(int, v.split("."))) >= tuple(map(int, minimum.split("."))) for v in tested["python"])

@@ -11,6 +11,7 @@ commit says why, which the diff cannot. Lines git strips from the message are ig
 0 accepted, 1 refused (the reasons on stderr), 2 unreadable. Standard library only: it runs without the
 project installed (tests/test_commit_message.py).
 """
+
 from __future__ import annotations
 
 import os

@@ -12,6 +12,7 @@ the progress line is the package-wide ``msprobe_rewrite.progress``.
 
 Neither libcst nor (for statistics dumps) torch is imported: the comparison runs anywhere Python does.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,9 +33,14 @@ SUMMARY_FILE = "compare_summary.json"
 HTML_FILE = "compare_report.html"
 
 
-def compare_runs(run_a: str, run_b: str, out_dir: Optional[str] = None,
-                 thresholds: Optional[Dict[str, float]] = None, top: int = 10,
-                 progress: Optional[Progress] = None) -> Dict[str, Any]:
+def compare_runs(
+    run_a: str,
+    run_b: str,
+    out_dir: Optional[str] = None,
+    thresholds: Optional[Dict[str, float]] = None,
+    top: int = 10,
+    progress: Optional[Progress] = None,
+) -> Dict[str, Any]:
     """Compare every paired dump of two runs; write the reports into ``out_dir`` (when given) and return
     the JSON summary (its ``first_divergence`` is None when the runs agree)."""
     limits = Thresholds(thresholds)

@@ -7,6 +7,7 @@ shortest edit script (Myers' O((N+M)D) diff), which costs almost nothing when th
 fine keys leave are aligned again by API and direction alone, so two runs of code whose line numbers moved
 still pair up.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
@@ -42,9 +43,9 @@ def _myers(a: List[int], b: List[int]) -> Optional[List[Tuple[int, int]]]:
                 y += 1
             v[offset + k] = x
             if x >= n and y >= m:
-                trace.append(v[offset - d:offset + d + 1])
+                trace.append(v[offset - d : offset + d + 1])
                 return _backtrack(trace, a, b, n, m)
-        trace.append(v[offset - d:offset + d + 1])  # only the diagonals reachable at d: O(D^2) in all
+        trace.append(v[offset - d : offset + d + 1])  # only the diagonals reachable at d: O(D^2) in all
     return None
 
 
@@ -106,7 +107,7 @@ def lcs(a: Sequence[Hashable], b: Sequence[Hashable]) -> List[Tuple[int, int]]:
     tail = 0
     while tail < len(ca) - head and tail < len(cb) - head and ca[-1 - tail] == cb[-1 - tail]:
         tail += 1
-    mid_a, mid_b = ca[head:len(ca) - tail], cb[head:len(cb) - tail]
+    mid_a, mid_b = ca[head : len(ca) - tail], cb[head : len(cb) - tail]
     middle = _myers(mid_a, mid_b)
     if middle is None:
         middle = _greedy(mid_a, mid_b)
@@ -116,8 +117,7 @@ def lcs(a: Sequence[Hashable], b: Sequence[Hashable]) -> List[Tuple[int, int]]:
     return out
 
 
-def align(fine_a: Sequence[Hashable], fine_b: Sequence[Hashable],
-          coarse: Callable[[Hashable], Hashable]) -> List[Pair]:
+def align(fine_a: Sequence[Hashable], fine_b: Sequence[Hashable], coarse: Callable[[Hashable], Hashable]) -> List[Pair]:
     """The merged order of both runs: (i, j) matched, (i, None) only in A, (None, j) only in B.
 
     Fine keys first; each gap between two fine matches is aligned again on ``coarse(key)``.

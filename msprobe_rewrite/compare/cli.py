@@ -3,6 +3,7 @@
 Exit status: 0 the runs agree, 1 a divergence was found, 2 an error (a missing path, an unreadable
 dump.json, dumps of different levels or tasks).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,26 +33,37 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Align two runs' dumps (entries matched by API or module, direction, call site and order) "
-                    "and name the first divergence: the first entry, in execution order, whose outputs diverge "
-                    "while its inputs agree (or whose inputs already diverge, when the difference entered "
-                    "through code the dump does not record).",
+        "and name the first divergence: the first entry, in execution order, whose outputs diverge "
+        "while its inputs agree (or whose inputs already diverge, when the difference entered "
+        "through code the dump does not record).",
         epilog="A run is a dump directory, a step directory, a rank directory or a dump.json; ranks are paired "
-               "by number. Run A is msprobe's NPU (target) side, run B the Bench (golden) side. An entry's call "
-               "site is the first frame of its stack.json stack outside torch and the tools: the line of your "
-               "program that led to the call. Exit status: "
-               "0 no divergence, 1 divergence found, 2 error.")
+        "by number. Run A is msprobe's NPU (target) side, run B the Bench (golden) side. An entry's call "
+        "site is the first frame of its stack.json stack outside torch and the tools: the line of your "
+        "program that led to the call. Exit status: "
+        "0 no divergence, 1 divergence found, 2 error.",
+    )
     parser.add_argument("run_a", metavar="RUN_A")
     parser.add_argument("run_b", metavar="RUN_B")
-    parser.add_argument("-o", "--out", metavar="DIR",
-                        help=f"write {SUMMARY_FILE}, compare_result_*.csv and {HTML_FILE} into DIR")
-    parser.add_argument("--threshold", metavar="DTYPE=VALUE", type=_threshold, action="append", default=[],
-                        help="decision threshold for a dtype (float32, bfloat16, ... or 'default'); repeatable. "
-                             "Defaults: float32 1e-3, float16 5e-3, bfloat16 2e-2, float64 1e-6, integers exact")
+    parser.add_argument(
+        "-o", "--out", metavar="DIR", help=f"write {SUMMARY_FILE}, compare_result_*.csv and {HTML_FILE} into DIR"
+    )
+    parser.add_argument(
+        "--threshold",
+        metavar="DTYPE=VALUE",
+        type=_threshold,
+        action="append",
+        default=[],
+        help="decision threshold for a dtype (float32, bfloat16, ... or 'default'); repeatable. "
+        "Defaults: float32 1e-3, float16 5e-3, bfloat16 2e-2, float64 1e-6, integers exact",
+    )
     parser.add_argument("--top", type=int, default=10, metavar="N", help="divergences listed per pair (10)")
-    parser.add_argument("--bit-exact", action="store_true",
-                        help="compare bit for bit (dumps collected with summary_mode md5, msprobe's, or "
-                             "fingerprint): name the first operator whose inputs are identical in both runs "
-                             "and whose outputs are not")
+    parser.add_argument(
+        "--bit-exact",
+        action="store_true",
+        help="compare bit for bit (dumps collected with summary_mode md5, msprobe's, or "
+        "fingerprint): name the first operator whose inputs are identical in both runs "
+        "and whose outputs are not",
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     return parser
 

@@ -23,6 +23,7 @@ ours (``runtime/json_files.py``, ``runtime/records.py``):
   Not of a module's: our runtime saves no file for a module's backward gradients (those of the APIs inside
   it are saved), while msprobe does.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
@@ -40,8 +41,10 @@ def check_header(path: str, header: Dict[str, Any], has_data: bool) -> None:
     """CompareError naming the first top-level member ``path`` lacks."""
     for member in HEADER:
         if member not in header and not (member == "data" and has_data):
-            raise CompareError(f"{path}: malformed dump.json: no {member!r} member at the top level "
-                               "(msprobe writes task, level, dump_data_dir and data in every dump.json)")
+            raise CompareError(
+                f"{path}: malformed dump.json: no {member!r} member at the top level "
+                "(msprobe writes task, level, dump_data_dir and data in every dump.json)"
+            )
 
 
 def is_tensor_record(record: dict) -> bool:
@@ -101,8 +104,12 @@ class EntryChecker:
             absent = [member for member in STATS if member not in record]
             # summary_mode xor: msprobe writes md5 in place of all four statistics
             if absent and not (len(absent) == len(STATS) and "md5" in record):
-                self._fail(name, where, f"no {absent[0]!r} member in a tensor record (msprobe writes Max, Min, "
-                                        "Mean and Norm in every record of task statistics and tensor)")
+                self._fail(
+                    name,
+                    where,
+                    f"no {absent[0]!r} member in a tensor record (msprobe writes Max, Min, "
+                    "Mean and Norm in every record of task statistics and tensor)",
+                )
         keys = [key for key in CHECKSUM_KEYS if key in record]
         if keys:
             if self.first_checksum is None:
@@ -114,10 +121,18 @@ class EntryChecker:
         elif self.first_without is None:
             self.first_without = (name, where)
         if self.files_required and record.get("Max") is not None and "data_name" not in record:
-            self._fail(name, where, "no 'data_name' member in a tensor record with statistics (task tensor saves "
-                                    "every tensor of an API whose values were read)")
+            self._fail(
+                name,
+                where,
+                "no 'data_name' member in a tensor record with statistics (task tensor saves "
+                "every tensor of an API whose values were read)",
+            )
 
     def _missing_checksum(self, name: str, where: str) -> None:
         key, other, other_where = self.first_checksum
-        self._fail(name, where, f"no {key!r} member in a tensor record, while entry {other!r}, {other_where} has "
-                                "one (a checksum is written in every tensor record of a dump or in none)")
+        self._fail(
+            name,
+            where,
+            f"no {key!r} member in a tensor record, while entry {other!r}, {other_where} has "
+            "one (a checksum is written in every tensor record of a dump or in none)",
+        )

@@ -5,6 +5,7 @@ whose relative error is below 0.001 / 0.005; a zero in the bench gets machine ep
 as msprobe does). torch is imported here only, on the first tensor pair: statistics dumps never need it.
 Tensors are loaded one pair at a time and dropped after.
 """
+
 from __future__ import annotations
 
 import math
@@ -13,8 +14,7 @@ from typing import Dict, Optional
 
 from msprobe_runtime.dump_names import is_plain_file_name
 
-COLUMNS = ("Cosine", "EucDist", "MaxAbsErr", "MaxRelativeErr", "One Thousandth Err Ratio",
-           "Five Thousandths Err Ratio")
+COLUMNS = ("Cosine", "EucDist", "MaxAbsErr", "MaxRelativeErr", "One Thousandth Err Ratio", "Five Thousandths Err Ratio")
 
 
 class UnsafeTensorFile(Exception):
@@ -40,8 +40,9 @@ def _load(directory: str, data_name: str):
         try:
             value = torch.load(handle, map_location="cpu", weights_only=True)
         except TypeError:  # torch before 1.13 has no weights_only: a plain load would unpickle the file
-            raise UnsafeTensorFile("this torch cannot load tensors without unpickling (weights_only needs "
-                                   "torch 1.13 or later)") from None
+            raise UnsafeTensorFile(
+                "this torch cannot load tensors without unpickling (weights_only needs torch 1.13 or later)"
+            ) from None
     if not isinstance(value, torch.Tensor):
         raise ValueError("not a tensor")
     return value
@@ -59,9 +60,11 @@ def _ulps(diff, b, dtype) -> Dict[str, float]:
     if ulps.numel() == 0:
         return {}
     ordered = ulps.sort().values
-    return {"_ulp_median": float(ordered[ordered.numel() // 2]),
-            "_ulp_p99": float(ordered[min(ordered.numel() - 1, int(0.99 * ordered.numel()))]),
-            "_ulp_max": float(ordered[-1])}
+    return {
+        "_ulp_median": float(ordered[ordered.numel() // 2]),
+        "_ulp_p99": float(ordered[min(ordered.numel() - 1, int(0.99 * ordered.numel()))]),
+        "_ulp_max": float(ordered[-1]),
+    }
 
 
 def tensor_metrics(dir_a: str, name_a: Optional[str], dir_b: str, name_b: Optional[str]) -> Dict[str, object]:

@@ -6,6 +6,7 @@ sides, so each file is read front to back once), compares each matched entry's t
 it goes, and keeps per entry only a few numbers: whether inputs and outputs diverge, the worst error, and
 the error of each statistic for the plot. Neither dump, nor any tensor, is ever held whole.
 """
+
 from __future__ import annotations
 
 import math
@@ -128,8 +129,10 @@ def check_compatible(a: RankDump, b: RankDump) -> Tuple[str, str]:
     ha, hb = read_header(a), read_header(b)
     for field in ("level", "task"):
         if ha.get(field) != hb.get(field):
-            raise CompareError(f"the dumps have different {field}s: {a.path} is {field}={ha.get(field)!r}, "
-                               f"{b.path} is {field}={hb.get(field)!r}; dump both runs with the same {field}")
+            raise CompareError(
+                f"the dumps have different {field}s: {a.path} is {field}={ha.get(field)!r}, "
+                f"{b.path} is {field}={hb.get(field)!r}; dump both runs with the same {field}"
+            )
     return str(ha.get("task")), str(ha.get("level"))
 
 
@@ -183,8 +186,11 @@ def pair_modules_by_name(merged: List[Pair], names_a: List[str], names_b: List[s
     A module's backward entry is written after its children's here and before them by msprobe (and its index
     counts the module's own calls, so the name says which call it is): in order, the two runs cross, and no
     order-keeping alignment can match both. Such an entry takes the place of its A side."""
-    only_a = {fp8.twin_name(names_a[i]): position for position, (i, j) in enumerate(merged)
-              if j is None and is_module(names_a[i])}
+    only_a = {
+        fp8.twin_name(names_a[i]): position
+        for position, (i, j) in enumerate(merged)
+        if j is None and is_module(names_a[i])
+    }
     matched_b = {}
     for position, (i, j) in enumerate(merged):
         if i is None and is_module(names_b[j]) and fp8.twin_name(names_b[j]) in only_a:
@@ -206,8 +212,9 @@ def align_sides(a: Side, b: Side) -> List[Pair]:
     return pair_modules_by_name(align(a.keys, b.keys, _coarse), a.names, b.names)
 
 
-def compare_pair(dump_a: RankDump, dump_b: RankDump, thresholds: Thresholds, progress: Progress,
-                 csv_sink=None) -> PairResult:
+def compare_pair(
+    dump_a: RankDump, dump_b: RankDump, thresholds: Thresholds, progress: Progress, csv_sink=None
+) -> PairResult:
     task, level = check_compatible(dump_a, dump_b)
     side_a = index_side(dump_a, progress)
     side_b = index_side(dump_b, progress)
@@ -238,9 +245,12 @@ def compare_pair(dump_a: RankDump, dump_b: RankDump, thresholds: Thresholds, pro
                 if found_fp8:
                     (result.fp8_a if i is not None else result.fp8_b)[i if i is not None else j] = found_fp8
             if csv_sink is not None:
-                csv_sink.unmatched(side_a.names[i] if i is not None else None,
-                                   side_b.names[j] if j is not None else None,
-                                   only, side_a.sites[i] if i is not None else None)
+                csv_sink.unmatched(
+                    side_a.names[i] if i is not None else None,
+                    side_b.names[j] if j is not None else None,
+                    only,
+                    side_a.sites[i] if i is not None else None,
+                )
             continue
         diffs = []
         for ta, tb in pair_tensors(tensors_of(entry_a), tensors_of(entry_b)):
@@ -248,8 +258,9 @@ def compare_pair(dump_a: RankDump, dump_b: RankDump, thresholds: Thresholds, pro
             if tensor_task and ta is not None and tb is not None:
                 from .elementwise import tensor_metrics  # torch only for task=tensor dumps
 
-                apply_elementwise(diff, tensor_metrics(dump_a.tensor_dir, ta.data_name,
-                                                       dump_b.tensor_dir, tb.data_name), thresholds)
+                apply_elementwise(
+                    diff, tensor_metrics(dump_a.tensor_dir, ta.data_name, dump_b.tensor_dir, tb.data_name), thresholds
+                )
             diffs.append(diff)
             if ta is not None and tb is not None:
                 result.tensors_compared += 1
@@ -268,8 +279,9 @@ def compare_pair(dump_a: RankDump, dump_b: RankDump, thresholds: Thresholds, pro
             values = [d.err[index] for d in outputs if d.err[index] is not None]
             errors.append(max(values) if values else nan)
         if flags_a & (IN_DIFF | OUT_DIFF):
-            result.input_worst[position] = max((d.worst for d in diffs if d.a is not None and d.b is not None
-                                                and d.a.role == INPUT), default=0.0)
+            result.input_worst[position] = max(
+                (d.worst for d in diffs if d.a is not None and d.b is not None and d.a.role == INPUT), default=0.0
+            )
             exceeding = [d for d in diffs if d.exceeds]
             pick = worst if (worst is not None and worst.exceeds) else max(exceeding, key=lambda d: d.worst)
             result.details[position] = _detail(pick)
@@ -291,10 +303,17 @@ def _detail(diff: TensorDiff) -> tuple:
     # a tuple, not a dict: after a divergence nearly every later entry diverges, and there may be 1e5 of them
     tensor = diff.a or diff.b
     index = STATS.index(diff.worst_stat) if diff.worst_stat in STATS else None
-    return (tensor.suffix, tensor.role, diff.worst_stat, diff.worst,
-            diff.a.stats[index] if index is not None and diff.a else None,
-            diff.b.stats[index] if index is not None and diff.b else None,
-            diff.nonfinite_a, diff.nonfinite_b, diff.message.strip())
+    return (
+        tensor.suffix,
+        tensor.role,
+        diff.worst_stat,
+        diff.worst,
+        diff.a.stats[index] if index is not None and diff.a else None,
+        diff.b.stats[index] if index is not None and diff.b else None,
+        diff.nonfinite_a,
+        diff.nonfinite_b,
+        diff.message.strip(),
+    )
 
 
 def detail(result: "PairResult", position: int) -> Dict[str, Any]:
@@ -305,9 +324,13 @@ def detail(result: "PairResult", position: int) -> Dict[str, Any]:
 
 def _describe(result: PairResult, position: int) -> Dict[str, Any]:
     i, j = result.merged[position]
-    out: Dict[str, Any] = {"entry": result.a.names[i], "bench_entry": result.b.names[j],
-                           "call_site": result.a.sites[i], "bench_call_site": result.b.sites[j],
-                           "position": position}
+    out: Dict[str, Any] = {
+        "entry": result.a.names[i],
+        "bench_entry": result.b.names[j],
+        "call_site": result.a.sites[i],
+        "bench_call_site": result.b.sites[j],
+        "position": position,
+    }
     out.update(detail(result, position))
     underflow = fp8.note(result, position)
     if underflow:
@@ -326,8 +349,10 @@ def _find_divergence(result: PairResult) -> None:
     (parameter gradients) or an amplifying op on sub-threshold drift would qualify without being the cause.
     """
     ends = result.a.ends
-    order = sorted((p for p, (i, j) in enumerate(result.merged) if i is not None and j is not None),
-                   key=lambda p: (ends[result.merged[p][0]], -result.merged[p][0]))
+    order = sorted(
+        (p for p, (i, j) in enumerate(result.merged) if i is not None and j is not None),
+        key=lambda p: (ends[result.merged[p][0]], -result.merged[p][0]),
+    )
     diverging = [p for p in order if result.flags[p] & (IN_DIFF | OUT_DIFF)]
     if diverging:
         first = diverging[0]
@@ -339,8 +364,9 @@ def _find_divergence(result: PairResult) -> None:
         after = diverging[1:]
         found["chain"] = [result.a.names[result.merged[p][0]] for p in after[:CHAIN_LIMIT]]
         found["chain_length"] = len(after)
-        nonfinite = bool(result.flags[first] & NONFINITE_OUT) or bool(result.b.flags[result.merged[first][1]]
-                                                                    & NONFINITE_OUT)
+        nonfinite = bool(result.flags[first] & NONFINITE_OUT) or bool(
+            result.b.flags[result.merged[first][1]] & NONFINITE_OUT
+        )
         found["nan_onset"] = nonfinite
         result.first_divergence = found
     for key, side in (("a", result.a), ("b", result.b)):

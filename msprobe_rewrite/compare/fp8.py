@@ -12,6 +12,7 @@ A rise of more than ``ZERO_RISE`` of the elements is underflow the other side di
 is known (a signed float tensor in a bf16 run: its zeros are not counted), a float8 zero share of at least
 ``NOTABLE`` is still reported, as what it is: a share of zeros with nothing to set it against.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
@@ -23,8 +24,8 @@ from .records import INPUT, OUTPUT, Tensor
 # (tests/compare/test_fp8.py, tests/realworld/test_float8_training.py)
 TWINS = {"Float8Linear": "Linear"}
 
-ZERO_RISE = 1e-3   # 0.1 % of the elements: below it a rise is a handful of elements of a small tensor
-NOTABLE = 1e-2     # with no reference, a share of zeros worth naming
+ZERO_RISE = 1e-3  # 0.1 % of the elements: below it a rise is a handful of elements of a small tensor
+NOTABLE = 1e-2  # with no reference, a share of zeros worth naming
 
 # one finding: (tensor row, run whose record is float8, its zero share, the reference's share or None,
 # what the reference is)
@@ -77,8 +78,13 @@ def findings(pairs: List[Tuple[Optional[Tensor], Optional[Tensor]]]) -> List[Fin
     """The float8 zero-share findings of one matched entry, from its (run A, run B) tensor pairs."""
     out: List[Finding] = []
     for a, b in pairs:  # float8 in both runs: the higher share rose against the lower
-        if a is not None and b is not None and a.fp8_zero is not None and b.fp8_zero is not None \
-                and abs(a.fp8_zero - b.fp8_zero) > ZERO_RISE:
+        if (
+            a is not None
+            and b is not None
+            and a.fp8_zero is not None
+            and b.fp8_zero is not None
+            and abs(a.fp8_zero - b.fp8_zero) > ZERO_RISE
+        ):
             high, low, run, other_run = (a, b, "A", "B") if a.fp8_zero > b.fp8_zero else (b, a, "B", "A")
             out.append((high.suffix, run, high.fp8_zero, low.fp8_zero, f"the same float8 tensor in run {other_run}"))
     for own, other_side in (("A", 1), ("B", 0)):
@@ -90,12 +96,19 @@ def findings(pairs: List[Tuple[Optional[Tensor], Optional[Tensor]]]) -> List[Fin
                 continue
             share = tensor.fp8_zero
             reference = known_zero_share(other)
-            source = (f"run {other_run}'s {other.dtype} tensor" if other is not None
-                      else f"run {other_run}, which has no such tensor,")
+            source = (
+                f"run {other_run}'s {other.dtype} tensor"
+                if other is not None
+                else f"run {other_run}, which has no such tensor,"
+            )
             if reference is None and tensor.role == OUTPUT:
                 for candidate in mine:
-                    if candidate is not None and candidate.role == INPUT and candidate.shape == tensor.shape \
-                            and _floating(candidate):
+                    if (
+                        candidate is not None
+                        and candidate.role == INPUT
+                        and candidate.shape == tensor.shape
+                        and _floating(candidate)
+                    ):
                         reference = known_zero_share(candidate)
                         if reference is not None:
                             source = f"its float input {candidate.suffix} in run {own}"
@@ -123,11 +136,15 @@ def describe(found: List[Finding]) -> Optional[str]:
     parts = []
     for suffix, run, share, reference, source in ordered[:3]:
         if reference is not None:
-            parts.append(f"{suffix} in run {run}: float8 zeros rose to {_percent(share)} from {_percent(reference)} "
-                         f"in {source} (underflow)")
+            parts.append(
+                f"{suffix} in run {run}: float8 zeros rose to {_percent(share)} from {_percent(reference)} "
+                f"in {source} (underflow)"
+            )
         else:
-            parts.append(f"{suffix} in run {run}: {_percent(share)} of its float8 elements are zero (underflow, or "
-                         f"zeros before the cast: {source} gives no zero count to set against it)")
+            parts.append(
+                f"{suffix} in run {run}: {_percent(share)} of its float8 elements are zero (underflow, or "
+                f"zeros before the cast: {source} gives no zero count to set against it)"
+            )
     more = len(ordered) - len(parts)
     return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
 

@@ -4,6 +4,7 @@
 string at an offset, so a buffer that grows only while a single value is incomplete is enough. A dump's
 entries are small; the whole file is large.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,7 +36,7 @@ class _Reader:
             return False
         if self.pos:
             self.consumed += self.pos
-            self.buf = self.buf[self.pos:]
+            self.buf = self.buf[self.pos :]
             self.pos = 0
         self.buf += chunk
         return True
@@ -80,9 +81,12 @@ class _Reader:
         raise JsonStreamError(f"{message} at character {self.consumed + self.pos}")
 
 
-def iter_members(handle: TextIO, stream_key: Optional[str] = None,
-                 on_header: Optional[Callable[[str, Any], None]] = None,
-                 on_stream: Optional[Callable[[], None]] = None) -> Iterator[Tuple[str, Any]]:
+def iter_members(
+    handle: TextIO,
+    stream_key: Optional[str] = None,
+    on_header: Optional[Callable[[str, Any], None]] = None,
+    on_stream: Optional[Callable[[], None]] = None,
+) -> Iterator[Tuple[str, Any]]:
     """Yield the members of the top-level object in ``handle``.
 
     With ``stream_key``, that member's value (an object) is not built: its members are yielded one by one

@@ -7,6 +7,7 @@ holding ``dump.json``, or a ``dump.json`` itself. Two runs are paired step by st
 Nothing here holds a whole dump: ``iter_entries`` streams ``dump.json``; the stack and construct tables
 keep one short string per entry.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,10 +29,10 @@ _PROC = re.compile(r"^proc(\d+)$")
 class RankDump:
     """One ``dump.json`` with its siblings: the unit that is compared against its counterpart."""
 
-    path: str                 # the dump.json
+    path: str  # the dump.json
     step: Optional[int] = None
     rank: Optional[int] = None
-    label: str = ""           # "step0/rank1", for messages and reports
+    label: str = ""  # "step0/rank1", for messages and reports
     header: Dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -87,15 +88,24 @@ def discover(run: str) -> List[RankDump]:
     if steps:
         for number, name in sorted(steps):
             for (kind, value), path in _ranks_in(os.path.join(run, name)):
-                dumps.append(RankDump(path, number, value if kind == "rank" else None,
-                                      f"{name}/{os.path.basename(os.path.dirname(path))}"))
+                dumps.append(
+                    RankDump(
+                        path,
+                        number,
+                        value if kind == "rank" else None,
+                        f"{name}/{os.path.basename(os.path.dirname(path))}",
+                    )
+                )
     else:
         for (kind, value), path in _ranks_in(run):
-            dumps.append(RankDump(path, None, value if kind == "rank" else None,
-                                  os.path.basename(os.path.dirname(path))))
+            dumps.append(
+                RankDump(path, None, value if kind == "rank" else None, os.path.basename(os.path.dirname(path)))
+            )
     if not dumps:
-        raise CompareError(f"{run}: no dump.json found (expected a dump directory with step*/rank*/, a step "
-                           "directory with rank*/ or proc*/, a rank directory, or a dump.json)")
+        raise CompareError(
+            f"{run}: no dump.json found (expected a dump directory with step*/rank*/, a step "
+            "directory with rank*/ or proc*/, a rank directory, or a dump.json)"
+        )
     return dumps
 
 
@@ -234,8 +244,12 @@ def read_call_sites(dump: RankDump) -> Dict[str, str]:
     with _open(path) as handle:
         try:
             for key, value in iter_members(handle):
-                if (isinstance(value, list) and len(value) == 2 and isinstance(value[0], list)
-                        and isinstance(value[1], list)):
+                if (
+                    isinstance(value, list)
+                    and len(value) == 2
+                    and isinstance(value[0], list)
+                    and isinstance(value[1], list)
+                ):
                     names, frames = value
                 else:
                     names, frames = [key], value
@@ -247,8 +261,10 @@ def read_call_sites(dump: RankDump) -> Dict[str, str]:
                     if isinstance(name, str):
                         sites[name] = site
         except (JsonStreamError, UnicodeDecodeError) as error:
-            print(f"msprobe-rewrite compare: warning: {path} is unreadable ({error}); call sites are not used",
-                  file=sys.stderr)
+            print(
+                f"msprobe-rewrite compare: warning: {path} is unreadable ({error}); call sites are not used",
+                file=sys.stderr,
+            )
             return {}
     return sites
 
@@ -264,8 +280,10 @@ def read_construct(dump: RankDump) -> Dict[str, Optional[str]]:
             for key, value in iter_members(handle):
                 table[key] = value if isinstance(value, str) else None
         except (JsonStreamError, UnicodeDecodeError) as error:
-            print(f"msprobe-rewrite compare: warning: {path} is unreadable ({error}); module nesting is not used",
-                  file=sys.stderr)
+            print(
+                f"msprobe-rewrite compare: warning: {path} is unreadable ({error}); module nesting is not used",
+                file=sys.stderr,
+            )
             return {}
     return table
 

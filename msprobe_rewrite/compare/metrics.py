@@ -12,6 +12,7 @@ Two measures per statistic (Max, Min, Mean, Norm):
 A tensor pair diverges when its decision measure exceeds the threshold of its dtype (the looser of the two
 when the dtypes differ), when NaN or Inf appears on one side only, or when the shapes differ.
 """
+
 from __future__ import annotations
 
 import math
@@ -73,8 +74,20 @@ def _number(value) -> Optional[float]:
 class TensorDiff:
     """The comparison of one tensor in run A (``a``) with its counterpart in run B (``b``)."""
 
-    __slots__ = ("a", "b", "diff", "rel", "err", "worst", "worst_stat", "exceeds", "nonfinite_a",
-                 "nonfinite_b", "message", "elementwise")
+    __slots__ = (
+        "a",
+        "b",
+        "diff",
+        "rel",
+        "err",
+        "worst",
+        "worst_stat",
+        "exceeds",
+        "nonfinite_a",
+        "nonfinite_b",
+        "message",
+        "elementwise",
+    )
 
     def __init__(self, a: Optional[Tensor], b: Optional[Tensor]):
         self.a, self.b = a, b
@@ -113,10 +126,20 @@ def compare_tensors(a: Optional[Tensor], b: Optional[Tensor], thresholds: Thresh
         result.message = "No bench data matched." if b is None else "No target data matched."
         return result
     # msprobe's md5 (or our fingerprint) on both sides: other bits are a divergence, as msprobe's compare says
-    checksum_differs = (a.checksum is not None and b.checksum is not None and a.checksum[0] == b.checksum[0]
-                        and a.checksum[1] != b.checksum[1])
-    if a.stats == b.stats and a.shape == b.shape and a.nan == b.nan and a.inf == b.inf \
-            and not result.nonfinite_a and not checksum_differs:
+    checksum_differs = (
+        a.checksum is not None
+        and b.checksum is not None
+        and a.checksum[0] == b.checksum[0]
+        and a.checksum[1] != b.checksum[1]
+    )
+    if (
+        a.stats == b.stats
+        and a.shape == b.shape
+        and a.nan == b.nan
+        and a.inf == b.inf
+        and not result.nonfinite_a
+        and not checksum_differs
+    ):
         # the common case before any divergence: equal records (NaN never equals itself, hence the guard)
         result.diff = [None if v is None else 0.0 for v in a.stats]
         result.rel = list(result.diff)
@@ -143,8 +166,11 @@ def compare_tensors(a: Optional[Tensor], b: Optional[Tensor], thresholds: Thresh
             result.worst, result.worst_stat = err, name
     if result.nonfinite_a != result.nonfinite_b or (a.nan or 0) != (b.nan or 0) or (a.inf or 0) != (b.inf or 0):
         result.worst = math.inf
-        result.message += "NaN or Inf on one side only. " if result.nonfinite_a != result.nonfinite_b \
+        result.message += (
+            "NaN or Inf on one side only. "
+            if result.nonfinite_a != result.nonfinite_b
             else "NaN or Inf counts differ. "
+        )
     if result.worst > limit:
         result.exceeds = True
     if checksum_differs:

@@ -3,6 +3,7 @@
 Exit status: 0 no NaN/Inf in any dump, 1 found (like a check that reports), 2 an error (a missing path, an
 unreadable or malformed dump.json).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,28 +17,39 @@ from .summary import strict_json
 from ..progress import Progress
 
 PROG = "msprobe-rewrite nan"
-SHORT = {"made": "made here (inputs finite)", "received": "already in its inputs",
-         "gradient": "in a parameter gradient"}
-HOW = {"made": "made here: its inputs are finite, its output is not",
-       "received": "already in its inputs: made by code the dump does not record (or by another rank)",
-       "gradient": "a parameter gradient: made by a backward the dump does not record"}
+SHORT = {
+    "made": "made here (inputs finite)",
+    "received": "already in its inputs",
+    "gradient": "in a parameter gradient",
+}
+HOW = {
+    "made": "made here: its inputs are finite, its output is not",
+    "received": "already in its inputs: made by code the dump does not record (or by another rank)",
+    "gradient": "a parameter gradient: made by a backward the dump does not record",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Name where NaN or Inf started in one run's dump (no second run needed): per step and "
-                    "rank, the first entry in execution order that holds one, and whether it made it (finite "
-                    "inputs, non-finite output) or received it; across the run, the earliest step and, within "
-                    "it, the rank that made it before a collective (Distributed.*) spread it to the others. "
-                    "As msprobe's overflow_check, from an ordinary statistics or tensor dump (ours or msprobe's).",
+        "rank, the first entry in execution order that holds one, and whether it made it (finite "
+        "inputs, non-finite output) or received it; across the run, the earliest step and, within "
+        "it, the rank that made it before a collective (Distributed.*) spread it to the others. "
+        "As msprobe's overflow_check, from an ordinary statistics or tensor dump (ours or msprobe's).",
         epilog="DUMP is a dump directory (step*/rank*/ or step*/proc*/), a step directory, a rank directory "
-               "or a dump.json. Exit status: 0 no NaN/Inf, 1 NaN/Inf found, 2 error (a missing path, an unreadable or "
-               "malformed dump.json).")
+        "or a dump.json. Exit status: 0 no NaN/Inf, 1 NaN/Inf found, 2 error (a missing path, an unreadable or "
+        "malformed dump.json).",
+    )
     parser.add_argument("dump", metavar="DUMP")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object instead")
-    parser.add_argument("--top", type=int, default=20, metavar="N",
-                        help="dumps listed with their first NaN/Inf (20; the origin is always shown)")
+    parser.add_argument(
+        "--top",
+        type=int,
+        default=20,
+        metavar="N",
+        help="dumps listed with their first NaN/Inf (20; the origin is always shown)",
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     return parser
 
@@ -76,24 +88,35 @@ def report(result: Dict[str, Any], top: int) -> str:
     if origin["nonfinite_inputs"]:
         lines.append(f"  non-finite inputs: {_tensors(origin['nonfinite_inputs'])}")
     if origin["collective"]:
-        lines.append("  it first appears at a collective's output on every rank: the rank that made it is not in "
-                     "the dump, or made it in code the dump does not record")
+        lines.append(
+            "  it first appears at a collective's output on every rank: the rank that made it is not in "
+            "the dump, or made it in code the dump does not record"
+        )
     elif origin.get("other_ranks"):
-        lines.append(f"  before any collective spread it: {origin['collectives_before']} collective(s) completed "
-                     "on this rank before it; in the same step "
-                     + "; ".join(f"{_where(o)} first shows it at {o['entry']}"
-                                 + (" (received through the collective)" if o["collective"] else
-                                    f" ({SHORT[o['how']]}, after {o['last_collective']})" if o["last_collective"]
-                                    else f" ({SHORT[o['how']]})")
-                                 for o in origin["other_ranks"][:5]))
+        lines.append(
+            f"  before any collective spread it: {origin['collectives_before']} collective(s) completed "
+            "on this rank before it; in the same step "
+            + "; ".join(
+                f"{_where(o)} first shows it at {o['entry']}"
+                + (
+                    " (received through the collective)"
+                    if o["collective"]
+                    else f" ({SHORT[o['how']]}, after {o['last_collective']})"
+                    if o["last_collective"]
+                    else f" ({SHORT[o['how']]})"
+                )
+                for o in origin["other_ranks"][:5]
+            )
+        )
     lines.append(f"first NaN/Inf per dump ({result['dumps_with_nonfinite']} of {len(dumps)} dumps hold one):")
     shown = [d for d in dumps if d["onset"] is not None]
     for dump in shown[:top]:
         onset = dump["onset"]
-        how = "received through a collective" if onset["collective"] and onset["how"] == "made" \
-            else SHORT[onset["how"]]
-        lines.append(f"  {dump['label']:<16} {onset['entry']:<44} {how}"
-                     + (f" ({onset['call_site']})" if onset.get("call_site") else ""))
+        how = "received through a collective" if onset["collective"] and onset["how"] == "made" else SHORT[onset["how"]]
+        lines.append(
+            f"  {dump['label']:<16} {onset['entry']:<44} {how}"
+            + (f" ({onset['call_site']})" if onset.get("call_site") else "")
+        )
     if len(shown) > top:
         lines.append(f"  (+{len(shown) - top} more; --top N lists more)")
     return "\n".join(lines)

@@ -14,6 +14,7 @@ dump, ours or msprobe's.
 Each dump is streamed twice (names and nesting, then flags) and a third time up to its onset, to describe
 it; nothing is held whole.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
@@ -48,9 +49,11 @@ def _describe(dump: RankDump, index: int) -> Dict[str, List[Dict[str, Any]]]:
     for position, (_name, entry) in enumerate(iter_entries(dump, checked=False)):
         if position == index:
             tensors = tensors_of(entry)
-            return {"nonfinite_inputs": [_tensor_text(t) for t in tensors if t.role == INPUT and t.nonfinite()],
-                    "nonfinite_outputs": [_tensor_text(t) for t in tensors if t.role != INPUT and t.nonfinite()],
-                    "inputs": sum(1 for t in tensors if t.role == INPUT)}
+            return {
+                "nonfinite_inputs": [_tensor_text(t) for t in tensors if t.role == INPUT and t.nonfinite()],
+                "nonfinite_outputs": [_tensor_text(t) for t in tensors if t.role != INPUT and t.nonfinite()],
+                "inputs": sum(1 for t in tensors if t.role == INPUT),
+            }
     return {"nonfinite_inputs": [], "nonfinite_outputs": [], "inputs": 0}
 
 
@@ -64,28 +67,44 @@ def scan_dump(dump: RankDump, progress: Progress) -> Dict[str, Any]:
         progress.update(index + 1, f"scanning {dump.label or dump.path}", len(side.names))
     progress.clear()
     seen, _made = first_nonfinite(side.names, side.flags, side.ends)
-    found: Dict[str, Any] = {"label": dump.label or dump.path, "path": dump.path, "step": dump.step,
-                             "rank": dump.rank, "entries": len(side.names), "onset": None}
+    found: Dict[str, Any] = {
+        "label": dump.label or dump.path,
+        "path": dump.path,
+        "step": dump.step,
+        "rank": dump.rank,
+        "entries": len(side.names),
+        "onset": None,
+    }
     if seen is None:
         return found
     name = side.names[seen]
     flags = side.flags[seen]
     if flags & NONFINITE_IN:
-        how = "received"   # already in its inputs: made by code the dump does not record, or by another rank
+        how = "received"  # already in its inputs: made by code the dump does not record, or by another rank
     elif can_make(name):
         how = "made"
     else:
-        how = "gradient"   # a parameter gradient, computed by a backward the dump does not record
+        how = "gradient"  # a parameter gradient, computed by a backward the dump does not record
     onset_at = (side.ends[seen], -seen)
-    before = sorted((t for t, other in enumerate(side.names)
-                     if is_collective(other) and split_name(other)[1] == "forward" and (side.ends[t], -t) < onset_at),
-                    key=lambda t: (side.ends[t], -t))
+    before = sorted(
+        (
+            t
+            for t, other in enumerate(side.names)
+            if is_collective(other) and split_name(other)[1] == "forward" and (side.ends[t], -t) < onset_at
+        ),
+        key=lambda t: (side.ends[t], -t),
+    )
     collectives = len(before)
     # the call site of a backward entry is its forward's (index_side)
-    onset: Dict[str, Any] = {"entry": name, "how": how, "call_site": side.sites[seen],
-                             "collective": is_collective(name), "collectives_before": collectives,
-                             "last_collective": side.names[before[-1]] if before else None,
-                             "position": seen}
+    onset: Dict[str, Any] = {
+        "entry": name,
+        "how": how,
+        "call_site": side.sites[seen],
+        "collective": is_collective(name),
+        "collectives_before": collectives,
+        "last_collective": side.names[before[-1]] if before else None,
+        "position": seen,
+    }
     parent = side.parents[seen]
     onset["inside"] = side.names[parent] if parent >= 0 else None
     onset.update(_describe(dump, seen))
@@ -113,8 +132,15 @@ def find_origin(run: str, progress: Optional[Progress] = None) -> Dict[str, Any]
         best = min(with_onset, key=_origin_key)
         origin = dict(best["onset"], label=best["label"], step=best["step"], rank=best["rank"], path=best["path"])
         same_step = [d for d in with_onset if d["step"] == best["step"] and d is not best]
-        origin["other_ranks"] = [{"label": d["label"], "rank": d["rank"], "entry": d["onset"]["entry"],
-                                  "how": d["onset"]["how"], "collective": d["onset"]["collective"],
-                                  "last_collective": d["onset"]["last_collective"]}
-                               for d in sorted(same_step, key=_origin_key)]
+        origin["other_ranks"] = [
+            {
+                "label": d["label"],
+                "rank": d["rank"],
+                "entry": d["onset"]["entry"],
+                "how": d["onset"]["how"],
+                "collective": d["onset"]["collective"],
+                "last_collective": d["onset"]["last_collective"],
+            }
+            for d in sorted(same_step, key=_origin_key)
+        ]
     return {"run": run, "dumps": dumps, "dumps_with_nonfinite": len(with_onset), "origin": origin}

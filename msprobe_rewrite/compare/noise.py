@@ -3,6 +3,7 @@ a low quantile of the non-zero output errors (what one op adds on its own) times
 dozen ulp of the dtype (a culprit early in the run leaves no noise-only part to measure). Mean and Norm are
 sums whose own rounding grows like sqrt(n): they are pooled, and their floor given, per sqrt(n).
 """
+
 from __future__ import annotations
 
 import math
@@ -12,9 +13,15 @@ QUANTILE = 0.25
 HEADROOM = 8.0
 CAP_ULPS = 64.0
 SUMS = ("Mean", "Norm")
-EPS = {"torch.float64": 2.2e-16, "torch.float32": 1.19e-7, "torch.complex64": 1.19e-7,
-       "torch.float16": 9.77e-4, "torch.bfloat16": 7.81e-3, "torch.float8_e4m3fn": 0.125,
-       "torch.float8_e5m2": 0.25}
+EPS = {
+    "torch.float64": 2.2e-16,
+    "torch.float32": 1.19e-7,
+    "torch.complex64": 1.19e-7,
+    "torch.float16": 9.77e-4,
+    "torch.bfloat16": 7.81e-3,
+    "torch.float8_e4m3fn": 0.125,
+    "torch.float8_e5m2": 0.25,
+}
 
 
 def eps(dtype: str) -> float:

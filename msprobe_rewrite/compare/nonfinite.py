@@ -2,6 +2,7 @@
 that holds one. Shared by ``compare`` (the NaN/Inf onset of each side) and ``msprobe-rewrite nan`` (the
 origin across steps and ranks, ``nan_origin``).
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence, Tuple
@@ -28,11 +29,13 @@ def can_make(name: str) -> bool:
     return split_name(name)[1] != "parameters_grad"
 
 
-def first_nonfinite(names: Sequence[str], flags: Sequence[int],
-                    ends: Sequence[int]) -> Tuple[Optional[int], Optional[int]]:
+def first_nonfinite(
+    names: Sequence[str], flags: Sequence[int], ends: Sequence[int]
+) -> Tuple[Optional[int], Optional[int]]:
     """(the first entry that holds NaN/Inf anywhere, the first that makes it out of finite inputs), indices
     into ``names`` or None, in completion order (``ends``: an API inside a module before the module)."""
     ordered = sorted((t for t in range(len(names)) if flags[t]), key=lambda t: (ends[t], -t))
-    made = next((t for t in ordered if flags[t] & NONFINITE_OUT and not flags[t] & NONFINITE_IN
-                 and can_make(names[t])), None)
+    made = next(
+        (t for t in ordered if flags[t] & NONFINITE_OUT and not flags[t] & NONFINITE_IN and can_make(names[t])), None
+    )
     return (ordered[0] if ordered else None), made

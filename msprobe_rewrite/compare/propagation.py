@@ -7,6 +7,7 @@ error its op class may pass on (see docs/compare.md). Errors are scale-aware: a 
 divided by the tensor's own scale (max |x| for Max and Min, Norm/sqrt(n) for Mean, Norm for Norm), so a
 statistic near zero does not turn noise into a large relative error.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,15 +20,19 @@ from .noise import SUMS, floor_of, floors
 from .records import INPUT
 
 METRICS = ("Max", "Min", "Mean", "Norm", "MaxAbsErr")  # MaxAbsErr: task=tensor only, per element
-ALLOWANCE = 4.0          # elementwise ops: |f'| <= ~1.1 for gelu/tanh/sigmoid; a product adds two errors
+ALLOWANCE = 4.0  # elementwise ops: |f'| <= ~1.1 for gelu/tanh/sigmoid; a product adds two errors
 SUSPECT_LIMIT = 50
-TENSOR_EVIDENCE = (("Cosine", "cosine"), ("MaxRelativeErr", "max_relative_error"), ("_ulp_median", "ulp_median"),
-                   ("_ulp_p99", "ulp_p99"), ("_ulp_max", "ulp_max"))
+TENSOR_EVIDENCE = (
+    ("Cosine", "cosine"),
+    ("MaxRelativeErr", "max_relative_error"),
+    ("_ulp_median", "ulp_median"),
+    ("_ulp_p99", "ulp_p99"),
+    ("_ulp_max", "ulp_max"),
+)
 SIZED = ("matmul", "reduction", "module")  # the classes whose allowance reads K
-BACKWARD_FACTOR = 2.0    # a backward op combines its gradient's error with its saved tensors' errors
-SUSPECT_SCORE = 1.0      # output error / (allowance * input error + noise floor) above which an entry is suspect
-MATMUL = ("linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "einsum", "conv", "bilinear",
-          "embedding_bag")
+BACKWARD_FACTOR = 2.0  # a backward op combines its gradient's error with its saved tensors' errors
+SUSPECT_SCORE = 1.0  # output error / (allowance * input error + noise floor) above which an entry is suspect
+MATMUL = ("linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "einsum", "conv", "bilinear", "embedding_bag")
 NORMS = ("norm", "normalize")
 EXPONENTIAL = ("softmax", "softmin", "exp", "cross_entropy", "nll_loss", "logsumexp", "sigmoid_cross")
 REDUCTIONS = ("sum", "mean", "mse_loss", "l1_loss", "cumsum", "nansum", "var", "std")
@@ -147,9 +152,9 @@ CLASSES = ("elementwise", "matmul", "reduction", "norm", "exp", "module")
 NORM = CLASSES.index("norm")
 DIRECTION_CODES = {direction: code for code, direction in enumerate(DIRECTIONS)}  # 3: none of them
 DIRECTION_NAMES = {code: name for name, code in DIRECTION_CODES.items()}
-ENTRY_WIDTH = 8      # in_err, in_abs, top_abs, k, first input's max |x|, rms, Mean (NaN: no input), outputs
+ENTRY_WIDTH = 8  # in_err, in_abs, top_abs, k, first input's max |x|, rms, Mean (NaN: no input), outputs
 FORWARD_WIDTH = 7
-OUTPUT_WIDTH = 11    # 5 errors, max |x|, rms, numel, dtype id, suffix id, element-wise metrics id (-1: none)
+OUTPUT_WIDTH = 11  # 5 errors, max |x|, rms, numel, dtype id, suffix id, element-wise metrics id (-1: none)
 
 
 class Tracker:
@@ -157,11 +162,11 @@ class Tracker:
     arrays of doubles (a 100 000-entry run would otherwise hold a tuple and a list per entry)."""
 
     def __init__(self):
-        self.flat = array("d")            # ENTRY_WIDTH numbers per entry, then OUTPUT_WIDTH per differing output
-        self.offsets = array("l")         # per stored entry: where it starts in ``flat``
-        self.stored = array("l")          # per stored entry: its merged position
-        self.codes = bytearray()          # per stored entry: class index * 4 + direction code
-        self.names: List[str] = []        # per stored entry: its name (the side's own string, not a copy)
+        self.flat = array("d")  # ENTRY_WIDTH numbers per entry, then OUTPUT_WIDTH per differing output
+        self.offsets = array("l")  # per stored entry: where it starts in ``flat``
+        self.stored = array("l")  # per stored entry: its merged position
+        self.codes = bytearray()  # per stored entry: class index * 4 + direction code
+        self.names: List[str] = []  # per stored entry: its name (the side's own string, not a copy)
         self.strings: Dict[Any, int] = {}  # dtype and suffix strings -> id
         self.string_list: List[Any] = []
         self.elementwise: List[Dict[str, Any]] = []
@@ -193,8 +198,10 @@ class Tracker:
         inputs = []
         outs = []
         out_worst = 0.0
-        if any((d.a is not None and d.a.fp8_zero is not None) or (d.b is not None and d.b.fp8_zero is not None)
-               for d in diffs):
+        if any(
+            (d.a is not None and d.a.fp8_zero is not None) or (d.b is not None and d.b.fp8_zero is not None)
+            for d in diffs
+        ):
             found_fp8 = fp8.findings([(d.a, d.b) for d in diffs])
             if found_fp8:
                 self.fp8[position] = found_fp8
@@ -263,8 +270,9 @@ class Tracker:
                 extra = len(self.elementwise)
                 self.elementwise.append(diff.elementwise)
             flat.extend([e or 0.0 for e in errors])
-            flat.extend((top, rms, diff.b.numel or 1, self._intern(str(diff.b.dtype)), self._intern(diff.a.suffix),
-                         extra))
+            flat.extend(
+                (top, rms, diff.b.numel or 1, self._intern(str(diff.b.dtype)), self._intern(diff.a.suffix), extra)
+            )
 
     def _outputs(self, offset: int):
         """(suffix, dtype, errors, max |x|, rms, numel, element-wise metrics) of a stored entry's outputs."""
@@ -272,10 +280,17 @@ class Tracker:
         count = int(flat[offset + ENTRY_WIDTH - 1])
         at = offset + ENTRY_WIDTH
         for _ in range(count):
-            row = flat[at:at + OUTPUT_WIDTH]
+            row = flat[at : at + OUTPUT_WIDTH]
             extra = int(row[10])
-            yield (self.string_list[int(row[9])], self.string_list[int(row[8])], row[0:5], row[5], row[6],
-                   int(row[7]), self.elementwise[extra] if extra >= 0 else None)
+            yield (
+                self.string_list[int(row[9])],
+                self.string_list[int(row[8])],
+                row[0:5],
+                row[5],
+                row[6],
+                int(row[7]),
+                self.elementwise[extra] if extra >= 0 else None,
+            )
             at += OUTPUT_WIDTH
 
     def finish(self, result) -> Dict[str, Any]:
@@ -308,22 +323,25 @@ class Tracker:
             item["score_rank"] = rank
         positions = self.positions
         ordered = sorted(range(len(positions)), key=lambda t: (ends[merged[positions[t]][0]], -merged[positions[t]][0]))
-        series = (array("l", (positions[t] for t in ordered)), array("d", (self.out_series[t] for t in ordered)),
-                  array("d", (self.in_series[t] for t in ordered)))
+        series = (
+            array("l", (positions[t] for t in ordered)),
+            array("d", (self.out_series[t] for t in ordered)),
+            array("d", (self.in_series[t] for t in ordered)),
+        )
         return {"noise_floor": floor, "suspects": suspects, "series": series}
 
     def _judge(self, t: int, floor) -> Optional[Dict[str, Any]]:
         offset = self.offsets[t]
         name = self.names[t]
         cls, direction = CLASSES[self.codes[t] // 4], DIRECTION_NAMES.get(self.codes[t] % 4, "")
-        in_err, in_abs, top_abs, k, f_top, f_rms, f_mean = self.flat[offset:offset + ENTRY_WIDTH - 1]
+        in_err, in_abs, top_abs, k, f_top, f_rms, f_mean = self.flat[offset : offset + ENTRY_WIDTH - 1]
         saved = 0.0
         gain_factor = 1.0
         if direction != "forward":
             key = forward_name(name)
             at = self.forward.get(key) if key is not None else None
             if at is not None:
-                saved, saved_abs, fk, ft, fr, fm, grad_in = self.forward_flat[at:at + FORWARD_WIDTH]
+                saved, saved_abs, fk, ft, fr, fm, grad_in = self.forward_flat[at : at + FORWARD_WIDTH]
                 k = max(k, fk)
                 if ft == ft:  # the forward entry had an input: its statistics give the spread
                     f_top, f_rms, f_mean = ft, fr, fm
@@ -355,10 +373,20 @@ class Tracker:
         if best is None or best[0] <= SUSPECT_SCORE:
             return None
         score, suffix, metric, error, explained, noise, elementwise = best
-        found = {"position": self.stored[t], "entry": name, "direction": direction, "op_class": cls,
-                 "tensor": suffix, "statistic": metric, "output_error": error, "input_error": explained,
-                 "gain": error / explained if explained > 0 else math.inf, "allowance": gain,
-                 "noise_floor": noise, "score": score}
+        found = {
+            "position": self.stored[t],
+            "entry": name,
+            "direction": direction,
+            "op_class": cls,
+            "tensor": suffix,
+            "statistic": metric,
+            "output_error": error,
+            "input_error": explained,
+            "gain": error / explained if explained > 0 else math.inf,
+            "allowance": gain,
+            "noise_floor": noise,
+            "score": score,
+        }
         if elementwise:  # task=tensor: the output's element-wise evidence too
             for key, field in TENSOR_EVIDENCE:
                 if isinstance(elementwise.get(key), float):

@@ -4,6 +4,7 @@ Row names follow msprobe's compare CSV: ``{entry}.input.0``, ``{entry}.input.{kw
 ``{entry}.parameters.weight``, nested items as ``.input.0.1``, and ``{entry}.weight`` for parameter gradients.
 Parameters count as inputs of a module's forward; parameter gradients are outputs of their entry.
 """
+
 from __future__ import annotations
 
 import math
@@ -20,8 +21,20 @@ _NONFINITE_TEXT = {"nan", "inf", "-inf", "+inf", "infinity", "-infinity"}  # how
 class Tensor:
     """One tensor record, reduced to what the comparison reads."""
 
-    __slots__ = ("suffix", "role", "dtype", "shape", "stats", "requires_grad", "nan", "inf", "data_name",
-                 "checksum", "fp8_zero", "fp8_saturated")
+    __slots__ = (
+        "suffix",
+        "role",
+        "dtype",
+        "shape",
+        "stats",
+        "requires_grad",
+        "nan",
+        "inf",
+        "data_name",
+        "checksum",
+        "fp8_zero",
+        "fp8_saturated",
+    )
 
     def __init__(self, suffix: str, role: str, record: dict):
         self.suffix = suffix
@@ -55,8 +68,11 @@ class Tensor:
             return True
         if self.nan is not None or self.inf is not None:
             return False
-        return any((isinstance(v, float) and not math.isfinite(v))
-                   or (isinstance(v, str) and v.strip().lower() in _NONFINITE_TEXT) for v in self.stats)
+        return any(
+            (isinstance(v, float) and not math.isfinite(v))
+            or (isinstance(v, str) and v.strip().lower() in _NONFINITE_TEXT)
+            for v in self.stats
+        )
 
 
 def _fraction(value: Any) -> Optional[float]:
@@ -76,8 +92,12 @@ def checksum_of(record: dict) -> Optional[Tuple[str, str]]:
 
 
 def _is_tensor(value: Any) -> bool:
-    return isinstance(value, dict) and isinstance(value.get("type"), str) and "Tensor" in value["type"] \
+    return (
+        isinstance(value, dict)
+        and isinstance(value.get("type"), str)
+        and "Tensor" in value["type"]
         and "dtype" in value
+    )
 
 
 def _walk(value: Any, suffix: str, role: str, out: List[Tensor], depth: int = 0) -> None:

@@ -8,6 +8,7 @@ readers, which pick columns by name, read ours as theirs: the decision error (se
 diverges beyond its threshold, then each side's float8 shares of zeros and of saturated elements
 (``fp8_zero_fraction``, ``fp8_saturated_fraction`` of float8 records, docs/low-precision.md; N/A for others).
 """
+
 from __future__ import annotations
 
 import math
@@ -19,16 +20,30 @@ from .elementwise import COLUMNS as ELEMENTWISE
 from .metrics import TensorDiff
 from .records import Tensor
 
-BASIC = ["NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape", "Bench Tensor Shape",
-         "NPU Requires_grad", "Bench Requires_grad"]
-SUMMARY_INDEX = ["Max diff", "Min diff", "Mean diff", "L2norm diff", "MaxRelativeErr", "MinRelativeErr",
-                 "MeanRelativeErr", "NormRelativeErr"]
-SUMMARY_INFO = ["NPU max", "NPU min", "NPU mean", "NPU l2norm", "Bench max", "Bench min", "Bench mean",
-                "Bench l2norm"]
+BASIC = [
+    "NPU Name",
+    "Bench Name",
+    "NPU Dtype",
+    "Bench Dtype",
+    "NPU Tensor Shape",
+    "Bench Tensor Shape",
+    "NPU Requires_grad",
+    "Bench Requires_grad",
+]
+SUMMARY_INDEX = [
+    "Max diff",
+    "Min diff",
+    "Mean diff",
+    "L2norm diff",
+    "MaxRelativeErr",
+    "MinRelativeErr",
+    "MeanRelativeErr",
+    "NormRelativeErr",
+]
+SUMMARY_INFO = ["NPU max", "NPU min", "NPU mean", "NPU l2norm", "Bench max", "Bench min", "Bench mean", "Bench l2norm"]
 EXTRACT = ["Requires_grad Consistent", "Result", "Err_message", "NPU_Stack_Info"]
 OURS = ["Decision Error", "Diverged"]
-FP8 = ["NPU fp8_zero_fraction", "Bench fp8_zero_fraction", "NPU fp8_saturated_fraction",
-       "Bench fp8_saturated_fraction"]
+FP8 = ["NPU fp8_zero_fraction", "Bench fp8_zero_fraction", "NPU fp8_saturated_fraction", "Bench fp8_saturated_fraction"]
 NA = "N/A"
 
 
@@ -61,13 +76,19 @@ class CsvSink:
         self.tensor_task = tensor_task
         self.writer.writerow(header(tensor_task))
 
-    def _row(self, name_a, name_b, a: Optional[Tensor], b: Optional[Tensor], diff: Optional[TensorDiff],
-             site: Optional[str]) -> list:
-        row = [f"{name_a}.{a.suffix}" if a is not None and name_a else NA,
-               f"{name_b}.{b.suffix}" if b is not None and name_b else NA,
-               a.dtype if a else NA, b.dtype if b else NA,
-               str(a.shape) if a else NA, str(b.shape) if b else NA,
-               str(a.requires_grad) if a else NA, str(b.requires_grad) if b else NA]
+    def _row(
+        self, name_a, name_b, a: Optional[Tensor], b: Optional[Tensor], diff: Optional[TensorDiff], site: Optional[str]
+    ) -> list:
+        row = [
+            f"{name_a}.{a.suffix}" if a is not None and name_a else NA,
+            f"{name_b}.{b.suffix}" if b is not None and name_b else NA,
+            a.dtype if a else NA,
+            b.dtype if b else NA,
+            str(a.shape) if a else NA,
+            str(b.shape) if b else NA,
+            str(a.requires_grad) if a else NA,
+            str(b.requires_grad) if b else NA,
+        ]
         if self.tensor_task:
             metrics = (diff.elementwise if diff is not None else None) or {}
             row += [_value(metrics.get(column)) for column in ELEMENTWISE]
@@ -80,8 +101,9 @@ class CsvSink:
         both = a is not None and b is not None
         row.append(str(a.requires_grad == b.requires_grad) if both else NA)
         row.append(("diff" if diff.exceeds else "pass") if both and diff is not None else NA)
-        message = diff.message if diff is not None else ("No bench data matched." if b is None else
-                                                          "No target data matched.")
+        message = (
+            diff.message if diff is not None else ("No bench data matched." if b is None else "No target data matched.")
+        )
         if diff is not None and diff.elementwise and diff.elementwise.get("Err_message"):
             message += str(diff.elementwise["Err_message"])
         if both and a.requires_grad != b.requires_grad:
@@ -98,8 +120,9 @@ class CsvSink:
         for number, diff in enumerate(diffs):
             self.writer.writerow(self._row(name_a, name_b, diff.a, diff.b, diff, site if number == 0 else None))
 
-    def unmatched(self, name_a: Optional[str], name_b: Optional[str], tensors: List[Tensor],
-                  site: Optional[str]) -> None:
+    def unmatched(
+        self, name_a: Optional[str], name_b: Optional[str], tensors: List[Tensor], site: Optional[str]
+    ) -> None:
         for number, tensor in enumerate(tensors):
             a = tensor if name_a else None
             b = tensor if name_b else None

@@ -1,4 +1,5 @@
 """The JSON summary of a comparison and the terminal summary of its top divergences."""
+
 from __future__ import annotations
 
 import heapq
@@ -63,8 +64,9 @@ def pair_summary(result: PairResult, top: int) -> Dict[str, Any]:
     }
 
 
-def run_summary(run_a: str, run_b: str, results: List[PairResult], thresholds: Dict[str, float],
-                top: int) -> Dict[str, Any]:
+def run_summary(
+    run_a: str, run_b: str, results: List[PairResult], thresholds: Dict[str, float], top: int
+) -> Dict[str, Any]:
     pairs = [pair_summary(r, top) for r in results]
     first: Optional[Dict[str, Any]] = None
     for pair in pairs:  # pairs are in step order, then rank order: the earliest step's divergence wins
@@ -85,15 +87,17 @@ def run_summary(run_a: str, run_b: str, results: List[PairResult], thresholds: D
         index = result.merged[position][0]
         return result.a.ends[index], -index  # completion order, as the first divergence and the suspects use
 
-    return strict_json({
-        "run_a": run_a,
-        "run_b": run_b,
-        "thresholds": thresholds,
-        "first_divergence": first,
-        "first_suspect": suspect,
-        "views": relate(first, suspect, order_of),
-        "pairs": pairs,
-    })
+    return strict_json(
+        {
+            "run_a": run_a,
+            "run_b": run_b,
+            "thresholds": thresholds,
+            "first_divergence": first,
+            "first_suspect": suspect,
+            "views": relate(first, suspect, order_of),
+            "pairs": pairs,
+        }
+    )
 
 
 def _fmt(value: Any) -> str:
@@ -104,17 +108,21 @@ def _fmt(value: Any) -> str:
 
 def _suspect_line(item: Dict[str, Any], name: bool = True) -> str:
     head = f"{item['entry']:<50} " if name else ""
-    return (f"{head}{item['tensor']} {item['statistic']}: output error {_fmt(item['output_error'])}, "
-            f"input error {_fmt(item['input_error'])} (gain {_fmt(item['gain'])}, {item['op_class']} allows "
-            f"{_fmt(item['allowance'])}), noise floor {_fmt(item['noise_floor'])}")
+    return (
+        f"{head}{item['tensor']} {item['statistic']}: output error {_fmt(item['output_error'])}, "
+        f"input error {_fmt(item['input_error'])} (gain {_fmt(item['gain'])}, {item['op_class']} allows "
+        f"{_fmt(item['allowance'])}), noise floor {_fmt(item['noise_floor'])}"
+    )
 
 
 def terminal_summary(summary: Dict[str, Any], top: int) -> str:
     lines = []
     for pair in summary["pairs"]:
-        lines.append(f"{pair['pair']}: {pair['matched']} entries matched, {pair['unmatched_a_count']} only in A, "
-                     f"{pair['unmatched_b_count']} only in B; {pair['diverged_entries']} diverge "
-                     f"({pair['tensors_diverged']} of {pair['tensors_compared']} tensors)")
+        lines.append(
+            f"{pair['pair']}: {pair['matched']} entries matched, {pair['unmatched_a_count']} only in A, "
+            f"{pair['unmatched_b_count']} only in B; {pair['diverged_entries']} diverge "
+            f"({pair['tensors_diverged']} of {pair['tensors_compared']} tensors)"
+        )
         for side in ("a", "b"):
             names = pair[f"unmatched_{side}"]
             if names:
@@ -123,29 +131,40 @@ def terminal_summary(summary: Dict[str, Any], top: int) -> str:
         for side in ("a", "b"):
             onset = pair["nan_onset"].get(side)
             if onset:
-                lines.append(f"  NaN/Inf first appears in {side.upper()} at {onset['entry']}"
-                             + (f" ({onset['call_site']})" if onset.get("call_site") else ""))
+                lines.append(
+                    f"  NaN/Inf first appears in {side.upper()} at {onset['entry']}"
+                    + (f" ({onset['call_site']})" if onset.get("call_site") else "")
+                )
         suspects = pair.get("suspects") or []
         if suspects:
-            lines.append("  suspects (output error beyond what the inputs' error and the noise floor explain), "
-                         "in execution order:")
+            lines.append(
+                "  suspects (output error beyond what the inputs' error and the noise floor explain), "
+                "in execution order:"
+            )
             for item in suspects[:top]:
-                lines.append("    " + _suspect_line(item)
-                             + (f"; float8 underflow: {item['fp8_underflow']}" if item.get("fp8_underflow") else ""))
+                lines.append(
+                    "    "
+                    + _suspect_line(item)
+                    + (f"; float8 underflow: {item['fp8_underflow']}" if item.get("fp8_underflow") else "")
+                )
         tops = pair["top_divergences"][:top]
         if tops:
             lines.append("  top divergences (decision error of the worst output statistic):")
             for item in tops:
-                lines.append(f"    {item['entry']:<50} {item['tensor']:<12} {_fmt(item.get('statistic'))}: "
-                             f"A={_fmt(item.get('a'))} B={_fmt(item.get('b'))} error={_fmt(item.get('error'))}")
+                lines.append(
+                    f"    {item['entry']:<50} {item['tensor']:<12} {_fmt(item.get('statistic'))}: "
+                    f"A={_fmt(item.get('a'))} B={_fmt(item.get('b'))} error={_fmt(item.get('error'))}"
+                )
     suspect = summary.get("first_suspect")
     # one headline, the suspect; the threshold view below it, and why the two differ when they do
     # (tests/compare/test_headline.py)
     if suspect is None:
         lines.append("first suspect: none (every output error is explained by its inputs' error and the noise)")
     else:
-        lines.append(f"first suspect: {suspect['entry']} in {suspect['pair']}"
-                     + (f" at {suspect['call_site']}" if suspect.get("call_site") else ""))
+        lines.append(
+            f"first suspect: {suspect['entry']} in {suspect['pair']}"
+            + (f" at {suspect['call_site']}" if suspect.get("call_site") else "")
+        )
         lines.append("  " + _suspect_line(suspect, name=False))
         if suspect.get("fp8_underflow"):
             lines.append(f"  float8 underflow: {suspect['fp8_underflow']}")
@@ -157,22 +176,29 @@ def terminal_summary(summary: Dict[str, Any], top: int) -> str:
         if first["kind"] == "outputs":
             how = "its outputs diverge while its inputs agree"
         else:
-            how = "its inputs already diverge: the difference entered through code the dump does not show" + \
-                (f", inside {first['parent']}" if first.get("parent") else "")
+            how = "its inputs already diverge: the difference entered through code the dump does not show" + (
+                f", inside {first['parent']}" if first.get("parent") else ""
+            )
         same = suspect is not None and views.get("same")
-        lines.append(f"  threshold view, first divergence: {first['entry']} in {first['pair']} ({how})"
-                     + (" - the same entry" if same else ""))
+        lines.append(
+            f"  threshold view, first divergence: {first['entry']} in {first['pair']} ({how})"
+            + (" - the same entry" if same else "")
+        )
         if first.get("call_site") and not same:
             lines.append(f"    at {first['call_site']}")
         if first.get("statistic"):
-            lines.append(f"    {first['tensor']} {first['statistic']}: A={_fmt(first.get('a'))} "
-                         f"B={_fmt(first.get('b'))} error={_fmt(first.get('error'))}"
-                         + (" (NaN/Inf onset)" if first.get("nan_onset") else ""))
+            lines.append(
+                f"    {first['tensor']} {first['statistic']}: A={_fmt(first.get('a'))} "
+                f"B={_fmt(first.get('b'))} error={_fmt(first.get('error'))}"
+                + (" (NaN/Inf onset)" if first.get("nan_onset") else "")
+            )
         if first.get("fp8_underflow"):
             lines.append(f"    float8 underflow: {first['fp8_underflow']}")
         if first.get("chain"):
-            lines.append(f"    followed by {first['chain_length']} diverging entries: "
-                         f"{', '.join(first['chain'][:5])}" + (" ..." if first['chain_length'] > 5 else ""))
+            lines.append(
+                f"    followed by {first['chain_length']} diverging entries: "
+                f"{', '.join(first['chain'][:5])}" + (" ..." if first["chain_length"] > 5 else "")
+            )
     if views and not views.get("same"):
         lines.append(f"  why they differ: {views['reason']}")
     return "\n".join(lines)

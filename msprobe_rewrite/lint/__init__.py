@@ -4,5 +4,6 @@
 own scopes and resolver), ``noqa`` reads suppression comments, ``output`` prints, ``runner`` is the command.
 Nothing here imports torch: the pre-commit hook's environment has none.
 """
+
 from .checker import Finding, check_source  # noqa: F401
 from .rules import RULES, RuleSelectionError, enabled_codes  # noqa: F401

@@ -5,6 +5,7 @@ decorator, is this zone left as written) is taken from the same code or the same
 exactly what the rewrite will not see. The tree is Python's ``ast``; ``collect_scopes`` records each scope's
 node, so a node's scope is a dictionary look-up rather than a second pairing walk.
 """
+
 from __future__ import annotations
 
 import ast
@@ -85,8 +86,11 @@ class _Visitor(ast.NodeVisitor):
     def _binds_torch(scope: Scope) -> bool:
         if any(module.split(".", 1)[0] in TORCH_ROOTS for module in scope.star_imports):
             return True
-        return any(qualname.split(".", 1)[0] in TORCH_ROOTS
-                   for binding in scope.bindings.values() for qualname in binding.qualnames)
+        return any(
+            qualname.split(".", 1)[0] in TORCH_ROOTS
+            for binding in scope.bindings.values()
+            for qualname in binding.qualnames
+        )
 
     @property
     def scope(self) -> Scope:
@@ -120,10 +124,14 @@ class _Visitor(ast.NodeVisitor):
                             self._add_container(target.id, statement.lineno, *kind_apis, scope, class_name)
                 # A registry filled at import time: REGISTRY["gelu"] = F.gelu
                 for target in targets:
-                    if (isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name)
-                            and self.resolver.resolve_dotted(callee_path(value), scope).kind == API):
-                        self._add_container(target.value.id, statement.lineno, "dict", [callee_path(value)], scope,
-                                            class_name)
+                    if (
+                        isinstance(target, ast.Subscript)
+                        and isinstance(target.value, ast.Name)
+                        and self.resolver.resolve_dotted(callee_path(value), scope).kind == API
+                    ):
+                        self._add_container(
+                            target.value.id, statement.lineno, "dict", [callee_path(value)], scope, class_name
+                        )
                 continue
             for field in ("body", "orelse", "finalbody"):  # if/try/with/for bodies run at import time
                 nested = getattr(statement, field, None)
@@ -132,8 +140,9 @@ class _Visitor(ast.NodeVisitor):
             for handler in getattr(statement, "handlers", None) or ():
                 self.collect_containers(handler.body, scope, class_name)
 
-    def _add_container(self, name: str, line: int, kind: str, apis: List[str], scope: Scope,
-                       class_name: Optional[str]) -> None:
+    def _add_container(
+        self, name: str, line: int, kind: str, apis: List[str], scope: Scope, class_name: Optional[str]
+    ) -> None:
         binding = scope.bindings.get(name)
         key = id(binding) if binding is not None else None
         known = self.containers.get(key) if key is not None else None
@@ -151,8 +160,12 @@ class _Visitor(ast.NodeVisitor):
             kind, elements = "dict", list(value.values)
         elif isinstance(value, (ast.List, ast.Tuple, ast.Set)):
             kind, elements = "sequence", list(value.elts)
-        elif (isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "dict"
-              and scope.lookup("dict") == (None, True)):
+        elif (
+            isinstance(value, ast.Call)
+            and isinstance(value.func, ast.Name)
+            and value.func.id == "dict"
+            and scope.lookup("dict") == (None, True)
+        ):
             kind, elements = "dict", [keyword.value for keyword in value.keywords]
         else:
             return None
@@ -182,16 +195,22 @@ class _Visitor(ast.NodeVisitor):
 
     def _report_container(self, node: ast.AST, container: _Container, how: str) -> None:
         apis = ", ".join(container.apis[:3]) + (", ..." if len(container.apis) > 3 else "")
-        self.report(node, "MSP004",
-                    f"{how} reaches APIs stored in `{container.name}` at import time (line {container.line}: "
-                    f"{apis}); no static name, only the run-time identity check sees the call")
+        self.report(
+            node,
+            "MSP004",
+            f"{how} reaches APIs stored in `{container.name}` at import time (line {container.line}: "
+            f"{apis}); no static name, only the run-time identity check sees the call",
+        )
 
     def _iterated_container(self, iterable: ast.expr) -> Optional[_Container]:
         container = self._container_at(iterable)
         if container is not None:
             return container if container.kind == "sequence" else None  # a dict yields its keys
-        if (isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Attribute)
-                and iterable.func.attr in ("values", "items")):
+        if (
+            isinstance(iterable, ast.Call)
+            and isinstance(iterable.func, ast.Attribute)
+            and iterable.func.attr in ("values", "items")
+        ):
             container = self._container_at(iterable.func.value)
             if container is not None and container.kind == "dict":
                 return container
@@ -297,9 +316,12 @@ class _Visitor(ast.NodeVisitor):
         if any(alias.name == "*" for alias in node.names):
             module = absolute_module(node, self.linter.package)
             if module in self.linter.namespaces:
-                self.report(node, "MSP002",
-                            f"`from {module} import *` hides which APIs are called: its names, and every builtin "
-                            f"after it, resolve only at run time; import the names used")
+                self.report(
+                    node,
+                    "MSP002",
+                    f"`from {module} import *` hides which APIs are called: its names, and every builtin "
+                    f"after it, resolve only at run time; import the names used",
+                )
 
     def visit_For(self, node: ast.For) -> None:
         self._check_loop(node.target, node.iter, node.body)
@@ -317,16 +339,22 @@ class _Visitor(ast.NodeVisitor):
     def visit_Call(self, node: ast.Call) -> None:
         self._check_getattr(node)
         func = node.func
-        if (isinstance(func, ast.Attribute) and func.attr in CONTAINER_GETTERS
-                and self._container_at(func.value) is not None):
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr in CONTAINER_GETTERS
+            and self._container_at(func.value) is not None
+        ):
             self._report_container(node, self._container_at(func.value), f"`{_short(func)}(...)`")
         dotted = callee_path(func)
         if self.kernels:
             resolution = self.resolver.resolve_dotted(dotted, self.scope)
             if resolution.kind == API:
-                self.report(node, "MSP003",
-                            f"`{dotted}` ({resolution.api_name}) is called in the body of {self.kernels[-1]}, "
-                            f"which is left uninstrumented: this call is never recorded")
+                self.report(
+                    node,
+                    "MSP003",
+                    f"`{dotted}` ({resolution.api_name}) is called in the body of {self.kernels[-1]}, "
+                    f"which is left uninstrumented: this call is never recorded",
+                )
         elif not self.frozen and "MSP901" in self.codes and self.imports_torch:
             bare_generator = any(isinstance(arg, ast.GeneratorExp) for arg in node.args) and len(node.args) == 1
             if not bare_generator and self.resolver.resolve_dotted(dotted, self.scope).kind == UNKNOWN:
@@ -348,11 +376,19 @@ class _Visitor(ast.NodeVisitor):
         if isinstance(name, ast.Constant) and isinstance(name.value, str):
             api_name = self.linter.catalogue.dump_name(f"{namespace}.{name.value}")
             if api_name is not None:
-                self.report(node, "MSP001", f"`getattr({dotted}, {name.value!r})` hides `{namespace}.{name.value}` "
-                                            f"({api_name}) from static resolution; write `{dotted}.{name.value}`")
+                self.report(
+                    node,
+                    "MSP001",
+                    f"`getattr({dotted}, {name.value!r})` hides `{namespace}.{name.value}` "
+                    f"({api_name}) from static resolution; write `{dotted}.{name.value}`",
+                )
         else:
-            self.report(node, "MSP001", f"`getattr({dotted}, {_short(name, 24)})` fetches an API of {namespace} by a "
-                                        f"computed name: no static name, only the run-time identity check sees it")
+            self.report(
+                node,
+                "MSP001",
+                f"`getattr({dotted}, {_short(name, 24)})` fetches an API of {namespace} by a "
+                f"computed name: no static name, only the run-time identity check sees it",
+            )
 
 
 class Linter:
@@ -373,8 +409,9 @@ class Linter:
         try:
             tree = ast.parse(source, filename=path)
         except SyntaxError as error:
-            raise CheckError(f"{path}: cannot parse: {error.msg} (line {error.lineno}, column {error.offset})") \
-                from None
+            raise CheckError(
+                f"{path}: cannot parse: {error.msg} (line {error.lineno}, column {error.offset})"
+            ) from None
         except (ValueError, UnicodeDecodeError, LookupError) as error:
             raise CheckError(f"{path}: cannot parse: {error}") from None
         text = _decode(source)
@@ -391,9 +428,17 @@ class Linter:
             line, end_line = node.lineno, getattr(node, "end_lineno", None) or node.lineno
             if is_suppressed(lines, line, code):
                 continue
-            findings.append(Finding(path, line, _column(lines, line, node.col_offset), end_line,
-                                    _column(lines, end_line, getattr(node, "end_col_offset", None) or 0),
-                                    code, message))
+            findings.append(
+                Finding(
+                    path,
+                    line,
+                    _column(lines, line, node.col_offset),
+                    end_line,
+                    _column(lines, end_line, getattr(node, "end_col_offset", None) or 0),
+                    code,
+                    message,
+                )
+            )
         findings.sort(key=lambda f: (f.line, f.column, f.code))
         return findings
 
@@ -418,7 +463,13 @@ def _column(lines: Sequence[str], line: int, byte_offset: int) -> int:
     return len(text.encode("utf-8")[:byte_offset].decode("utf-8", "ignore")) + 1
 
 
-def check_source(source: bytes, catalogue: Catalogue, codes: FrozenSet[str], path: str = "<string>",
-                 skip_decorators: Iterable[str] = (), package: Optional[str] = None) -> List[Finding]:
+def check_source(
+    source: bytes,
+    catalogue: Catalogue,
+    codes: FrozenSet[str],
+    path: str = "<string>",
+    skip_decorators: Iterable[str] = (),
+    package: Optional[str] = None,
+) -> List[Finding]:
     """One module's findings; see ``Linter`` to check many files with one set-up."""
     return Linter(catalogue, codes, skip_decorators).check(source, path, package)

@@ -4,6 +4,7 @@ Codes are exact, as in ruff's ``# noqa: CODE``. The comment is found with a regu
 finding's line rather than with the tokenizer: only lines that have a finding are read, and a string
 literal that happens to spell the marker is not worth a second pass over every file.
 """
+
 from __future__ import annotations
 
 import re

@@ -1,5 +1,6 @@
 """Printing findings: ``path:line:col: CODE message`` (what editors and CI annotators parse), JSON in the
 shape of ruff's ``--output-format json``, and ``--statistics`` counts by rule."""
+
 from __future__ import annotations
 
 import collections
@@ -35,8 +36,10 @@ def write_json(findings: Sequence[Finding], stream: IO[str]) -> None:
 def statistics(findings: Sequence[Finding]) -> List[dict]:
     """Counts by rule, most frequent first (ties by code)."""
     counts = collections.Counter(f.code for f in findings)
-    return [{"code": code, "name": RULES[code].name, "count": count}
-            for code, count in sorted(counts.items(), key=lambda item: (-item[1], item[0]))]
+    return [
+        {"code": code, "name": RULES[code].name, "count": count}
+        for code, count in sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    ]
 
 
 def write_statistics(findings: Sequence[Finding], stream: IO[str], as_json_format: bool = False) -> None:

@@ -3,6 +3,7 @@
 Exit status: 0 no findings, 1 findings, 2 an error (bad arguments, a missing PATH, a bad catalogue, a file
 that cannot be read or parsed; every other file is still checked and its findings printed).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,23 +25,54 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Report constructs that hide PyTorch API calls from static instrumentation.",
         epilog=f"Rules: {rules}. Suppress one finding with `# msprobe: noqa[CODE]` on its line. "
-               "Exit status: 0 clean, 1 findings, 2 error.")
+        "Exit status: 0 clean, 1 findings, 2 error.",
+    )
     parser.add_argument("paths", nargs="*", metavar="PATH", help="files and folders to check")
-    parser.add_argument("--select", action="append", default=None, metavar="CODES",
-                        help="comma-separated rule codes or prefixes (or ALL) to enable, replacing the defaults")
-    parser.add_argument("--extend-select", action="append", default=[], metavar="CODES",
-                        help="rule codes or prefixes to enable in addition (e.g. MSP901)")
-    parser.add_argument("--ignore", action="append", default=[], metavar="CODES",
-                        help="rule codes or prefixes to disable")
-    parser.add_argument("--output-format", choices=("text", "json"), default="text",
-                        help="text: path:line:col: CODE message (default); json: a list of objects")
+    parser.add_argument(
+        "--select",
+        action="append",
+        default=None,
+        metavar="CODES",
+        help="comma-separated rule codes or prefixes (or ALL) to enable, replacing the defaults",
+    )
+    parser.add_argument(
+        "--extend-select",
+        action="append",
+        default=[],
+        metavar="CODES",
+        help="rule codes or prefixes to enable in addition (e.g. MSP901)",
+    )
+    parser.add_argument(
+        "--ignore", action="append", default=[], metavar="CODES", help="rule codes or prefixes to disable"
+    )
+    parser.add_argument(
+        "--output-format",
+        choices=("text", "json"),
+        default="text",
+        help="text: path:line:col: CODE message (default); json: a list of objects",
+    )
     parser.add_argument("--statistics", action="store_true", help="print the number of findings per rule instead")
-    parser.add_argument("--exclude", metavar="GLOB", action="append", default=[],
-                        help="skip files and folders whose relative path or name matches GLOB; repeatable")
-    parser.add_argument("--catalogue", metavar="FILE", action="append", default=[],
-                        help="a catalogue YAML added on top of the shipped one, as for the rewrite; repeatable")
-    parser.add_argument("--skip-decorator", metavar="NAME", action="append", default=[],
-                        help="a decorator whose bodies the rewrite leaves alone (as configured for it); repeatable")
+    parser.add_argument(
+        "--exclude",
+        metavar="GLOB",
+        action="append",
+        default=[],
+        help="skip files and folders whose relative path or name matches GLOB; repeatable",
+    )
+    parser.add_argument(
+        "--catalogue",
+        metavar="FILE",
+        action="append",
+        default=[],
+        help="a catalogue YAML added on top of the shipped one, as for the rewrite; repeatable",
+    )
+    parser.add_argument(
+        "--skip-decorator",
+        metavar="NAME",
+        action="append",
+        default=[],
+        help="a decorator whose bodies the rewrite leaves alone (as configured for it); repeatable",
+    )
     parser.add_argument("--exit-zero", action="store_true", help="exit 0 even with findings (errors still exit 2)")
     parser.add_argument("--list-rules", action="store_true", help="list the rules and exit")
     parser.add_argument("-q", "--quiet", action="store_true", help="no summary line on stderr")
@@ -65,8 +97,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not args.paths:
         parser.error("at least one PATH is required")
     try:
-        codes = enabled_codes(None if args.select is None else split_selectors(args.select),
-                              split_selectors(args.ignore), split_selectors(args.extend_select))
+        codes = enabled_codes(
+            None if args.select is None else split_selectors(args.select),
+            split_selectors(args.ignore),
+            split_selectors(args.extend_select),
+        )
     except RuleSelectionError as error:
         _error(str(error))
         return EXIT_ERROR
@@ -77,6 +112,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_ERROR
 
     from msprobe_runtime.catalogue import CatalogueError, load_catalogue
+
     try:
         catalogue = load_catalogue(args.catalogue)
     except CatalogueError as error:
@@ -108,8 +144,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     out.flush()
     if not args.quiet:
         files = len({f.path for f in findings})
-        print(f"{PROG}: {len(findings)} finding{'s' * (len(findings) != 1)} in {files} of {len(entries)} "
-              f"file{'s' * (len(entries) != 1)}" + (f", {errors} not checked" if errors else ""), file=sys.stderr)
+        print(
+            f"{PROG}: {len(findings)} finding{'s' * (len(findings) != 1)} in {files} of {len(entries)} "
+            f"file{'s' * (len(entries) != 1)}" + (f", {errors} not checked" if errors else ""),
+            file=sys.stderr,
+        )
     if errors:
         return EXIT_ERROR
     return EXIT_FINDINGS if findings and not args.exit_zero else EXIT_CLEAN

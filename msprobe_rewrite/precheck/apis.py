@@ -5,6 +5,7 @@ looked up in the same catalogue the collector named it from (``msprobe_runtime.c
 ``--catalogue`` file names the same APIs here. ``Tensor.*`` names are called unbound, with the tensor as the
 first argument, which is how the collector recorded them. Imports no torch until a callable is resolved.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -16,14 +17,42 @@ from .errors import Unreplayable
 
 # Their results depend on the generator state, which a dump does not hold. Dropout is replayed from the
 # dumped output instead (``replay.dropout``); the rest are reported.
-RANDOM = frozenset({
-    "alpha_dropout", "feature_alpha_dropout", "bernoulli", "bernoulli_", "multinomial", "normal", "normal_",
-    "rand", "rand_like", "randint", "randint_like", "randn", "randn_like", "randperm", "rrelu", "rrelu_",
-    "poisson", "uniform_", "random_", "exponential_", "geometric_", "cauchy_", "log_normal_", "gumbel_softmax",
-    "fractional_max_pool2d", "fractional_max_pool3d", "fractional_max_pool2d_with_indices",
-    "fractional_max_pool3d_with_indices", "native_dropout", "_fused_dropout", "alpha_dropout_",
-    "feature_alpha_dropout_",
-})
+RANDOM = frozenset(
+    {
+        "alpha_dropout",
+        "feature_alpha_dropout",
+        "bernoulli",
+        "bernoulli_",
+        "multinomial",
+        "normal",
+        "normal_",
+        "rand",
+        "rand_like",
+        "randint",
+        "randint_like",
+        "randn",
+        "randn_like",
+        "randperm",
+        "rrelu",
+        "rrelu_",
+        "poisson",
+        "uniform_",
+        "random_",
+        "exponential_",
+        "geometric_",
+        "cauchy_",
+        "log_normal_",
+        "gumbel_softmax",
+        "fractional_max_pool2d",
+        "fractional_max_pool3d",
+        "fractional_max_pool2d_with_indices",
+        "fractional_max_pool3d_with_indices",
+        "native_dropout",
+        "_fused_dropout",
+        "alpha_dropout_",
+        "feature_alpha_dropout_",
+    }
+)
 DROPOUT = frozenset({"dropout", "dropout1d", "dropout2d", "dropout3d", "feature_dropout", "dropout_"})
 # augmented assignments and the subscript store, from the one operator table
 INPLACE_DUNDERS = frozenset(row.dunder for row in operators.TABLE if row.kind in ("augmented", "store"))
@@ -56,12 +85,15 @@ def load_table(extra_files: Iterable[str] = ()) -> Dict[str, str]:
 def resolve(api: str, table: Dict[str, str]) -> Tuple[object, str]:
     """``(callable, qualified name)`` of a dump name, or Unreplayable saying why not."""
     if api.startswith(COMMUNICATION_PREFIXES):
-        raise Unreplayable("communication op: its result needs the other ranks' data, which one rank's dump "
-                           "does not hold")
+        raise Unreplayable(
+            "communication op: its result needs the other ranks' data, which one rank's dump does not hold"
+        )
     qualname = table.get(api)
     if qualname is None:
-        raise Unreplayable(f"the catalogue does not know API {api!r}; pass the catalogue that named it with "
-                           "--catalogue FILE", input_problem=True)
+        raise Unreplayable(
+            f"the catalogue does not know API {api!r}; pass the catalogue that named it with --catalogue FILE",
+            input_problem=True,
+        )
     obj = _lookup(qualname)
     if obj is None:
         root = qualname.split(".")[0]

@@ -7,6 +7,7 @@ replayed API passed (warnings included), 1 some API failed, 2 the dump cannot be
 files are bad (missing or truncated tensors, API names the catalogue does not know; the reports are still
 written for the rest).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,36 +37,71 @@ def _share(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=PROG, description="API accuracy pre-check: replay each dumped API call on the CPU in float64 and in "
-                               "its own dtype, and grade the dumped result (criteria below).",
-        epilog=f"{standards.criteria_text()}\n\n" + textwrap.fill(
+        prog=PROG,
+        description="API accuracy pre-check: replay each dumped API call on the CPU in float64 and in "
+        "its own dtype, and grade the dumped result (criteria below).",
+        epilog=f"{standards.criteria_text()}\n\n"
+        + textwrap.fill(
             "Exit status: 0 every replayed API passed (warnings included), 1 some API failed, 2 the dump cannot "
-            "be checked or some of its files are bad.", 100),
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("dump", metavar="DUMP", help="a task 'tensor' dump (ours or msprobe's): the dump directory, "
-                                                     "a step or rank directory, or a dump.json")
+            "be checked or some of its files are bad.",
+            100,
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "dump",
+        metavar="DUMP",
+        help="a task 'tensor' dump (ours or msprobe's): the dump directory, a step or rank directory, or a dump.json",
+    )
     # Optional, as compare's -o: without it the terminal shows the verdicts and no file is written
     # (test_precheck_without_out_prints_the_verdicts_and_writes_nothing).
-    parser.add_argument("-o", "--out", metavar="DIR",
-                        help="write precheck_result.csv, precheck_summary.json and precheck_report.html into DIR "
-                             "(without it, only the terminal report)")
-    parser.add_argument("-j", "--jobs", type=int, default=None, metavar="N",
-                        help="worker processes (default: all available cores)")
-    parser.add_argument("--catalogue", metavar="FILE", action="append", default=[],
-                        help="a catalogue YAML that names APIs beyond the shipped one (as for the rewrite); "
-                             "repeatable")
-    parser.add_argument("--api", metavar="TEXT", action="append", default=[],
-                        help="check only APIs whose dump name contains TEXT; repeatable")
-    parser.add_argument("--full", action="store_true",
-                        help="run the CPU replay in the original dtype for every API (by default only where it can "
-                             "change the verdict: a device result within the dtype's floors passes whatever the "
-                             "CPU reaches), so that every row has its CPU figure")
-    parser.add_argument("--fp8-saturated", type=_share, default=fp8.SATURATED, metavar="SHARE",
-                        help="float8 records: an error when more than this share of the elements sit at the "
-                             f"format's max (fp8_saturated_fraction; default {fp8.SATURATED:g})")
-    parser.add_argument("--fp8-zero", type=_share, default=fp8.ZERO, metavar="SHARE",
-                        help="float8 records: a warning when more than this share of the elements are zero, "
-                             f"underflowed or zero before the cast (fp8_zero_fraction; default {fp8.ZERO:g})")
+    parser.add_argument(
+        "-o",
+        "--out",
+        metavar="DIR",
+        help="write precheck_result.csv, precheck_summary.json and precheck_report.html into DIR "
+        "(without it, only the terminal report)",
+    )
+    parser.add_argument(
+        "-j", "--jobs", type=int, default=None, metavar="N", help="worker processes (default: all available cores)"
+    )
+    parser.add_argument(
+        "--catalogue",
+        metavar="FILE",
+        action="append",
+        default=[],
+        help="a catalogue YAML that names APIs beyond the shipped one (as for the rewrite); repeatable",
+    )
+    parser.add_argument(
+        "--api",
+        metavar="TEXT",
+        action="append",
+        default=[],
+        help="check only APIs whose dump name contains TEXT; repeatable",
+    )
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="run the CPU replay in the original dtype for every API (by default only where it can "
+        "change the verdict: a device result within the dtype's floors passes whatever the "
+        "CPU reaches), so that every row has its CPU figure",
+    )
+    parser.add_argument(
+        "--fp8-saturated",
+        type=_share,
+        default=fp8.SATURATED,
+        metavar="SHARE",
+        help="float8 records: an error when more than this share of the elements sit at the "
+        f"format's max (fp8_saturated_fraction; default {fp8.SATURATED:g})",
+    )
+    parser.add_argument(
+        "--fp8-zero",
+        type=_share,
+        default=fp8.ZERO,
+        metavar="SHARE",
+        help="float8 records: a warning when more than this share of the elements are zero, "
+        f"underflowed or zero before the cast (fp8_zero_fraction; default {fp8.ZERO:g})",
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="print only errors")
     return parser
 
@@ -95,8 +131,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         work, no_tensor = [], 0
         for _dump, found, skipped in source.all_items(args.dump):
             limits = {"fp8_saturated_fraction": args.fp8_saturated, "fp8_zero_fraction": args.fp8_zero}
-            work += [dict(item, full=args.full, fp8_limits=limits) for item in found
-                     if not args.api or any(text in item["name"] for text in args.api)]
+            work += [
+                dict(item, full=args.full, fp8_limits=limits)
+                for item in found
+                if not args.api or any(text in item["name"] for text in args.api)
+            ]
             no_tensor += skipped
     except (PrecheckError, CatalogueError) as error:
         _error(str(error))
@@ -134,8 +173,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if api["status"] == standards.ERROR:
                 print(f"error   {api['api']} ({api['label']}): {api['reason']}", file=sys.stderr)
         where = f"reports in {args.out}" if args.out is not None else "no report files (-o DIR writes them)"
-        print(f"{PROG}: {len(checked)} APIs: {counts['pass']} pass, {counts['warning']} warning, "
-              f"{counts['error']} error, {counts['skip']} not replayed; {where}", file=sys.stderr)
+        print(
+            f"{PROG}: {len(checked)} APIs: {counts['pass']} pass, {counts['warning']} warning, "
+            f"{counts['error']} error, {counts['skip']} not replayed; {where}",
+            file=sys.stderr,
+        )
     if problems:
         return 2
     return 1 if counts["error"] else 0

@@ -9,6 +9,7 @@ replay), so a call that cannot be replayed is still checked.
   the cast together with the zeros the tensor held before it (a ReLU's output is half zeros), so it is a hint,
   not a proof; ``compare`` sets it against a reference run.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -69,11 +70,27 @@ def rows(base: Dict[str, Any], item: Dict[str, Any]) -> List[Dict[str, Any]]:
             over = share > limit
             message = ""
             if over:
-                message = ("saturated at the float8 format's max: the scale lags the data, or the cast clips"
-                           if field == "fp8_saturated_fraction" else
-                           "zero in float8: underflow in the cast, or zeros before it")
+                message = (
+                    "saturated at the float8 format's max: the scale lags the data, or the cast clips"
+                    if field == "fp8_saturated_fraction"
+                    else "zero in float8: underflow in the cast, or zeros before it"
+                )
             dtype = str(record.get("dtype", "")).replace("torch.", "")
-            out.append(dict(base, direction=direction, tensor=label, dtype=dtype, shape=str(record.get("shape")),
-                            standard=STANDARD, metric=field, device=share, cpu=None, ratio=None,
-                            threshold=f"<= {limit:g}", status=severity if over else standards.PASS, message=message))
+            out.append(
+                dict(
+                    base,
+                    direction=direction,
+                    tensor=label,
+                    dtype=dtype,
+                    shape=str(record.get("shape")),
+                    standard=STANDARD,
+                    metric=field,
+                    device=share,
+                    cpu=None,
+                    ratio=None,
+                    threshold=f"<= {limit:g}",
+                    status=severity if over else standards.PASS,
+                    message=message,
+                )
+            )
     return out

@@ -14,6 +14,7 @@ All in float64 on the CPU, in as few passes as the metrics allow. For a floating
 - ``mismatch_ratio``: share that differs from the golden rounded to the dtype (exact ops, integers, bools);
 - ``nonfinite_mismatch``: share where NaN/Inf disagree with the golden rounded to the dtype.
 """
+
 from __future__ import annotations
 
 import math
@@ -31,8 +32,9 @@ def _share(mask: torch.Tensor, within: Optional[torch.Tensor] = None) -> float:
     return float(mask.sum()) / mask.numel() if mask.numel() else 0.0
 
 
-def measure(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype,
-            standard: Optional[str] = None) -> Dict[str, float]:
+def measure(
+    actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype, standard: Optional[str] = None
+) -> Dict[str, float]:
     """Metrics of ``actual`` (the dtype under test) against ``golden`` (float64, or exact for integers); only
     those ``standard`` grades (all when None). Each costs passes over the data, so a finite result (the usual
     case, known from one reduction) takes the path without masks."""
@@ -41,8 +43,10 @@ def measure(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype,
     if not (dtype.is_floating_point or dtype.is_complex):
         return {"mismatch_ratio": _share(actual.ne(golden.to(actual.dtype)))}
     if dtype.is_complex:
-        actual, golden = torch.view_as_real(actual.to(torch.complex128)), torch.view_as_real(
-            golden.to(torch.complex128))
+        actual, golden = (
+            torch.view_as_real(actual.to(torch.complex128)),
+            torch.view_as_real(golden.to(torch.complex128)),
+        )
         dtype = torch.float64 if dtype == torch.complex128 else torch.float32
     want = (lambda name: True) if standard is None else (lambda name: name in _NEEDS.get(standard, ()))
     g = golden.detach().to(torch.float64).reshape(-1)
@@ -190,4 +194,4 @@ def histogram(actual: torch.Tensor, golden: torch.Tensor) -> Dict[str, List[int]
     rel = (a - g).abs()[both] / g.abs()[both].clamp(min=torch.finfo(torch.float64).tiny)
     decade = torch.floor(torch.log10(rel.clamp(min=1e-300))).clamp(min=BINS[0], max=BINS[-1])
     counts = torch.bincount((decade - BINS[0]).to(torch.int64), minlength=len(BINS))
-    return {"bins": BINS, "counts": [int(c) for c in counts[:len(BINS)]], "nonfinite": int((~both).sum())}
+    return {"bins": BINS, "counts": [int(c) for c in counts[: len(BINS)]], "nonfinite": int((~both).sum())}

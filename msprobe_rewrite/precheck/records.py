@@ -1,12 +1,17 @@
 """Tensor records inside dump records, found without torch (the parent process never imports it)."""
+
 from __future__ import annotations
 
 from typing import Any, List
 
 
 def is_tensor_record(value: Any) -> bool:
-    return (isinstance(value, dict) and isinstance(value.get("type"), str) and "Tensor" in value["type"]
-            and "dtype" in value)
+    return (
+        isinstance(value, dict)
+        and isinstance(value.get("type"), str)
+        and "Tensor" in value["type"]
+        and "dtype" in value
+    )
 
 
 def flat_records(records: Any, out: List[Any], depth: int = 0) -> List[Any]:

@@ -5,6 +5,7 @@ complex128; integer and bool tensors stay as they are. Backward is replayed thro
 gradient of the output, and the gradients are read where the collector read them: a post-hook on the output's
 ``grad_fn`` (so ``Functional.linear``'s come in the node's order, bias, input, weightᵀ, as in the dump).
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -26,8 +27,15 @@ def widen(dtype: torch.dtype) -> torch.dtype:
 class Inputs:
     """One call's arguments, built once per mode from the loaded tensors; ``leaves`` require grad."""
 
-    def __init__(self, record_args, record_kwargs, load: Callable[[dict], torch.Tensor], mode: str,
-                 want_grad: bool, copy: bool = False):
+    def __init__(
+        self,
+        record_args,
+        record_kwargs,
+        load: Callable[[dict], torch.Tensor],
+        mode: str,
+        want_grad: bool,
+        copy: bool = False,
+    ):
         self.leaves: List[torch.Tensor] = []
         self.mode = mode
 
@@ -81,8 +89,7 @@ def backward(result: Any, output_grads: List[Optional[torch.Tensor]]) -> Optiona
     if not roots:
         return None
     captured: List[Optional[torch.Tensor]] = []
-    handles = [node.register_hook(lambda grad_inputs, grad_outputs: captured.extend(grad_inputs))
-               for node in nodes]
+    handles = [node.register_hook(lambda grad_inputs, grad_outputs: captured.extend(grad_inputs)) for node in nodes]
     try:
         torch.autograd.backward(roots, grads)
     finally:
@@ -101,6 +108,7 @@ def dropout_parts(api_base: str, args: list, kwargs: dict) -> Tuple[float, bool]
 def dropout_with_mask(mask: torch.Tensor, p: float) -> Callable:
     """Dropout with the mask the device drew (read from its output): ``input * (mask / (1 - p))``, as torch's
     own kernel scales, in whatever dtype the input has."""
+
     def replay(x, *args, **kwargs):
         noise = mask.to(x.dtype).div_(1.0 - p)
         return x * noise

@@ -1,4 +1,5 @@
 """``precheck_result.csv``: one row per API call, direction, tensor and metric, with its status."""
+
 from __future__ import annotations
 
 import math
@@ -6,10 +7,22 @@ from typing import Any, Dict, List
 
 from ..csv_cells import SafeCsvWriter
 
-COLUMNS = [("API", "api"), ("Rank", "label"), ("Direction", "direction"), ("Tensor", "tensor"), ("Dtype", "dtype"),
-           ("Shape", "shape"), ("Standard", "standard"), ("Metric", "metric"), ("Device", "device"),
-           ("CPU", "cpu"), ("Ratio", "ratio"), ("Threshold", "threshold"), ("Status", "status"),
-           ("Message", "message")]
+COLUMNS = [
+    ("API", "api"),
+    ("Rank", "label"),
+    ("Direction", "direction"),
+    ("Tensor", "tensor"),
+    ("Dtype", "dtype"),
+    ("Shape", "shape"),
+    ("Standard", "standard"),
+    ("Metric", "metric"),
+    ("Device", "device"),
+    ("CPU", "cpu"),
+    ("Ratio", "ratio"),
+    ("Threshold", "threshold"),
+    ("Status", "status"),
+    ("Message", "message"),
+]
 
 
 def _cell(value: Any) -> Any:

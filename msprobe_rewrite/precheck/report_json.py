@@ -1,5 +1,6 @@
 """``precheck_summary.json``: counts, the failing APIs with the metric that failed them, the skipped APIs with
 their reasons, and the input problems."""
+
 from __future__ import annotations
 
 import json
@@ -25,15 +26,30 @@ def build(dump: str, apis: List[Dict[str, Any]], no_tensor: int, seconds: float,
         "entries_without_tensors": no_tensor,
         "seconds": round(seconds, 3),
         "jobs": jobs,
-        "failing": [{"api": a["api"], "rank": a["label"], "status": a["status"], "reason": a["reason"],
-                     "metrics": [{k: _clean(r.get(k)) for k in ("direction", "tensor", "metric", "device", "cpu",
-                                                                "ratio", "threshold", "status")}
-                                 for r in a["rows"] if r["status"] in (standards.ERROR, standards.WARNING)]}
-                    for a in apis if a["status"] in (standards.ERROR, standards.WARNING)],
-        "skipped": [{"api": a["api"], "rank": a["label"], "reason": a["reason"]} for a in apis
-                    if a["status"] == standards.SKIP],
-        "input_problems": [{"api": a["api"], "rank": a["label"], "problem": a["problem"]} for a in apis
-                           if a.get("problem")],
+        "failing": [
+            {
+                "api": a["api"],
+                "rank": a["label"],
+                "status": a["status"],
+                "reason": a["reason"],
+                "metrics": [
+                    {
+                        k: _clean(r.get(k))
+                        for k in ("direction", "tensor", "metric", "device", "cpu", "ratio", "threshold", "status")
+                    }
+                    for r in a["rows"]
+                    if r["status"] in (standards.ERROR, standards.WARNING)
+                ],
+            }
+            for a in apis
+            if a["status"] in (standards.ERROR, standards.WARNING)
+        ],
+        "skipped": [
+            {"api": a["api"], "rank": a["label"], "reason": a["reason"]} for a in apis if a["status"] == standards.SKIP
+        ],
+        "input_problems": [
+            {"api": a["api"], "rank": a["label"], "problem": a["problem"]} for a in apis if a.get("problem")
+        ],
     }
 
 

@@ -5,6 +5,7 @@ tensors of one call from disk, replays it and returns rows, so memory holds at m
 (``worker_processes``: a worker that dies costs only the call it held). With one job the checks run in this
 process.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -26,8 +27,9 @@ def _context():
     return multiprocessing.get_context("fork")
 
 
-def run(items: List[Dict[str, Any]], table: Dict[str, str], jobs: int,
-        on_done: Optional[Callable[[int, str], None]] = None) -> List[Dict[str, Any]]:
+def run(
+    items: List[Dict[str, Any]], table: Dict[str, str], jobs: int, on_done: Optional[Callable[[int, str], None]] = None
+) -> List[Dict[str, Any]]:
     """The result of ``worker.check`` for each item, in the order of ``items``."""
     results: List[Dict[str, Any]] = []
     if jobs <= 1 or len(items) <= 1:

@@ -5,6 +5,7 @@ are read alike.
 An item is one API call: its forward record, its backward record when the dump has one, and where its
 tensors lie. Items are plain data (JSON records), cheap to send to a worker process; no tensor is read here.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, Iterator, List, Tuple
@@ -16,8 +17,10 @@ from ..compare.loading import RankDump, discover, iter_entries, read_header
 from .errors import PrecheckError
 from .records import flat_records
 
-RECOLLECT = ("re-collect with task 'tensor' (config.json: \"task\": \"tensor\", \"level\": \"L1\") for one step, "
-             "so that every API's inputs, outputs and gradients are saved")
+RECOLLECT = (
+    're-collect with task \'tensor\' (config.json: "task": "tensor", "level": "L1") for one step, '
+    "so that every API's inputs, outputs and gradients are saved"
+)
 
 
 def dumps(path: str) -> List[RankDump]:
@@ -41,16 +44,20 @@ def _has_tensor(entry: Any) -> bool:
 
 
 def _saved(entry: dict) -> bool:
-    return any(isinstance(r, dict) and isinstance(r.get("data_name"), str)
-               for key in ("input_args", "input_kwargs", "output") for r in flat_records(entry.get(key), []))
+    return any(
+        isinstance(r, dict) and isinstance(r.get("data_name"), str)
+        for key in ("input_args", "input_kwargs", "output")
+        for r in flat_records(entry.get(key), [])
+    )
 
 
 def items(dump: RankDump) -> Tuple[List[Dict[str, Any]], int]:
     """(the API calls of one dump with tensors, in execution order; the count of API entries without any)."""
     task = dump.header.get("task")
     if task not in (None, "tensor", "acc_check"):
-        raise PrecheckError(f"{dump.path}: a task {task!r} dump holds statistics only, no tensors to replay; "
-                            + RECOLLECT)
+        raise PrecheckError(
+            f"{dump.path}: a task {task!r} dump holds statistics only, no tensors to replay; " + RECOLLECT
+        )
     calls: Dict[str, Dict[str, Any]] = {}
     order: List[str] = []
     no_tensor = 0
@@ -66,8 +73,14 @@ def items(dump: RankDump) -> Tuple[List[Dict[str, Any]], int]:
                 if not _has_tensor(entry):
                     no_tensor += 1
                     continue
-                calls[call] = {"name": call, "api": base, "forward": entry, "backward": None,
-                               "tensor_dir": dump.tensor_dir, "label": dump.label}
+                calls[call] = {
+                    "name": call,
+                    "api": base,
+                    "forward": entry,
+                    "backward": None,
+                    "tensor_dir": dump.tensor_dir,
+                    "label": dump.label,
+                }
                 order.append(call)
             elif call in calls:
                 calls[call]["backward"] = entry
@@ -83,4 +96,3 @@ def all_items(path: str) -> Iterator[Tuple[RankDump, List[Dict[str, Any]], int]]
     for dump in dumps(path):
         found, no_tensor = items(dump)
         yield dump, found, no_tensor
-

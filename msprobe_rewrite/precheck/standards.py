@@ -10,6 +10,7 @@ The rule that makes it a pre-check without a reference device: every metric of t
 by the same metric of the CPU replay in the same dtype (floored, so that an exact CPU result does not turn
 noise into a failure), and the device fails when it is worse by more than the stated factor.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,40 +27,48 @@ def _operator_dunders(*entries: str) -> frozenset:
     """The dunders (and reflected dunders) of operator-table rows, by entry: one spelling of each, there."""
     from msprobe_runtime import operators
 
-    return frozenset(name for row in operators.TABLE if row.entry in entries
-                     for name in (row.dunder, row.reflected) if name)
+    return frozenset(
+        name for row in operators.TABLE if row.entry in entries for name in (row.dunder, row.reflected) if name
+    )
 
 
-ABSOLUTE_APIS = frozenset("""mul mul_ add add_ div div_ __div__ __idiv__ divide divide_ leaky_relu leaky_relu_ prelu
-reciprocal reciprocal_ rsqrt rsqrt_ square square_ sub sub_ rsub""".split()) | _operator_dunders(
-    "add", "sub", "mul", "truediv", "iadd", "isub", "imul", "itruediv")
-BINARY_APIS = frozenset("""abs abs_ absolute absolute_ argmin argmax bitwise_and bitwise_and_ broadcast_to ceil ceil_
+ABSOLUTE_APIS = frozenset(
+    """mul mul_ add add_ div div_ __div__ __idiv__ divide divide_ leaky_relu leaky_relu_ prelu
+reciprocal reciprocal_ rsqrt rsqrt_ square square_ sub sub_ rsub""".split()
+) | _operator_dunders("add", "sub", "mul", "truediv", "iadd", "isub", "imul", "itruediv")
+BINARY_APIS = frozenset(
+    """abs abs_ absolute absolute_ argmin argmax bitwise_and bitwise_and_ broadcast_to ceil ceil_
 equal fill_ flatten floor floor_ gather greater greater_ greater_equal greater_equal_ histc isfinite isnan less
 less_ less_equal less_equal_ logical_and logical_and_ logical_not logical_not_ logical_or logical_or_ masked_fill
 masked_fill_ max_pool3d maximum minimum neg neg_ nonzero not_equal not_equal_ one_hot pad relu relu_ reshape
 round round_ select sign sign_ sort tile topk transpose transpose_ tril tril_ triu triu_ type_as view permute
-contiguous __getitem__ clone expand t unsqueeze squeeze cat stack split chunk narrow""".split()) | \
-    _operator_dunders("neg")
-ULP_APIS = _operator_dunders("matmul") | frozenset("""addbmm addbmm_ addmm addmm_ baddbmm baddbmm_ bilinear bmm
-chain_matmul hspmm linear matmul mm mv smm sspaddmm""".split())
+contiguous __getitem__ clone expand t unsqueeze squeeze cat stack split chunk narrow""".split()
+) | _operator_dunders("neg")
+ULP_APIS = _operator_dunders("matmul") | frozenset(
+    """addbmm addbmm_ addmm addmm_ baddbmm baddbmm_ bilinear bmm
+chain_matmul hspmm linear matmul mm mv smm sspaddmm""".split()
+)
 
 # standard_config.py, keyed by dtype name; float64 (a float64 device) gets thresholds in the same spirit
-_SMALL_VALUE = {"torch.float16": 2 ** -10, "torch.bfloat16": 2 ** -10, "torch.float32": 2 ** -20,
-                "torch.float64": 2 ** -40}
-_SMALL_ATOL = {"torch.float16": 2 ** -16, "torch.bfloat16": 2 ** -16, "torch.float32": 2 ** -30,
-               "torch.float64": 2 ** -60}
-_RTOL = {"torch.float16": 2 ** -10, "torch.bfloat16": 2 ** -8, "torch.float32": 2 ** -20, "torch.float64": 2 ** -40}
-_MIN_ERR = {"torch.float16": 2 ** -11, "torch.bfloat16": 2 ** -8, "torch.float32": 2 ** -14,
-            "torch.float64": 2 ** -40}
+_SMALL_VALUE = {"torch.float16": 2**-10, "torch.bfloat16": 2**-10, "torch.float32": 2**-20, "torch.float64": 2**-40}
+_SMALL_ATOL = {"torch.float16": 2**-16, "torch.bfloat16": 2**-16, "torch.float32": 2**-30, "torch.float64": 2**-60}
+_RTOL = {"torch.float16": 2**-10, "torch.bfloat16": 2**-8, "torch.float32": 2**-20, "torch.float64": 2**-40}
+_MIN_ERR = {"torch.float16": 2**-11, "torch.bfloat16": 2**-8, "torch.float32": 2**-14, "torch.float64": 2**-40}
 # compare_utils.ULP_PARAMETERS (min exponent, mantissa bits) and const.ULP_FLOAT*_THRESHOLD
 _ULP = {"torch.float16": (-14, 10, 1.0), "torch.bfloat16": (-126, 7, 1.0), "torch.float32": (-126, 23, 32.0)}
-FP32_MEAN_ULP_BOUND = 64.0      # standard_config._fp32_mean_ulp_err_threshold
-FP32_ULP_PROPORTION = 0.05      # standard_config._fp32_ulp_err_proportion
-HALF_ULP_PROPORTION = 0.001     # standard_config._fp16_ulp_err_proportion
+FP32_MEAN_ULP_BOUND = 64.0  # standard_config._fp32_mean_ulp_err_threshold
+FP32_ULP_PROPORTION = 0.05  # standard_config._fp32_ulp_err_proportion
+HALF_ULP_PROPORTION = 0.001  # standard_config._fp16_ulp_err_proportion
 
 # (warning factor, error factor) of device / max(cpu, floor): standard_config.get_benchmark_ratio_threshold, L0
-RATIO_FACTORS = {"max_rel_err": (5.0, 10.0), "mean_rel_err": (1.5, 2.0), "rmse": (1.5, 2.0),
-                 "small_value_err_ratio": (1.5, 2.0), "eb": (1.5, 2.0), "rel_bias": (1.5, 2.0)}
+RATIO_FACTORS = {
+    "max_rel_err": (5.0, 10.0),
+    "mean_rel_err": (1.5, 2.0),
+    "rmse": (1.5, 2.0),
+    "small_value_err_ratio": (1.5, 2.0),
+    "eb": (1.5, 2.0),
+    "rel_bias": (1.5, 2.0),
+}
 # shares that a correct op keeps at zero (absolute threshold, exactness, NaN/Inf): an error when the device
 # has more than this factor times the CPU's share (any at all when the CPU has none)
 SHARE_FACTOR = 2.0
@@ -75,19 +84,19 @@ def _key(dtype) -> str:
 
 
 def small_value(dtype) -> float:
-    return _SMALL_VALUE.get(_key(dtype), 2 ** -20)
+    return _SMALL_VALUE.get(_key(dtype), 2**-20)
 
 
 def small_atol(dtype) -> float:
-    return _SMALL_ATOL.get(_key(dtype), 2 ** -30)
+    return _SMALL_ATOL.get(_key(dtype), 2**-30)
 
 
 def rtol(dtype) -> float:
-    return _RTOL.get(_key(dtype), 2 ** -20)
+    return _RTOL.get(_key(dtype), 2**-20)
 
 
 def minimum_error(dtype) -> float:
-    return _MIN_ERR.get(_key(dtype), 2 ** -14)
+    return _MIN_ERR.get(_key(dtype), 2**-14)
 
 
 def ulp_parameters(dtype) -> Optional[Tuple[int, int, float]]:
@@ -111,8 +120,15 @@ Row = Dict[str, object]
 
 
 def _row(metric, device, cpu, ratio, threshold, status, message="") -> Row:
-    return {"metric": metric, "device": device, "cpu": cpu, "ratio": ratio, "threshold": threshold,
-            "status": status, "message": message}
+    return {
+        "metric": metric,
+        "device": device,
+        "cpu": cpu,
+        "ratio": ratio,
+        "threshold": threshold,
+        "status": status,
+        "message": message,
+    }
 
 
 def _by_ratio(metric: str, device: float, cpu: Optional[float], floor: float) -> Row:
@@ -127,8 +143,7 @@ def _by_share(metric: str, device: float, cpu: Optional[float], factor: float = 
     reference = cpu or 0.0
     status = ERROR if device > 0 and device > factor * reference else PASS
     ratio = device / reference if reference > 0 else (0.0 if device == 0 else math.inf)
-    return _row(metric, device, cpu, ratio, f"device <= {factor:g} x cpu" if factor != 1 else "device <= cpu",
-                status)
+    return _row(metric, device, cpu, ratio, f"device <= {factor:g} x cpu" if factor != 1 else "device <= cpu", status)
 
 
 def grade(standard: str, dtype, device: Dict[str, float], cpu: Optional[Dict[str, float]]) -> List[Row]:
@@ -171,10 +186,15 @@ def _ulp_row(dtype, device, cpu) -> Row:
         passed = True
     ratio = proportion / reference if reference > 0 else (0.0 if proportion == 0 else math.inf)
     proportion_floor = FP32_ULP_PROPORTION if _key(dtype) == "torch.float32" else HALF_ULP_PROPORTION
-    return _row("ulp_err_proportion", proportion, cpu.get("ulp_err_proportion"), ratio,
-                f"mean ulp < {FP32_MEAN_ULP_BOUND:g} (float32) or proportion <= max({ULP_FACTOR:g} x cpu, "
-                f"{limit if not reference else proportion_floor:g})",
-                PASS if passed else ERROR)
+    return _row(
+        "ulp_err_proportion",
+        proportion,
+        cpu.get("ulp_err_proportion"),
+        ratio,
+        f"mean ulp < {FP32_MEAN_ULP_BOUND:g} (float32) or proportion <= max({ULP_FACTOR:g} x cpu, "
+        f"{limit if not reference else proportion_floor:g})",
+        PASS if passed else ERROR,
+    )
 
 
 def worst(statuses) -> str:
@@ -193,34 +213,46 @@ def criteria_text(width: int = 100) -> str:
     standards = [
         ("exact", "integer and bool results", "mismatch_ratio"),
         ("binary consistency", "relu, abs, neg, reshape, transpose, gather, sort, topk, cat, ...", "mismatch_ratio"),
-        ("ULP", "matmul, linear, mm, bmm, addmm, baddbmm, ...",
-         f"ulp_err_proportion (share above {_ULP['torch.float32'][2]:g} ULP in float32, "
-         f"{_ULP['torch.float16'][2]:g} in float16/bfloat16; float32 also passes with a mean below "
-         f"{FP32_MEAN_ULP_BOUND:g} ULP), rel_bias"),
-        ("absolute threshold", "add, sub, mul, div, rsqrt, reciprocal, square, ... and their operators",
-         "rel_err_ratio, abs_err_ratio, rel_bias"),
+        (
+            "ULP",
+            "matmul, linear, mm, bmm, addmm, baddbmm, ...",
+            f"ulp_err_proportion (share above {_ULP['torch.float32'][2]:g} ULP in float32, "
+            f"{_ULP['torch.float16'][2]:g} in float16/bfloat16; float32 also passes with a mean below "
+            f"{FP32_MEAN_ULP_BOUND:g} ULP), rel_bias",
+        ),
+        (
+            "absolute threshold",
+            "add, sub, mul, div, rsqrt, reciprocal, square, ... and their operators",
+            "rel_err_ratio, abs_err_ratio, rel_bias",
+        ),
         ("benchmark", "every other API", ", ".join(RATIO_FACTORS)),
     ]
     others = sorted({factors for metric, factors in RATIO_FACTORS.items() if metric != "max_rel_err"})
-    factors = (f"max_rel_err {RATIO_FACTORS['max_rel_err'][0]:g} / {RATIO_FACTORS['max_rel_err'][1]:g}, "
-               + ", ".join(f"the others {w:g} / {e:g}" for w, e in others))
-    lines = [textwrap.fill(
-        "Criteria: the dumped result (the device) and the CPU replay in the same dtype are both measured "
-        "against a float64 CPU golden, and the device fails when it is worse than the CPU by more than a "
-        "factor. Each API is held to one standard, chosen as msprobe's api_precision_standard.yaml does:",
-        width), ""]
+    factors = f"max_rel_err {RATIO_FACTORS['max_rel_err'][0]:g} / {RATIO_FACTORS['max_rel_err'][1]:g}, " + ", ".join(
+        f"the others {w:g} / {e:g}" for w, e in others
+    )
+    lines = [
+        textwrap.fill(
+            "Criteria: the dumped result (the device) and the CPU replay in the same dtype are both measured "
+            "against a float64 CPU golden, and the device fails when it is worse than the CPU by more than a "
+            "factor. Each API is held to one standard, chosen as msprobe's api_precision_standard.yaml does:",
+            width,
+        ),
+        "",
+    ]
     for name, apis, metrics in standards:
-        lines.append(textwrap.fill(f"{name}: {apis}; grades {metrics}", width, initial_indent="  ",
-                                   subsequent_indent="      "))
+        lines.append(
+            textwrap.fill(f"{name}: {apis}; grades {metrics}", width, initial_indent="  ", subsequent_indent="      ")
+        )
     for text in (
-            "Every floating result also grades nonfinite_mismatch (NaN or Inf where the golden has none, or the "
-            "reverse).",
-            "Ratio metrics: device / max(cpu, the dtype's minimum error); warning / error above " + factors + ".",
-            f"Shares (rel_err_ratio, abs_err_ratio): an error when the device has any and more than "
-            f"{SHARE_FACTOR:g}x the CPU's; mismatch_ratio and nonfinite_mismatch: when it has more than the CPU.",
-            "Float8 records (standard 'float8 range', from the dump records, replayed or not): an error when "
-            "fp8_saturated_fraction exceeds --fp8-saturated, a warning when fp8_zero_fraction exceeds --fp8-zero.",
-            "Each row of precheck_result.csv names the metric, both figures and the threshold it was held to; an "
-            "API's status is its worst row."):
+        "Every floating result also grades nonfinite_mismatch (NaN or Inf where the golden has none, or the reverse).",
+        "Ratio metrics: device / max(cpu, the dtype's minimum error); warning / error above " + factors + ".",
+        f"Shares (rel_err_ratio, abs_err_ratio): an error when the device has any and more than "
+        f"{SHARE_FACTOR:g}x the CPU's; mismatch_ratio and nonfinite_mismatch: when it has more than the CPU.",
+        "Float8 records (standard 'float8 range', from the dump records, replayed or not): an error when "
+        "fp8_saturated_fraction exceeds --fp8-saturated, a warning when fp8_zero_fraction exceeds --fp8-zero.",
+        "Each row of precheck_result.csv names the metric, both figures and the threshold it was held to; an "
+        "API's status is its worst row.",
+    ):
         lines += ["", textwrap.fill(text, width)]
     return "\n".join(lines)

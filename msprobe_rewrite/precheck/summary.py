@@ -1,5 +1,6 @@
 """Per-API verdicts from the rows: an API's status is its worst graded row (error, warning, pass), or skip
 when it could not be replayed at all."""
+
 from __future__ import annotations
 
 from typing import Any, Dict, List
@@ -22,8 +23,9 @@ def verdicts(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         status = standards.worst(graded) if graded else standards.PASS
         # forward graded, backward not replayable: the skip is in its row (a float8 range row that passes is no
         # replay: a call that could not be replayed at all stays skip)
-        if status == standards.SKIP and any(r["status"] == standards.PASS and r.get("standard") != FP8_STANDARD
-                                            for r in rows):
+        if status == standards.SKIP and any(
+            r["status"] == standards.PASS and r.get("standard") != FP8_STANDARD for r in rows
+        ):
             status = standards.PASS
         reason = ""
         for row in rows:
@@ -32,11 +34,23 @@ def verdicts(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                 if row.get("standard") == FP8_STANDARD:
                     reason = f"{where}: {row['metric']} {_fmt(row['device'])} (limit {row['threshold']})"
                 else:
-                    reason = (f"{where}: {row['metric']}" + (f" {_fmt(row['device'])} vs cpu {_fmt(row['cpu'])}"
-                                                              if row["metric"] != "replay" else f": {row['message']}"))
+                    reason = f"{where}: {row['metric']}" + (
+                        f" {_fmt(row['device'])} vs cpu {_fmt(row['cpu'])}"
+                        if row["metric"] != "replay"
+                        else f": {row['message']}"
+                    )
                 break
-        out.append({"api": rows[0]["api"], "label": rows[0].get("label", ""), "status": status, "reason": reason,
-                    "rows": rows, "plots": result.get("plots", {}), "problem": result.get("problem")})
+        out.append(
+            {
+                "api": rows[0]["api"],
+                "label": rows[0].get("label", ""),
+                "status": status,
+                "reason": reason,
+                "rows": rows,
+                "plots": result.get("plots", {}),
+                "problem": result.get("problem"),
+            }
+        )
     return out
 
 

@@ -5,6 +5,7 @@ Record shapes are msprobe's (msprobe-facts.md): ``{"type": "torch.Tensor", "dtyp
 ``torch.device``, ``torch.memory_format``, lists for sequences, plain dicts for mappings, and null for None.
 A tensor is read only when its entry is replayed (the worker), so memory holds one call's tensors at a time.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,8 +17,11 @@ import torch
 from .errors import Unreplayable
 from .records import is_tensor_record
 
-_DTYPES = {str(getattr(torch, name)): getattr(torch, name) for name in dir(torch)
-           if isinstance(getattr(torch, name, None), torch.dtype)}
+_DTYPES = {
+    str(getattr(torch, name)): getattr(torch, name)
+    for name in dir(torch)
+    if isinstance(getattr(torch, name, None), torch.dtype)
+}
 
 
 def dtype_of(name: Any):
@@ -32,8 +36,9 @@ def load_tensor(record: dict, tensor_dir: str) -> torch.Tensor:
         dtype = dtype_of(record.get("dtype"))
         if isinstance(shape, list) and 0 in shape and dtype is not None:
             return torch.empty(shape, dtype=dtype)  # an empty tensor has no data to save
-        raise Unreplayable("a tensor of this entry was not saved (statistics only); re-collect with task "
-                           "'tensor'", input_problem=True)
+        raise Unreplayable(
+            "a tensor of this entry was not saved (statistics only); re-collect with task 'tensor'", input_problem=True
+        )
     path = os.path.join(tensor_dir, os.path.basename(data_name))
     if not os.path.isfile(path):
         raise Unreplayable(f"missing tensor file {path}", input_problem=True)
@@ -42,8 +47,9 @@ def load_tensor(record: dict, tensor_dir: str) -> torch.Tensor:
         value = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, Exception) as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise Unreplayable(f"cannot read tensor file {path}: truncated or not a torch.save file ({first})",
-                           input_problem=True) from None
+        raise Unreplayable(
+            f"cannot read tensor file {path}: truncated or not a torch.save file ({first})", input_problem=True
+        ) from None
     if not isinstance(value, torch.Tensor):
         raise Unreplayable(f"tensor file {path} holds a {type(value).__name__}, not a tensor", input_problem=True)
     return value

@@ -2,6 +2,7 @@
 each input gradient. Runs in a worker process; everything it returns is small (rows, and a histogram of the
 relative error for each failing tensor), so no tensor leaves the process that read it.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, Optional
@@ -42,8 +43,21 @@ def check(item: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _skip(base, reason, direction="forward"):
-    return dict(base, direction=direction, tensor="", dtype="", shape="", standard="", metric="replay",
-                device=None, cpu=None, ratio=None, threshold="", status=standards.SKIP, message=reason)
+    return dict(
+        base,
+        direction=direction,
+        tensor="",
+        dtype="",
+        shape="",
+        standard="",
+        metric="replay",
+        device=None,
+        cpu=None,
+        ratio=None,
+        threshold="",
+        status=standards.SKIP,
+        message=reason,
+    )
 
 
 class _Loader:
@@ -70,9 +84,11 @@ def _check(item, base):
         raise Unreplayable("random op: its result depends on the generator state, which the dump does not hold")
     fn, _ = apis.resolve(api, _TABLE)  # communication and unknown names are said before anything else
     if not any(out_recs):
-        raise Unreplayable("its output holds no tensor (an in-place op that returns None, or a non-tensor "
-                           "result): nothing to grade" if apis.is_inplace(api, {}) else
-                           "its output holds no tensor: nothing to grade")
+        raise Unreplayable(
+            "its output holds no tensor (an in-place op that returns None, or a non-tensor result): nothing to grade"
+            if apis.is_inplace(api, {})
+            else "its output holds no tensor: nothing to grade"
+        )
     load = _Loader(item["tensor_dir"])
     plain_args = rebuild(args_rec, lambda record: None)
     plain_kwargs = rebuild(kwargs_rec, lambda record: None) if isinstance(kwargs_rec, dict) else {}
@@ -97,8 +113,11 @@ def _check(item, base):
             notes.append("random op replayed with the mask read from its dumped output")
     backward_rec = item.get("backward")
     grads_rec = flat_records(backward_rec.get("input"), []) if isinstance(backward_rec, dict) else []
-    want_grad = (not inplace and any(r is not None for r in grads_rec)
-                 and all(r is None or isinstance(r.get("data_name"), str) for r in grads_rec))
+    want_grad = (
+        not inplace
+        and any(r is not None for r in grads_rec)
+        and all(r is None or isinstance(r.get("data_name"), str) for r in grads_rec)
+    )
 
     golden_in = replay.Inputs(args_rec, kwargs_rec, load, replay.GOLDEN, want_grad)
     try:
@@ -113,8 +132,7 @@ def _check(item, base):
     golden_grads = None
     if want_grad and isinstance(backward_rec, dict):
         grads = [load(r) if r is not None else None for r in grads_rec]
-        golden_grads = replay.backward(golden, [g.to(replay.widen(g.dtype)) if g is not None else None
-                                                for g in grads])
+        golden_grads = replay.backward(golden, [g.to(replay.widen(g.dtype)) if g is not None else None for g in grads])
 
     measured: Dict[str, Any] = {}  # the device's metrics per tensor, kept for the second grading
 
@@ -128,8 +146,9 @@ def _check(item, base):
             s = same_out[position] if position < len(same_out) else None
             rows += _grade(base, "forward", f"output.{position}", name, load(record), g, s, plots, measured)
         if isinstance(backward_rec, dict):
-            rows += _backward(base, name, backward_rec, load, golden_grads, same_grads, want_grad, inplace, plots,
-                              measured)
+            rows += _backward(
+                base, name, backward_rec, load, golden_grads, same_grads, want_grad, inplace, plots, measured
+            )
         return rows, plots
 
     # The device's metrics first, against the dtype's floors alone: every criterion is monotone in the CPU's
@@ -147,8 +166,7 @@ def _check(item, base):
         except Unreplayable:
             raise
         except Exception as error:
-            same_problem = (f"no CPU replay in the original dtype ({_first_line(error)}): graded against the "
-                            "dtype floor")
+            same_problem = f"no CPU replay in the original dtype ({_first_line(error)}): graded against the dtype floor"
         if same_problem:
             notes.append(same_problem)
         rows, plots = graded(same, same_grads)
@@ -178,9 +196,21 @@ def _drop_fraction(base, x, out, p):
     dropped = float((out.eq(0) & nonzero).sum()) / n if n else p
     bound = 4 * (p * (1 - p) / max(n, 1)) ** 0.5 + 1.0 / max(n, 1)
     status = standards.PASS if abs(dropped - p) <= bound else standards.ERROR
-    return dict(base, direction="forward", tensor="output.0", dtype=str(out.dtype), shape=str(list(out.shape)),
-                standard="dropout", metric="drop_fraction", device=dropped, cpu=p, ratio=None,
-                threshold=f"|share - p| <= {bound:.3g}", status=status, message="")
+    return dict(
+        base,
+        direction="forward",
+        tensor="output.0",
+        dtype=str(out.dtype),
+        shape=str(list(out.shape)),
+        standard="dropout",
+        metric="drop_fraction",
+        device=dropped,
+        cpu=p,
+        ratio=None,
+        threshold=f"|share - p| <= {bound:.3g}",
+        status=status,
+        message="",
+    )
 
 
 def _check_inplace_input(args_rec, out_recs, load, golden):
@@ -190,22 +220,53 @@ def _check_inplace_input(args_rec, out_recs, load, golden):
     if first is None or out is None or golden_out is None:
         return
     x, y = load(first), load(out)
-    if x.shape == y.shape and x.dtype == y.dtype and torch.equal(x, y) and not torch.equal(
-            golden_out.to(y.dtype) if golden_out.shape == y.shape else y, y):
-        raise Unreplayable("in-place op: the dump holds its input as overwritten by the call, so the call "
-                           "cannot be rebuilt")
+    if (
+        x.shape == y.shape
+        and x.dtype == y.dtype
+        and torch.equal(x, y)
+        and not torch.equal(golden_out.to(y.dtype) if golden_out.shape == y.shape else y, y)
+    ):
+        raise Unreplayable(
+            "in-place op: the dump holds its input as overwritten by the call, so the call cannot be rebuilt"
+        )
 
 
 def _grade(base, direction, label, name, device, golden, same, plots, measured=None):
-    row_base = dict(base, direction=direction, tensor=label, dtype=str(device.dtype).replace("torch.", ""),
-                    shape=str(list(device.shape)))
+    row_base = dict(
+        base,
+        direction=direction,
+        tensor=label,
+        dtype=str(device.dtype).replace("torch.", ""),
+        shape=str(list(device.shape)),
+    )
     if golden is None:
-        return [dict(row_base, standard="", metric="replay", device=None, cpu=None, ratio=None, threshold="",
-                     status=standards.SKIP, message="the replay returned no tensor here")]
+        return [
+            dict(
+                row_base,
+                standard="",
+                metric="replay",
+                device=None,
+                cpu=None,
+                ratio=None,
+                threshold="",
+                status=standards.SKIP,
+                message="the replay returned no tensor here",
+            )
+        ]
     if tuple(golden.shape) != tuple(device.shape):
-        return [dict(row_base, standard="", metric="shape", device=str(list(device.shape)),
-                     cpu=str(list(golden.shape)), ratio=None, threshold="equal", status=standards.ERROR,
-                     message="the dumped result's shape differs from the replay's")]
+        return [
+            dict(
+                row_base,
+                standard="",
+                metric="shape",
+                device=str(list(device.shape)),
+                cpu=str(list(golden.shape)),
+                ratio=None,
+                threshold="equal",
+                status=standards.ERROR,
+                message="the dumped result's shape differs from the replay's",
+            )
+        ]
     golden = golden.detach()
     dtype = device.dtype
     standard = standards.standard_for(name, dtype)
@@ -219,8 +280,11 @@ def _grade(base, direction, label, name, device, golden, same, plots, measured=N
     if same is not None and tuple(same.shape) == tuple(device.shape):
         same = same.detach()
         # the usual case where the device is this CPU: equal results have equal metrics
-        m_cpu = m_dev if (same.dtype == dtype and torch.equal(same, device)) else metrics.measure(
-            same.to(dtype), golden, dtype, standard)
+        m_cpu = (
+            m_dev
+            if (same.dtype == dtype and torch.equal(same, device))
+            else metrics.measure(same.to(dtype), golden, dtype, standard)
+        )
     if not m_dev:
         return []
     rows = [dict(row_base, standard=standard, **row) for row in standards.grade(standard, dtype, m_dev, m_cpu)]
@@ -238,8 +302,14 @@ def _backward(base, name, backward_rec, load, golden_grads, same_grads, want_gra
     if inplace:
         return [_skip(base, "in-place op: its backward is not replayed", "backward")]
     if not want_grad:
-        return [_skip(base, "the dump holds no gradient tensors for this call (saved with task 'tensor' "
-                            "from a runtime that saves backward data)", "backward")]
+        return [
+            _skip(
+                base,
+                "the dump holds no gradient tensors for this call (saved with task 'tensor' "
+                "from a runtime that saves backward data)",
+                "backward",
+            )
+        ]
     if golden_grads is None:
         return [_skip(base, "no output of the replay takes part in autograd", "backward")]
     rows = []
@@ -247,8 +317,9 @@ def _backward(base, name, backward_rec, load, golden_grads, same_grads, want_gra
         same_grad = None
         if same_grads is not None and len(same_grads) == len(golden_grads):
             same_grad = same_grads[_position(golden_grads, golden_grad)]
-        rows += _grade(base, "backward", f"grad_input.{index}", name, load(dumped[index]), golden_grad, same_grad,
-                       plots, measured)
+        rows += _grade(
+            base, "backward", f"grad_input.{index}", name, load(dumped[index]), golden_grad, same_grad, plots, measured
+        )
     return rows
 
 

@@ -1,5 +1,6 @@
 """The worker's entry points by a module that imports no torch at load, so that the parent can name them
 for its worker processes without importing torch itself; torch is imported in the worker, on first use."""
+
 import os
 import signal
 

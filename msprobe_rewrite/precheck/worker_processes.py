@@ -6,6 +6,7 @@ test_worker_death.py). Here each worker holds one item at a time, on a pipe of i
 on the pipes and on the processes' sentinels together: an ended process whose item is unanswered died on that
 item, which gets a result saying so (``died``); the other items go on, on a new worker in its place.
 """
+
 from __future__ import annotations
 
 import os
@@ -38,11 +39,26 @@ def died(item: Dict[str, Any], exitcode: Optional[int]) -> Dict[str, Any]:
     """The result of an item whose worker died while replaying it: a skip row, and a problem (exit status 2)."""
     from .standards import SKIP
 
-    problem = (f"the worker process replaying it died ({describe_end(exitcode)}); no result for this API, "
-               "the others are reported")
-    row = {"api": item["name"], "label": item.get("label", ""), "direction": "forward", "tensor": "", "dtype": "",
-           "shape": "", "standard": "", "metric": "replay", "device": None, "cpu": None, "ratio": None,
-           "threshold": "", "status": SKIP, "message": problem}
+    problem = (
+        f"the worker process replaying it died ({describe_end(exitcode)}); no result for this API, "
+        "the others are reported"
+    )
+    row = {
+        "api": item["name"],
+        "label": item.get("label", ""),
+        "direction": "forward",
+        "tensor": "",
+        "dtype": "",
+        "shape": "",
+        "standard": "",
+        "metric": "replay",
+        "device": None,
+        "cpu": None,
+        "ratio": None,
+        "threshold": "",
+        "status": SKIP,
+        "message": problem,
+    }
     return {"rows": [row], "plots": {}, "problem": problem}
 
 
@@ -51,8 +67,9 @@ class _Worker:
 
     def __init__(self, context, table: Dict[str, str], threads: Optional[int]):
         parent_end, child_end = context.Pipe()
-        self.process = context.Process(target=worker_entry.serve, args=(child_end, table, threads, os.getpid()),
-                                       daemon=True)
+        self.process = context.Process(
+            target=worker_entry.serve, args=(child_end, table, threads, os.getpid()), daemon=True
+        )
         self.process.start()
         child_end.close()
         self.conn = parent_end
@@ -75,8 +92,13 @@ class _Worker:
         self.conn.close()
 
 
-def run(items: List[Dict[str, Any]], table: Dict[str, str], jobs: int, context,
-        on_done: Optional[Callable[[int, str], None]] = None) -> List[Dict[str, Any]]:
+def run(
+    items: List[Dict[str, Any]],
+    table: Dict[str, str],
+    jobs: int,
+    context,
+    on_done: Optional[Callable[[int, str], None]] = None,
+) -> List[Dict[str, Any]]:
     """``worker.check`` of each item, in the order of ``items``, over ``jobs`` processes of ``context``."""
     results: List[Optional[Dict[str, Any]]] = [None] * len(items)
     pending: Deque[int] = deque(range(len(items)))

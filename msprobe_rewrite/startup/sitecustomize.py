@@ -4,6 +4,7 @@ For launchers the user cannot change (a cluster job script, ``torchrun`` started
 put this folder on ``PYTHONPATH`` (``msprobe-rewrite hook-path`` prints it) and name the packages in the
 environment. Any other ``sitecustomize`` on ``sys.path`` still runs afterwards.
 """
+
 import importlib.machinery
 import importlib.util
 import os

@@ -7,6 +7,7 @@ rows, the rules give a code per figure on the device (0: none; 1 + the index of 
 copy (trainer_mon.py). The records have ``GradAnomalyData``'s fields and order, so msprobe's anomaly_analyse reads
 ``anomaly_detected/rank{R}/anomaly.json`` (tests/monitor/test_anomalies.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,7 @@ TURBULENCE_OPS = ("norm", "mean")  # msprobe reports the turbulence rule only fo
 RECORDS_PER_STEP = 8  # msprobe's anomaly_analyse shows the earliest 8 (its -k default)
 
 # msprobe's MonitorConst.TRAIN_STAGE: the tag's last part -> forward 0, backward 1, optimizer 2, others -1
-_TRAIN_STAGE = {"actv": 0, "actv_grad": 1, "pre_grad": 1, "post_grad": 1, "acc_grad": 1, "exp_avg": 2,
-                "exp_avg_sq": 2}
+_TRAIN_STAGE = {"actv": 0, "actv_grad": 1, "pre_grad": 1, "post_grad": 1, "acc_grad": 1, "exp_avg": 2, "exp_avg_sq": 2}
 
 
 class DeviceRules:
@@ -35,8 +35,10 @@ class DeviceRules:
 
         masks = self._columns.get(device)
         if masks is None:
-            masks = (torch.tensor([op in TURBULENCE_OPS for op in self.ops], device=device),
-                     torch.tensor([op != "id" for op in self.ops], device=device))
+            masks = (
+                torch.tensor([op in TURBULENCE_OPS for op in self.ops], device=device),
+                torch.tensor([op != "id" for op in self.ops], device=device),
+            )
             self._columns[device] = masks
         return masks
 
@@ -77,8 +79,17 @@ def record(rank, step, call_id, tag_name, message, group_mates):
     """One anomaly in msprobe's ``GradAnomalyData`` shape (its fields in its order)."""
     name = tag_name.split("/")[0]
     vpp_stage = int(name.split(":")[0]) if ":" in name else 0
-    return {"rank": rank, "step": step, "micro_step": 0, "pp_stage": 0, "vpp_stage": vpp_stage,
-            "call_id": call_id, "tag_name": tag_name, "message": message, "group_mates": group_mates}
+    return {
+        "rank": rank,
+        "step": step,
+        "micro_step": 0,
+        "pp_stage": 0,
+        "vpp_stage": vpp_stage,
+        "call_id": call_id,
+        "tag_name": tag_name,
+        "message": message,
+        "group_mates": group_mates,
+    }
 
 
 def execution_order(item):
@@ -86,14 +97,15 @@ def execution_order(item):
     forward, then the call order."""
     stage = train_stage(item["tag_name"])
     sign = 1 if stage == 0 else -1
-    return (item["step"], item["micro_step"], stage, sign * item["vpp_stage"], sign * item["pp_stage"],
-            item["call_id"])
+    return (item["step"], item["micro_step"], stage, sign * item["vpp_stage"], sign * item["pp_stage"], item["call_id"])
 
 
 def message(rule_name, tag_name, op, step, value, history):
     # msprobe's text, word for word, so that logs read the same
-    return (f"Rule {rule_name} reports anomaly signal in {(tag_name, op)} at step {step}, "
-            f"current value {value}, history mean {history}.")
+    return (
+        f"Rule {rule_name} reports anomaly signal in {(tag_name, op)} at step {step}, "
+        f"current value {value}, history mean {history}."
+    )
 
 
 def record_key(item):

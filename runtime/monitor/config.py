@@ -7,6 +7,7 @@ refused with the nearest known key named (as runtime/config.py refuses config.js
 asks for a feature this monitor does not have yet: silently ignoring it would leave the user believing it ran.
 Importing this module imports no torch.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -25,24 +26,57 @@ L2_HOOKS = ("linear_hook", "attention_hook", "moe_router_weight_hook", "moe_rout
 
 # The top-level keys msprobe 26.2's monitor reads, from its source (tests/monitor/test_config.py regenerates it).
 MSPROBE_KEYS = (
-    "alert", "all_xy", "append_output", "backward_only", "cc_distribution", "collect_times", "dynamic_on", "eps",
-    "format", "forward_only", "l2_targets", "mg_direction", "mg_distribution", "module_ranks", "monitor_mbs_grad",
-    "mv_distribution", "ndigits", "ops", "param_distribution", "print_struct", "recording_l2_features", "sa_order",
-    "squash_name", "stack_info", "start_step", "step_count_per_record", "step_interval", "targets",
-    "ur_distribution", "wg_distribution", "xy_distribution",
+    "alert",
+    "all_xy",
+    "append_output",
+    "backward_only",
+    "cc_distribution",
+    "collect_times",
+    "dynamic_on",
+    "eps",
+    "format",
+    "forward_only",
+    "l2_targets",
+    "mg_direction",
+    "mg_distribution",
+    "module_ranks",
+    "monitor_mbs_grad",
+    "mv_distribution",
+    "ndigits",
+    "ops",
+    "param_distribution",
+    "print_struct",
+    "recording_l2_features",
+    "sa_order",
+    "squash_name",
+    "stack_info",
+    "start_step",
+    "step_count_per_record",
+    "step_interval",
+    "targets",
+    "ur_distribution",
+    "wg_distribution",
+    "xy_distribution",
 )
 
 _NOT_YET = "not yet (docs/monitor.md)"
 
 KEYS = {
-    "targets": Key(SUPPORTED, "a dict whose keys are parameter-name prefixes ('fc1', '0:fc1'); {} = every "
-                              "parameter; the values (activation fields for xy_distribution) are not read"),
+    "targets": Key(
+        SUPPORTED,
+        "a dict whose keys are parameter-name prefixes ('fc1', '0:fc1'); {} = every "
+        "parameter; the values (activation fields for xy_distribution) are not read",
+    ),
     "wg_distribution": Key(SUPPORTED, "a bool: weight-gradient statistics, grad_unreduced_* and grad_reduced_*"),
-    "param_distribution": Key(SUPPORTED, "a bool: weight statistics before and after the step, param_origin_* "
-                                         "and param_updated_*"),
+    "param_distribution": Key(
+        SUPPORTED, "a bool: weight statistics before and after the step, param_origin_* and param_updated_*"
+    ),
     "mv_distribution": Key(SUPPORTED, "a bool: Adam exp_avg and exp_avg_sq statistics, exp_avg_* and exp_avg_sq_*"),
-    "ur_distribution": Key(OURS, "a bool: statistics of Adam's update m^/(sqrt(v^)+eps) and ratio m^/sqrt(v^), "
-                                 "adam_update_* and adam_ratio_* (msprobe 26.2 cancels it with CSV output)"),
+    "ur_distribution": Key(
+        OURS,
+        "a bool: statistics of Adam's update m^/(sqrt(v^)+eps) and ratio m^/sqrt(v^), "
+        "adam_update_* and adam_ratio_* (msprobe 26.2 cancels it with CSV output)",
+    ),
     "ops": Key(SUPPORTED, f"a list of {', '.join(OP_LIST)}; shape and dtype are always added, as msprobe does"),
     "eps": Key(SUPPORTED, "a float: |x| < eps counts as a zero for the zeros op"),
     "ndigits": Key(SUPPORTED, f"a positive int up to {MAX_NDIGITS}: digits kept in the CSV"),
@@ -51,16 +85,21 @@ KEYS = {
     "collect_times": Key(SUPPORTED, "an int >= 0: stop (hooks removed) after this many collected steps"),
     "module_ranks": Key(SUPPORTED, "a list of ints: the ranks that collect; [] = every rank"),
     "format": Key(SUPPORTED, "csv, or tensorboard (torch's SummaryWriter; msprobe 26.2 falls back to csv)"),
-    "alert": Key(SUPPORTED, "{'rules': [{'rule_name': 'AnomalyTurbulence', 'args': {'threshold': 0.5}}, "
-                            "{'rule_name': 'AnomalyNan'}], 'dump': true}; dump writes anomaly_detected/"),
+    "alert": Key(
+        SUPPORTED,
+        "{'rules': [{'rule_name': 'AnomalyTurbulence', 'args': {'threshold': 0.5}}, "
+        "{'rule_name': 'AnomalyNan'}], 'dump': true}; dump writes anomaly_detected/",
+    ),
     "step_count_per_record": Key(SUPPORTED, "an int >= 1: steps per CSV file (grad_reduced_0-9.csv)"),
     "squash_name": Key(SUPPORTED, "a bool: shorten names to their layers.N... tail, as msprobe does"),
     "xy_distribution": Key(REFUSED, f"activation statistics are {_NOT_YET}", neutral=(False,)),
     "all_xy": Key(REFUSED, f"activation statistics are {_NOT_YET}", neutral=(False,)),
     "forward_only": Key(REFUSED, f"activation statistics are {_NOT_YET}", neutral=(False,)),
     "backward_only": Key(REFUSED, f"activation statistics are {_NOT_YET}", neutral=(False,)),
-    "mg_direction": Key(SUPPORTED, "a bool: the share of gradient elements whose sign agrees with Adam's exp_avg, "
-                                   "other_* (tag .../mg_direction)"),
+    "mg_direction": Key(
+        SUPPORTED,
+        "a bool: the share of gradient elements whose sign agrees with Adam's exp_avg, other_* (tag .../mg_direction)",
+    ),
     "cc_distribution": Key(REFUSED, f"communication statistics are {_NOT_YET}; use {{}} or {{'enable': false}}"),
     "print_struct": Key(REFUSED, f"printing the module structure is {_NOT_YET}", neutral=(False,)),
     "stack_info": Key(REFUSED, f"stack_info.csv is {_NOT_YET}", neutral=(False,)),
@@ -68,8 +107,11 @@ KEYS = {
     "recording_l2_features": Key(REFUSED, f"L2 features are {_NOT_YET}", neutral=(False,)),
     "l2_targets": Key(REFUSED, f"L2 features are {_NOT_YET}", neutral=({},)),
     "append_output": Key(REFUSED, f"appending to an earlier output folder is {_NOT_YET}", neutral=([],)),
-    "dynamic_on": Key(INACTIVE, "a bool; read by msprobe only under DYNAMIC_MONITOR=true, which is refused here "
-                                f"(reloading the config mid-run is {_NOT_YET})"),
+    "dynamic_on": Key(
+        INACTIVE,
+        "a bool; read by msprobe only under DYNAMIC_MONITOR=true, which is refused here "
+        f"(reloading the config mid-run is {_NOT_YET})",
+    ),
     "sa_order": Key(INACTIVE, f"one of {', '.join(SA_ORDERS)}; read only with recording_l2_features"),
     "mg_distribution": Key(INACTIVE, "a bool; msprobe validates it and never reads it"),
 }
@@ -199,12 +241,17 @@ def parse(raw):
             _refuse(key, f"{value!r} is not supported here: {spec.note}")
     config = MonitorConfig()
     targets = raw.get("targets", {})
-    if not isinstance(targets, dict) or not all(isinstance(k, str) and isinstance(v, dict)
-                                                for k, v in targets.items()):
+    if not isinstance(targets, dict) or not all(isinstance(k, str) and isinstance(v, dict) for k, v in targets.items()):
         _refuse("targets", f"expected a dict of module name -> dict, got {targets!r}")
     config.targets = dict(targets)
-    for name in ("wg_distribution", "param_distribution", "mv_distribution", "ur_distribution", "mg_direction",
-                 "squash_name"):
+    for name in (
+        "wg_distribution",
+        "param_distribution",
+        "mv_distribution",
+        "ur_distribution",
+        "mg_direction",
+        "squash_name",
+    ):
         if name in raw:
             setattr(config, name, _bool(raw[name], name))
     for name in ("dynamic_on", "mg_distribution"):
@@ -231,7 +278,7 @@ def parse(raw):
         _refuse("format", f"{fmt!r} is not a format{_nearest(str(fmt), FORMATS, 0.3)}")
     config.format = fmt
     config.rules, config.anomaly_dump = _rules(raw.get("alert", {}))
-    config.step_count_per_record = _int(raw.get("step_count_per_record", 1), "step_count_per_record", 1, 10 ** 6)
+    config.step_count_per_record = _int(raw.get("step_count_per_record", 1), "step_count_per_record", 1, 10**6)
     return config
 
 

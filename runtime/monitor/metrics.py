@@ -6,6 +6,7 @@ every vector of the step at once (trainer_mon.py). Norm and mean accumulate in f
 tensor to float64 first, a copy twice the tensor's size): the figures agree within float32 rounding
 (tests/monitor/test_trainer_mon.py compares them with float64 figures).
 """
+
 from __future__ import annotations
 
 import torch

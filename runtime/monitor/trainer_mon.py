@@ -12,6 +12,7 @@ averages and codes into one tensor and copies it to the host once (``_flush``): 
 or the optimizer's update. An error of ours is logged once and the step's figures are dropped; it never reaches
 the training loop.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -34,13 +35,20 @@ logger = logging.getLogger("msprobe_runtime")
 _TZ = datetime.timezone(datetime.timedelta(hours=8))  # msprobe names its folders in Asia/Shanghai time
 
 # CSV prefix -> the last part of msprobe's tag for those rows (name2tag, get_summary_writer_tag_name)
-TAG_SUFFIX = {"grad_unreduced": "acc_grad", "grad_reduced": "post_grad", "exp_avg": "exp_avg",
-              "exp_avg_sq": "exp_avg_sq", "param_origin": "param_origin", "param_updated": "param_updated",
-              "adam_update": "adam_update", "adam_ratio": "adam_ratio", "other": "mg_direction"}
+TAG_SUFFIX = {
+    "grad_unreduced": "acc_grad",
+    "grad_reduced": "post_grad",
+    "exp_avg": "exp_avg",
+    "exp_avg_sq": "exp_avg_sq",
+    "param_origin": "param_origin",
+    "param_updated": "param_updated",
+    "adam_update": "adam_update",
+    "adam_ratio": "adam_ratio",
+    "other": "mg_direction",
+}
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
-_SQUASH = (r"^.*\.(layers?\..*)", r"^.*\.(embeddings?\..*)", r"^.*\.(final.*)", r"^.*\.(output.*)",
-           r"^.*\.(norm.*)")
+_SQUASH = (r"^.*\.(layers?\..*)", r"^.*\.(embeddings?\..*)", r"^.*\.(final.*)", r"^.*\.(output.*)", r"^.*\.(norm.*)")
 
 
 def squash_param_name(name, enable=True):
@@ -60,11 +68,14 @@ class TrainerMon:
     def __init__(self, config_file_path, process_group=None, params_have_main_grad=True, opt_ty=None) -> None:
         # opt_ty: kept by msprobe for callers before 1.2.2 and not read there either
         if os.getenv("DYNAMIC_MONITOR", "False").lower() == "true":
-            raise ConfigError("DYNAMIC_MONITOR=true: reloading the monitor config mid-run is not yet supported "
-                              "(docs/monitor.md); unset it")
+            raise ConfigError(
+                "DYNAMIC_MONITOR=true: reloading the monitor config mid-run is not yet supported "
+                "(docs/monitor.md); unset it"
+            )
         if process_group is not None:
-            raise ConfigError("TrainerMon process_group: pipeline-parallel groups are not yet supported "
-                              "(docs/monitor.md); pass None")
+            raise ConfigError(
+                "TrainerMon process_group: pipeline-parallel groups are not yet supported (docs/monitor.md); pass None"
+            )
         self.config_file_path = config_file_path
         self.config = monitor_config.load(config_file_path)
         self.params_have_main_grad = params_have_main_grad
@@ -83,8 +94,9 @@ class TrainerMon:
             if cfg.format == "tensorboard":
                 self.summary_writer = writers.TensorBoardWriter(self.tensorboard_dir, cfg.ops)
             else:
-                self.summary_writer = writers.CSVWriter(self.tensorboard_dir, cfg.ops, cfg.ndigits,
-                                                        cfg.step_count_per_record)
+                self.summary_writer = writers.CSVWriter(
+                    self.tensorboard_dir, cfg.ops, cfg.ndigits, cfg.step_count_per_record
+                )
             if cfg.rules and cfg.anomaly_dump:
                 self.anomaly_file = anomalies.AnomalyFile(self.output_base_dir, self.rank)
         self.rules = anomalies.DeviceRules(cfg.rules, self.ops) if cfg.rules else None
@@ -113,8 +125,10 @@ class TrainerMon:
             raise ConfigError(f"set_monitor start_iteration: expected an int >= 0, got {start_iteration!r}")
         for label, group in (("tp_group", tp_group), ("dp_group", dp_group)):
             if group is not None:
-                raise ConfigError(f"set_monitor {label}: de-duplicating figures across tensor/data-parallel "
-                                  "ranks is not yet supported (docs/monitor.md); pass None")
+                raise ConfigError(
+                    f"set_monitor {label}: de-duplicating figures across tensor/data-parallel "
+                    "ranks is not yet supported (docs/monitor.md); pass None"
+                )
         if self.optimizer is not None:
             raise ConfigError("set_monitor: this TrainerMon already monitors an optimizer")
         self.micro_batch_number = grad_acc_steps
@@ -133,8 +147,9 @@ class TrainerMon:
         self.handles.append(optimizer.register_step_post_hook(self._post_step))
         self._collect_now = self._wants(self.step)
 
-    def monitor_gnorm_with_ad(self, model, optimizer=None, grad_acc_steps=1, tp_group=None, dp_group=None,
-                              start_iteration=0):
+    def monitor_gnorm_with_ad(
+        self, model, optimizer=None, grad_acc_steps=1, tp_group=None, dp_group=None, start_iteration=0
+    ):
         """msprobe's name before 1.2.2."""
         optimizer = optimizer if optimizer is not None else getattr(self, "optimizer_trans", None)
         if optimizer is None:
@@ -169,15 +184,17 @@ class TrainerMon:
                 if type(param) not in _PLAIN:
                     # a tensor subclass (DTensor of FSDP2, a float8 weight) runs its own code for every op and
                     # attribute read, collectives included: not yet supported (docs/monitor.md)
-                    logger.warning("monitor: %s is a %s, not a plain tensor: not monitored (not yet supported)",
-                                   prefix + param_name, type(param).__name__)
+                    logger.warning(
+                        "monitor: %s is a %s, not a plain tensor: not monitored (not yet supported)",
+                        prefix + param_name,
+                        type(param).__name__,
+                    )
                     continue
                 if not param.requires_grad:
                     continue
                 squashed = prefix + squash_param_name(param_name, self.config.squash_name)
                 full = prefix + param_name
-                if not any(param_name.startswith(t) or squashed.startswith(t) or full.startswith(t)
-                           for t in targets):
+                if not any(param_name.startswith(t) or squashed.startswith(t) or full.startswith(t) for t in targets):
                     continue
                 name = full if squashed in seen else squashed
                 seen.add(name)
@@ -185,8 +202,12 @@ class TrainerMon:
 
     def _wants(self, step):
         cfg = self.config
-        return (self.monitoring and step >= cfg.start_step and (step - cfg.start_step) % cfg.step_interval == 0
-                and self.has_collect_times < cfg.collect_times)
+        return (
+            self.monitoring
+            and step >= cfg.start_step
+            and (step - cfg.start_step) % cfg.step_interval == 0
+            and self.has_collect_times < cfg.collect_times
+        )
 
     def _remove_hooks(self):
         for handle in self.handles:
@@ -204,8 +225,12 @@ class TrainerMon:
         if type(tensor) not in _PLAIN:  # a gradient or optimizer state that is a subclass: as in _register_params
             if "subclass" not in self._failed:
                 self._failed.add("subclass")
-                logger.warning("monitor: %s of %s is a %s, not a plain tensor: not monitored (not yet supported)",
-                               TAG_SUFFIX[prefix], name, type(tensor).__name__)
+                logger.warning(
+                    "monitor: %s of %s is a %s, not a plain tensor: not monitored (not yet supported)",
+                    TAG_SUFFIX[prefix],
+                    name,
+                    type(tensor).__name__,
+                )
             return
         with torch.no_grad():
             values = metrics.figures(tensor, self.ops, self.config.eps)
@@ -218,8 +243,10 @@ class TrainerMon:
                 return main_grad
             if not self._warned_main_grad:
                 self._warned_main_grad = True
-                logger.warning("monitor: params_have_main_grad=True but a parameter has no main_grad; reading "
-                               ".grad (pass params_have_main_grad=False for a module without megatron's DDP)")
+                logger.warning(
+                    "monitor: params_have_main_grad=True but a parameter has no main_grad; reading "
+                    ".grad (pass params_have_main_grad=False for a module without megatron's DDP)"
+                )
         return param.grad
 
     def _guarded(self, where, work, *args):
@@ -228,8 +255,9 @@ class TrainerMon:
         except Exception as error:  # an error of ours never reaches the training loop: log once, drop the step
             if where not in self._failed:
                 self._failed.add(where)
-                logger.warning("monitor: %s failed (%s: %s); this step's figures are dropped", where,
-                               type(error).__name__, error)
+                logger.warning(
+                    "monitor: %s failed (%s: %s); this step's figures are dropped", where, type(error).__name__, error
+                )
             self._rows = {}
             self._dropped = True  # a partial step is not written: the post-step hook skips its flush
 
@@ -309,8 +337,8 @@ class TrainerMon:
                     # 1 - 0.999 ** step loses 4 digits in float32, the dtype torch keeps the step in; torch's
                     # AdamW computes it in Python floats (tests/monitor/test_trainer_mon.py)
                     step = step.to(torch.float64)
-                exp_avg_hat = exp_avg / (1 - beta1 ** step)
-                root = torch.sqrt(exp_avg_sq / (1 - beta2 ** step))
+                exp_avg_hat = exp_avg / (1 - beta1**step)
+                root = torch.sqrt(exp_avg_sq / (1 - beta2**step))
                 self._add("adam_update", name, exp_avg_hat / (root + group["eps"]))
                 ratios.append((name, exp_avg_hat / root))
         for name, ratio in ratios:  # msprobe writes the two files apart: keep each file's rows together
@@ -362,23 +390,24 @@ class TrainerMon:
         found = []
         for prefix, rows in layout:
             count = len(rows) * width
-            figures = host[position:position + count]
+            figures = host[position : position + count]
             position += count
             if self.rules is not None:
-                history = host[position:position + count]
-                codes = host[position + count:position + 2 * count]
+                history = host[position : position + count]
+                codes = host[position + count : position + 2 * count]
                 position += 2 * count
             out = []
             for row, (tag, _, shape, dtype) in enumerate(rows):
-                values = figures[row * width:(row + 1) * width]
+                values = figures[row * width : (row + 1) * width]
                 out.append((tag, values, shape, dtype))
                 if self.rules is not None:
                     for column in range(width):
                         code = int(codes[row * width + column])
                         if code:
                             rule = self.config.rules[code - 1].name
-                            text = anomalies.message(rule, tag, self.ops[column], step, values[column],
-                                                     history[row * width + column])
+                            text = anomalies.message(
+                                rule, tag, self.ops[column], step, values[column], history[row * width + column]
+                            )
                             found.append(anomalies.record(self.rank, step, call_id, tag, text, [self.rank]))
                             break  # msprobe's record key is the tag, step and call: one record per tag
                 call_id += 1
@@ -386,7 +415,8 @@ class TrainerMon:
         if found:
             found.sort(key=anomalies.execution_order)
             self.anomalies.extend(found)
-            logger.warning("monitor: step %d: %d tensor(s) with anomalies, earliest: %s", step, len(found),
-                           found[0]["message"])
+            logger.warning(
+                "monitor: step %d: %d tensor(s) with anomalies, earliest: %s", step, len(found), found[0]["message"]
+            )
             if self.anomaly_file is not None:
-                self.anomaly_file.add(found[:anomalies.RECORDS_PER_STEP])
+                self.anomaly_file.add(found[: anomalies.RECORDS_PER_STEP])

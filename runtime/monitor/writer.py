@@ -6,6 +6,7 @@ then the ops; a row per parameter: its vpp stage and name (the tag's ``0:fc1.wei
 the figures rounded to ``ndigits`` (NaN written ``nan``), the shape as a list and the dtype. msprobe's csv2tb reads
 these files (tests/monitor/test_output.py runs its parser on ours).
 """
+
 from __future__ import annotations
 
 import csv
@@ -70,8 +71,10 @@ class TensorBoardWriter:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as error:
-            raise ConfigError("monitor config format: 'tensorboard' needs the tensorboard package (pip install "
-                              f"tensorboard), or use format 'csv' ({error})") from error
+            raise ConfigError(
+                "monitor config format: 'tensorboard' needs the tensorboard package (pip install "
+                f"tensorboard), or use format 'csv' ({error})"
+            ) from error
         os.makedirs(folder, exist_ok=True)
         self.numeric_ops = [op for op in ops if op not in ("shape", "dtype")]
         self.summary = SummaryWriter(folder)

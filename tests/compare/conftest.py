@@ -4,6 +4,7 @@ The plain fixture is rewritten by the compiler into a temporary directory and ru
 once per variant (a clean run, a 1 % scaling at one API, a NaN at one API, one extra call, ...); each dump
 is made once per session and shared by the tests that read it.
 """
+
 import json
 import os
 import subprocess
@@ -28,8 +29,14 @@ def fixture_line(text):
 def run_compare(*args, cwd=None):
     """``msprobe-rewrite compare ARGS`` in a fresh interpreter: (exit status, stdout, stderr)."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run([sys.executable, "-m", "msprobe_rewrite", "compare", *map(str, args)],
-                          capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "msprobe_rewrite", "compare", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=600,
+    )
     return done.returncode, done.stdout, done.stderr
 
 
@@ -55,8 +62,13 @@ def make_dump(script, tmp_path_factory):
         if args not in made:
             target = root / f"run{len(made)}"
             env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-            done = subprocess.run([sys.executable, str(script), "--dump", str(target), *args],
-                                  capture_output=True, text=True, env=env, timeout=600)
+            done = subprocess.run(
+                [sys.executable, str(script), "--dump", str(target), *args],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=600,
+            )
             assert done.returncode == 0, done.stdout + done.stderr
             json.loads(done.stdout.strip().splitlines()[-1])
             made[args] = target

@@ -4,6 +4,7 @@
 The culprit is a change of one part in a million at one API of fixtures/compare_models/train.py: far under
 the statistics compare's float32 threshold on the culprit's own output, but not the same bits.
 """
+
 import json
 import os
 
@@ -61,16 +62,16 @@ def test_every_tensor_carries_its_checksum_beside_the_statistics(make_dump, conf
     # with different statistics never share one (a transposed copy has the same statistics, other bits)
     values_of = {}
     for record in records:
-        values = (record["dtype"], str(record["shape"]), record["Max"], record["Min"], record["Mean"],
-                  record["Norm"])
+        values = (record["dtype"], str(record["shape"]), record["Max"], record["Min"], record["Mean"], record["Norm"])
         assert values_of.setdefault(record[mode], values) == values
     assert len(values_of) > 20 and len(values_of) < len(records)
 
 
 @pytest.mark.parametrize("mode", ["md5", "fingerprint"])
 def test_identical_runs_are_bit_identical(make_dump, configs, mode):
-    summary = compare_runs_bit_exact(str(make_dump("--config", configs[mode])),
-                                     str(make_dump("--config", configs[mode], "--steps", "1")))
+    summary = compare_runs_bit_exact(
+        str(make_dump("--config", configs[mode])), str(make_dump("--config", configs[mode], "--steps", "1"))
+    )
     assert summary["first_difference"] is None and summary["culprit"] is None
     assert summary["pairs"][0]["tensors_compared"] > 20 and summary["pairs"][0]["tensors_differ"] == 0
 
@@ -119,8 +120,9 @@ def test_statistics_dumps_are_refused_with_what_to_do(make_dump, configs):
 
 
 def test_md5_and_fingerprint_dumps_do_not_mix(make_dump, configs):
-    code, _, stderr = run_compare("--bit-exact", make_dump("--config", configs["md5"]),
-                                  make_dump("--config", configs["fingerprint"]))
+    code, _, stderr = run_compare(
+        "--bit-exact", make_dump("--config", configs["md5"]), make_dump("--config", configs["fingerprint"])
+    )
     assert code == 2 and "different checksums" in stderr
 
 

@@ -1,5 +1,6 @@
 """Compare across devices (fixtures/cross_device): every op nudged by a few ulp in both runs, one culprit op
 in run A. The first suspect must be the culprit, and a noise-only pair must have no suspect."""
+
 import csv
 import glob
 import json
@@ -17,15 +18,15 @@ ENV = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH
 
 
 def _python(*args):
-    done = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, env=ENV, cwd=ROOT,
-                          timeout=1200)
+    done = subprocess.run(
+        [sys.executable, "-m", *args], capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=1200
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _generate(out, model, seed, culprit=None, task="statistics"):
-    args = ["fixtures.cross_device.generate", "--model", model, "--seed", str(seed), "--out", str(out),
-            "--task", task]
+    args = ["fixtures.cross_device.generate", "--model", model, "--seed", str(seed), "--out", str(out), "--task", task]
     if culprit:
         args += ["--culprit", culprit]
     return _python(*args)["culprit_entry"]
@@ -34,8 +35,17 @@ def _generate(out, model, seed, culprit=None, task="statistics"):
 def _scenarios(out, count, seed, models):
     from fixtures.cross_device.scenarios import judge
 
-    _python("fixtures.cross_device.scenarios", "--count", str(count), "--seed", str(seed), "--models",
-            ",".join(models), "--out", str(out))
+    _python(
+        "fixtures.cross_device.scenarios",
+        "--count",
+        str(count),
+        "--seed",
+        str(seed),
+        "--models",
+        ",".join(models),
+        "--out",
+        str(out),
+    )
     with open(os.path.join(str(out), "manifest.json")) as handle:
         return judge(json.load(handle))
 
@@ -55,10 +65,13 @@ def test_a_hundred_random_scenarios(tmp_path):
     # 80 s to write the 200 dumps. bench/cross_device.py prints the same figures beside msprobe's compare.
     result = _scenarios(tmp_path, 100, 16, ("mlp", "attention", "bignet", "megatron"))
     count = result["count"]
-    print(f"\nfirst suspect {result['suspect_hits']}/{count}, first divergence {result['divergence_hits']}/{count}, "
-          f"noise-only pairs with no suspect {result['noise_clean']}/{count}")
-    assert result["suspect_hits"] >= 95, [(r["culprit"], r["suspect"]) for r in result["rows"]
-                                          if r["suspect"] != r["truth"]]
+    print(
+        f"\nfirst suspect {result['suspect_hits']}/{count}, first divergence {result['divergence_hits']}/{count}, "
+        f"noise-only pairs with no suspect {result['noise_clean']}/{count}"
+    )
+    assert result["suspect_hits"] >= 95, [
+        (r["culprit"], r["suspect"]) for r in result["rows"] if r["suspect"] != r["truth"]
+    ]
     assert result["noise_clean"] == count, [r["noise_suspects"] for r in result["rows"] if r["noise_suspects"]]
     assert {r["model"] for r in result["rows"]} == {"mlp", "attention", "bignet", "megatron"}
 

@@ -1,5 +1,6 @@
 """Reports open in a spreadsheet as text: a cell from a dump that would start a formula is escaped
 (msprobe_rewrite/csv_cells.py), in the compare's tables as in the pre-check's."""
+
 import csv
 import json
 import shutil
@@ -19,8 +20,9 @@ def test_text_that_starts_a_formula_is_escaped(text):
     assert safe_cell(text) == "'" + text
 
 
-@pytest.mark.parametrize("value", ["-1.5", "+3e-05", "-inf", "nan", "12.5%", "-0.25%", "Torch.add.0.forward",
-                                   "", -2.0, None, 3])
+@pytest.mark.parametrize(
+    "value", ["-1.5", "+3e-05", "-inf", "nan", "12.5%", "-0.25%", "Torch.add.0.forward", "", -2.0, None, 3]
+)
 def test_numbers_and_plain_text_are_left_as_they_are(value):
     assert safe_cell(value) == value
 
@@ -32,8 +34,9 @@ def test_an_entry_named_as_a_formula_is_text_in_the_compare_table(tmp_path):
         shutil.copytree(MSPROBE_DUMP, copy)
         [dump_json] = copy.glob("step0/*/dump.json")
         dump = json.loads(dump_json.read_text())
-        dump["data"] = {(FORMULA if name == "Torch.tanh.0.forward" else name): value
-                        for name, value in dump["data"].items()}
+        dump["data"] = {
+            (FORMULA if name == "Torch.tanh.0.forward" else name): value for name, value in dump["data"].items()
+        }
         dump_json.write_text(json.dumps(dump, indent=1))
         runs.append(str(copy))
     summary = compare_runs(*runs, str(tmp_path / "out"))

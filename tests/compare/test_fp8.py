@@ -1,6 +1,7 @@
 """The compare reads the float8 fields of dump.json records (docs/low-precision.md): each side's
 ``fp8_zero_fraction`` and ``fp8_saturated_fraction`` in the CSV after msprobe's columns, and the first suspect
 says when a float8 record's share of zeros rose (underflow). Hand-written dumps, no torch."""
+
 import csv
 import json
 import random
@@ -16,8 +17,16 @@ OPS = ["Functional.linear", "Functional.gelu", "Functional.layer_norm"] * 6
 
 
 def _record(mx, mn, mean, norm, dtype="torch.float32", zero=None, saturated=None, shape=(32, 64)):
-    record = {"type": "torch.Tensor", "dtype": dtype, "shape": list(shape), "Max": mx, "Min": mn, "Mean": mean,
-              "Norm": norm, "requires_grad": True}
+    record = {
+        "type": "torch.Tensor",
+        "dtype": dtype,
+        "shape": list(shape),
+        "Max": mx,
+        "Min": mn,
+        "Mean": mean,
+        "Norm": norm,
+        "requires_grad": True,
+    }
     if zero is not None:
         record.update(NaN_count=0, Inf_count=0, fp8_zero_fraction=zero, fp8_saturated_fraction=saturated)
     return record
@@ -25,8 +34,9 @@ def _record(mx, mn, mean, norm, dtype="torch.float32", zero=None, saturated=None
 
 def _write(directory, data):
     directory.mkdir(parents=True)
-    (directory / "dump.json").write_text(json.dumps({"task": "statistics", "level": "L1", "framework": "pytorch",
-                                                     "dump_data_dir": None, "data": data}))
+    (directory / "dump.json").write_text(
+        json.dumps({"task": "statistics", "level": "L1", "framework": "pytorch", "dump_data_dir": None, "data": data})
+    )
     return str(directory)
 
 
@@ -47,8 +57,11 @@ def _chain(tmp_path, culprit, in_a, in_b, error):
         stats_a = tuple(v * j * (1 + (error if position >= culprit else 0.0)) for v, j in zip(stats_b, jitter))
         for side, stats, maker in (("a", stats_a, in_a), ("b", stats_b, in_b)):
             given = maker(*previous[side]) if position == culprit else _record(*previous[side])
-            data[side][f"{op}.{index}.forward"] = {"input_args": [given], "input_kwargs": {},
-                                                   "output": [_record(*stats)]}
+            data[side][f"{op}.{index}.forward"] = {
+                "input_args": [given],
+                "input_kwargs": {},
+                "output": [_record(*stats)],
+            }
             previous[side] = stats
     return _write(tmp_path / "a", data["a"]), _write(tmp_path / "b", data["b"])
 
@@ -64,7 +77,7 @@ def test_csv_carries_each_sides_fractions_after_msprobes_columns(tmp_path):
         rows = list(csv.reader(handle))
     header = rows[0]
     msprobe = BASIC + SUMMARY_INDEX + SUMMARY_INFO + EXTRACT
-    assert header[:len(msprobe)] == msprobe  # msprobe's readers find their columns where they were
+    assert header[: len(msprobe)] == msprobe  # msprobe's readers find their columns where they were
     column = {name: header.index(name) for name in header}
     by_name = {row[0]: row for row in rows[1:]}
     cast = by_name["Functional.gelu.2.forward.input.0"]
@@ -72,7 +85,7 @@ def test_csv_carries_each_sides_fractions_after_msprobes_columns(tmp_path):
     assert cast[column["NPU fp8_saturated_fraction"]] == "0.03"
     assert cast[column["Bench fp8_saturated_fraction"]] == "0.01"
     plain = by_name["Functional.gelu.2.forward.output.0"]
-    assert [plain[column[name]] for name in header[len(header) - 4:]] == ["N/A"] * 4
+    assert [plain[column[name]] for name in header[len(header) - 4 :]] == ["N/A"] * 4
 
 
 def test_a_rise_of_float8_zeros_against_the_other_run_explains_the_first_suspect(tmp_path):
@@ -113,8 +126,10 @@ def test_against_the_same_entrys_float_input():
     # a cast: run A's float input is positive (no zeros), its float8 output holds 20 % zeros; run B's output
     # is a signed bfloat16 tensor whose zeros are not known
     x = _record(3.0, 0.25, 1.0, 40.0)
-    a = [_tensor("input.0", INPUT, x),
-         _tensor("output.0", OUTPUT, _record(3.0, 0.0, 1.0, 40.0, "torch.float8_e4m3fn", 0.2, 0.0))]
+    a = [
+        _tensor("input.0", INPUT, x),
+        _tensor("output.0", OUTPUT, _record(3.0, 0.0, 1.0, 40.0, "torch.float8_e4m3fn", 0.2, 0.0)),
+    ]
     b = [_tensor("input.0", INPUT, x), _tensor("output.0", OUTPUT, _record(3.0, -1.0, 1.0, 40.0, "torch.bfloat16"))]
     found = findings(list(zip(a, b)))
     assert found == [("output.0", "A", 0.2, 0.0, "its float input input.0 in run A")]
@@ -126,8 +141,10 @@ def test_with_nothing_to_set_against_a_large_share_is_named_as_such():
     a = [_tensor("input.0", INPUT, _record(3.0, -3.0, 0.0, 40.0, "torch.float8_e4m3fn", 0.4, 0.0))]
     b = [_tensor("input.0", INPUT, _record(3.0, -3.0, 0.0, 40.0, "torch.bfloat16"))]
     text = describe(findings(list(zip(a, b))))
-    assert text == ("input.0 in run A: 40 % of its float8 elements are zero (underflow, or zeros before the cast: "
-                    "run B's torch.bfloat16 tensor gives no zero count to set against it)")
+    assert text == (
+        "input.0 in run A: 40 % of its float8 elements are zero (underflow, or zeros before the cast: "
+        "run B's torch.bfloat16 tensor gives no zero count to set against it)"
+    )
     small = [_tensor("input.0", INPUT, _record(3.0, -3.0, 0.0, 40.0, "torch.float8_e4m3fn", 0.001, 0.0))]
     assert findings(list(zip(small, b))) == []
 
@@ -154,16 +171,20 @@ def test_a_float8_twin_module_is_paired_and_named_with_the_underflow_inside_it(t
     x = _record(1.8, -1.9, 0.01, 27.0)
     weight_a = _record(448.0, -3.0, 0.001, 500.0, "torch.float8_e4m3fn", 0.9990234375, 0.0001220703125)
     for side, module, inner, record in (
-            ("a", "Module.fc.Float8Linear.forward.0", "Torch.mm.0.forward", weight_a),
-            ("b", "Module.fc.Linear.forward.0", "Functional.linear.0.forward", _record(0.08, -0.08, 0.0, 1.8))):
+        ("a", "Module.fc.Float8Linear.forward.0", "Torch.mm.0.forward", weight_a),
+        ("b", "Module.fc.Linear.forward.0", "Functional.linear.0.forward", _record(0.08, -0.08, 0.0, 1.8)),
+    ):
         out = _record(1.8, -1.9, 0.01, 27.0 * (0.2 if side == "a" else 1.0))
-        entries = {inner: {"input_args": [x, record], "input_kwargs": {}, "output": [out]},
-                   module: {"input_args": [x], "input_kwargs": {}, "output": [out]}}
+        entries = {
+            inner: {"input_args": [x, record], "input_kwargs": {}, "output": [out]},
+            module: {"input_args": [x], "input_kwargs": {}, "output": [out]},
+        }
         _insert(tmp_path / side, "Functional.gelu.2.forward", entries, {inner: module, module: None})
     summary = compare_runs(a, b)
     pair = summary["pairs"][0]
     assert "Module.fc.Float8Linear.forward.0" not in pair["unmatched_a"]  # paired with Module.fc.Linear
     first = summary["first_suspect"]
     assert first["entry"] == "Module.fc.Float8Linear.forward.0" and first["bench_entry"] == "Module.fc.Linear.forward.0"
-    assert first["fp8_underflow"].startswith("inside it, Torch.mm.0.forward: input.1 in run A: 99.9 % of its float8 "
-                                             "elements are zero")
+    assert first["fp8_underflow"].startswith(
+        "inside it, Torch.mm.0.forward: input.1 in run A: 99.9 % of its float8 elements are zero"
+    )

@@ -4,13 +4,17 @@ Before, compare printed "first suspect: X" and then "first divergence: Y" as two
 operators, with nothing on which to believe. Hand-written dumps (``test_propagation._chain``), the CLI in a
 fresh interpreter.
 """
+
 from .conftest import run_compare
 from .test_propagation import OPS, _chain
 
 
 def _headlines(out):
-    return [line for line in out.splitlines() if not line.startswith(" ")
-            and line.startswith(("first suspect", "first divergence"))]
+    return [
+        line
+        for line in out.splitlines()
+        if not line.startswith(" ") and line.startswith(("first suspect", "first divergence"))
+    ]
 
 
 def test_a_suspect_below_the_threshold_heads_and_the_crossing_is_explained(tmp_path):
@@ -46,6 +50,7 @@ def test_agreeing_runs_have_one_headline(tmp_path):
     a, b = _chain(tmp_path, [0.0] * len(OPS), OPS)
     code, out, err = run_compare(a, b)
     assert code == 0, out + err
-    assert _headlines(out) == ["first suspect: none (every output error is explained by its inputs' error and "
-                               "the noise)"]
+    assert _headlines(out) == [
+        "first suspect: none (every output error is explained by its inputs' error and the noise)"
+    ]
     assert "first divergence: none" in out and "why they differ" not in out

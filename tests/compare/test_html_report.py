@@ -3,6 +3,7 @@ they differ, the divergence chain and the top divergences as sections of their o
 table's columns explained at the table. Before, the chain was only in the collapsed JSON blob and the
 columns were explained only above the plot. Hand-written dumps (``test_propagation._chain``), the CLI in a
 fresh interpreter."""
+
 import re
 
 from .conftest import run_compare
@@ -18,18 +19,18 @@ def _page(tmp_path):
     code, out, err = run_compare(a, b, "-o", tmp_path / "out")
     assert code == 1, out + err
     page = (tmp_path / "out" / "compare_report.html").read_text()
-    return page[:page.index("<details><summary>JSON summary")]  # what a reader sees without opening the blob
+    return page[: page.index("<details><summary>JSON summary")]  # what a reader sees without opening the blob
 
 
 def test_the_chain_and_the_top_divergences_are_sections(tmp_path):
     page = _page(tmp_path)
-    chain = page[page.index('<h3 id="chain-0">Divergence chain</h3>'):]
-    chain = chain[:chain.index("</ol>")]
+    chain = page[page.index('<h3 id="chain-0">Divergence chain</h3>') :]
+    chain = chain[: chain.index("</ol>")]
     names = re.findall(r"<li><code>([^<]+)</code></li>", chain)
     assert names[0] == "Functional.linear.1.forward" and len(names) == 15
     assert names[1:3] == ["Functional.gelu.1.forward", "Functional.layer_norm.1.forward"]
-    top = page[page.index('<h3 id="top-0">Top divergences</h3>'):]
-    assert "decision error" in top[:top.index("<table")]
+    top = page[page.index('<h3 id="top-0">Top divergences</h3>') :]
+    assert "decision error" in top[: top.index("<table")]
     assert top.count("<tr>") == 11  # the header and the 10 worst
 
 
@@ -44,7 +45,7 @@ def test_the_headline_is_the_suspect_with_the_threshold_view_and_the_reason(tmp_
 def test_the_suspects_columns_are_explained_at_the_table(tmp_path):
     page = _page(tmp_path)
     table = page.index('<table class="suspects">')
-    legend = page[page.rindex("<p>", 0, table):table]
+    legend = page[page.rindex("<p>", 0, table) : table]
     for column in ("output error", "input error", "gain", "allowance", "noise floor", "score", "rank by score"):
         assert f"<b>{column}</b>:" in legend
     assert '<th title="output error / input error">gain</th>' in page[table:]

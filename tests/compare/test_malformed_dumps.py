@@ -2,6 +2,7 @@
 alike (one reader, msprobe_rewrite/compare/dump_format.py): exit status 2, the file and the member named on
 stderr. Before, a dump without ``data`` or a tensor record without ``type`` agreed with anything, and the
 pre-check replayed a dump without ``task`` as if nothing were missing."""
+
 import glob
 import json
 import os
@@ -53,8 +54,10 @@ def malformed_copy(source, target, member):
     return path
 
 
-@pytest.mark.parametrize("source, member", [(MSPROBE_DUMP, member) for member in HEADER + RECORD + ["md5"]]
-                         + [(MSPROBE_TENSOR_DUMP, "data_name")])
+@pytest.mark.parametrize(
+    "source, member",
+    [(MSPROBE_DUMP, member) for member in HEADER + RECORD + ["md5"]] + [(MSPROBE_TENSOR_DUMP, "data_name")],
+)
 def test_compare_names_the_file_and_the_missing_member(tmp_path, source, member):
     path = malformed_copy(source, tmp_path / "malformed", member)
     code, out, err = run_compare(tmp_path / "malformed", source)
@@ -67,9 +70,23 @@ def test_compare_names_the_file_and_the_missing_member(tmp_path, source, member)
 def test_precheck_names_the_file_and_the_missing_member(tmp_path, member):
     path = malformed_copy(MSPROBE_TENSOR_DUMP, tmp_path / "malformed", member)
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run([sys.executable, "-m", "msprobe_rewrite", "precheck", str(tmp_path / "malformed"),
-                           "-o", str(tmp_path / "out"), "-j", "1"], capture_output=True, text=True, env=env,
-                          timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "msprobe_rewrite",
+            "precheck",
+            str(tmp_path / "malformed"),
+            "-o",
+            str(tmp_path / "out"),
+            "-j",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     assert path in done.stderr and f"'{member}'" in done.stderr and "malformed dump.json" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
@@ -90,11 +107,21 @@ def test_the_record_forms_msprobe_writes_are_accepted():
     module backward gradients, saved with no file."""
     xor = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [2], "requires_grad": False, "md5": "0a1b2c3d"}
     _check("statistics", ("Torch.relu.0.forward", {"input_args": [xor, {}], "input_kwargs": {}, "output": [xor]}))
-    meta = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [2], "Max": None, "Min": None, "Mean": None,
-            "Norm": None, "requires_grad": False}
+    meta = {
+        "type": "torch.Tensor",
+        "dtype": "torch.float32",
+        "shape": [2],
+        "Max": None,
+        "Min": None,
+        "Mean": None,
+        "Norm": None,
+        "requires_grad": False,
+    }
     enum = {"type": "TensorParallelMode", "value": 1}
-    _check("tensor", ("Torch.relu.0.forward", {"input_args": [meta, enum], "input_kwargs": {"mode": enum},
-                                              "output": [meta]}))
+    _check(
+        "tensor",
+        ("Torch.relu.0.forward", {"input_args": [meta, enum], "input_kwargs": {"mode": enum}, "output": [meta]}),
+    )
     _check("tensor", ("Module.fc1.Linear.backward.0", {"input": [dict(meta, Max=1.0)], "output": [None]}))
     with pytest.raises(CompareError, match="'data_name'"):
         _check("tensor", ("Torch.relu.0.forward", {"input_args": [dict(meta, Max=1.0)]}))

@@ -1,4 +1,5 @@
 """compare reads dumps written by msprobe itself (fixtures/msprobe_dump, mindstudio-probe 26.2.0)."""
+
 import json
 import shutil
 

@@ -4,6 +4,7 @@ Real dumps: fixtures/compare_models (one process, a NaN injected at Functional.g
 (two gloo ranks; a rank's torch.log makes NaN and an all_reduce hands it to the other rank). Hand-made
 dumps for the cross-rank order and for bad input. Exit status: 0 none, 1 found, 2 bad input.
 """
+
 import json
 import os
 import subprocess
@@ -19,8 +20,13 @@ NAN_RANKS = os.path.join(ROOT, "fixtures", "nan_ranks")
 
 def run_nan(*args):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run([sys.executable, "-m", "msprobe_rewrite", "nan", *map(str, args)],
-                          capture_output=True, text=True, env=env, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "msprobe_rewrite", "nan", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     return done.returncode, done.stdout, done.stderr
 
 
@@ -62,9 +68,25 @@ def two_ranks(tmp_path_factory):
     with open(os.path.join(NAN_RANKS, "model.py"), "rb") as handle:
         (root / "model" / "model.py").write_bytes(rewrite_source(handle.read(), path="model.py"))
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run([sys.executable, os.path.join(NAN_RANKS, "driver.py"), str(root / "init"),
-                           str(root / "dump"), str(root / "model"), "--steps", "2", "--poison", "1:0",
-                           "--poison", "0:1"], capture_output=True, text=True, env=env, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(NAN_RANKS, "driver.py"),
+            str(root / "init"),
+            str(root / "dump"),
+            str(root / "model"),
+            "--steps",
+            "2",
+            "--poison",
+            "1:0",
+            "--poison",
+            "0:1",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return root / "dump"
 
@@ -80,8 +102,10 @@ def test_two_ranks_name_the_rank_that_made_it_before_the_collective_spread_it(tw
     # before the all_reduce, win over the lower rank number
     assert lines[0] == "NaN/Inf starts at Torch.log.0.forward (step 0, rank 1)"
     assert lines[1].endswith(f"model.py:{line}")
-    assert "rank 0 first shows it at Tensor.__mul__.0.forward (already in its inputs, after " \
-           "Distributed.all_reduce.0.forward)" in out
+    assert (
+        "rank 0 first shows it at Tensor.__mul__.0.forward (already in its inputs, after "
+        "Distributed.all_reduce.0.forward)" in out
+    )
     result = json.loads(run_nan(two_ranks, "--json")[1])
     onsets = {(d["step"], d["rank"]): (d["onset"]["entry"], d["onset"]["how"]) for d in result["dumps"]}
     assert onsets[(0, 1)] == onsets[(1, 0)] == ("Torch.log.0.forward", "made")
@@ -89,8 +113,16 @@ def test_two_ranks_name_the_rank_that_made_it_before_the_collective_spread_it(tw
 
 
 def _record(value):
-    return {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [4], "Max": value, "Min": value,
-            "Mean": value, "Norm": value, "requires_grad": False}
+    return {
+        "type": "torch.Tensor",
+        "dtype": "torch.float32",
+        "shape": [4],
+        "Max": value,
+        "Min": value,
+        "Mean": value,
+        "Norm": value,
+        "requires_grad": False,
+    }
 
 
 def _entry(inp, out):
@@ -107,12 +139,22 @@ def _write(path, data, **header):
 def test_across_ranks_the_fewest_collectives_before_the_onset_wins(tmp_path):
     # rank 0 makes NaN after two all_reduces, rank 1 after one: rank 1 had it first, whatever the file order
     collective = _entry(1.0, 1.0)
-    _write(tmp_path / "run" / "step0" / "rank0", {
-        "Distributed.all_reduce.0.forward": collective, "Distributed.all_reduce.1.forward": collective,
-        "Torch.exp.0.forward": _entry(1.0, "inf")})
-    _write(tmp_path / "run" / "step0" / "rank1", {
-        "Distributed.all_reduce.0.forward": collective, "Torch.log.0.forward": _entry(1.0, "nan"),
-        "Distributed.all_reduce.1.forward": _entry("nan", "nan")})
+    _write(
+        tmp_path / "run" / "step0" / "rank0",
+        {
+            "Distributed.all_reduce.0.forward": collective,
+            "Distributed.all_reduce.1.forward": collective,
+            "Torch.exp.0.forward": _entry(1.0, "inf"),
+        },
+    )
+    _write(
+        tmp_path / "run" / "step0" / "rank1",
+        {
+            "Distributed.all_reduce.0.forward": collective,
+            "Torch.log.0.forward": _entry(1.0, "nan"),
+            "Distributed.all_reduce.1.forward": _entry("nan", "nan"),
+        },
+    )
     code, out, err = run_nan(tmp_path / "run")
     assert code == 1, out + err
     assert out.splitlines()[0] == "NaN/Inf starts at Torch.log.0.forward (step 0, rank 1)"
@@ -136,8 +178,14 @@ def test_a_parameter_gradient_is_not_where_nan_was_made(tmp_path):
     from msprobe_rewrite.compare import compare_runs
 
     for side, bad in (("a", "nan"), ("b", 1.0)):
-        _write(tmp_path / side, {"Module.fc.Linear.backward.0": {"input": [_record(bad)], "output": [_record(bad)]},
-                                 "Module.fc.Linear.parameters_grad.0": {"weight": _record(bad)}}, level="L0")
+        _write(
+            tmp_path / side,
+            {
+                "Module.fc.Linear.backward.0": {"input": [_record(bad)], "output": [_record(bad)]},
+                "Module.fc.Linear.parameters_grad.0": {"weight": _record(bad)},
+            },
+            level="L0",
+        )
     onset = compare_runs(str(tmp_path / "a"), str(tmp_path / "b"))["pairs"][0]["nan_onset"]["a"]
     assert onset["entry"] == "Module.fc.Linear.backward.0"
     code, out, err = run_nan(tmp_path / "a")

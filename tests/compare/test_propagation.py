@@ -1,5 +1,6 @@
 """Units of the error-propagation view: scale-aware errors, op classes, the noise floor, suspects on
 hand-written dumps (no torch, no training run)."""
+
 import json
 import math
 
@@ -15,8 +16,16 @@ EPS = 1.19e-7
 
 
 def _record(mx, mn, mean, norm, shape=(32, 64)):
-    return {"type": "torch.Tensor", "dtype": "torch.float32", "shape": list(shape), "Max": mx, "Min": mn,
-            "Mean": mean, "Norm": norm, "requires_grad": True}
+    return {
+        "type": "torch.Tensor",
+        "dtype": "torch.float32",
+        "shape": list(shape),
+        "Max": mx,
+        "Min": mn,
+        "Mean": mean,
+        "Norm": norm,
+        "requires_grad": True,
+    }
 
 
 def test_a_statistic_near_zero_is_measured_against_the_tensors_scale():
@@ -40,13 +49,26 @@ def test_a_mean_is_measured_against_rms_and_a_norm_against_itself():
     assert errors[2] == pytest.approx(0.001 / 10.0) and errors[3] == pytest.approx(0.01)
 
 
-@pytest.mark.parametrize("name, cls", [
-    ("Functional.linear", "matmul"), ("Torch.baddbmm", "matmul"), ("Tensor.__matmul__", "matmul"),
-    ("Functional.layer_norm", "norm"), ("Functional.batch_norm", "norm"), ("Functional.softmax", "exp"),
-    ("Torch.exp", "exp"), ("Functional.cross_entropy", "exp"), ("Tensor.sum", "reduction"),
-    ("Functional.mse_loss", "reduction"), ("Functional.gelu", "elementwise"), ("Tensor.__add__", "elementwise"),
-    ("Module.fcs.0.Linear", "matmul"), ("Module.norms.0.LayerNorm", "norm"), ("Module.block.Block", "module"),
-])
+@pytest.mark.parametrize(
+    "name, cls",
+    [
+        ("Functional.linear", "matmul"),
+        ("Torch.baddbmm", "matmul"),
+        ("Tensor.__matmul__", "matmul"),
+        ("Functional.layer_norm", "norm"),
+        ("Functional.batch_norm", "norm"),
+        ("Functional.softmax", "exp"),
+        ("Torch.exp", "exp"),
+        ("Functional.cross_entropy", "exp"),
+        ("Tensor.sum", "reduction"),
+        ("Functional.mse_loss", "reduction"),
+        ("Functional.gelu", "elementwise"),
+        ("Tensor.__add__", "elementwise"),
+        ("Module.fcs.0.Linear", "matmul"),
+        ("Module.norms.0.LayerNorm", "norm"),
+        ("Module.block.Block", "module"),
+    ],
+)
 def test_op_classes(name, cls):
     assert op_class(name) == cls
 
@@ -54,7 +76,7 @@ def test_op_classes(name, cls):
 def test_allowances_grow_with_what_each_class_can_amplify():
     assert allowance("elementwise", 64, 1, 1) == allowance("elementwise", 4096, 50, 9)
     assert allowance("matmul", 4096, 1, 1) == 8 * allowance("matmul", 64, 1, 1)  # sqrt(K)
-    assert allowance("norm", 1, 50, 1) == 50 * allowance("norm", 1, 1, 1)       # max |x| / std
+    assert allowance("norm", 1, 50, 1) == 50 * allowance("norm", 1, 1, 1)  # max |x| / std
     assert allowance("norm", 1, 0.5, 1) == allowance("norm", 1, 1, 1)
 
 
@@ -66,12 +88,13 @@ def test_noise_floor_is_a_capped_low_quantile_and_sums_scale_with_size():
     assert capped == pytest.approx(CAP_ULPS * EPS, rel=0.01)
     limits = {"Max": 4e-6, "Mean": 1e-8}
     assert floor_of(limits, "Max", 10000) == 4e-6
-    assert floor_of(limits, "Mean", 10000) == pytest.approx(1e-6)   # per sqrt(n), scaled back
-    assert floor_of(limits, "Mean", 1) == 4e-6                        # a scalar's Mean is its Max
+    assert floor_of(limits, "Mean", 10000) == pytest.approx(1e-6)  # per sqrt(n), scaled back
+    assert floor_of(limits, "Mean", 1) == 4e-6  # a scalar's Mean is its Max
 
 
 # hand-written dumps: a chain of layers, every statistic nudged by a few ulp in run A; one entry can carry a
 # real error; each entry's input is the previous entry's output (as a real run records it)
+
 
 def _chain(directory, errors, ops, noise_seed=1, inputs_extra=None):
     import random
@@ -96,8 +119,11 @@ def _chain(directory, errors, ops, noise_seed=1, inputs_extra=None):
     for side in ("a", "b"):
         path = directory / side
         path.mkdir(parents=True)
-        (path / "dump.json").write_text(json.dumps({"task": "statistics", "level": "L1", "framework": "pytorch",
-                                                    "dump_data_dir": None, "data": data[side]}))
+        (path / "dump.json").write_text(
+            json.dumps(
+                {"task": "statistics", "level": "L1", "framework": "pytorch", "dump_data_dir": None, "data": data[side]}
+            )
+        )
     return str(directory / "a"), str(directory / "b")
 
 
@@ -156,13 +182,23 @@ def _stats(values, shape):
 # run B with --seed 7: net1's first linear (input x, weight, bias -> output) and the batch_norm it feeds
 # (that output, running mean, running var, weight, bias -> normalised output), Max, Min, Mean, Norm
 SEEDED_LINEAR = {
-    "a": [(2.7440667, -2.3309395, -0.0232627, 9.9738016), (0.1764288, -0.1765512, -0.0002825, 3.1622252),
-          (0.1731171, -0.1547506, -0.0216476, 0.4922506), (1.3671668, -1.4511256, -0.0584613, 5.1804814)],
-    "b": [(2.5966012, -2.7002826, -0.0039410, 9.8077621), (0.1766308, -0.1765421, 0.0001034, 3.2956371),
-          (0.1711940, -0.1761866, -0.0208750, 0.6286973), (1.5190893, -1.2341632, 0.0042249, 5.6230364)],
+    "a": [
+        (2.7440667, -2.3309395, -0.0232627, 9.9738016),
+        (0.1764288, -0.1765512, -0.0002825, 3.1622252),
+        (0.1731171, -0.1547506, -0.0216476, 0.4922506),
+        (1.3671668, -1.4511256, -0.0584613, 5.1804814),
+    ],
+    "b": [
+        (2.5966012, -2.7002826, -0.0039410, 9.8077621),
+        (0.1766308, -0.1765421, 0.0001034, 3.2956371),
+        (0.1711940, -0.1761866, -0.0208750, 0.6286973),
+        (1.5190893, -1.2341632, 0.0042249, 5.6230364),
+    ],
 }
-SEEDED_BATCH_NORM_OUTPUT = {"a": (1.4137990, -1.4132441, -1.64e-08, 9.7976532),
-                            "b": (1.4135700, -1.4130316, -1.42e-08, 9.7977266)}
+SEEDED_BATCH_NORM_OUTPUT = {
+    "a": (1.4137990, -1.4132441, -1.64e-08, 9.7976532),
+    "b": (1.4135700, -1.4130316, -1.42e-08, 9.7977266),
+}
 
 
 def test_a_normalisation_whose_input_differs_wholly_is_explained_by_it(tmp_path):
@@ -176,14 +212,21 @@ def test_a_normalisation_whose_input_differs_wholly_is_explained_by_it(tmp_path)
         data = {
             "Functional.linear.0.forward": {
                 "input_args": [_stats(x, (3, 32)), _stats(weight, (32, 32)), _stats(bias, (32,))],
-                "input_kwargs": {}, "output": [_stats(out, (3, 32))]},
+                "input_kwargs": {},
+                "output": [_stats(out, (3, 32))],
+            },
             "Functional.batch_norm.0.forward": {
                 "input_args": [_stats(out, (3, 32))] + [_stats(v, (32,)) for v in (zeros, ones, ones, zeros)],
-                "input_kwargs": {}, "output": [_stats(SEEDED_BATCH_NORM_OUTPUT[side], (3, 32))]},
+                "input_kwargs": {},
+                "output": [_stats(SEEDED_BATCH_NORM_OUTPUT[side], (3, 32))],
+            },
         }
         (tmp_path / side).mkdir()
-        (tmp_path / side / "dump.json").write_text(json.dumps(
-            {"task": "statistics", "level": "L1", "framework": "pytorch", "dump_data_dir": None, "data": data}))
+        (tmp_path / side / "dump.json").write_text(
+            json.dumps(
+                {"task": "statistics", "level": "L1", "framework": "pytorch", "dump_data_dir": None, "data": data}
+            )
+        )
     summary = compare_runs(str(tmp_path / "a"), str(tmp_path / "b"))
     assert summary["pairs"][0]["suspects"] == [] and summary["first_suspect"] is None, summary["first_suspect"]
 

@@ -1,4 +1,5 @@
 """compare on dumps of our own runtime: agreement, a 1 % error, a NaN, an extra call, incompatible dumps."""
+
 import csv
 import glob
 import json
@@ -30,13 +31,17 @@ def test_two_identical_runs_do_not_diverge(make_dump, tmp_path):
     assert "first divergence: none" in out
 
 
-@pytest.mark.parametrize("api, entry, line", [
-    ("Torch.sigmoid", "Torch.sigmoid.0.forward", SIGMOID_LINE),
-    ("Functional.gelu", "Functional.gelu.0.forward", GELU_LINE),
-])
+@pytest.mark.parametrize(
+    "api, entry, line",
+    [
+        ("Torch.sigmoid", "Torch.sigmoid.0.forward", SIGMOID_LINE),
+        ("Functional.gelu", "Functional.gelu.0.forward", GELU_LINE),
+    ],
+)
 def test_one_percent_scaling_is_named_as_first_divergence(make_dump, tmp_path, api, entry, line):
-    summary = compare_runs(str(make_dump("--scale-api", api, "--factor", "1.01")), str(make_dump()),
-                           str(tmp_path / "out"))
+    summary = compare_runs(
+        str(make_dump("--scale-api", api, "--factor", "1.01")), str(make_dump()), str(tmp_path / "out")
+    )
     first = summary["first_divergence"]
     assert first is not None and first["entry"] == entry and first["bench_entry"] == entry
     assert first["kind"] == "outputs" and first["role"] == "output"
@@ -92,14 +97,21 @@ def test_tensor_dumps_get_element_wise_metrics(make_dump, tmp_path):
     base = make_dump("--task", "tensor")
     same = compare_runs(str(base), str(base), str(tmp_path / "same"))
     assert same["first_divergence"] is None
-    summary = compare_runs(str(make_dump("--task", "tensor", "--scale-api", "Torch.sigmoid")), str(base),
-                           str(tmp_path / "out"))
+    summary = compare_runs(
+        str(make_dump("--task", "tensor", "--scale-api", "Torch.sigmoid")), str(base), str(tmp_path / "out")
+    )
     assert summary["first_divergence"]["entry"] == "Torch.sigmoid.0.forward"
     [csv_path] = glob.glob(str(tmp_path / "out" / "compare_result_*.csv"))
     with open(csv_path, newline="") as handle:
         rows = {row["NPU Name"]: row for row in csv.DictReader(handle)}
-    for column in ("Cosine", "EucDist", "MaxAbsErr", "MaxRelativeErr", "One Thousandth Err Ratio",
-                   "Five Thousandths Err Ratio"):
+    for column in (
+        "Cosine",
+        "EucDist",
+        "MaxAbsErr",
+        "MaxRelativeErr",
+        "One Thousandth Err Ratio",
+        "Five Thousandths Err Ratio",
+    ):
         assert column in next(iter(rows.values()))
     scaled = rows["Torch.sigmoid.0.forward.output.0"]
     assert float(scaled["Cosine"]) == pytest.approx(1.0)  # a scaling keeps the direction
@@ -122,11 +134,36 @@ def test_reports(make_dump, tmp_path):
     [csv_path] = glob.glob(str(out / "compare_result_*.csv"))
     with open(csv_path, newline="") as handle:
         header = next(csv.reader(handle))
-    for column in ("NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape", "Bench Tensor Shape",
-                   "NPU Requires_grad", "Bench Requires_grad", "Max diff", "Min diff", "Mean diff", "L2norm diff",
-                   "MaxRelativeErr", "MinRelativeErr", "MeanRelativeErr", "NormRelativeErr", "NPU max",
-                   "NPU min", "NPU mean", "NPU l2norm", "Bench max", "Bench min", "Bench mean", "Bench l2norm",
-                   "Requires_grad Consistent", "Result", "Err_message", "NPU_Stack_Info"):
+    for column in (
+        "NPU Name",
+        "Bench Name",
+        "NPU Dtype",
+        "Bench Dtype",
+        "NPU Tensor Shape",
+        "Bench Tensor Shape",
+        "NPU Requires_grad",
+        "Bench Requires_grad",
+        "Max diff",
+        "Min diff",
+        "Mean diff",
+        "L2norm diff",
+        "MaxRelativeErr",
+        "MinRelativeErr",
+        "MeanRelativeErr",
+        "NormRelativeErr",
+        "NPU max",
+        "NPU min",
+        "NPU mean",
+        "NPU l2norm",
+        "Bench max",
+        "Bench min",
+        "Bench mean",
+        "Bench l2norm",
+        "Requires_grad Consistent",
+        "Result",
+        "Err_message",
+        "NPU_Stack_Info",
+    ):
         assert column in header
     summary = json.loads((out / "compare_summary.json").read_text())  # strict JSON: no NaN or Infinity
     assert "first_divergence" in summary
@@ -166,10 +203,17 @@ def test_statistics_comparison_imports_neither_libcst_nor_torch(make_dump):
 
     from .conftest import ROOT
 
-    code = ("import sys; from msprobe_rewrite.cli import main; rc = main(['compare', sys.argv[1], sys.argv[2]]);"
-            "assert 'libcst' not in sys.modules and 'torch' not in sys.modules, 'imported'; print(rc)")
-    done = subprocess.run([sys.executable, "-c", code, str(make_dump()), str(make_dump())], capture_output=True,
-                          text=True, env=dict(os.environ, PYTHONPATH=ROOT), timeout=300)
+    code = (
+        "import sys; from msprobe_rewrite.cli import main; rc = main(['compare', sys.argv[1], sys.argv[2]]);"
+        "assert 'libcst' not in sys.modules and 'torch' not in sys.modules, 'imported'; print(rc)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(make_dump()), str(make_dump())],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "0"
 
@@ -177,8 +221,9 @@ def test_statistics_comparison_imports_neither_libcst_nor_torch(make_dump):
 def test_at_l0_a_fault_in_a_modules_own_code_is_located_inside_that_module(make_dump):
     # F.gelu is not recorded at L0: the difference first shows at the input of the next recorded module,
     # and the LayerNorm after it shrinks the error below threshold, so no later entry is to blame
-    summary = compare_runs(str(make_dump("--level", "L0", "--scale-api", "Functional.gelu")),
-                           str(make_dump("--level", "L0")))
+    summary = compare_runs(
+        str(make_dump("--level", "L0", "--scale-api", "Functional.gelu")), str(make_dump("--level", "L0"))
+    )
     first = summary["first_divergence"]
     assert first["entry"] == "Module.block1.norm.LayerNorm.forward.0"
     assert first["kind"] == "inputs" and first["role"] == "input"

@@ -1,5 +1,6 @@
 """compare reads a task=tensor dump's files as data only: each a plain file name in the dump's tensor
 directory, no link followed, nothing unpickled (msprobe_rewrite/compare/elementwise.py)."""
+
 import os
 
 import pytest
@@ -30,8 +31,11 @@ def test_a_tensor_pair_in_the_dumps_is_compared(dirs):
 
 def test_a_data_name_that_leaves_the_directory_is_not_read(dirs):
     _, a, b = dirs
-    for escaping in ("../../outside.pt", "../outside.pt", os.path.join(os.path.dirname(os.path.dirname(a)),
-                                                                       "outside.pt")):
+    for escaping in (
+        "../../outside.pt",
+        "../outside.pt",
+        os.path.join(os.path.dirname(os.path.dirname(a)), "outside.pt"),
+    ):
         metrics = tensor_metrics(a, escaping, b, "Torch.add.0.forward.output.0.pt")
         assert "Cosine" not in metrics and "not a file name" in metrics["Err_message"], escaping
 

@@ -1,4 +1,5 @@
 """Units of the comparison: streaming JSON, alignment, entry names, run discovery and rank pairing."""
+
 import io
 import json
 import random
@@ -53,12 +54,19 @@ def test_alignment_of_long_runs_with_one_extra_entry_each_side():
 @pytest.mark.parametrize("chunk", [1, 2, 3, 7, 64])
 def test_streaming_reader_across_chunk_boundaries(monkeypatch, chunk):
     monkeypatch.setattr(jsonstream, "_CHUNK", chunk)
-    document = {"task": "statistics", "level": "L1", "n": 12345, "data": {
-        "A.x.0.forward": {"input_args": [{"Max": 1.5e-7, "v": [1, 2, 3]}], "s": "a\"}{,"},
-        "B.y.0.forward": {"output": [None, True, -0.0]}, "C": {}}, "after": 67890}
+    document = {
+        "task": "statistics",
+        "level": "L1",
+        "n": 12345,
+        "data": {
+            "A.x.0.forward": {"input_args": [{"Max": 1.5e-7, "v": [1, 2, 3]}], "s": 'a"}{,'},
+            "B.y.0.forward": {"output": [None, True, -0.0]},
+            "C": {},
+        },
+        "after": 67890,
+    }
     header = {}
-    items = list(jsonstream.iter_members(io.StringIO(json.dumps(document, indent=1)), "data",
-                                         header.__setitem__))
+    items = list(jsonstream.iter_members(io.StringIO(json.dumps(document, indent=1)), "data", header.__setitem__))
     assert dict(items) == document["data"]
     assert header == {"task": "statistics", "level": "L1", "n": 12345, "after": 67890}
     with pytest.raises(jsonstream.JsonStreamError):
@@ -78,12 +86,26 @@ def test_entry_names():
 
 def _write_dump(directory, scale=1.0, level="L1"):
     directory.mkdir(parents=True)
-    record = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [4], "Max": 2.0 * scale,
-              "Min": -1.0 * scale, "Mean": 0.5 * scale, "Norm": 3.0 * scale, "requires_grad": False}
-    data = {"Torch.relu.0.forward": {"input_args": [dict(record, Max=2.0, Min=-1.0, Mean=0.5, Norm=3.0)],
-                                     "input_kwargs": {}, "output": [record]}}
-    (directory / "dump.json").write_text(json.dumps({"task": "statistics", "level": level, "framework": "pytorch",
-                                                    "dump_data_dir": None, "data": data}))
+    record = {
+        "type": "torch.Tensor",
+        "dtype": "torch.float32",
+        "shape": [4],
+        "Max": 2.0 * scale,
+        "Min": -1.0 * scale,
+        "Mean": 0.5 * scale,
+        "Norm": 3.0 * scale,
+        "requires_grad": False,
+    }
+    data = {
+        "Torch.relu.0.forward": {
+            "input_args": [dict(record, Max=2.0, Min=-1.0, Mean=0.5, Norm=3.0)],
+            "input_kwargs": {},
+            "output": [record],
+        }
+    }
+    (directory / "dump.json").write_text(
+        json.dumps({"task": "statistics", "level": level, "framework": "pytorch", "dump_data_dir": None, "data": data})
+    )
 
 
 def test_ranks_are_paired_by_number(tmp_path):
@@ -139,8 +161,11 @@ def test_float32_noise_does_not_fire_and_one_percent_does():
     from msprobe_rewrite.compare.records import Tensor
 
     def tensor(max_, min_, mean, norm):
-        return Tensor("output.0", "output", {"dtype": "torch.float32", "shape": [1024], "Max": max_, "Min": min_,
-                                             "Mean": mean, "Norm": norm})
+        return Tensor(
+            "output.0",
+            "output",
+            {"dtype": "torch.float32", "shape": [1024], "Max": max_, "Min": min_, "Mean": mean, "Norm": norm},
+        )
 
     limits = Thresholds()
     base = tensor(3.2, -3.1, 1e-6, 32.0)  # a zero-mean activation: its Mean is summation noise
@@ -150,25 +175,39 @@ def test_float32_noise_does_not_fire_and_one_percent_does():
     assert off.exceeds and off.worst == pytest.approx(0.01 / 1.01)
     assert off.rel[2] == pytest.approx(0.01)  # msprobe's own relative error, for the CSV
     assert compare_tensors(tensor(float("nan"), -3.1, 1e-6, 32.0), base, limits).exceeds
-    assert not compare_tensors(tensor(float("nan"), -3.1, 1e-6, 32.0), tensor(float("nan"), -3.1, 1e-6, 32.0),
-                               limits).exceeds
+    assert not compare_tensors(
+        tensor(float("nan"), -3.1, 1e-6, 32.0), tensor(float("nan"), -3.1, 1e-6, 32.0), limits
+    ).exceeds
 
 
 def _write_entries(directory, names, level="mix"):
     directory.mkdir(parents=True)
-    record = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [4], "Max": 2.0, "Min": -1.0,
-              "Mean": 0.5, "Norm": 3.0, "requires_grad": False}
+    record = {
+        "type": "torch.Tensor",
+        "dtype": "torch.float32",
+        "shape": [4],
+        "Max": 2.0,
+        "Min": -1.0,
+        "Mean": 0.5,
+        "Norm": 3.0,
+        "requires_grad": False,
+    }
     data = {name: {"input": [record], "output": [record]} for name in names}
-    (directory / "dump.json").write_text(json.dumps({"task": "statistics", "level": level, "framework": "pytorch",
-                                                    "dump_data_dir": None, "data": data}))
+    (directory / "dump.json").write_text(
+        json.dumps({"task": "statistics", "level": level, "framework": "pytorch", "dump_data_dir": None, "data": data})
+    )
 
 
 def test_module_backward_entries_pair_across_the_two_writing_orders(tmp_path):
     """Here a module's backward entry follows its children's; msprobe writes it before them. The same name
     on both sides is one entry, whichever order the two dumps wrote it in."""
     layer = "Module.model.layers.0.self_attn.LlamaAttention.backward.0"
-    children = ["Module.model.layers.0.self_attn.o_proj.Linear.backward.0", "Functional.linear.3.backward",
-                "Functional.softmax.0.backward", "Module.model.layers.0.self_attn.q_proj.Linear.backward.0"]
+    children = [
+        "Module.model.layers.0.self_attn.o_proj.Linear.backward.0",
+        "Functional.linear.3.backward",
+        "Functional.softmax.0.backward",
+        "Module.model.layers.0.self_attn.q_proj.Linear.backward.0",
+    ]
     _write_entries(tmp_path / "ours", ["Functional.linear.4.backward", *children, layer, "Torch.cat.0.backward"])
     _write_entries(tmp_path / "msprobe", ["Functional.linear.4.backward", layer, *children, "Torch.cat.0.backward"])
     for a, b in (("ours", "msprobe"), ("msprobe", "ours")):

@@ -1,4 +1,5 @@
 """The programs of fixtures/compiled/cases.py, run as written and rewritten, with and without collection."""
+
 import concurrent.futures
 import json
 import subprocess
@@ -40,15 +41,19 @@ def run_cases(script, level, workdir, pythonpath, *extra):
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or len(lines) != 1:
         return None, tail
-    return {"cases": json.loads(lines[0][len("RESULT "):]), "stderr": done.stderr}, tail
+    return {"cases": json.loads(lines[0][len("RESULT ") :]), "stderr": done.stderr}, tail
 
 
 @pytest.fixture(scope="session")
 def rewritten_cases(tmp_path_factory):
     """fixtures/compiled rewritten by the CLI: the program that calls compiled code is instrumented too."""
     copy = tmp_path_factory.mktemp("compiled_cases")
-    done = subprocess.run([sys.executable, "-m", "msprobe_rewrite", "--out", str(copy / "compiled"), str(CASES_DIR)],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "msprobe_rewrite", "--out", str(copy / "compiled"), str(CASES_DIR)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert (copy / "compiled" / "cases.py").read_text().count("__msprobe__.dyn") > 5
     return copy / "compiled" / "cases.py"
@@ -63,6 +68,8 @@ def case_runs(rewritten_cases, megatron_copy, tmp_path_factory):
     jobs = {"original": (CASES_DIR / "cases.py", "none", None), "off": (rewritten_cases, "none", megatron_copy)}
     jobs.update((level, (rewritten_cases, level, megatron_copy)) for level in LEVELS)
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(run_cases, script, level, root / name, path)
-                   for name, (script, level, path) in jobs.items()}
+        futures = {
+            name: pool.submit(run_cases, script, level, root / name, path)
+            for name, (script, level, path) in jobs.items()
+        }
         return {name: (*future.result(), root / name / "dump") for name, future in futures.items()}

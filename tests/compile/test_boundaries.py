@@ -1,6 +1,7 @@
 """Compiled callables told apart and named (runtime/compiled_calls.py), and what collection leaves behind for
 torch.compile: no global hook mark after stop(), no graph break where the runtime does not see a compiled call's
 boundary. In this process, with the ``eager`` backend."""
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -56,7 +57,8 @@ def test_boundary_names():
 
     assert compiled_calls.function_name(plain_function, {}) == "Compiled.plain_function"
     assert compiled_calls.function_name(local_helper, {}) == (
-        "Compiled.test_boundary_names_local_helper")  # one part: msprobe's grammar has no dots in an API's name
+        "Compiled.test_boundary_names_local_helper"
+    )  # one part: msprobe's grammar has no dots in an API's name
     assert compiled_calls.function_name(plain_function, {id(plain_function): "Megatron.fused"}) == "Megatron.fused"
     assert compiled_calls.module_name(Block()) == "Compiled.Block"
 
@@ -110,13 +112,13 @@ def test_an_unseen_boundary_is_no_graph_break(tmp_path, level):
     assert counters["frames"]["total"] <= 2, dict(counters["frames"])
 
 
-CALLER = '''
+CALLER = """
 import torch
 
 
 def call(fn, *args):
     return fn(*args)
-'''
+"""
 
 
 class Failing(torch.nn.Module):

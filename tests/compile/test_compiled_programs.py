@@ -5,6 +5,7 @@ gradient. Each compiled call made from eager code is one entry at its boundary; 
 
 The five runs (original, rewritten with collection off, at L0, L1 and mix) take 20 to 40 s two at a time, plus the
 rewritten megatron-core copy (tests/conftest.py) that the megatron case imports."""
+
 import glob
 import json
 import os
@@ -55,40 +56,76 @@ def test_collection_never_breaks_nor_recompiles_a_compiled_region(case_runs, cas
 
 # (case, level) -> (entries each step must hold, entries no step may hold: calls inside a compiled region)
 BOUNDARIES = {
-    ("blocks", "L1"): (["Compiled.Sequential.0.forward", "Compiled.Sequential.0.backward"],
-                       ["Functional.linear.0.forward", "Functional.gelu.0.forward", "Tensor.__add__.0.forward"]),
-    ("blocks", "mix"): (["Compiled.Sequential.0.forward", "Compiled.Sequential.0.backward",
-                         "Module.0.fc.Linear.parameters_grad.0"],
-                        ["Functional.linear.0.forward", "Module.0.Block.forward.0", "Module.0.fc.Linear.forward.0"]),
+    ("blocks", "L1"): (
+        ["Compiled.Sequential.0.forward", "Compiled.Sequential.0.backward"],
+        ["Functional.linear.0.forward", "Functional.gelu.0.forward", "Tensor.__add__.0.forward"],
+    ),
+    ("blocks", "mix"): (
+        ["Compiled.Sequential.0.forward", "Compiled.Sequential.0.backward", "Module.0.fc.Linear.parameters_grad.0"],
+        ["Functional.linear.0.forward", "Module.0.Block.forward.0", "Module.0.fc.Linear.forward.0"],
+    ),
     ("blocks", "L0"): (["Module.3.fc.Linear.parameters_grad.0"], ["Module.0.Block.forward.0"]),
     # block 1 compiled, called from this file's loop; tail.1 compiled, called by nn.Sequential (torch's code)
-    ("submodule", "L1"): (["Compiled.Block.0.forward", "Compiled.Block.1.forward", "Compiled.Block.0.backward",
-                           "Functional.linear.2.forward"],
-                          ["Functional.linear.3.forward", "Functional.gelu.3.forward"]),
-    ("submodule", "mix"): (["Module.blocks.1.Block.forward.0", "Module.blocks.1.Block.backward.0",
-                            "Module.tail.1.Block.forward.0", "Module.blocks.0.fc.Linear.forward.0",
-                            "Module.blocks.1.fc.Linear.parameters_grad.0", "Functional.linear.2.forward"],
-                           ["Module.blocks.1.fc.Linear.forward.0", "Module.tail.1.fc.Linear.forward.0",
-                            "Functional.linear.3.forward", "Compiled.Block.0.forward"]),
-    ("submodule", "L0"): (["Module.blocks.1.Block.forward.0", "Module.tail.1.Block.backward.0"],
-                          ["Module.blocks.1.fc.Linear.forward.0"]),
-    ("in_place", "L1"): (["Compiled.Block.0.forward", "Compiled.Block.0.backward", "Functional.linear.0.forward"],
-                         ["Functional.linear.1.forward"]),
-    ("in_place", "mix"): (["Module.second.Block.forward.0", "Module.second.Block.backward.0",
-                           "Module.first.fc.Linear.forward.0"], ["Module.second.fc.Linear.forward.0"]),
+    ("submodule", "L1"): (
+        [
+            "Compiled.Block.0.forward",
+            "Compiled.Block.1.forward",
+            "Compiled.Block.0.backward",
+            "Functional.linear.2.forward",
+        ],
+        ["Functional.linear.3.forward", "Functional.gelu.3.forward"],
+    ),
+    ("submodule", "mix"): (
+        [
+            "Module.blocks.1.Block.forward.0",
+            "Module.blocks.1.Block.backward.0",
+            "Module.tail.1.Block.forward.0",
+            "Module.blocks.0.fc.Linear.forward.0",
+            "Module.blocks.1.fc.Linear.parameters_grad.0",
+            "Functional.linear.2.forward",
+        ],
+        [
+            "Module.blocks.1.fc.Linear.forward.0",
+            "Module.tail.1.fc.Linear.forward.0",
+            "Functional.linear.3.forward",
+            "Compiled.Block.0.forward",
+        ],
+    ),
+    ("submodule", "L0"): (
+        ["Module.blocks.1.Block.forward.0", "Module.tail.1.Block.backward.0"],
+        ["Module.blocks.1.fc.Linear.forward.0"],
+    ),
+    ("in_place", "L1"): (
+        ["Compiled.Block.0.forward", "Compiled.Block.0.backward", "Functional.linear.0.forward"],
+        ["Functional.linear.1.forward"],
+    ),
+    ("in_place", "mix"): (
+        ["Module.second.Block.forward.0", "Module.second.Block.backward.0", "Module.first.fc.Linear.forward.0"],
+        ["Module.second.fc.Linear.forward.0"],
+    ),
     ("in_place", "L0"): (["Module.second.Block.forward.0"], ["Module.second.fc.Linear.forward.0"]),
-    ("function", "L1"): (["Compiled.make_fused_fused_residual.0.forward",
-                          "Compiled.make_fused_fused_residual.0.backward"],
-                         ["Torch.tanh.0.forward", "Tensor.clamp.0.forward", "Tensor.__setitem__.0.forward"]),
-    ("function", "mix"): (["Compiled.make_fused_fused_residual.0.forward", "Module.fc.Linear.forward.0"],
-                          ["Torch.tanh.0.forward", "Tensor.clamp.0.forward"]),
+    ("function", "L1"): (
+        ["Compiled.make_fused_fused_residual.0.forward", "Compiled.make_fused_fused_residual.0.backward"],
+        ["Torch.tanh.0.forward", "Tensor.clamp.0.forward", "Tensor.__setitem__.0.forward"],
+    ),
+    ("function", "mix"): (
+        ["Compiled.make_fused_fused_residual.0.forward", "Module.fc.Linear.forward.0"],
+        ["Torch.tanh.0.forward", "Tensor.clamp.0.forward"],
+    ),
     ("function", "L0"): (["Module.fc.Linear.forward.0"], ["Compiled.make_fused_fused_residual.0.forward"]),
-    ("megatron", "L1"): (["Megatron.bias_gelu_impl.0.forward", "Megatron.bias_swiglu_impl.0.forward",
-                          "Megatron.bias_dropout_add_fused_train.0.forward",
-                          "Megatron.bias_dropout_add_fused_train.0.backward"],
-                         ["Megatron.bias_gelu.0.forward", "Functional.dropout.0.forward"]),
-    ("megatron", "mix"): (["Megatron.bias_dropout_add_fused_train.0.forward", "Module.fc1.Linear.forward.0"],
-                          ["Functional.dropout.0.forward"]),
+    ("megatron", "L1"): (
+        [
+            "Megatron.bias_gelu_impl.0.forward",
+            "Megatron.bias_swiglu_impl.0.forward",
+            "Megatron.bias_dropout_add_fused_train.0.forward",
+            "Megatron.bias_dropout_add_fused_train.0.backward",
+        ],
+        ["Megatron.bias_gelu.0.forward", "Functional.dropout.0.forward"],
+    ),
+    ("megatron", "mix"): (
+        ["Megatron.bias_dropout_add_fused_train.0.forward", "Module.fc1.Linear.forward.0"],
+        ["Functional.dropout.0.forward"],
+    ),
     ("megatron", "L0"): (["Module.fc2.Linear.backward.0"], ["Megatron.bias_dropout_add_fused_train.0.forward"]),
 }
 

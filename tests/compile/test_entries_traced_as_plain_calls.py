@@ -3,6 +3,7 @@ that uses every form of the contract compiles as one graph with no break, collec
 collection on and off recompiles nothing (Dynamo guards on no state of ours). Compiled with the ``eager`` backend, in
 this process: the
 graphs are Dynamo's, the arithmetic is the original's, bit for bit."""
+
 import glob
 import json
 
@@ -93,11 +94,18 @@ def _equal(a, b):
 def test_the_program_uses_every_entry_point(program):
     rewritten, _, _ = program
     used = {row.entry for row in operators.TABLE if row.kind != operators.STORE}
-    missing = [entry for entry in used if f"__msprobe__.{entry}(" not in rewritten
-               and f'"{entry}"' not in rewritten]  # augmented forms name their entry: aug(..., "iadd", v)
+    missing = [
+        entry for entry in used if f"__msprobe__.{entry}(" not in rewritten and f'"{entry}"' not in rewritten
+    ]  # augmented forms name their entry: aug(..., "iadd", v)
     assert missing == []
-    for form in ("__msprobe__.call(", "__msprobe__.dyn(", "__msprobe__.truth(", "__msprobe__.attr(",
-                 "__msprobe__.item(", "__msprobe__.aug("):
+    for form in (
+        "__msprobe__.call(",
+        "__msprobe__.dyn(",
+        "__msprobe__.truth(",
+        "__msprobe__.attr(",
+        "__msprobe__.item(",
+        "__msprobe__.aug(",
+    ):
         assert form in rewritten
     assert "__msprobe__.item(f)[0] = " in rewritten  # the subscript store
 

@@ -4,6 +4,7 @@ the function compiles once, whole. Where that finder did not see the import (ano
 Dynamo traces the shims themselves: the collector's entries are then the plain calls (no record inside, no graph
 break), and the function compiles once more at most, when collection stops and the polyfills are registered;
 later starts and stops recompile nothing. In new interpreters: registration is once per process."""
+
 import json
 import subprocess
 import sys
@@ -15,7 +16,7 @@ pytest.importorskip("libcst")
 
 pytestmark = pytest.mark.slow  # a new interpreter that loads Dynamo
 
-MODEL = '''
+MODEL = """
 import torch
 
 
@@ -27,9 +28,9 @@ def body(x):
 
 def call_compiled(fn, x):
     return fn(x)
-'''
+"""
 
-SCRIPT = '''
+SCRIPT = """
 import json, sys
 import msprobe_runtime
 from msprobe_runtime import PrecisionDebugger, compiled_regions
@@ -65,7 +66,7 @@ print(json.dumps({"registered_while_collecting": registered_while_collecting,
                   "equal": all(torch.equal(out, expected) for out in outs),
                   "frames": dict(counters["frames"]),
                   "graph_breaks": sum(counters["graph_break"].values())}))
-'''
+"""
 
 
 @pytest.mark.parametrize("finder", ["finder-bypassed", "finder-in-place"])
@@ -74,8 +75,12 @@ def test_a_function_compiled_while_collecting_after_dynamo_was_loaded(tmp_path, 
 
     (tmp_path / "compiled_model.py").write_bytes(rewrite_source(MODEL.encode()))
     (tmp_path / "script.py").write_text(SCRIPT)
-    done = subprocess.run([sys.executable, str(tmp_path / "script.py"), str(tmp_path), str(tmp_path / "dump"),
-                           finder], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(tmp_path / "script.py"), str(tmp_path), str(tmp_path / "dump"), finder],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["registered"] is True

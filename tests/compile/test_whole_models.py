@@ -5,6 +5,7 @@ instrumented too). Collecting at L1 or mix, every loss and gradient is bit-ident
 Dynamo compiles the same (frames, graph breaks: megatron's 16 are its own, graphs), and the dump holds the compiled
 call's boundary entry, forward and backward, every step, the eager calls around it, and at mix every parameter's
 gradient; nothing from inside the compiled model."""
+
 import json
 import subprocess
 import sys
@@ -32,22 +33,43 @@ def _gpt(workdir, level, copy):
     if level != "none":
         command += ["--dump", str(workdir / "dump"), "--level", level]
     workdir.mkdir(parents=True)
-    done = subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=900,
-                          env=training_env(copy, PYTHONWARNINGS="ignore"))
+    done = subprocess.run(
+        command,
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=training_env(copy, PYTHONWARNINGS="ignore"),
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     lines = done.stdout.splitlines()
-    dynamo = next(json.loads(line[len("dynamo "):]) for line in lines if line.startswith("dynamo "))
+    dynamo = next(json.loads(line[len("dynamo ") :]) for line in lines if line.startswith("dynamo "))
     return [line for line in lines if line.split(" ", 1)[0] in ("loss", "grad")], dynamo, done.stderr
 
 
 def _llama(workdir, level):
     command = [str(LLAMA), "--arch", "llama", "--compile", "--steps", str(STEPS), "--level", level]
     if level != "none":
-        command = ["-m", "msprobe_rewrite", "run", "--packages", "transformers", "--", *command,
-                   "--dump", str(workdir / "dump")]
+        command = [
+            "-m",
+            "msprobe_rewrite",
+            "run",
+            "--packages",
+            "transformers",
+            "--",
+            *command,
+            "--dump",
+            str(workdir / "dump"),
+        ]
     workdir.mkdir(parents=True)
-    done = subprocess.run([sys.executable, *command], cwd=workdir, capture_output=True, text=True, timeout=900,
-                          env=training_env(str(ROOT), PYTHONWARNINGS="ignore"))
+    done = subprocess.run(
+        [sys.executable, *command],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=training_env(str(ROOT), PYTHONWARNINGS="ignore"),
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["instrumented"] is (level != "none")
@@ -59,8 +81,10 @@ def runs(megatron_copy, tmp_path_factory):
     import concurrent.futures
 
     root = tmp_path_factory.mktemp("whole")
-    jobs = {("gpt", "none"): lambda: _gpt(root / "gpt-none", "none", None),
-            ("llama", "none"): lambda: _llama(root / "llama-none", "none")}
+    jobs = {
+        ("gpt", "none"): lambda: _gpt(root / "gpt-none", "none", None),
+        ("llama", "none"): lambda: _llama(root / "llama-none", "none"),
+    }
     for level in LEVELS:
         jobs[("gpt", level)] = lambda level=level: _gpt(root / f"gpt-{level}", level, megatron_copy)
         jobs[("llama", level)] = lambda level=level: _llama(root / f"llama-{level}", level)
@@ -101,8 +125,12 @@ def test_the_dump_holds_the_compiled_boundary_and_the_eager_calls(runs, model, l
         forward = data[f"{BOUNDARY[model]}.forward"]  # the call's own arguments, keywords included
         assert forward["output"] and forward["output"][0] is not None
         assert sorted(forward["input_kwargs"]) == KEYWORDS[model] and len(forward["input_args"]) == ARGS[model]
-        inside = [name for name in data if name.startswith(("Functional.", "Torch.", "Megatron."))
-                  or (name.startswith("Module.") and ".forward." in name)]
+        inside = [
+            name
+            for name in data
+            if name.startswith(("Functional.", "Torch.", "Megatron."))
+            or (name.startswith("Module.") and ".forward." in name)
+        ]
         assert inside == [], (step, inside[:10])  # nothing of what ran inside the compiled model
         grads = [name for name in data if ".parameters_grad." in name]
         if level == "mix":

@@ -3,6 +3,7 @@
 The restore inverts the forms on text (``msprobe_rewrite.text_restore``) and falls back to libcst where it
 cannot be sure; wherever it did not fall back, its bytes and notes must be the reference's.
 """
+
 import pytest
 
 from msprobe_rewrite import api, guard, text_restore

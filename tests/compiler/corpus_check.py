@@ -3,6 +3,7 @@
 Kept out of the test module so that worker processes (started with ``spawn``) can import it by name.
 ``check_source`` computes every invariant in one pass per file and returns a small picklable result.
 """
+
 from __future__ import annotations
 
 import ast
@@ -35,12 +36,14 @@ class Result(NamedTuple):
 
 # -- corpora ---------------------------------------------------------------------------------------------
 
+
 def stdlib_files() -> List[str]:
     root = sysconfig.get_paths()["stdlib"]
     found = []
     for directory, subdirectories, names in os.walk(root):
-        subdirectories[:] = sorted(d for d in subdirectories if d not in ("site-packages", "dist-packages",
-                                                                        "__pycache__"))
+        subdirectories[:] = sorted(
+            d for d in subdirectories if d not in ("site-packages", "dist-packages", "__pycache__")
+        )
         found.extend(os.path.join(directory, name) for name in sorted(names) if name.endswith(".py"))
     return found
 
@@ -68,6 +71,7 @@ def extra_files(name: str) -> List[str]:
 
 # -- invariants ------------------------------------------------------------------------------------------
 
+
 def _python_accepts(source: bytes, path: str) -> Tuple[Optional[ast.Module], str]:
     """The module's ast when this Python compiles ``source``, else (None, why not)."""
     try:
@@ -81,8 +85,12 @@ def _python_accepts(source: bytes, path: str) -> Tuple[Optional[ast.Module], str
 
 
 def _is_runtime_import(node: ast.stmt) -> bool:
-    return (isinstance(node, ast.Import) and len(node.names) == 1
-            and node.names[0].name == "msprobe_runtime" and node.names[0].asname == "__msprobe__")
+    return (
+        isinstance(node, ast.Import)
+        and len(node.names) == 1
+        and node.names[0].name == "msprobe_runtime"
+        and node.names[0].asname == "__msprobe__"
+    )
 
 
 def _statements(tree: ast.Module):
@@ -114,8 +122,10 @@ def line_mismatch(before: ast.Module, after: ast.Module) -> Optional[str]:
     for a, b in zip(old, new):
         name_a, name_b = _defined_name(a), _defined_name(b)
         if (a.lineno, a.end_lineno, name_a) != (b.lineno, b.end_lineno, name_b):
-            return (f"{type(a).__name__} {name_a or ''} at lines {a.lineno}-{a.end_lineno} is now "
-                    f"{type(b).__name__} {name_b or ''} at lines {b.lineno}-{b.end_lineno}")
+            return (
+                f"{type(a).__name__} {name_a or ''} at lines {a.lineno}-{a.end_lineno} is now "
+                f"{type(b).__name__} {name_b or ''} at lines {b.lineno}-{b.end_lineno}"
+            )
         # The first statement of a line keeps its indentation; later ones (`if c: f(x)`) may move right.
         if a.lineno not in seen_lines and a.lineno not in import_lines and a.col_offset != b.col_offset:
             return f"statement at line {a.lineno} moved from column {a.col_offset} to {b.col_offset}"
@@ -222,8 +232,9 @@ def ast_path_check(source: bytes, path: str, out: Optional[bytes], refusal: str)
         return SAME, ""
     for a, b in zip(ast.walk(fast), ast.walk(slow)):
         if isinstance(a, ast.stmt) and ast.dump(a) != ast.dump(b) and not hasattr(a, "body"):
-            return SAME, (f"the ast path differs at line {a.lineno}: {ast.unparse(a)[:120]!r} != "
-                          f"{ast.unparse(b)[:120]!r}")
+            return SAME, (
+                f"the ast path differs at line {a.lineno}: {ast.unparse(a)[:120]!r} != {ast.unparse(b)[:120]!r}"
+            )
     return SAME, "the ast path gives another tree"
 
 

@@ -2,6 +2,7 @@
 
 A plain module, so that the corpus check's spawned workers import it by name, as they do ``corpus_check``.
 """
+
 from __future__ import annotations
 
 from typing import List
@@ -23,9 +24,14 @@ def restore_disagreement(out: bytes, path: str, may_fall_back: bool = False) -> 
     if sum(text_restore.FALLBACKS.values()) != before and not may_fall_back:
         problems.append(f"the text restore fell back to libcst: {sorted(text_restore.FALLBACKS)}")
     if text != reference:
-        problems.append("the text restore differs from the libcst restore"
-                        + (first_difference(text[0], reference[0]) if text[0] != reference[0] else
-                           f": notes {text[1]} != {reference[1]}"))
+        problems.append(
+            "the text restore differs from the libcst restore"
+            + (
+                first_difference(text[0], reference[0])
+                if text[0] != reference[0]
+                else f": notes {text[1]} != {reference[1]}"
+            )
+        )
     return problems
 
 

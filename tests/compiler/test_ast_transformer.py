@@ -4,6 +4,7 @@
 of the standard library and megatron-core; the cases here are the spellings that ``ast`` does not keep and the
 path reads back from the source text (operator whitespace, parentheses, line breaks, f-string fields).
 """
+
 import ast
 
 import libcst as cst
@@ -22,33 +23,111 @@ def libcst_tree(source: bytes) -> str:
 
 SPELLINGS = [
     # operators: `a+ b` is the one spelling left alone, however the operands are parenthesized or spaced
-    "a + b\n", "a+ b\n", "a +b\n", "a+b\n", "(a)+ b\n", "(a )+ b\n", "a+  b\n", "a+\\\n b\n", "(a +\n b)\n",
-    "(a # note + c\n + b)\n", "a ** -b\n", "x = a @ b\n", "a // b\n", "a<<b\n", "1 + 2\n", "'%s' % x\n",
-    "'%s' 'b' % x\n", "('%s') % x\n", "f'{a}' % x\n",
+    "a + b\n",
+    "a+ b\n",
+    "a +b\n",
+    "a+b\n",
+    "(a)+ b\n",
+    "(a )+ b\n",
+    "a+  b\n",
+    "a+\\\n b\n",
+    "(a +\n b)\n",
+    "(a # note + c\n + b)\n",
+    "a ** -b\n",
+    "x = a @ b\n",
+    "a // b\n",
+    "a<<b\n",
+    "1 + 2\n",
+    "'%s' % x\n",
+    "'%s' 'b' % x\n",
+    "('%s') % x\n",
+    "f'{a}' % x\n",
     # unary operators: not with whitespace after them, not on literals
-    "-x\n", "- x\n", "-1\n", "~(x)\n", "+\\\nx\n", "not x\n",
+    "-x\n",
+    "- x\n",
+    "-1\n",
+    "~(x)\n",
+    "+\\\nx\n",
+    "not x\n",
     # comparisons: one comparator, no text literal
-    "a < b\n", "a<= b\n", "a < b < c\n", "a < 'x'\n", "a == None\n", "a != b\n", "a in b\n", "1 < 2\n",
+    "a < b\n",
+    "a<= b\n",
+    "a < b < c\n",
+    "a < 'x'\n",
+    "a == None\n",
+    "a != b\n",
+    "a in b\n",
+    "1 < 2\n",
     # calls: a bare generator, a callee and its parenthesis on two lines, builtins and constants as receivers
-    "import torch\ny = torch.relu(x)\n", "f(x for x in y)\n", "f((x for x in y))\n", "f(x for x in y )\n",
-    "f\\\n(x)\n", "(f\n)(x)\n", "(f)(x)\n", "print(x)\n", "super().f(x)\n", "True.__index__()\n",
-    "(None\n.method())\n", "a.b.c(x)(y)\n", "f(*a, k=1, **kw)\n", "f(k=1, *a)\n", "f[0](x)\n",
+    "import torch\ny = torch.relu(x)\n",
+    "f(x for x in y)\n",
+    "f((x for x in y))\n",
+    "f(x for x in y )\n",
+    "f\\\n(x)\n",
+    "(f\n)(x)\n",
+    "(f)(x)\n",
+    "print(x)\n",
+    "super().f(x)\n",
+    "True.__index__()\n",
+    "(None\n.method())\n",
+    "a.b.c(x)(y)\n",
+    "f(*a, k=1, **kw)\n",
+    "f(k=1, *a)\n",
+    "f[0](x)\n",
     # subscript stores and augmented assignments
-    "a[0] = 1\n", "(a[0]) = 1\n", "x = a[0] = 1\n", "x = (a[0]) = 1\n", "x = 1; a[0] = 2\n", "(a)[0] = 1\n",
-    "x += 1\n", "x+= 1\n", "(x) += 1\n", "a.b += 1\n", "a . b += 1\n", "a.b+= 1\n", "(a.b) += 1\n", "(a).b += 1\n",
-    "a[0] += 1\n", "a[0]+= 1\n", "a[f(x)] += g(y)\n", "x += (1, 2)\n", "x += 1, 2\n", "x += (1), (2)\n",
-    "x += ()\n", "x += (y := 2)\n", "x[0] += 1, 2\n", "x += (\n 1, # )\n 2)\n", "x += ('(', 2)\n",
+    "a[0] = 1\n",
+    "(a[0]) = 1\n",
+    "x = a[0] = 1\n",
+    "x = (a[0]) = 1\n",
+    "x = 1; a[0] = 2\n",
+    "(a)[0] = 1\n",
+    "x += 1\n",
+    "x+= 1\n",
+    "(x) += 1\n",
+    "a.b += 1\n",
+    "a . b += 1\n",
+    "a.b+= 1\n",
+    "(a.b) += 1\n",
+    "(a).b += 1\n",
+    "a[0] += 1\n",
+    "a[0]+= 1\n",
+    "a[f(x)] += g(y)\n",
+    "x += (1, 2)\n",
+    "x += 1, 2\n",
+    "x += (1), (2)\n",
+    "x += ()\n",
+    "x += (y := 2)\n",
+    "x[0] += 1, 2\n",
+    "x += (\n 1, # )\n 2)\n",
+    "x += ('(', 2)\n",
     # zones left as written, scopes
-    "def g(a=f(x)) -> h(y):\n    return f(x)\n", "@torch.jit.script\ndef g(x):\n    return x + 1\n",
-    "class A(f(x), metaclass=m(y)):\n    y = g(x)\n", "lambda a=f(x): g(a)\n", "[f(x) for x in g(y)]\n",
-    "a: int = f(x)\n", "a[f(x)]: h(x)\n", "match x:\n    case 1 if f(x):\n        g(x)\n",
-    "with f(a) as b[g(x)]:\n    pass\n", "import torch\ndef f(torch):\n    return torch.relu(x)\n",
+    "def g(a=f(x)) -> h(y):\n    return f(x)\n",
+    "@torch.jit.script\ndef g(x):\n    return x + 1\n",
+    "class A(f(x), metaclass=m(y)):\n    y = g(x)\n",
+    "lambda a=f(x): g(a)\n",
+    "[f(x) for x in g(y)]\n",
+    "a: int = f(x)\n",
+    "a[f(x)]: h(x)\n",
+    "match x:\n    case 1 if f(x):\n        g(x)\n",
+    "with f(a) as b[g(x)]:\n    pass\n",
+    "import torch\ndef f(torch):\n    return torch.relu(x)\n",
     # f-strings: fields, format specs, self-documenting fields, several lines
-    "import torch\nf'{torch.relu(x)}'\n", "f'{a + b}'\n", "f'{ a+ b }'\n", "f'x={x+1}'\n", "f'{a+b!r}'\n",
-    "f'{3*x+15=}'\n", "f'{3*x+15 = }'\n", "f'{(a+b)=!r:>10}'\n", "f'{a+b:{c+d}}'\n", "f'{x:{a+b}}'\n",
-    'f"""abc\n  {a +b}"""\n', "(f'{a}'\n\n  f'''{b}\n {a+b}''')\n", 'f"{a}" "\\n" f"{a+b}"\n',
+    "import torch\nf'{torch.relu(x)}'\n",
+    "f'{a + b}'\n",
+    "f'{ a+ b }'\n",
+    "f'x={x+1}'\n",
+    "f'{a+b!r}'\n",
+    "f'{3*x+15=}'\n",
+    "f'{3*x+15 = }'\n",
+    "f'{(a+b)=!r:>10}'\n",
+    "f'{a+b:{c+d}}'\n",
+    "f'{x:{a+b}}'\n",
+    'f"""abc\n  {a +b}"""\n',
+    "(f'{a}'\n\n  f'''{b}\n {a+b}''')\n",
+    'f"{a}" "\\n" f"{a+b}"\n',
     # encodings: positions are UTF-8 columns of the decoded text
-    "s = 'é'; y = a+ b + c\n", "# -*- coding: latin-1 -*-\ns = '\xe9'; y = a+ b\n",
+    "s = 'é'; y = a+ b + c\n",
+    "# -*- coding: latin-1 -*-\ns = '\xe9'; y = a+ b\n",
 ]
 
 
@@ -60,23 +139,33 @@ def test_the_ast_path_takes_the_transformers_decision(source):
     assert ast.dump(tree) == libcst_tree(data)
 
 
-@pytest.mark.parametrize("source", [b"\xef\xbb\xbfy = a+ b * c\r\n", b"y = f(a)\r\n\tz = 1\r\n".replace(b"\tz", b"z"),
-                                    b"y = (a\r\n  + b)\r\nz = -x\r\n", b"y = (a\r  + b)\rz = c+ d\r"])
+@pytest.mark.parametrize(
+    "source",
+    [
+        b"\xef\xbb\xbfy = a+ b * c\r\n",
+        b"y = f(a)\r\n\tz = 1\r\n".replace(b"\tz", b"z"),
+        b"y = (a\r\n  + b)\r\nz = -x\r\n",
+        b"y = (a\r  + b)\rz = c+ d\r",
+    ],
+)
 def test_byte_order_marks_and_line_endings(source):
     tree = rewrite_to_ast(source, default_catalogue())
     assert tree is not None
     assert ast.dump(tree) == libcst_tree(source)
 
 
-@pytest.mark.parametrize("source", [
-    "def f(x):  # msprobe: skip\n    return g(x)\n",  # skip markers are comments, which ast does not keep
-    "# msprobe: skip-file\nf(x)\n",
-    "import msprobe_runtime as __msprobe__; f(x)\n",  # already instrumented: restored first, by libcst
-    "def f(x):\n    return g(x)\n\x0c\ndef h(x):\n    return g(x)\n",  # spellings libcst may not reproduce
-    "def f():\n    x += yield\n",
-    "import torch\nf\"{f'{torch.relu(x)}'}\"\n",  # which quote is left decides call or dyn
-    "def f(:\n",  # invalid: libcst gives the error
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "def f(x):  # msprobe: skip\n    return g(x)\n",  # skip markers are comments, which ast does not keep
+        "# msprobe: skip-file\nf(x)\n",
+        "import msprobe_runtime as __msprobe__; f(x)\n",  # already instrumented: restored first, by libcst
+        "def f(x):\n    return g(x)\n\x0c\ndef h(x):\n    return g(x)\n",  # spellings libcst may not reproduce
+        "def f():\n    x += yield\n",
+        "import torch\nf\"{f'{torch.relu(x)}'}\"\n",  # which quote is left decides call or dyn
+        "def f(:\n",  # invalid: libcst gives the error
+    ],
+)
 def test_what_the_ast_path_leaves_to_libcst(source):
     assert rewrite_to_ast(source.encode(), default_catalogue()) is None
 
@@ -98,8 +187,7 @@ def test_a_field_whose_positions_are_wrong_is_left_to_libcst():
     # and in place, the same field is decided from the text
     tree = ast.parse(text)
     transformer = AstCallSiteTransformer(_Text(text.encode()), collect_scopes(tree), Resolver(default_catalogue()))
-    assert ast.dump(ast.Module(body=[transformer.visit(tree.body[0])], type_ignores=[])) == libcst_tree(
-        text.encode())
+    assert ast.dump(ast.Module(body=[transformer.visit(tree.body[0])], type_ignores=[])) == libcst_tree(text.encode())
 
 
 def test_operator_tables_spell_and_name_as_the_libcst_tables_do():
@@ -185,11 +273,14 @@ def test_a_call_runs_on_the_line_python_runs_it_on():
     assert namespace["run"](namespace["Box"]()) == expected == [17, 19, 23]
 
 
-@pytest.mark.parametrize("source", [
-    "import torch\n\ndef f(x):\n    return torch.relu(\n        x +\n        1)\n",
-    "def f(m, x):\n    y = m.forward(\n        x,\n    )\n    return -(\n        y)\n",
-    "def f(t):\n    if (t.any() and\n            t.all()):\n        return t\n",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import torch\n\ndef f(x):\n    return torch.relu(\n        x +\n        1)\n",
+        "def f(m, x):\n    y = m.forward(\n        x,\n    )\n    return -(\n        y)\n",
+        "def f(t):\n    if (t.any() and\n            t.all()):\n        return t\n",
+    ],
+)
 def test_a_call_over_several_lines_runs_on_its_first_line_as_in_the_libcst_output(source):
     """`__msprobe__.call` stands on the expression's first line, or a frame's f_lineno (and the dump's call
     site) would name its last line."""

@@ -1,4 +1,5 @@
 """The catalogue: msprobe's support_wrap_ops.yaml sections, custom entries, user files on top."""
+
 import sys
 from pathlib import Path
 
@@ -37,12 +38,15 @@ def test_user_file_adds_and_replaces_entries_and_changes_the_digest(tmp_path):
     assert merged.digest != base.digest
 
 
-@pytest.mark.parametrize("text, message", [
-    ("nonsense_section:\n  - x\n", "unknown section 'nonsense_section'"),
-    ("functional: gelu\n", "must be a list"),
-    ("custom:\n  - a\n", "must map qualified names"),
-    ("functional: [unclosed\n", "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("nonsense_section:\n  - x\n", "unknown section 'nonsense_section'"),
+        ("functional: gelu\n", "must be a list"),
+        ("custom:\n  - a\n", "must map qualified names"),
+        ("functional: [unclosed\n", "not valid YAML"),
+    ],
+)
 def test_bad_catalogue_files_are_clear_errors(tmp_path, text, message):
     bad = tmp_path / "bad.yaml"
     bad.write_text(text)
@@ -60,13 +64,13 @@ def test_missing_catalogue_file_is_a_clear_error(tmp_path):
 # Public callables of torch.nn.functional that are deliberately not APIs. Reviewed against torch 2.13; a new
 # torch that adds a tensor function to F fails the test below until the catalogue or this list names it.
 FUNCTIONAL_NOT_APIS = {
-    "assert_int_or_pair": "utility",        # argument checking helper
-    "boolean_dispatch": "utility",          # builds the *_with_indices dispatchers, computes nothing
-    "handle_torch_function": "protocol",    # __torch_function__ machinery
+    "assert_int_or_pair": "utility",  # argument checking helper
+    "boolean_dispatch": "utility",  # builds the *_with_indices dispatchers, computes nothing
+    "handle_torch_function": "protocol",  # __torch_function__ machinery
     "has_torch_function": "protocol",
     "has_torch_function_unary": "protocol",
     "has_torch_function_variadic": "protocol",
-    "native_channel_shuffle": "internal",   # kernel behind F.channel_shuffle, which is catalogued
+    "native_channel_shuffle": "internal",  # kernel behind F.channel_shuffle, which is catalogued
 }
 
 
@@ -93,12 +97,18 @@ def test_every_public_functional_tensor_function_is_catalogued():
     catalogue = load_catalogue()
     public = _public_functional_callables(torch)
     assert {"gelu", "linear", "scaled_dot_product_attention"} <= public  # the scan itself sees F
-    missing = sorted(name for name in public - set(FUNCTIONAL_NOT_APIS)
-                     if catalogue.dump_name(f"torch.nn.functional.{name}") is None)
-    assert not missing, (f"torch {torch.__version__}: torch.nn.functional functions missing from the catalogue "
-                         f"(add them to custom_apis.yaml, or to FUNCTIONAL_NOT_APIS with a reason): {missing}")
-    wrongly_named = sorted(name for name in public
-                           if catalogue.dump_name(f"torch.nn.functional.{name}") not in (None, f"Functional.{name}"))
+    missing = sorted(
+        name for name in public - set(FUNCTIONAL_NOT_APIS) if catalogue.dump_name(f"torch.nn.functional.{name}") is None
+    )
+    assert not missing, (
+        f"torch {torch.__version__}: torch.nn.functional functions missing from the catalogue "
+        f"(add them to custom_apis.yaml, or to FUNCTIONAL_NOT_APIS with a reason): {missing}"
+    )
+    wrongly_named = sorted(
+        name
+        for name in public
+        if catalogue.dump_name(f"torch.nn.functional.{name}") not in (None, f"Functional.{name}")
+    )
     assert not wrongly_named
     both = sorted(name for name in FUNCTIONAL_NOT_APIS if catalogue.dump_name(f"torch.nn.functional.{name}"))
     assert not both, f"excluded yet catalogued: {both}"
@@ -116,12 +126,12 @@ def test_custom_torch_entries_follow_msprobes_naming_and_add_to_its_file():
     assert "torch._grouped_mm" in torch_entries
     for qualname, dump_name in torch_entries.items():
         if qualname.startswith("torch.nn.functional."):
-            want = "Functional." + qualname[len("torch.nn.functional."):]
+            want = "Functional." + qualname[len("torch.nn.functional.") :]
         elif qualname.startswith("torch.Tensor."):
-            want = "Tensor." + qualname[len("torch.Tensor."):]
+            want = "Tensor." + qualname[len("torch.Tensor.") :]
         else:
             assert qualname.count(".") == 1, qualname  # torch.<name>: other submodules have their own sections
-            want = "Torch." + qualname[len("torch."):]
+            want = "Torch." + qualname[len("torch.") :]
         assert dump_name == want, qualname
         assert msprobe.dump_name(qualname) is None, f"{qualname} is already in msprobe's support_wrap_ops.yaml"
 
@@ -145,10 +155,13 @@ def test_custom_torch_entries_name_live_callables():
     assert not dead, f"torch {torch.__version__} has no callable at: {dead}"
 
 
-@pytest.mark.parametrize("qualname, dump_name", [
-    ("torch.nn.functional.grouped_mm", "Functional.grouped_mm"),
-    ("torch._grouped_mm", "Torch._grouped_mm"),
-])
+@pytest.mark.parametrize(
+    "qualname, dump_name",
+    [
+        ("torch.nn.functional.grouped_mm", "Functional.grouped_mm"),
+        ("torch._grouped_mm", "Torch._grouped_mm"),
+    ],
+)
 def test_grouped_mm_is_named_statically_and_by_identity(qualname, dump_name):
     """The MoE experts' matmul: the compiler's catalogue names the call site, and the runtime's identity table
     names the live function object (a dynamic call, `mm = F.grouped_mm; mm(a, b, offs=offs)`)."""
@@ -217,16 +230,23 @@ def test_fused_library_functions_are_named_by_identity_under_every_spelling(fres
         "transformer_engine.pytorch.cpp_extensions.fused_attn.fused_attn_fwd": "TE.fused_attn_fwd",
         "transformer_engine.pytorch.cpp_extensions.fused_attn_bwd": "TE.fused_attn_bwd",
         "apex.normalization.fused_layer_norm.fused_rms_norm_affine": "Apex.fused_rms_norm_affine",
-        "apex.normalization.fused_layer_norm.mixed_dtype_fused_layer_norm_affine":
-            "Apex.mixed_dtype_fused_layer_norm_affine",
+        "apex.normalization.fused_layer_norm.mixed_dtype_fused_layer_norm_affine": (
+            "Apex.mixed_dtype_fused_layer_norm_affine"
+        ),
     }
     assert {q: named.get(q) for q in want} == want
     # the modules, the optimizer and the context manager are no APIs
     import apex.optimizers
     import transformer_engine.pytorch as te
 
-    for obj in (te.Linear, te.LayerNormMLP, te.TransformerLayer, te.fp8_autocast, apex.normalization.FusedRMSNorm,
-                apex.optimizers.FusedAdam):
+    for obj in (
+        te.Linear,
+        te.LayerNormMLP,
+        te.TransformerLayer,
+        te.fp8_autocast,
+        apex.normalization.FusedRMSNorm,
+        apex.optimizers.FusedAdam,
+    ):
         assert id(obj) not in identity, obj
 
 
@@ -243,12 +263,21 @@ def test_every_torch_npu_name_resolves_statically_however_imported():
     from msprobe_rewrite.api import rewrite_source
 
     names = _npu_names()
-    assert {"npu_fusion_attention", "npu_rms_norm", "npu_rotary_mul", "npu_swiglu", "npu_moe_init_routing",
-            "npu_grouped_matmul", "atb._npu_flash_attention_v2"} <= set(names)
+    assert {
+        "npu_fusion_attention",
+        "npu_rms_norm",
+        "npu_rotary_mul",
+        "npu_swiglu",
+        "npu_moe_init_routing",
+        "npu_grouped_matmul",
+        "atb._npu_flash_attention_v2",
+    } <= set(names)
     through_module = "import torch_npu\n" + "".join(f"y = torch_npu.{n}(x)\n" for n in names)
     from_imports = "".join(
         f"from torch_npu{'.' + n.rpartition('.')[0] if '.' in n else ''} import {n.rpartition('.')[2]} as f{i}\n"
-        f"y = f{i}(x)\n" for i, n in enumerate(names))
+        f"y = f{i}(x)\n"
+        for i, n in enumerate(names)
+    )
     for source in (through_module, from_imports):
         rewritten = rewrite_source(source.encode()).decode()
         missing = [n for n in names if f'__msprobe__.call("NPU.{n}", ' not in rewritten]
@@ -265,10 +294,12 @@ def test_every_torch_npu_name_is_named_by_identity_with_a_fake_torch_npu(fresh_i
     package = tmp_path / "torch_npu"
     package.mkdir()
     top = [n for n in names if "." not in n]
-    (package / "__init__.py").write_text("from . import atb\n" + "".join(f"def {n}(*a, **k):\n    return a\n"
-                                                                             for n in top))
-    (package / "atb.py").write_text("".join(f"def {n.split('.', 1)[1]}(*a, **k):\n    return a\n"
-                                            for n in names if n.startswith("atb.")))
+    (package / "__init__.py").write_text(
+        "from . import atb\n" + "".join(f"def {n}(*a, **k):\n    return a\n" for n in top)
+    )
+    (package / "atb.py").write_text(
+        "".join(f"def {n.split('.', 1)[1]}(*a, **k):\n    return a\n" for n in names if n.startswith("atb."))
+    )
     fresh_imports.syspath_prepend(str(tmp_path))
     identity, _ = build_identity()
     import torch_npu

@@ -6,6 +6,7 @@ bug cannot hide a CLI bug or the reverse. Those named ``test_real_*`` (and the e
 the real compiler end to end: every claim about instrumented output, restoring bytes, and the installed
 entry points is made there.
 """
+
 from __future__ import annotations
 
 import io
@@ -58,7 +59,7 @@ class FakeCompiler:
 
     def restore_source(self, source, path="<string>"):
         self.restores.append(path)
-        return source[len(self.PREFIX):] if source.startswith(self.PREFIX) else source
+        return source[len(self.PREFIX) :] if source.startswith(self.PREFIX) else source
 
 
 @pytest.fixture
@@ -79,19 +80,25 @@ def make_tree(root, files):
 
 def snapshot(root):
     """Every file under root, with its bytes, relative path as key."""
-    return {str(p.relative_to(root)).replace(os.sep, "/"): p.read_bytes()
-            for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()}
+    return {
+        str(p.relative_to(root)).replace(os.sep, "/"): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.is_symlink()
+    }
 
 
 @pytest.fixture
 def tree(tmp_path):
-    return make_tree(tmp_path / "src", {
-        "a.py": TORCH_SOURCE,
-        "plain.py": PLAIN_SOURCE,
-        "pkg/__init__.py": b"",
-        "pkg/b.py": b"import torch\ny = torch.ones(2)\n",
-        "pkg/data.txt": b"not python\n",
-    })
+    return make_tree(
+        tmp_path / "src",
+        {
+            "a.py": TORCH_SOURCE,
+            "plain.py": PLAIN_SOURCE,
+            "pkg/__init__.py": b"",
+            "pkg/b.py": b"import torch\ny = torch.ones(2)\n",
+            "pkg/data.txt": b"not python\n",
+        },
+    )
 
 
 def run(args, capsys=None):
@@ -103,6 +110,7 @@ def run(args, capsys=None):
 
 
 # --- rewriting in place --------------------------------------------------------------------------
+
 
 def test_in_place_rewrites_changed_files_and_exits_0(fake, tree, capsys):
     code, out, err = run([tree, "--jobs", "1"], capsys)
@@ -153,13 +161,16 @@ def test_symlinks_inside_a_tree_are_not_followed(fake, tmp_path):
 
 
 def test_tool_and_environment_folders_are_not_walked(fake, tree):
-    make_tree(tree, {
-        ".git/hooks/x.py": TORCH_SOURCE,
-        "__pycache__/y.py": TORCH_SOURCE,
-        "myenv/pyvenv.cfg": b"home = /usr\n",
-        "myenv/lib/site.py": TORCH_SOURCE,
-        ".tox/t.py": TORCH_SOURCE,
-    })
+    make_tree(
+        tree,
+        {
+            ".git/hooks/x.py": TORCH_SOURCE,
+            "__pycache__/y.py": TORCH_SOURCE,
+            "myenv/pyvenv.cfg": b"home = /usr\n",
+            "myenv/lib/site.py": TORCH_SOURCE,
+            ".tox/t.py": TORCH_SOURCE,
+        },
+    )
     before = snapshot(tree)
     run([tree, "--jobs", "1"])  # in-process, so the fake's call log sees every file
     after = snapshot(tree)
@@ -196,6 +207,7 @@ def test_a_docstring_that_mentions_the_marker_is_not_reported_as_skipped(tmp_pat
 
 
 # --- errors --------------------------------------------------------------------------------------
+
 
 def test_unparsable_file_is_reported_left_as_is_and_others_processed(fake, tree, capsys):
     bad = b"def broken(:\r\n  SYNTAX ERROR\xff"
@@ -303,8 +315,9 @@ def test_catalogue_entries_reach_the_compiler(fake, tree, tmp_path):
     extra = tmp_path / "extra.yaml"
     extra.write_text("custom:\n  mypkg.ops.fused_thing: Custom.fused_thing\n")
     run([tree, "--catalogue", extra, "--jobs", "1", "--check"])
-    assert fake.catalogues and all(c.dump_name("mypkg.ops.fused_thing") == "Custom.fused_thing"
-                                   for c in fake.catalogues)
+    assert fake.catalogues and all(
+        c.dump_name("mypkg.ops.fused_thing") == "Custom.fused_thing" for c in fake.catalogues
+    )
 
 
 def test_usage_errors_are_exit_2(fake, tree, tmp_path, capsys):
@@ -318,6 +331,7 @@ def test_usage_errors_are_exit_2(fake, tree, tmp_path, capsys):
 
 
 # --- --check, --diff -----------------------------------------------------------------------------
+
 
 def test_check_lists_files_and_writes_nothing(fake, tree, capsys):
     before = snapshot(tree)
@@ -363,12 +377,12 @@ def test_diff_prints_unified_diff_and_writes_nothing(fake, tree, capfdbinary):
 
 # --- --out ---------------------------------------------------------------------------------------
 
+
 def test_out_writes_instrumented_copy_with_other_files(fake, tree, tmp_path, capsys):
     (tree / "run.sh").write_bytes(b"#!/bin/sh\n")
     (tree / "run.sh").chmod(0o755)
     (tree / "blob.bin").write_bytes(bytes(range(256)))
-    make_tree(tree, {".git/config": b"x", "__pycache__/a.cpython-311.pyc": b"x",
-                     "tests/test_t.py": TORCH_SOURCE})
+    make_tree(tree, {".git/config": b"x", "__pycache__/a.cpython-311.pyc": b"x", "tests/test_t.py": TORCH_SOURCE})
     before = snapshot(tree)
     out_dir = tmp_path / "out"
     code, _, err = run([tree, "--out", out_dir, "--exclude", "tests"], capsys)
@@ -401,6 +415,7 @@ def test_out_with_a_single_file(fake, tree, tmp_path):
 
 # --- --restore -----------------------------------------------------------------------------------
 
+
 def test_restore_mechanics(fake, tree, capsys):
     before = snapshot(tree)
     run([tree])
@@ -423,6 +438,7 @@ def test_restore_summary_says_restored(fake, tree, capsys):
 
 # --- --jobs --------------------------------------------------------------------------------------
 
+
 def test_jobs_1_and_2_give_the_same_results(fake, tmp_path, capsys):
     files = {f"m{i:02d}.py": (TORCH_SOURCE if i % 3 else PLAIN_SOURCE) + b"# %d\n" % i for i in range(30)}
     files["zz_bad.py"] = b"SYNTAX ERROR"
@@ -438,6 +454,7 @@ def test_jobs_1_and_2_give_the_same_results(fake, tmp_path, capsys):
 
 
 # --- the cache -----------------------------------------------------------------------------------
+
 
 def test_second_run_is_served_from_the_cache(fake, tree, cache_dir):
     assert run([tree, "--jobs", "1"]) == 0
@@ -511,6 +528,7 @@ def test_unwritable_cache_does_not_fail_the_run(fake, tree, tmp_path, monkeypatc
 
 # --- atomic writes -------------------------------------------------------------------------------
 
+
 def test_write_atomic_failure_leaves_original_and_no_temp(tmp_path, monkeypatch):
     target = tmp_path / "f.py"
     target.write_bytes(b"original")
@@ -545,6 +563,7 @@ def test_write_atomic_new_file_gets_umask_default_mode(tmp_path):
 
 
 # --- progress and subcommands ----------------------------------------------------------------------
+
 
 class FakeTerminal(io.StringIO):
     def isatty(self):
@@ -592,8 +611,9 @@ def test_subcommands_dispatch_on_first_argument(fake, tmp_path, monkeypatch):
 def test_bare_command_lists_every_command(tmp_path):
     """Bare `msprobe-rewrite` used to print only "the following arguments are required: PATH", hiding run,
     compare, precheck and the rest. It lists every command with what it does, and exits 2 (nothing was done)."""
-    done = subprocess.run([sys.executable, "-m", "msprobe_rewrite"], capture_output=True, text=True, cwd=tmp_path,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "msprobe_rewrite"], capture_output=True, text=True, cwd=tmp_path, timeout=120
+    )
     assert done.returncode == 2
     listed = {line.split()[0] for line in done.stdout.splitlines() if line.startswith("  ") and line[2] != " "}
     assert listed == set(cli.SUBCOMMANDS), done.stdout
@@ -638,8 +658,9 @@ ROUND_TRIP_SOURCES = {
     "no_final_newline.py": b"import torch\ny = torch.relu(torch.ones(2))",
     "cookie.py": b"# -*- coding: latin-1 -*-\nimport torch\ns = '\xe9'\ny = torch.ones(1) - 1\n",
     "tabs_trailing.py": b"import torch\nif True:\n\ty = torch.zeros(3)   \n\tz = y @ y \t\n",
-    "docstring_future.py":
-        b'"""Doc."""\nfrom __future__ import annotations\nimport torch\nx = torch.tanh(torch.ones(1))\n',
+    "docstring_future.py": (
+        b'"""Doc."""\nfrom __future__ import annotations\nimport torch\nx = torch.tanh(torch.ones(1))\n'
+    ),
 }
 
 
@@ -662,11 +683,14 @@ def test_real_rewrite_then_restore_round_trips_bytes(tmp_path, capsys):
 
 
 def test_real_unparsable_and_undecodable_files(tmp_path, capsys):
-    tree = make_tree(tmp_path / "src", {
-        "good.py": TORCH_SOURCE,
-        "syntax.py": b"import torch\ndef f(:\n    pass\n",
-        "undecodable.py": b"import torch\nx = '\xff\xfe'\n",
-    })
+    tree = make_tree(
+        tmp_path / "src",
+        {
+            "good.py": TORCH_SOURCE,
+            "syntax.py": b"import torch\ndef f(:\n    pass\n",
+            "undecodable.py": b"import torch\nx = '\xff\xfe'\n",
+        },
+    )
     code, _, err = run([tree, "--jobs", "2"], capsys)
     assert code == 2
     assert f"{tree / 'syntax.py'}: " in err
@@ -697,12 +721,17 @@ def test_the_result_cache_is_keyed_by_the_files_package(tmp_path, capsys):
     """A byte-identical file in megatron's package and in another rewrites differently (its relative import
     resolves to megatron's catalogued fused op only in the first); the second ``--diff`` used to show the
     first file's rewrite, served from the cache."""
-    files = {"megatron/__init__.py": b"", "megatron/core/__init__.py": b"",
-             "megatron/core/fusions/__init__.py": b"", "other/__init__.py": b""}
+    files = {
+        "megatron/__init__.py": b"",
+        "megatron/core/__init__.py": b"",
+        "megatron/core/fusions/__init__.py": b"",
+        "other/__init__.py": b"",
+    }
     for package in ("megatron/core/fusions", "other"):
         files[f"{package}/fused_bias_gelu.py"] = b"def bias_gelu_impl(x, b):\n    return x + b\n"
-        files[f"{package}/user.py"] = (b"from .fused_bias_gelu import bias_gelu_impl\n\n\ndef f(x, b):\n"
-                                       b"    return bias_gelu_impl(x, b)\n")
+        files[f"{package}/user.py"] = (
+            b"from .fused_bias_gelu import bias_gelu_impl\n\n\ndef f(x, b):\n    return bias_gelu_impl(x, b)\n"
+        )
     tree = make_tree(tmp_path / "src", files)
     diffs = {}
     for package in ("megatron/core/fusions", "other", "megatron/core/fusions"):  # cold, cold, warm
@@ -736,8 +765,13 @@ def test_real_out_copy(tmp_path, capsys):
 def _entry_point_commands():
     script = shutil.which("msprobe-rewrite")
     commands = [pytest.param([sys.executable, "-m", "msprobe_rewrite"], id="python -m")]
-    commands.append(pytest.param([script] if script else None, id="console script",
-                                 marks=pytest.mark.skipif(script is None, reason="console script not on PATH")))
+    commands.append(
+        pytest.param(
+            [script] if script else None,
+            id="console script",
+            marks=pytest.mark.skipif(script is None, reason="console script not on PATH"),
+        )
+    )
     return commands
 
 
@@ -756,8 +790,7 @@ def test_entry_point_end_to_end(command, tmp_path, cache_dir):
     env = dict(os.environ, MSPROBE_REWRITE_CACHE_DIR=str(cache_dir))
 
     def invoke(*args):
-        return subprocess.run(command + [str(a) for a in args], capture_output=True, text=True,
-                              cwd=tmp_path, env=env)
+        return subprocess.run(command + [str(a) for a in args], capture_output=True, text=True, cwd=tmp_path, env=env)
 
     result = invoke(tree, "--check")
     assert result.returncode == 1, result.stderr
@@ -784,15 +817,29 @@ def test_exit_status_as_black_uses_it(tmp_path, cache_dir):
     cli_command = " ".join(shlex.quote(part) for part in (sys.executable, "-m", "msprobe_rewrite"))
     env = dict(os.environ, MSPROBE_REWRITE_CACHE_DIR=str(cache_dir))
     out = tmp_path / "copy"
-    chained = subprocess.run(["sh", "-c", f"{cli_command} --out {shlex.quote(str(out))} {shlex.quote(str(tree))} "
-                                          f"&& {shlex.quote(sys.executable)} {shlex.quote(str(out / 'train.py'))}"],
-                             capture_output=True, text=True, env=env, timeout=300)
+    chained = subprocess.run(
+        [
+            "sh",
+            "-c",
+            f"{cli_command} --out {shlex.quote(str(out))} {shlex.quote(str(tree))} "
+            f"&& {shlex.quote(sys.executable)} {shlex.quote(str(out / 'train.py'))}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert chained.returncode == 0, chained.stderr
     assert chained.stdout.strip() == "0.0" and "__msprobe__" in (out / "train.py").read_text()
 
     def status(*args):
-        done = subprocess.run([sys.executable, "-m", "msprobe_rewrite", *args, str(tree)], capture_output=True,
-                              text=True, env=env, timeout=300)
+        done = subprocess.run(
+            [sys.executable, "-m", "msprobe_rewrite", *args, str(tree)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
         return done.returncode, done.stdout
 
     assert status("--check") == (1, f"{tree / 'train.py'}\n")  # asked to be told: would change

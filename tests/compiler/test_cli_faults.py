@@ -4,6 +4,7 @@ an in-place rewrite, non-regular files in the tree, and workers whose parent was
 The compiler is the reversible stand-in of ``test_cli`` (``fake``) wherever the compiler itself is not the
 point, so each test is about the CLI's mechanics only.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -21,7 +22,6 @@ from msprobe_rewrite import atomic, batch, cli
 from msprobe_rewrite.files import PYTHON, Entry, discover
 
 
-
 def _test_cli():
     # The stand-in compiler, the fixtures and the helpers of test_cli, loaded by path: the tests run under
     # --import-mode=importlib, which puts no test folder on sys.path.
@@ -37,12 +37,14 @@ PLAIN_SOURCE, TORCH_SOURCE, FakeCompiler = _helpers.PLAIN_SOURCE, _helpers.TORCH
 make_tree, run, snapshot = _helpers.make_tree, _helpers.run, _helpers.snapshot
 cache_dir, fake, tree = _helpers.cache_dir, _helpers.fake, _helpers.tree  # fixtures (cache_dir is autouse)
 
-needs_root = pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
-                                reason="giving a file to another owner needs root")
+needs_root = pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() != 0, reason="giving a file to another owner needs root"
+)
 needs_fifo = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes on this platform")
 
 
 # --- 1. --out into a folder that holds the user's files ----------------------------------------------
+
 
 def test_out_refuses_a_non_empty_folder_it_did_not_write(fake, tree, tmp_path, capsys):
     dest = make_tree(tmp_path / "dest", {"a.py": b"precious user file", "notes/todo.txt": b"mine\n"})
@@ -77,6 +79,7 @@ def test_out_marks_its_folder_and_accepts_it_again(fake, tree, tmp_path):
 
 
 # --- 2. owner, group, mode and hard links under an in-place rewrite ---------------------------------
+
 
 @needs_root
 @pytest.mark.parametrize("restore", [False, True], ids=["rewrite", "restore"])
@@ -128,6 +131,7 @@ def test_restore_refuses_a_hard_linked_file(fake, tree, tmp_path, capsys):
 
 
 # --- 3. a named pipe (or any non-regular file) in the tree ------------------------------------------
+
 
 def _in_thread_or_unblock(fifo, call, timeout=10.0):
     """Run ``call`` in a thread; if it is still blocked after ``timeout`` (in open() or read() of the
@@ -206,6 +210,7 @@ def test_discover_classifies_a_named_pipe(tmp_path):
 
 # --- 4. workers whose parent was killed -----------------------------------------------------------
 
+
 def _megatron_tree():
     """The installed megatron package's folder (some 400 files: a few seconds of work), or None."""
     try:
@@ -243,10 +248,23 @@ def test_workers_exit_quietly_when_the_parent_is_killed(tmp_path):
     with open(stderr_path, "wb") as stderr:
         # Its own session: the CLI and its workers form one process group, which this test watches.
         process = subprocess.Popen(
-            [sys.executable, "-m", "msprobe_rewrite", "--no-cache", "--jobs", "2", "--out",
-             str(tmp_path / "out"), tree],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True,
-            env=dict(os.environ, MSPROBE_REWRITE_CACHE_DIR=str(tmp_path / "cache")))
+            [
+                sys.executable,
+                "-m",
+                "msprobe_rewrite",
+                "--no-cache",
+                "--jobs",
+                "2",
+                "--out",
+                str(tmp_path / "out"),
+                tree,
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,
+            env=dict(os.environ, MSPROBE_REWRITE_CACHE_DIR=str(tmp_path / "cache")),
+        )
     pgid = process.pid
     try:
         deadline = time.monotonic() + 60
@@ -335,8 +353,13 @@ def _interrupt_a_parallel_rewrite(tree, folder):
     with open(stderr_path, "wb") as stderr:
         process = subprocess.Popen(
             [sys.executable, "-m", "msprobe_rewrite", "--no-cache", "--jobs", "2", str(root)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True,
-            preexec_fn=_as_a_shell_starts_it, env=dict(os.environ, MSPROBE_REWRITE_CACHE_DIR=str(folder / "cache")))
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,
+            preexec_fn=_as_a_shell_starts_it,
+            env=dict(os.environ, MSPROBE_REWRITE_CACHE_DIR=str(folder / "cache")),
+        )
     pgid = process.pid
     try:
         deadline = time.monotonic() + 60
@@ -385,8 +408,9 @@ def test_a_file_past_the_size_limit_is_skipped_and_named_never_parsed(tmp_path, 
 
     parsed = []
     real = api.rewrite_source
-    monkeypatch.setattr(api, "rewrite_source",
-                        lambda source, *a, **k: parsed.append(len(source)) or real(source, *a, **k))
+    monkeypatch.setattr(
+        api, "rewrite_source", lambda source, *a, **k: parsed.append(len(source)) or real(source, *a, **k)
+    )
     big = b"import torch\n" + b"y = torch.relu(x)\n" * 70000  # 1.2 MiB
     (tmp_path / "big.py").write_bytes(big)
     (tmp_path / "small.py").write_bytes(b"import torch\ny = torch.relu(x)\n")
@@ -400,6 +424,7 @@ def test_a_file_past_the_size_limit_is_skipped_and_named_never_parsed(tmp_path, 
 
 
 # --- 5. restoring every file a rewrite wrote, whatever its size ---------------------------------------------
+
 
 @pytest.mark.slow  # over 2 s: `make check` leaves it to `make test`
 def test_restore_reads_every_file_the_rewrite_wrote(tmp_path, capsys):

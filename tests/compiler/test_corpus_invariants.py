@@ -17,6 +17,7 @@ The corpora are large (about 2,200 files), so files are checked in a process poo
 failures are collected into one message. ``MSPROBE_CORPUS_LIMIT=N`` checks only every k-th file so that about
 N are checked (for a quick local run); CI checks them all.
 """
+
 from __future__ import annotations
 
 import multiprocessing
@@ -31,8 +32,17 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import corpus_check  # noqa: E402  (a plain module, so that spawned workers can import it by name)
-from corpus_check import (BEYOND, FAILED, FALLBACK, INVALID, OK, REFUSED, SAME, UNCHANGED,  # noqa: E402
-                          check_source)
+from corpus_check import (
+    BEYOND,
+    FAILED,
+    FALLBACK,
+    INVALID,
+    OK,
+    REFUSED,
+    SAME,
+    UNCHANGED,  # noqa: E402
+    check_source,
+)
 
 from msprobe_rewrite.api import RewriteError, restore_source, rewrite_source  # noqa: E402
 
@@ -83,19 +93,24 @@ def _report(corpus: str, results, elapsed: float) -> None:
     by_category = defaultdict(list)
     for result in refused:
         by_category[_category(result.reason) or "unexplained"].append(result)
-    lines = [f"{corpus}: {len(results)} files in {elapsed:.0f} s: {counts[OK]} instrumented, "
-             f"{counts[UNCHANGED]} unchanged, {counts[REFUSED]} refused, {counts[INVALID]} invalid Python, "
-             f"{counts[FAILED]} failed"]
+    lines = [
+        f"{corpus}: {len(results)} files in {elapsed:.0f} s: {counts[OK]} instrumented, "
+        f"{counts[UNCHANGED]} unchanged, {counts[REFUSED]} refused, {counts[INVALID]} invalid Python, "
+        f"{counts[FAILED]} failed"
+    ]
     for category, members in sorted(by_category.items()):
         lines.append(f"  refused, {category}: {len(members)}")
         lines.extend(f"    {r.path}: {r.reason}" for r in members[:SHOW])
     if invalid_rewritten:
-        lines.append(f"  invalid Python rewritten (restorable; Python's compiler still rejects it): "
-                     f"{len(invalid_rewritten)}")
+        lines.append(
+            f"  invalid Python rewritten (restorable; Python's compiler still rejects it): {len(invalid_rewritten)}"
+        )
         lines.extend(f"    {r.path}: {r.reason}" for r in invalid_rewritten[:SHOW])
     paths = Counter(result.ast_path for result in results)
-    lines.append(f"  the import hook's ast path: {paths[SAME]} the same tree as libcst's output, {paths[FALLBACK]} "
-                 f"left to libcst, {paths[BEYOND]} instrumented where libcst cannot parse")
+    lines.append(
+        f"  the import hook's ast path: {paths[SAME]} the same tree as libcst's output, {paths[FALLBACK]} "
+        f"left to libcst, {paths[BEYOND]} instrumented where libcst cannot parse"
+    )
     summary = "\n".join(lines)
     print("\n" + summary)
 
@@ -104,8 +119,10 @@ def _report(corpus: str, results, elapsed: float) -> None:
     if problems:
         shown = "\n".join(problems[:SHOW])
         more = f"\n... and {len(problems) - SHOW} more" if len(problems) > SHOW else ""
-        pytest.fail(f"{len(problems)} of {len(results)} {corpus} files break an invariant:\n{shown}{more}"
-                    f"\n\n{summary}", pytrace=False)
+        pytest.fail(
+            f"{len(problems)} of {len(results)} {corpus} files break an invariant:\n{shown}{more}\n\n{summary}",
+            pytrace=False,
+        )
 
 
 @pytest.mark.slow  # every file of the standard library (about 300 s)
@@ -131,6 +148,7 @@ def test_megatron_core():
 
 
 # -- synthetic byte variants of real files ---------------------------------------------------------------
+
 
 def _megatron_file(relative: str) -> str:
     for path in corpus_check.extra_files("megatron-core"):
@@ -162,8 +180,9 @@ def _mixed_endings(source: bytes) -> bytes:
     lines = source.replace(b"\r\n", b"\n").split(b"\n")
     endings = (b"\r", b"\r\n", b"\n")
     last = len(lines) - 2  # the last line with an ending
-    return b"".join(line + (endings[(last - number) % 3] if number < len(lines) - 1 else b"")
-                    for number, line in enumerate(lines))
+    return b"".join(
+        line + (endings[(last - number) % 3] if number < len(lines) - 1 else b"") for number, line in enumerate(lines)
+    )
 
 
 def _bom(source: bytes) -> bytes:
@@ -231,26 +250,32 @@ def test_byte_variants(source_name, variant):
     assert result.status == OK, result.reason
 
 
-@pytest.mark.parametrize("source", [
-    b"\xef\xbb\xbfimport torch\r\ny = torch.relu(x)",  # BOM, CRLF, no final newline
-    b"# -*- coding: latin-1 -*-\nimport torch\ns = '\xe9'\ny = torch.relu(x) + 1\n",
-    b"import torch\n\ndef f(x):\n\treturn torch.relu(x)\t \n",
-    b"import torch\ny = torch.relu(x)  \n   \n\n",
-    b"#!/usr/bin/env python\n# coding: latin-1\n\n'''Doc \xe9.'''\r\nimport torch\r\ny = -x\r\n",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        b"\xef\xbb\xbfimport torch\r\ny = torch.relu(x)",  # BOM, CRLF, no final newline
+        b"# -*- coding: latin-1 -*-\nimport torch\ns = '\xe9'\ny = torch.relu(x) + 1\n",
+        b"import torch\n\ndef f(x):\n\treturn torch.relu(x)\t \n",
+        b"import torch\ny = torch.relu(x)  \n   \n\n",
+        b"#!/usr/bin/env python\n# coding: latin-1\n\n'''Doc \xe9.'''\r\nimport torch\r\ny = -x\r\n",
+    ],
+)
 def test_small_byte_variants(source):
     result = check_source(source, "<variant>")
     assert result.status == OK, result.reason
 
 
-@pytest.mark.parametrize("source", [
-    b"def f(:\n",
-    b"x = 1\x00\n",
-    b"# coding: no-such-codec\nx = 1\n",
-    b"\xff\xfe\x00",
-    b"x = '\xe9'\n",  # not UTF-8 and no cookie
-    b"\xef\xbb\xbf# coding: latin-1\nx = 1\n",  # a BOM contradicting the cookie
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        b"def f(:\n",
+        b"x = 1\x00\n",
+        b"# coding: no-such-codec\nx = 1\n",
+        b"\xff\xfe\x00",
+        b"x = '\xe9'\n",  # not UTF-8 and no cookie
+        b"\xef\xbb\xbf# coding: latin-1\nx = 1\n",  # a BOM contradicting the cookie
+    ],
+)
 def test_invalid_input_raises_rewrite_error(source):
     with pytest.raises(RewriteError):
         rewrite_source(source)
@@ -278,14 +303,14 @@ FOUND = {
     # a call whose arguments start on the next line keeps its callee on the call's line
     "callee stays on its line": (
         b"import torch\ny = torch.relu(\n    x)\nz = f(\n)\n",
-        b"import msprobe_runtime as __msprobe__; import torch\ny = __msprobe__.call(\"Torch.relu\", torch.relu,\n"
+        b'import msprobe_runtime as __msprobe__; import torch\ny = __msprobe__.call("Torch.relu", torch.relu,\n'
         b"    x)\nz = __msprobe__.dyn(f\n)\n",
     ),
     # the same with a backslash continuation (unittest/loader.py, idlelib/pyparse.py); a line break between
     # the callee and its `(` (idle_test/test_macosx.py) has no such form, so that call is left as it is
     "callee stays on its line across a backslash": (
         b"import torch\ny = torch.relu(\\\n    x)\nz = f \\\n (x)\n",
-        b"import msprobe_runtime as __msprobe__; import torch\ny = __msprobe__.call(\"Torch.relu\", torch.relu,\\\n"
+        b'import msprobe_runtime as __msprobe__; import torch\ny = __msprobe__.call("Torch.relu", torch.relu,\\\n'
         b"    x)\nz = f \\\n (x)\n",
     ),
     # `from __future__ import x; import site` (test_future_stmt/future_test2.py): the runtime import went in
@@ -318,12 +343,15 @@ def test_found_in_corpora(name):
     assert result.status == OK, result.reason
 
 
-@pytest.mark.parametrize("source", [
-    b"import torch\ny = torch.relu(x)\n\n\n   ",  # lines of spaces after blank lines at the end
-    b"import torch\ny = torch.relu(x)\n\n    # y = torch.gelu(x)\n",  # or an indented comment
-    b"import torch\ntry:\n    y = torch.relu(x)\nexcept E :\n    pass\n",  # libcst drops the space before ':'
-    b"import torch\ndef f(x):\n    y = 1\n\x0c    return torch.relu(x)\n",  # and a form feed before an indent
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        b"import torch\ny = torch.relu(x)\n\n\n   ",  # lines of spaces after blank lines at the end
+        b"import torch\ny = torch.relu(x)\n\n    # y = torch.gelu(x)\n",  # or an indented comment
+        b"import torch\ntry:\n    y = torch.relu(x)\nexcept E :\n    pass\n",  # libcst drops the space before ':'
+        b"import torch\ndef f(x):\n    y = 1\n\x0c    return torch.relu(x)\n",  # and a form feed before an indent
+    ],
+)
 def test_what_libcst_cannot_reproduce_is_left_alone(source):
     with pytest.raises(RewriteError, match="libcst does not reproduce"):
         rewrite_source(source)

@@ -1,5 +1,6 @@
 """The rewrite's rules (msprobe_rewrite/decisions.py) against the trees they name: every zone names real node
 classes and fields of libcst and of Python's ast, and each walker reads a literal's kind as the other does."""
+
 import ast
 import dataclasses
 import sys
@@ -28,13 +29,26 @@ def test_every_zone_names_real_nodes_and_fields(zone):
         assert field in cls._fields, (node, field)
 
 
-@pytest.mark.parametrize("text, kind", [
-    ("x", decisions.NOT_LITERAL), ("1", decisions.NUMBER), ("1.5", decisions.NUMBER), ("2j", decisions.NUMBER),
-    ("'s'", decisions.TEXT), ("b's'", decisions.TEXT), ("'a' 'b'", decisions.TEXT), ("f'{x}'", decisions.TEXT),
-    ("None", decisions.CONSTANT), ("True", decisions.CONSTANT), ("False", decisions.CONSTANT),
-    ("...", decisions.ELLIPSIS), ("-1", decisions.NOT_LITERAL), ("(1)", decisions.NUMBER),
-    ("x.y", decisions.NOT_LITERAL),
-])
+@pytest.mark.parametrize(
+    "text, kind",
+    [
+        ("x", decisions.NOT_LITERAL),
+        ("1", decisions.NUMBER),
+        ("1.5", decisions.NUMBER),
+        ("2j", decisions.NUMBER),
+        ("'s'", decisions.TEXT),
+        ("b's'", decisions.TEXT),
+        ("'a' 'b'", decisions.TEXT),
+        ("f'{x}'", decisions.TEXT),
+        ("None", decisions.CONSTANT),
+        ("True", decisions.CONSTANT),
+        ("False", decisions.CONSTANT),
+        ("...", decisions.ELLIPSIS),
+        ("-1", decisions.NOT_LITERAL),
+        ("(1)", decisions.NUMBER),
+        ("x.y", decisions.NOT_LITERAL),
+    ],
+)
 def test_both_walkers_read_the_same_literal_kind(text, kind):
     assert literal_kind(cst.parse_expression(text)) == kind
     assert _literal_kind(ast.parse(text, mode="eval").body) == kind

@@ -1,4 +1,5 @@
 """Whole programs from fixtures/ run identically before and after rewriting (each in a fresh process)."""
+
 import os
 import subprocess
 import sys
@@ -12,8 +13,14 @@ FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 
 
 def run_program(path: Path) -> str:
-    result = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=300,
-                            cwd=path.parent, env={**os.environ, "PYTHONHASHSEED": "0"})
+    result = subprocess.run(
+        [sys.executable, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=path.parent,
+        env={**os.environ, "PYTHONHASHSEED": "0"},
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -24,19 +31,33 @@ def rewritten_copy(source: Path, tmp_path: Path) -> Path:
     return target
 
 
-@pytest.mark.parametrize("program, expected_calls", [
-    ("direct_imports/train.py", ['__msprobe__.call("Torch.relu", relu, h)',
-                                 '__msprobe__.call("Torch.tanh", hyperbolic, h)',
-                                 '__msprobe__.call("Functional.linear", linear, x, self.weight, self.bias)',
-                                 'h = __msprobe__.iadd(h, x)']),
-    pytest.param("distributed_ops/program.py",
-                 ['__msprobe__.call("Distributed.all_reduce", dist.all_reduce, t)',
-                  '__msprobe__.call("Distributed.all_reduce", all_reduce, t, op=dist.ReduceOp.SUM)',
-                  '__msprobe__.dyn(dist.P2POp, dist.isend, t, 0)'],
-                 marks=pytest.mark.slow),  # a gloo process group, twice
-    ("identity_checks/program.py", ['__msprobe__.eq(self.config.activation_func, F.gelu)',
-                                    '__msprobe__.dyn(self.config.activation_func, x)']),
-])
+@pytest.mark.parametrize(
+    "program, expected_calls",
+    [
+        (
+            "direct_imports/train.py",
+            [
+                '__msprobe__.call("Torch.relu", relu, h)',
+                '__msprobe__.call("Torch.tanh", hyperbolic, h)',
+                '__msprobe__.call("Functional.linear", linear, x, self.weight, self.bias)',
+                "h = __msprobe__.iadd(h, x)",
+            ],
+        ),
+        pytest.param(
+            "distributed_ops/program.py",
+            [
+                '__msprobe__.call("Distributed.all_reduce", dist.all_reduce, t)',
+                '__msprobe__.call("Distributed.all_reduce", all_reduce, t, op=dist.ReduceOp.SUM)',
+                "__msprobe__.dyn(dist.P2POp, dist.isend, t, 0)",
+            ],
+            marks=pytest.mark.slow,
+        ),  # a gloo process group, twice
+        (
+            "identity_checks/program.py",
+            ["__msprobe__.eq(self.config.activation_func, F.gelu)", "__msprobe__.dyn(self.config.activation_func, x)"],
+        ),
+    ],
+)
 @pytest.mark.slow  # over 2 s: `make check` leaves it to `make test`
 def test_program_output_is_bit_identical_after_rewriting(program, expected_calls, tmp_path):
     original = FIXTURES / program

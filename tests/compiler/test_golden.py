@@ -5,6 +5,7 @@ restoring it gives back the input byte for byte, on text exactly as through libc
 and the import hook's ast path gives the tree of the output without its runtime import, or leaves the case
 to libcst where ``AST_PATH_DEFERS`` says it may.
 """
+
 import ast
 import os
 import re
@@ -49,6 +50,7 @@ AST_PATH_DEFERS = re.compile(r"msprobe:\s*skip|\+= *yield|\{f[\"']|\b(if|not|and
 
 
 # -- statically resolved APIs, however they were bound --------------------------------------------------
+
 
 def test_module_attribute_call():
     check(
@@ -158,7 +160,6 @@ def test_relative_import_resolves_through_the_package():
     )
 
 
-
 def test_fused_library_entry_points_resolve_however_imported():
     """flash-attn's functions through its package's re-export, TE's GEMM through cpp_extensions' re-export and
     its submodule, apex's autograd Function by ``.apply``; fp8_autocast is no API (a context manager)."""
@@ -234,19 +235,24 @@ def test_a_catalogued_function_is_an_api_in_the_module_that_defines_it_too():
                     return x
                 return fused_rms_norm_affine(x)
         """,
-        path="/site/apex/normalization/fused_layer_norm.py", package="apex.normalization",
+        path="/site/apex/normalization/fused_layer_norm.py",
+        package="apex.normalization",
     )
 
 
-@pytest.mark.parametrize("path, package", [
-    ("/site/apex/normalization/other.py", "apex.normalization"),    # another module of the package
-    ("/site/normalization/fused_layer_norm.py", "normalization"),  # the file imported under another package
-    ("<string>", None),                                             # no file: no module name
-])
+@pytest.mark.parametrize(
+    "path, package",
+    [
+        ("/site/apex/normalization/other.py", "apex.normalization"),  # another module of the package
+        ("/site/normalization/fused_layer_norm.py", "normalization"),  # the file imported under another package
+        ("<string>", None),  # no file: no module name
+    ],
+)
 def test_a_function_defined_in_another_module_stays_a_plain_call(path, package):
     rewritten = rewrite_source(dedent(FUSED_LAYER_NORM).encode(), path=path, package=package).decode()
     assert "__msprobe__.call(" not in rewritten
     assert "return fused_rms_norm_affine(x, self.weight, self.shape)" in rewritten
+
 
 def test_star_import_makes_every_free_name_unknown():
     check(
@@ -270,6 +276,7 @@ def test_star_import_makes_every_free_name_unknown():
 
 
 # -- unknown callees go through identity dispatch; known non-APIs are left alone ------------------------
+
 
 def test_unknown_callees_are_dispatched_at_run_time():
     check(
@@ -621,11 +628,14 @@ class C[T: (A | B)](Base):
 
 @pytest.mark.skipif(sys.version_info < (3, 12), reason="type parameters are Python 3.12 syntax")
 def test_type_parameters_and_aliases_are_left_as_written_as_annotations_are():
-    check(PYTHON_312_TYPES, PREAMBLE + PYTHON_312_TYPES.replace("x + 1", "__msprobe__.add(x, 1)").replace(
-        "g(x)", "__msprobe__.dyn(g, x)"))
+    check(
+        PYTHON_312_TYPES,
+        PREAMBLE + PYTHON_312_TYPES.replace("x + 1", "__msprobe__.add(x, 1)").replace("g(x)", "__msprobe__.dyn(g, x)"),
+    )
 
 
 # -- operators ------------------------------------------------------------------------------------------
+
 
 def test_binary_and_unary_operators_keep_their_spelling_in_the_commas():
     check(
@@ -753,11 +763,14 @@ def test_truth_tests_that_no_tensor_takes_part_in_or_that_no_form_restores_are_l
     check_ast_path(source)
 
 
-@pytest.mark.parametrize("source", [
-    "import torch\nif(a and b):\n    pass\n",
-    "import torch\nif not(a and b):\n    pass\n",
-    "import torch\nif a and(b or c):\n    pass\n",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import torch\nif(a and b):\n    pass\n",
+        "import torch\nif not(a and b):\n    pass\n",
+        "import torch\nif a and(b or c):\n    pass\n",
+    ],
+)
 def test_a_parenthesis_right_after_a_keyword_before_and_or_is_left_to_libcst(source):
     """Whose parenthesis it is (the operation's or its first operand's) decides whether libcst routes the
     operand; ast does not keep it, so the ast path defers."""
@@ -834,6 +847,7 @@ def test_subscript_store_evaluates_value_container_and_key_once_in_order():
 
 
 # -- what is never touched ------------------------------------------------------------------------------
+
 
 def test_kernel_and_compiled_bodies_stay_plain_however_imported():
     check(
@@ -994,6 +1008,7 @@ def test_patched_callee_is_still_evaluated_at_call_time():
     namespace = {}
     exec(compile(rewrite_source(source.encode()), "<patched>", "exec"), namespace)
     import torch.distributed as dist
+
     original = dist.all_reduce
     seen = []
     try:
@@ -1005,6 +1020,7 @@ def test_patched_callee_is_still_evaluated_at_call_time():
 
 
 # -- where the runtime import goes ----------------------------------------------------------------------
+
 
 def test_import_follows_docstring_and_future_imports():
     check(

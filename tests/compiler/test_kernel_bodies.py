@@ -1,4 +1,5 @@
 """Kernel and compiled functions of real code (megatron-core from PyPI) keep their bodies byte for byte."""
+
 import ast
 import collections
 from pathlib import Path
@@ -7,8 +8,15 @@ import pytest
 
 from msprobe_rewrite.api import rewrite_source
 
-KERNEL_DECORATORS = ("triton.jit", "triton.autotune", "triton.heuristics", "jit_fuser", "torch.compile",
-                     "torch.compiler.disable", "torch.jit.script")
+KERNEL_DECORATORS = (
+    "triton.jit",
+    "triton.autotune",
+    "triton.heuristics",
+    "jit_fuser",
+    "torch.compile",
+    "torch.compiler.disable",
+    "torch.jit.script",
+)
 
 
 def megatron_core_root() -> Path:

@@ -5,6 +5,7 @@ the file without moving a line or changing an ending, and ``--restore`` gives ba
 libcst counts only ``\\n`` as a final newline, so a file ending in a lone ``\\r`` lost that byte in the rewrite
 (and in the libcst restore); ``api._keeping_final_carriage_return`` puts it back.
 """
+
 from __future__ import annotations
 
 import re
@@ -38,7 +39,7 @@ ENDINGS = {
 def _source(convention: str, final_newline: bool) -> bytes:
     endings = ENDINGS[convention]
     text = b"".join(line + endings[number % len(endings)] for number, line in enumerate(LINES))
-    return text if final_newline else text[:-len(endings[(len(LINES) - 1) % len(endings)])]
+    return text if final_newline else text[: -len(endings[(len(LINES) - 1) % len(endings)])]
 
 
 def _line_endings(data: bytes):

@@ -1,6 +1,7 @@
 """Faults of restore and of parse errors: a deleted runtime import, a runtime import a formatter split off its
 line, and syntax errors reported as Python reports them.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -36,7 +37,7 @@ ORIGINAL = b"import torch\ny = torch.relu(x)\nif y > 0:\n    z = y + 1\n"
 def without_import(source: bytes) -> bytes:
     instrumented = rewrite_source(source)
     assert instrumented.startswith(PREAMBLE)
-    return instrumented[len(PREAMBLE):]
+    return instrumented[len(PREAMBLE) :]
 
 
 def test_forms_without_the_runtime_import_are_instrumented_and_restored_with_a_note():
@@ -92,12 +93,13 @@ def test_guard_flags_a_file_whose_import_was_deleted_and_fix_restores_it(tmp_pat
 
 # -- 2. a formatter split the runtime import off its line --------------------------------------------------
 
+
 def split_like_black(instrumented: bytes) -> bytes:
     """What black does to the import's line: each statement of ``a; b`` on a line of its own."""
     lines = instrumented.split(b"\n")
     for number, line in enumerate(lines):
         if b"import msprobe_runtime as __msprobe__; " in line:
-            indent = line[:len(line) - len(line.lstrip())]
+            indent = line[: len(line) - len(line.lstrip())]
             head, _, rest = line.partition(b"; ")
             parts = rest.split(b"; ")
             lines[number] = b"\n".join([head, *(indent + part for part in parts)])
@@ -149,9 +151,11 @@ def test_restore_after_a_formatter_split_the_import_line_gives_the_original(name
 
 def test_the_placements_on_a_blank_or_comment_line_still_restore_exactly_and_quietly():
     # Can fail: a rule for split lines that also takes these (the import on a line of its own) for one.
-    for original in (b"#!/usr/bin/env python\n# -*- coding: utf-8 -*-\n\nif cond():\n    y = g(x)\n",
-                     b'"""Doc."""\n\n# note\nclass A:\n    y = f(x)\n',
-                     b"def a():\n    return f(x)\n\n# why\n@a\ndef b():\n    pass\n"):
+    for original in (
+        b"#!/usr/bin/env python\n# -*- coding: utf-8 -*-\n\nif cond():\n    y = g(x)\n",
+        b'"""Doc."""\n\n# note\nclass A:\n    y = f(x)\n',
+        b"def a():\n    return f(x)\n\n# why\n@a\ndef b():\n    pass\n",
+    ):
         instrumented = rewrite_source(original)
         assert b"\nimport msprobe_runtime as __msprobe__" in instrumented
         assert restore_quietly(instrumented) == original
@@ -174,11 +178,15 @@ def test_an_import_left_as_the_last_statement_is_restored_with_a_warning():
 
 # -- 3. syntax errors as Python reports them ---------------------------------------------------------------
 
-@pytest.mark.parametrize("source, message", [
-    (b"x = 1\nprint(\x00)\n", r"cannot parse: source code (string )?cannot contain null bytes \(line 2\)"),
-    (b"import torch\ny = (torch.relu(x),\nz = 2\n", r"cannot parse: '\(' was never closed \(line 2, column 5\)"),
-    (b"import torch\ndef f(:\n    pass\n", r"cannot parse: invalid syntax \(line 2, column 7\)"),
-])
+
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        (b"x = 1\nprint(\x00)\n", r"cannot parse: source code (string )?cannot contain null bytes \(line 2\)"),
+        (b"import torch\ny = (torch.relu(x),\nz = 2\n", r"cannot parse: '\(' was never closed \(line 2, column 5\)"),
+        (b"import torch\ndef f(:\n    pass\n", r"cannot parse: invalid syntax \(line 2, column 7\)"),
+    ],
+)
 def test_a_syntax_error_is_reported_with_pythons_message_and_line(source, message):
     for function in (rewrite_source, lambda s, path: restore_source(PREAMBLE + s, path=path)):
         with pytest.raises(RewriteError, match=r"^bad\.py: " + message + "$"):
@@ -212,8 +220,12 @@ def test_the_command_says_a_restore_note_as_one_line_of_its_own(tmp_path):
 
     path = tmp_path / "m.py"
     path.write_text('import torch\ny = __msprobe__.call("Torch.relu", torch.relu, x)\n')
-    done = subprocess.run([sys.executable, "-m", "msprobe_rewrite", "--restore", str(tmp_path), "--no-cache"],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "msprobe_rewrite", "--restore", str(tmp_path), "--no-cache"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert f"msprobe-rewrite: warning: {path}: its runtime import" in done.stderr
     assert "RestoreWarning" not in done.stderr and "batch.py" not in done.stderr

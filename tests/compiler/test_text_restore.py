@@ -5,6 +5,7 @@ in ways the reference treats in its own manner (parentheses it drops, a keyword 
 and give the reference's result. Every golden case and every corpus file is compared too (``test_golden``,
 ``corpus_check``), and ``conftest`` compares every restore of the compiler's tests.
 """
+
 from __future__ import annotations
 
 import os
@@ -168,35 +169,54 @@ EDITED = {
     "a form in the text another form drops": (b"x = __msprobe__.iadd(__msprobe__.neg(x), 1)\n", True),
     "a parenthesized aug form": (b'(__msprobe__.aug(__msprobe__.attr(o, "a"), "iadd", v))\n', True),
     "an aug form of an unknown operator (libcst raises)": (
-        b'__msprobe__.aug(__msprobe__.attr(o, "a"), "inothing", v)\n', True),
+        b'__msprobe__.aug(__msprobe__.attr(o, "a"), "inothing", v)\n',
+        True,
+    ),
     "a starred operand": (b"y = __msprobe__.neg(*x)\n", True),
     "a truth test that restores to an aug form": (b'__msprobe__.truth(__msprobe__.aug(o, "iadd", v))\n', True),
     "a dyn form that restores to an iadd form": (b"x = __msprobe__.dyn(__msprobe__.iadd, x, 1)\n", True),
     "a dyn form that restores to an item store": (b"__msprobe__.dyn(__msprobe__.item, o)[k] = v\n", True),
     # the runtime import where a placement puts it, where a formatter moves it, and where neither would
-    "import on a comment line": (b"import msprobe_runtime as __msprobe__  # note\nif x:\n    y = __msprobe__.neg(x)\n",
-                                 False),
+    "import on a comment line": (
+        b"import msprobe_runtime as __msprobe__  # note\nif x:\n    y = __msprobe__.neg(x)\n",
+        False,
+    ),
     "import on a blank line before comments": (
-        b"import msprobe_runtime as __msprobe__ \n# a\n\n@d\ndef f():\n    return __msprobe__.neg(x)\n", False),
+        b"import msprobe_runtime as __msprobe__ \n# a\n\n@d\ndef f():\n    return __msprobe__.neg(x)\n",
+        False,
+    ),
     "import split off its line, crlf": (b"import msprobe_runtime as __msprobe__\r\ny = __msprobe__.neg(x)\r\n", False),
     "import as the last statement": (b"y = __msprobe__.dyn(f, x)\nimport msprobe_runtime as __msprobe__\n", False),
-    "import after a docstring": (b'"""Doc.""" ; import msprobe_runtime as __msprobe__\ny = __msprobe__.neg(x)\n',
-                                 False),
+    "import after a docstring": (
+        b'"""Doc.""" ; import msprobe_runtime as __msprobe__\ny = __msprobe__.neg(x)\n',
+        False,
+    ),
     "import after __future__": (
-        b"from __future__ import annotations; import msprobe_runtime as __msprobe__; import os\ny = -x\n", False),
-    "import between other statements": (b"a = 1; import msprobe_runtime as __msprobe__; b = __msprobe__.neg(x)\n",
-                                        False),
+        b"from __future__ import annotations; import msprobe_runtime as __msprobe__; import os\ny = -x\n",
+        False,
+    ),
+    "import between other statements": (
+        b"a = 1; import msprobe_runtime as __msprobe__; b = __msprobe__.neg(x)\n",
+        False,
+    ),
     "import in a try body on its line": (
-        b"try: import msprobe_runtime as __msprobe__; import torch\nexcept ImportError: pass\n", False),
+        b"try: import msprobe_runtime as __msprobe__; import torch\nexcept ImportError: pass\n",
+        False,
+    ),
     "import split off its line in a try body": (
         b"def f():\n    return __msprobe__.neg(x)\ntry:\n    import msprobe_runtime as __msprobe__\n"
-        b"    import torch\nexcept ImportError:\n    pass\n", False),
+        b"    import torch\nexcept ImportError:\n    pass\n",
+        False,
+    ),
     "import ending a try body": (
-        b"try:\n    x = __msprobe__.neg(y)\n    import msprobe_runtime as __msprobe__\nexcept E:\n    pass\n", True),
+        b"try:\n    x = __msprobe__.neg(y)\n    import msprobe_runtime as __msprobe__\nexcept E:\n    pass\n",
+        True,
+    ),
     "import alone in a try body (libcst raises)": (
-        b"try:\n    import msprobe_runtime as __msprobe__\nexcept E:\n    pass\nx = __msprobe__.neg(y)\n", True),
-    "a semicolon after the runtime import": (b"import msprobe_runtime as __msprobe__;\ny = __msprobe__.neg(x)\n",
-                                              True),
+        b"try:\n    import msprobe_runtime as __msprobe__\nexcept E:\n    pass\nx = __msprobe__.neg(y)\n",
+        True,
+    ),
+    "a semicolon after the runtime import": (b"import msprobe_runtime as __msprobe__;\ny = __msprobe__.neg(x)\n", True),
 }
 
 

@@ -1,4 +1,5 @@
 """The import hook, each case in a fresh interpreter (the hook changes interpreter-global state)."""
+
 import os
 import subprocess
 import sys
@@ -58,10 +59,16 @@ def write_tree(root: Path, files: dict) -> Path:
 def run(code: str, cwd: Path, *, write_bytecode=False, env=None, args=()):
     environment = {**os.environ, **(env or {})}
     environment.pop("PYTHONDONTWRITEBYTECODE", None) if write_bytecode else environment.setdefault(
-        "PYTHONDONTWRITEBYTECODE", "1")
-    return subprocess.run([sys.executable, *args, "-c", PROBE + textwrap.dedent(code)] if code is not None
-                          else [sys.executable, *args], cwd=cwd, capture_output=True, text=True,
-                          env=environment, timeout=300)
+        "PYTHONDONTWRITEBYTECODE", "1"
+    )
+    return subprocess.run(
+        [sys.executable, *args, "-c", PROBE + textwrap.dedent(code)] if code is not None else [sys.executable, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=300,
+    )
 
 
 def ok(result) -> str:
@@ -75,18 +82,25 @@ def tree(tmp_path):
 
 
 def test_packages_match_by_name_prefix_and_nothing_else(tree):
-    out = ok(run("""
+    out = ok(
+        run(
+            """
         from msprobe_rewrite import install_import_hook
         install_import_hook(["mypkg"])
         import mypkg, mypkg.sub.deep, otherpkg, json
         print(instrumented(mypkg.f), instrumented(mypkg.sub.deep.g), instrumented(otherpkg.h),
               instrumented(json.dumps))
-    """, tree))
+    """,
+            tree,
+        )
+    )
     assert out.split() == ["True", "True", "False", "False"]
 
 
 def test_results_source_and_tracebacks_are_the_users(tree):
-    out = ok(run("""
+    out = ok(
+        run(
+            """
         import traceback, torch
         from msprobe_rewrite import install_import_hook
         install_import_hook(["mypkg"])
@@ -98,7 +112,10 @@ def test_results_source_and_tracebacks_are_the_users(tree):
         except ValueError:
             frame = traceback.extract_tb(sys.exc_info()[2])[-1]
             print(frame.lineno, frame.line)
-    """, tree))
+    """,
+            tree,
+        )
+    )
     lines = out.splitlines()
     assert lines[0] == "[1.0, 3.0]"
     assert lines[1] == "return relu(x) + 1"
@@ -106,24 +123,32 @@ def test_results_source_and_tracebacks_are_the_users(tree):
 
 
 def test_context_manager_uninstalls(tree):
-    out = ok(run("""
+    out = ok(
+        run(
+            """
         from msprobe_rewrite import install_import_hook
         with install_import_hook(["mypkg", "otherpkg"]) as hook:
             import mypkg
         import otherpkg
         print(instrumented(mypkg.f), instrumented(otherpkg.h), hook.finder in sys.meta_path)
-    """, tree))
+    """,
+            tree,
+        )
+    )
     assert out.split() == ["True", "False", "False"]
 
 
 def test_already_imported_package_is_named_in_a_warning(tree):
-    result = run("""
+    result = run(
+        """
         import warnings
         warnings.simplefilter("always")
         import mypkg
         from msprobe_rewrite import install_import_hook
         install_import_hook(["mypkg", "torch"])
-    """, tree)
+    """,
+        tree,
+    )
     ok(result)
     assert "already imported before the import hook, so not instrumented: mypkg" in result.stderr
     assert "never instrumented: torch" in result.stderr
@@ -135,7 +160,9 @@ def test_editable_install_finder_namespace_packages_and_zip_imports(tree, tmp_pa
     archive = tree / "zipped.zip"
     with zipfile.ZipFile(archive, "w") as zipped:
         zipped.writestr("zpkg/__init__.py", textwrap.dedent(PACKAGE["otherpkg/__init__.py"]))
-    out = ok(run(f"""
+    out = ok(
+        run(
+            f"""
         import importlib.abc, importlib.util
         class EditableFinder(importlib.abc.MetaPathFinder):  # what setuptools' editable installs add
             def find_spec(self, name, path=None, target=None):
@@ -149,12 +176,17 @@ def test_editable_install_finder_namespace_packages_and_zip_imports(tree, tmp_pa
         install_import_hook(["edpkg", "nspkg", "zpkg"])
         import edpkg, nspkg.mod, zpkg
         print(instrumented(edpkg.h), instrumented(nspkg.mod.h), instrumented(zpkg.h), nspkg.__path__ is not None)
-    """, tree))
+    """,
+            tree,
+        )
+    )
     assert out.split() == ["True", "True", "False", "True"]
 
 
 def test_resources_get_data_and_reload(tree):
-    out = ok(run("""
+    out = ok(
+        run(
+            """
         import importlib, importlib.resources, pkgutil, pathlib
         from msprobe_rewrite import install_import_hook
         install_import_hook(["mypkg"])
@@ -166,7 +198,10 @@ def test_resources_get_data_and_reload(tree):
         importlib.invalidate_caches()
         importlib.reload(mypkg)
         print(instrumented(mypkg.f), inspect.getsource(mypkg.f).splitlines()[1].strip())
-    """, tree))
+    """,
+            tree,
+        )
+    )
     assert out.splitlines() == ["payload payload", "True return relu(x) + 2"]
 
 
@@ -186,7 +221,7 @@ def test_bytecode_cache_is_written_beside_the_normal_one_and_used(tree):
     first = ok(run(IMPORT_AND_REPORT, tree, write_bytecode=True))
     tag = f"{sys.implementation.cache_tag}{TAG_SUFFIX}"
     assert cache_files(tree) == sorted([f"__init__.{tag}", f"__init__.{tag}", f"deep.{tag}"])
-    cached = (tree / "mypkg" / "__pycache__" / f"__init__.{sys.implementation.cache_tag}{TAG_SUFFIX}")
+    cached = tree / "mypkg" / "__pycache__" / f"__init__.{sys.implementation.cache_tag}{TAG_SUFFIX}"
     stamp = cached.stat().st_mtime_ns
     second = ok(run(IMPORT_AND_REPORT, tree, write_bytecode=True))
     assert second == first and cached.stat().st_mtime_ns == stamp  # read, not rewritten
@@ -217,7 +252,7 @@ def test_pycache_prefix_is_honoured(tree, tmp_path_factory):
 
 def test_corrupt_or_truncated_cache_is_ignored_and_rewritten(tree):
     first = ok(run(IMPORT_AND_REPORT, tree, write_bytecode=True))
-    cached = (tree / "mypkg" / "__pycache__" / f"__init__.{sys.implementation.cache_tag}{TAG_SUFFIX}")
+    cached = tree / "mypkg" / "__pycache__" / f"__init__.{sys.implementation.cache_tag}{TAG_SUFFIX}"
     good = cached.read_bytes()
     for damaged in (good[: len(good) // 2], b"garbage", good[:-1] + b"\x00", b""):
         cached.write_bytes(damaged)
@@ -237,8 +272,17 @@ def test_edit_within_the_same_second_is_picked_up(tree):
 def test_two_cold_processes_at_once_both_succeed_and_leave_a_valid_cache(tree):
     code = PROBE + textwrap.dedent(IMPORT_AND_REPORT)
     environment = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    processes = [subprocess.Popen([sys.executable, "-c", code], cwd=tree, env=environment,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            cwd=tree,
+            env=environment,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
     outputs = [p.communicate(timeout=300) for p in processes]
     assert all(p.returncode == 0 for p in processes), outputs
     assert len({out for out, _ in outputs}) == 1
@@ -247,7 +291,8 @@ def test_two_cold_processes_at_once_both_succeed_and_leave_a_valid_cache(tree):
 
 
 def test_a_module_that_fails_to_rewrite_is_imported_plain_with_one_warning(tree):
-    result = run("""
+    result = run(
+        """
         import warnings
         warnings.simplefilter("always")
         import msprobe_rewrite.api as api
@@ -265,14 +310,18 @@ def test_a_module_that_fails_to_rewrite_is_imported_plain_with_one_warning(tree)
         install_import_hook(["mypkg"])
         import mypkg.sub.deep
         print(instrumented(mypkg.f), instrumented(mypkg.sub.deep.g))
-    """, tree)
+    """,
+        tree,
+    )
     assert ok(result).split() == ["True", "False"]
     assert result.stderr.count("mypkg.sub.deep is imported uninstrumented") == 1
     assert "injected failure" in result.stderr
 
 
 def test_the_hook_rewrites_on_pythons_ast_to_the_program_the_cli_writes(tree):
-    out = ok(run("""
+    out = ok(
+        run(
+            """
         from msprobe_rewrite import install_import_hook
         install_import_hook(["mypkg"])
         import mypkg.sub.deep
@@ -289,12 +338,16 @@ def test_the_hook_rewrites_on_pythons_ast_to_the_program_the_cli_writes(tree):
             hooked, cli = getattr(module, name).__code__, cli_code(module, name)
             print(hooked.co_code == cli.co_code, hooked.co_names == cli.co_names, hooked.co_consts == cli.co_consts,
                   "__msprobe__" in hooked.co_names)
-    """, tree))
+    """,
+            tree,
+        )
+    )
     assert out.split() == ["False"] + ["True"] * 8
 
 
 def test_a_failure_of_the_ast_path_is_reported_and_libcst_instruments_the_module(tree):
-    result = run("""
+    result = run(
+        """
         import warnings
         warnings.simplefilter("always")
         import msprobe_rewrite.ast_transformer as ast_transformer
@@ -308,16 +361,24 @@ def test_a_failure_of_the_ast_path_is_reported_and_libcst_instruments_the_module
         install_import_hook(["mypkg"])
         import mypkg.sub.deep
         print(instrumented(mypkg.f), instrumented(mypkg.sub.deep.g), "libcst" in sys.modules)
-    """, tree)
+    """,
+        tree,
+    )
     assert ok(result).split() == ["True", "True", "True"]
     assert result.stderr.count("please report: IndexError: injected bug") == 1
     assert "deep.py" in result.stderr and "uninstrumented" not in result.stderr
 
 
 def test_a_module_with_a_syntax_error_raises_it_as_python_does(tree):
-    write_tree(tree, {"mypkg/bad.py": "import torch\ndef f(:\n    pass\n",
-                      "mypkg/late.py": "import torch\nx = torch.relu(y)\nfrom __future__ import annotations\n"})
-    result = run("""
+    write_tree(
+        tree,
+        {
+            "mypkg/bad.py": "import torch\ndef f(:\n    pass\n",
+            "mypkg/late.py": "import torch\nx = torch.relu(y)\nfrom __future__ import annotations\n",
+        },
+    )
+    result = run(
+        """
         from msprobe_rewrite import install_import_hook
         install_import_hook(["mypkg"])
         for name in ("mypkg.bad", "mypkg.late"):
@@ -325,18 +386,27 @@ def test_a_module_with_a_syntax_error_raises_it_as_python_does(tree):
                 __import__(name)
             except SyntaxError as error:
                 print(name, type(error).__name__, error.lineno, error.filename.endswith(name[6:] + ".py"))
-    """, tree)
+    """,
+        tree,
+    )
     assert ok(result).splitlines() == ["mypkg.bad SyntaxError 2 True", "mypkg.late SyntaxError 3 True"]
     assert "please report" not in result.stderr
 
 
 def test_environment_variable_installs_the_hook_through_pythonpath(tree):
-    hook_path = subprocess.run([sys.executable, "-m", "msprobe_rewrite", "hook-path"], capture_output=True,
-                               text=True, check=True).stdout.strip()
-    out = ok(run("""
+    hook_path = subprocess.run(
+        [sys.executable, "-m", "msprobe_rewrite", "hook-path"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    out = ok(
+        run(
+            """
         import mypkg, otherpkg
         print(instrumented(mypkg.f), instrumented(otherpkg.h))
-    """, tree, env={"PYTHONPATH": hook_path, "MSPROBE_REWRITE_PACKAGES": "mypkg"}))
+    """,
+            tree,
+            env={"PYTHONPATH": hook_path, "MSPROBE_REWRITE_PACKAGES": "mypkg"},
+        )
+    )
     assert out.split() == ["True", "False"]
 
 
@@ -360,13 +430,20 @@ if __name__ == "__main__":
 
 def test_run_script_behaves_like_python(tree):
     write_tree(tree, {"train.py": SCRIPT, "helper.py": "def double(x):\n    return x * 2\n"})
-    for command in (["-m", "msprobe_rewrite", "run", "--", "train.py", "a", "--b"],
-                    ["-m", "msprobe_rewrite", "run", "train.py", "a", "--b"]):
+    for command in (
+        ["-m", "msprobe_rewrite", "run", "--", "train.py", "a", "--b"],
+        ["-m", "msprobe_rewrite", "run", "train.py", "a", "--b"],
+    ):
         result = subprocess.run([sys.executable, *command], cwd=tree, capture_output=True, text=True, timeout=300)
         assert result.returncode == 7, result.stderr
         assert result.stdout.strip() == "['a', '--b'] __main__ True True [0.0]"
-    failed = subprocess.run([sys.executable, "-m", "msprobe_rewrite", "run", "train.py", "--fail"], cwd=tree,
-                            capture_output=True, text=True, timeout=300)
+    failed = subprocess.run(
+        [sys.executable, "-m", "msprobe_rewrite", "run", "train.py", "--fail"],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert failed.returncode == 1
     assert 'raise RuntimeError("script failed")' in failed.stderr
     assert "run_command.py" not in failed.stderr  # the traceback starts at the user's code
@@ -374,19 +451,33 @@ def test_run_script_behaves_like_python(tree):
 
 def test_run_module_behaves_like_python_dash_m(tree):
     script = SCRIPT.replace("import helper\n", "from mypkg import f as helper_f\n").replace(
-        '"__msprobe__" in helper.double.__code__.co_names', '"__msprobe__" in helper_f.__code__.co_names')
+        '"__msprobe__" in helper.double.__code__.co_names', '"__msprobe__" in helper_f.__code__.co_names'
+    )
     write_tree(tree, {"mypkg/__main__.py": script})
-    result = subprocess.run([sys.executable, "-m", "msprobe_rewrite", "run", "-m", "mypkg", "x"], cwd=tree,
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "msprobe_rewrite", "run", "-m", "mypkg", "x"],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 7, result.stderr
     assert result.stdout.strip() == "['x'] __main__ True True [0.0]"
-    missing = subprocess.run([sys.executable, "-m", "msprobe_rewrite", "run", "-m", "nosuchmodule"], cwd=tree,
-                             capture_output=True, text=True, timeout=300)
+    missing = subprocess.run(
+        [sys.executable, "-m", "msprobe_rewrite", "run", "-m", "nosuchmodule"],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert missing.returncode == 1 and "No module named" in missing.stderr
 
 
 def test_torchrun_starts_it_as_its_program(tree):
-    write_tree(tree, {"dist_train.py": """\
+    write_tree(
+        tree,
+        {
+            "dist_train.py": """\
         import os
         import torch
         import torch.distributed as dist
@@ -397,26 +488,51 @@ def test_torchrun_starts_it_as_its_program(tree):
         with open(f"rank{dist.get_rank()}.txt", "w") as out:  # one file each: the ranks share stdout
             out.write(line)
         dist.destroy_process_group()
-        """})
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                             "--nproc-per-node", "2", "-m", "msprobe_rewrite", "run", "--", "dist_train.py"],
-                            cwd=tree, capture_output=True, text=True, timeout=300)
+        """
+        },
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "msprobe_rewrite",
+            "run",
+            "--",
+            "dist_train.py",
+        ],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert [(tree / f"rank{rank}.txt").read_text() for rank in (0, 1)] == [
-        "rank 0 [3.0, 3.0] True", "rank 1 [3.0, 3.0] True"]
+        "rank 0 [3.0, 3.0] True",
+        "rank 1 [3.0, 3.0] True",
+    ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("source", ["import torch\ndef f(:\n    pass\n", "import torch\nx = (torch.relu(y),\nz = 2\n",
-                                    "import torch\nx = f(\0)\n"])
+@pytest.mark.parametrize(
+    "source",
+    ["import torch\ndef f(:\n    pass\n", "import torch\nx = (torch.relu(y),\nz = 2\n", "import torch\nx = f(\0)\n"],
+)
 def test_a_syntax_error_under_the_hook_surfaces_as_pythons_own(tree, source):
     write_tree(tree, {"mypkg/broken.py": source})
     plain = run("import mypkg.broken", tree)
-    hooked = run("""
+    hooked = run(
+        """
         from msprobe_rewrite import install_import_hook
         install_import_hook(["mypkg"])
         import mypkg.broken
-    """, tree)
+    """,
+        tree,
+    )
     assert plain.returncode == hooked.returncode == 1
     for noise in ("RuntimeWarning", "RewriteError", "During handling", "imported uninstrumented"):
         assert noise not in hooked.stderr, hooked.stderr
@@ -474,8 +590,7 @@ def test_the_bytecode_cache_is_keyed_by_the_package_the_module_is_imported_in(tm
         (folder / "__init__.py").write_text("")
     (fusions / "fused_bias_gelu.py").write_text("def bias_gelu_impl(x, b):\n    return x + b\n")
     user = fusions / "user.py"
-    user.write_text("from .fused_bias_gelu import bias_gelu_impl\n\n\ndef f(x, b):\n"
-                    "    return bias_gelu_impl(x, b)\n")
+    user.write_text("from .fused_bias_gelu import bias_gelu_impl\n\n\ndef f(x, b):\n    return bias_gelu_impl(x, b)\n")
     options = RewriteOptions()
     names = {}
     for fullname in ("megatron.core.fusions.user", "core.fusions.user"):

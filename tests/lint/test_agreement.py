@@ -1,6 +1,7 @@
 """The lint and the transformer share one resolver: every call the lint reports as unresolved (MSP901) is a
 call the rewrite routes through ``__msprobe__.dyn``, and no API call it reports inside a kernel body
 (MSP003) is rewritten. Checked on real modules of megatron-core."""
+
 import os
 import re
 
@@ -9,9 +10,17 @@ import pytest
 from msprobe_rewrite.api import default_catalogue, rewrite_source
 from msprobe_rewrite.lint.checker import Linter
 
-MODULES = ["transformer/mlp.py", "transformer/attention.py", "transformer/transformer_layer.py",
-           "fusions/fused_bias_swiglu.py", "fusions/fused_bias_gelu.py", "fusions/fused_cross_entropy.py",
-           "models/gpt/gpt_model.py", "tensor_parallel/layers.py", "activations.py"]
+MODULES = [
+    "transformer/mlp.py",
+    "transformer/attention.py",
+    "transformer/transformer_layer.py",
+    "fusions/fused_bias_swiglu.py",
+    "fusions/fused_bias_gelu.py",
+    "fusions/fused_cross_entropy.py",
+    "models/gpt/gpt_model.py",
+    "tensor_parallel/layers.py",
+    "activations.py",
+]
 
 
 @pytest.fixture(scope="module")
@@ -43,13 +52,16 @@ def test_api_calls_in_kernel_bodies_are_left_as_written(megatron_core, module):
         assert line == original[finding.line - 1] and not re.search(rb"__msprobe__\.", line), finding
 
 
-@pytest.mark.parametrize("source", [
-    # a comprehension's first iterable is resolved inside the comprehension by both transformers, where its
-    # target shadows the module `torch`
-    b"import torch\n\ndef f(x):\n    return [t for torch in torch.split(x, 1) for t in torch]\n",
-    # `True.__index__` is a constant's method for libcst and for the ast path: no API, no dyn
-    b"import torch\n\ndef f(x):\n    return True.__index__() + torch.relu(x).sum().item()\n",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        # a comprehension's first iterable is resolved inside the comprehension by both transformers, where its
+        # target shadows the module `torch`
+        b"import torch\n\ndef f(x):\n    return [t for torch in torch.split(x, 1) for t in torch]\n",
+        # `True.__index__` is a constant's method for libcst and for the ast path: no API, no dyn
+        b"import torch\n\ndef f(x):\n    return True.__index__() + torch.relu(x).sum().item()\n",
+    ],
+)
 def test_the_lint_resolves_callees_where_the_rewrite_does(source):
     findings = Linter(default_catalogue(), frozenset({"MSP901"})).check(source, "case.py")
     assert len(findings) == rewrite_source(source, path="case.py").count(b"__msprobe__.dyn(")

@@ -1,5 +1,6 @@
 """`msprobe-rewrite check` and `msprobe-rewrite guard` as commands: exit codes, output formats, selection,
 noqa, and that neither imports torch (the pre-commit hook environment has none)."""
+
 import json
 import os
 import subprocess
@@ -59,8 +60,10 @@ def test_exit_codes(tmp_path, capsys):
     assert run(["check", clean], capsys)[0] == 0
     code, out, err = run(["check", clean, hidden], capsys)
     assert code == 1
-    assert out == f"{hidden}:5:12: MSP001 `getattr(torch, name)` fetches an API of torch by a computed name: " \
-                  "no static name, only the run-time identity check sees it\n"
+    assert (
+        out == f"{hidden}:5:12: MSP001 `getattr(torch, name)` fetches an API of torch by a computed name: "
+        "no static name, only the run-time identity check sees it\n"
+    )
     assert "1 finding in 1 of 2 files" in err
     assert run(["check", "--ignore", "MSP001", hidden], capsys)[0] == 0
     assert run(["check", "--exit-zero", hidden], capsys)[0] == 0
@@ -119,8 +122,10 @@ def test_guard_names_instrumented_files_and_fix_restores_exact_bytes(tmp_path, c
     clean = write(tmp_path / "clean.py", CLEAN)
     code, out, err = run(["guard", instrumented, clean], capsys)
     assert code == 1
-    assert out == f"{instrumented}: instrumented by msprobe-rewrite; restore it with: " \
-                  f"msprobe-rewrite --restore {instrumented}\n"
+    assert (
+        out == f"{instrumented}: instrumented by msprobe-rewrite; restore it with: "
+        f"msprobe-rewrite --restore {instrumented}\n"
+    )
     code, out, _ = run(["guard", "--fix", instrumented, clean], capsys)
     assert code == 0 and "restored" in out
     assert (tmp_path / "inst.py").read_bytes() == original
@@ -157,8 +162,7 @@ def test_the_hooks_never_import_torch(tmp_path):
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torch_npu', 'megatron', 'numpy'))\n"
         "print(codes, heavy)\n"
     )
-    result = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().endswith("[1, 1, 0] []"), result.stdout + result.stderr
 
@@ -168,12 +172,17 @@ def test_megatron_core_is_checked_in_seconds():
     import time
 
     megatron_core = pytest.importorskip("megatron.core", reason="megatron-core is test material").__path__[0]
-    result = subprocess.run([sys.executable, "-m", "msprobe_rewrite", "check", "--select", "ALL", "--statistics",
-                             megatron_core], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "msprobe_rewrite", "check", "--select", "ALL", "--statistics", megatron_core],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 1, result.stderr
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "msprobe_rewrite", "check", "-q", megatron_core], capture_output=True,
-                   timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "msprobe_rewrite", "check", "-q", megatron_core], capture_output=True, timeout=300
+    )
     assert time.perf_counter() - started < 30
 
 

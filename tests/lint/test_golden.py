@@ -3,6 +3,7 @@ and the text output must equal cases/<name>.expected (an empty file: the rule mu
 
 Regenerate after a deliberate change with MSPROBE_UPDATE_GOLDEN=1, then read the diff.
 """
+
 import os
 import re
 import shlex

@@ -6,6 +6,7 @@ snapshot is a one-commit git repository of this checkout's files as they are on 
 ignored ones left out): the test sees uncommitted work too, and works the same from a fresh clone in CI.
 Slow (pre-commit builds a virtual environment); skipped when git or pre-commit is missing.
 """
+
 import glob
 import os
 import shutil
@@ -27,8 +28,13 @@ HIDDEN = b"import torch\n\n\ndef h(x, name):\n    return getattr(torch, name)(x)
 
 
 def git(cwd, *args, check=True):
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com"}
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.com",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.com",
+    }
     result = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     if check and result.returncode:
         raise AssertionError(f"git {' '.join(args)}: {result.stdout}{result.stderr}")
@@ -37,8 +43,9 @@ def git(cwd, *args, check=True):
 
 def snapshot_of_checkout(target):
     """A one-commit repository of the checkout's files as they are now; returns its commit."""
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=CHECKOUT,
-                            capture_output=True, check=True).stdout.split(b"\0")
+    listed = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=CHECKOUT, capture_output=True, check=True
+    ).stdout.split(b"\0")
     os.makedirs(target)
     for name in filter(None, (os.fsdecode(n) for n in listed)):
         source = os.path.join(CHECKOUT, name)
@@ -68,11 +75,18 @@ def project(tmp_path_factory):
         "      - id: msprobe-no-instrumentation\n"
         "      - id: msprobe-restore\n"
         "        stages: [manual]\n"
-        "      - id: msprobe-lint\n")
+        "      - id: msprobe-lint\n"
+    )
     env = {**os.environ, "PRE_COMMIT_HOME": str(root / "cache"), "PRE_COMMIT_COLOR": "never"}
     env.pop("PIP_REQUIRE_VIRTUALENV", None)
-    result = subprocess.run([sys.executable, "-m", "pre_commit", "install", "--install-hooks"], cwd=work, env=env,
-                            capture_output=True, text=True, timeout=900)
+    result = subprocess.run(
+        [sys.executable, "-m", "pre_commit", "install", "--install-hooks"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     git(work, "add", ".pre-commit-config.yaml")
     configured = commit(work, env, "configure the hooks")
@@ -81,9 +95,20 @@ def project(tmp_path_factory):
 
 
 def commit(work, env, message):
-    return subprocess.run(["git", "commit", "-m", message], cwd=work, capture_output=True, text=True, timeout=600,
-                          env={**env, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
-                               "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com"})
+    return subprocess.run(
+        ["git", "commit", "-m", message],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={
+            **env,
+            "GIT_AUTHOR_NAME": "t",
+            "GIT_AUTHOR_EMAIL": "t@example.com",
+            "GIT_COMMITTER_NAME": "t",
+            "GIT_COMMITTER_EMAIL": "t@example.com",
+        },
+    )
 
 
 def test_instrumented_commit_is_refused_then_accepted_after_the_fix_hook(project):
@@ -102,9 +127,25 @@ def test_instrumented_commit_is_refused_then_accepted_after_the_fix_hook(project
     assert "clean.py:" not in output
     assert git(work, "rev-parse", "HEAD").stdout == head  # nothing was committed
 
-    fixed = subprocess.run([sys.executable, "-m", "pre_commit", "run", "--hook-stage", "manual", "msprobe-restore",
-                            "--files", "model.py", "clean.py"], cwd=work, env=env, capture_output=True, text=True,
-                           timeout=600)
+    fixed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pre_commit",
+            "run",
+            "--hook-stage",
+            "manual",
+            "msprobe-restore",
+            "--files",
+            "model.py",
+            "clean.py",
+        ],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert fixed.returncode == 1 and "files were modified by this hook" in fixed.stdout, fixed.stdout + fixed.stderr
     assert (work / "model.py").read_bytes() == ORIGINAL
 

@@ -10,6 +10,7 @@
 
 The rewritten copy of megatron-core is made once per session (the CLI's cache makes a second session fast).
 """
+
 import ast
 import functools
 import importlib.util
@@ -40,19 +41,32 @@ TORCH_DIR = str(Path(importlib.util.find_spec("torch").origin).parent) + os.sep
 def train(cwd, *flags, copy=None, launcher=()):
     """Run the fixture; return its ``loss``/``grad`` lines. ``copy``: put the rewritten package first."""
     env = training_env(copy, PYTHONWARNINGS="ignore")
-    result = subprocess.run([sys.executable, *launcher, str(SCRIPT), "--where", *flags], cwd=cwd,
-                            capture_output=True, text=True, timeout=600, env=env)
+    result = subprocess.run(
+        [sys.executable, *launcher, str(SCRIPT), "--where", *flags],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     where = [line.split(" ", 1)[1] for line in result.stdout.splitlines() if line.startswith("megatron ")]
     expected = str(copy) if copy is not None else str(SITE_MEGATRON)
     assert where and all(path.startswith(expected + os.sep) for path in where), (
-        where, expected, result.stdout[:1500], result.stdout[-1500:], result.stderr[-3000:])
+        where,
+        expected,
+        result.stdout[:1500],
+        result.stdout[-1500:],
+        result.stderr[-3000:],
+    )
     return [line for line in result.stdout.splitlines() if line.split(" ", 1)[0] in ("loss", "grad")]
 
 
-VARIANTS = {"fused-gelu": ["--bias-activation-fusion"],
-            "fused-swiglu": ["--bias-activation-fusion", "--gated-linear-unit"],
-            "unfused-gelu": []}
+VARIANTS = {
+    "fused-gelu": ["--bias-activation-fusion"],
+    "fused-swiglu": ["--bias-activation-fusion", "--gated-linear-unit"],
+    "unfused-gelu": [],
+}
 FUSED_API = {"fused-gelu": "Megatron.bias_gelu_impl", "fused-swiglu": "Megatron.bias_swiglu_impl"}
 
 
@@ -93,17 +107,30 @@ def test_rewritten_megatron_trains_bit_identically_with_a_mix_dump(megatron_copy
                 parent = construct.get(parent)
             return False
 
-        for module_class in ("SelfAttention", "DotProductAttention", "MLP", "LayerNorm", "TransformerLayer",
-                             "ColumnParallelLinear", "RowParallelLinear"):
+        for module_class in (
+            "SelfAttention",
+            "DotProductAttention",
+            "MLP",
+            "LayerNorm",
+            "TransformerLayer",
+            "ColumnParallelLinear",
+            "RowParallelLinear",
+        ):
             for direction in ("forward", "backward"):
-                modules = [name for name in data if name.startswith("Module.")
-                           and f".{module_class}.{direction}." in name]
+                modules = [
+                    name for name in data if name.startswith("Module.") and f".{module_class}.{direction}." in name
+                ]
                 assert modules, (module_class, direction)
-                apis = [name for name in data if not name.startswith("Module.") and name.endswith(direction)
-                        and inside(name, module_class)]
+                apis = [
+                    name
+                    for name in data
+                    if not name.startswith("Module.") and name.endswith(direction) and inside(name, module_class)
+                ]
                 # megatron's linear layers compute inside a custom autograd.Function (no API backward of its own)
-                if (module_class in ("SelfAttention", "DotProductAttention", "MLP", "LayerNorm")
-                        or direction == "forward"):
+                if (
+                    module_class in ("SelfAttention", "DotProductAttention", "MLP", "LayerNorm")
+                    or direction == "forward"
+                ):
                     assert apis, f"no {direction} API inside {module_class}"
         for name in ("Torch.baddbmm.0", "Functional.softmax.0", "Functional.layer_norm.0", "Torch.matmul.0"):
             assert f"{name}.forward" in data, name
@@ -117,6 +144,7 @@ def test_rewritten_megatron_trains_bit_identically_with_a_mix_dump(megatron_copy
 
 
 # ------------------------------------------------------------------------------------------- coverage
+
 
 def _jit_bodies(path, cache={}):
     """Line ranges of functions decorated with a kernel decorator (jit_fuser, torch.compile, ...) in ``path``:
@@ -134,7 +162,7 @@ def _jit_bodies(path, cache={}):
 
 
 def _relative(path):
-    return path[path.index("megatron" + os.sep):] if "megatron" + os.sep in path else path
+    return path[path.index("megatron" + os.sep) :] if "megatron" + os.sep in path else path
 
 
 def _dump_sites(dump, step):
@@ -186,13 +214,19 @@ def oracle_and_dump(megatron_copy, workdir):
 
 def report(oracle_steps, dump):
     seen, recorded, missed, by_design = coverage(oracle_steps, dump)
-    fused = sum(1 for step in range(3) for name in load(dump, step, "dump.json")["data"]
-                if name.startswith("Megatron.") and name.endswith(".forward"))
+    fused = sum(
+        1
+        for step in range(3)
+        for name in load(dump, step, "dump.json")["data"]
+        if name.startswith("Megatron.") and name.endswith(".forward")
+    )
     outside = seen - sum(by_design.values())
-    print(f"\ncoverage: {recorded}/{seen} oracle calls recorded ({recorded / seen:.1%}); of those made by a source "
-          f"line outside kernel bodies {recorded}/{outside} ({recorded / outside:.1%}); "
-          f"by design not recorded one by one: {sum(by_design.values())}; missed: {sum(missed.values())}; "
-          f"catalogued non-torch (fused Megatron) calls the oracle cannot see: {fused}")
+    print(
+        f"\ncoverage: {recorded}/{seen} oracle calls recorded ({recorded / seen:.1%}); of those made by a source "
+        f"line outside kernel bodies {recorded}/{outside} ({recorded / outside:.1%}); "
+        f"by design not recorded one by one: {sum(by_design.values())}; missed: {sum(missed.values())}; "
+        f"catalogued non-torch (fused Megatron) calls the oracle cannot see: {fused}"
+    )
     for what, count in sorted(by_design.items()):
         print(f"  by design  {count:3d}  {what}")
     for what, count in sorted(missed.items()):
@@ -206,8 +240,7 @@ def test_dump_records_every_oracle_call(oracle_and_dump):
     oracle_steps, dump = oracle_and_dump
     seen, recorded, missed, by_design, fused = report(oracle_steps, dump)
     assert seen > 300 and fused == 6  # bias_gelu_impl twice a step
-    assert all(" in a @jit_fuser body " in what or " by torch's autograd.Function.apply " in what
-               for what in by_design)
+    assert all(" in a @jit_fuser body " in what or " by torch's autograd.Function.apply " in what for what in by_design)
     assert not missed, dict(missed)
     assert recorded == seen - sum(by_design.values())
 

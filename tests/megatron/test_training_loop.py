@@ -20,6 +20,7 @@ at a time
 (50 to 75 s on 2 cores, plus the rewritten copy of megatron-core, which tests/conftest.py makes once per session:
 about 20 s cold).
 """
+
 import concurrent.futures
 import importlib.util
 import json
@@ -58,8 +59,18 @@ def _train(workdir, flags, level, copy, **extra_env):
     """One run of the fixture; ``(result dict or None, error text)``. ``copy``: the rewritten package first."""
     env = training_env(copy, PYTHONWARNINGS="ignore", **extra_env)
     env.pop("MASTER_PORT", None)
-    command = [sys.executable, str(SCRIPT), "--where", "--microbatches", str(MICROBATCHES), "--steps", str(STEPS),
-               *flags, "--level", level]
+    command = [
+        sys.executable,
+        str(SCRIPT),
+        "--where",
+        "--microbatches",
+        str(MICROBATCHES),
+        "--steps",
+        str(STEPS),
+        *flags,
+        "--level",
+        level,
+    ]
     if level != "none":
         command += ["--dump", str(workdir / "dump")]
     workdir.mkdir(parents=True)
@@ -71,7 +82,7 @@ def _train(workdir, flags, level, copy, **extra_env):
     expected = str(copy) if copy is not None else str(SITE_MEGATRON)
     if not where or not all(path.startswith(expected + os.sep) for path in where):
         return None, f"megatron.core imported from {where}, expected under {expected}\n{tail}"
-    results = [json.loads(line[len("RESULT "):]) for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    results = [json.loads(line[len("RESULT ") :]) for line in result.stdout.splitlines() if line.startswith("RESULT ")]
     if len(results) != 1:
         return None, f"expected one RESULT line\n{tail}"
     failures = [line for line in result.stderr.splitlines() if "msprobe_runtime" in line]
@@ -91,8 +102,10 @@ def runs(megatron_copy, tmp_path_factory):
             jobs[(config, level, "rewritten")] = (flags, level, megatron_copy)
         jobs[(config, "mix", "read afresh")] = (flags, "mix", megatron_copy, {"MSPROBE_STATS_REUSE": "0"})
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {key: pool.submit(_train, root / "-".join(key), *job[:3], **(job[3] if len(job) > 3 else {}))
-                   for key, job in jobs.items()}
+        futures = {
+            key: pool.submit(_train, root / "-".join(key), *job[:3], **(job[3] if len(job) > 3 else {}))
+            for key, job in jobs.items()
+        }
         out = {key: future.result() for key, future in futures.items()}
     for key in out:
         out[key] = (*out[key], root / "-".join(key) / "dump")
@@ -169,8 +182,11 @@ def test_statistics_served_again_equal_those_read_afresh(runs, config):
         assert unset, sorted(served)[:20]
         for name in unset:
             for entry in (served[name], read[name]):
-                entry["input_args"][0] = {key: value for key, value in entry["input_args"][0].items()
-                                          if key in ("type", "dtype", "shape", "requires_grad")}
+                entry["input_args"][0] = {
+                    key: value
+                    for key, value in entry["input_args"][0].items()
+                    if key in ("type", "dtype", "shape", "requires_grad")
+                }
         assert [name for name in served if served[name] != read[name]] == [], step
 
 
@@ -194,11 +210,16 @@ def test_dump_holds_each_chunks_attention_and_mlp_forward_and_backward(runs, con
         construct = _load(dump, step, "construct.json")
         for chunk in chunks:
             for layer in range(LAYERS):
-                for path in ("self_attention.SelfAttention", "self_attention.core_attention.DotProductAttention",
-                             "mlp.MLP"):
+                for path in (
+                    "self_attention.SelfAttention",
+                    "self_attention.core_attention.DotProductAttention",
+                    "mlp.MLP",
+                ):
                     for direction in ("forward", "backward"):
-                        pattern = re.compile(rf"Module\.{chunk}\.module\.decoder\.layers\.{layer}\.{re.escape(path)}"
-                                             rf"\.{direction}\.(\d+)$")
+                        pattern = re.compile(
+                            rf"Module\.{chunk}\.module\.decoder\.layers\.{layer}\.{re.escape(path)}"
+                            rf"\.{direction}\.(\d+)$"
+                        )
                         calls = [name for name in data if pattern.match(name)]
                         # one call per microbatch; full recompute runs the forward again in backward
                         assert len(calls) >= MICROBATCHES, (step, chunk, layer, path, direction, sorted(data)[:20])
@@ -207,8 +228,13 @@ def test_dump_holds_each_chunks_attention_and_mlp_forward_and_backward(runs, con
                             assert construct.get(first, "").startswith(f"Module.{chunk}.module."), construct.get(first)
         if level == "mix":  # APIs inside the modules, forward and backward
             for direction in ("forward", "backward"):
-                inside = [name for name in data if not name.startswith("Module.") and name.endswith(direction)
-                          and ".mlp.MLP." in str(construct.get(name))]
+                inside = [
+                    name
+                    for name in data
+                    if not name.startswith("Module.")
+                    and name.endswith(direction)
+                    and ".mlp.MLP." in str(construct.get(name))
+                ]
                 assert inside, f"no {direction} API directly inside an MLP"
 
 
@@ -250,14 +276,28 @@ def test_parameters_grad_taken_from_main_grad(runs, config, level):
             chunk, name = key.split("/", 1)
             path, param = name.rsplit(".", 1)
             pattern = re.compile(
-                rf"Module\.{chunk}\.{re.escape(path)}\.[A-Za-z_][A-Za-z0-9_]*\.parameters_grad\.(\d+)$")
+                rf"Module\.{chunk}\.{re.escape(path)}\.[A-Za-z_][A-Za-z0-9_]*\.parameters_grad\.(\d+)$"
+            )
             entries = sorted((int(m.group(1)), n) for n in data if (m := pattern.match(n)) and param in data[n])
             assert [index for index, _ in entries] == list(range(MICROBATCHES)), (step, key, entries)
             record = data[entries[-1][1]][param]
             scale = max(abs(g_max), abs(g_min))
-            if not (record["Max"] == g_max and record["Min"] == g_min and _close(record["Mean"], g_mean, scale)
-                    and _close(record["Norm"], g_norm, scale)):
-                mismatches.append((step, entries[-1][1], param, {k: record[k] for k in ("Max", "Min", "Mean", "Norm")},
-                                   {"Max": g_max, "Min": g_min, "Mean": g_mean, "Norm": g_norm}))
-    assert not mismatches, (f"{len(mismatches)} of {sum(len(s) for s in collected['stats'])} parameters_grad "
-                            f"entries do not hold main_grad; first: {mismatches[0]}")
+            if not (
+                record["Max"] == g_max
+                and record["Min"] == g_min
+                and _close(record["Mean"], g_mean, scale)
+                and _close(record["Norm"], g_norm, scale)
+            ):
+                mismatches.append(
+                    (
+                        step,
+                        entries[-1][1],
+                        param,
+                        {k: record[k] for k in ("Max", "Min", "Mean", "Norm")},
+                        {"Max": g_max, "Min": g_min, "Mean": g_mean, "Norm": g_norm},
+                    )
+                )
+    assert not mismatches, (
+        f"{len(mismatches)} of {sum(len(s) for s in collected['stats'])} parameters_grad "
+        f"entries do not hold main_grad; first: {mismatches[0]}"
+    )

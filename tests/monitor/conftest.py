@@ -1,4 +1,5 @@
 """A tiny MLP trained with AdamW, with or without the monitor, and where msprobe 26.2's source is."""
+
 import importlib.util
 import json
 from pathlib import Path
@@ -52,8 +53,17 @@ def train(tmp_path, monkeypatch):
     monkeypatch.setenv("MONITOR_OUTPUT_DIR", str(tmp_path / "monitor_output"))
     counter = [0]
 
-    def run(config=None, steps=30, foreach=None, monitor=True, fault=None, grad_acc_steps=1, window=None,
-            model_class=None, fused=None):
+    def run(
+        config=None,
+        steps=30,
+        foreach=None,
+        monitor=True,
+        fault=None,
+        grad_acc_steps=1,
+        window=None,
+        model_class=None,
+        fused=None,
+    ):
         torch.manual_seed(0)
         model = (model_class or MLP)()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=foreach, fused=fused)
@@ -93,8 +103,17 @@ def train(tmp_path, monkeypatch):
                 window[0] = False
         if mon is not None:
             mon.close()
-        return type("Run", (), {"losses": losses, "grads": grads, "weights": weights, "monitor": mon, "model": model,
-                                "output": tmp_path / "monitor_output"})
+        return type(
+            "Run",
+            (),
+            {
+                "losses": losses,
+                "grads": grads,
+                "weights": weights,
+                "monitor": mon,
+                "model": model,
+                "output": tmp_path / "monitor_output",
+            },
+        )
 
     return run
-

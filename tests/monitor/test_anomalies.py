@@ -1,4 +1,5 @@
 """msprobe's alert rules on the device: a NaN put into one weight, the learning rate x1000, a clean run."""
+
 import ast
 import json
 import logging
@@ -52,8 +53,12 @@ def test_the_learning_rate_x1000_at_step_7_fires_the_turbulence_rule(train):
 
 def test_the_turbulence_rule_matches_msprobe_running_average(train):
     """The device rule against msprobe's host rule (data_writers.py), replayed on the CSV's own figures."""
-    config = {"param_distribution": True, "ops": ["norm"], "ndigits": 15,
-              "alert": {"rules": [{"rule_name": "AnomalyTurbulence", "args": {"threshold": 0.5}}]}}
+    config = {
+        "param_distribution": True,
+        "ops": ["norm"],
+        "ndigits": 15,
+        "alert": {"rules": [{"rule_name": "AnomalyTurbulence", "args": {"threshold": 0.5}}]},
+    }
     run = train(config, steps=12, fault=("lr", 7, 1000.0))
     import csv
     import os
@@ -68,8 +73,11 @@ def test_the_turbulence_rule_matches_msprobe_running_average(train):
                 if value > avg * 1.5:
                     expected.add((step, row["name"]))
                 averages[row["name"]] = 0.99 * avg + 0.01 * value
-    found = {(item["step"], item["tag_name"].split("/")[0][2:]) for item in run.monitor.anomalies
-             if item["tag_name"].endswith("param_updated")}
+    found = {
+        (item["step"], item["tag_name"].split("/")[0][2:])
+        for item in run.monitor.anomalies
+        if item["tag_name"].endswith("param_updated")
+    }
     assert expected and found == expected
 
 
@@ -84,8 +92,9 @@ def test_records_have_msprobe_grad_anomaly_data_fields(train, msprobe_root):
         assert list(item) == fields
 
 
-@pytest.mark.parametrize("rule, fault", [("AnomalyNan", ("nan", 7, "fc1.weight")),
-                                         ("AnomalyTurbulence", ("lr", 7, 1e3))])
+@pytest.mark.parametrize(
+    "rule, fault", [("AnomalyNan", ("nan", 7, "fc1.weight")), ("AnomalyTurbulence", ("lr", 7, 1e3))]
+)
 def test_without_dump_the_rules_log_and_write_no_file(train, rule, fault):
     # msprobe writes anomaly_detected/ only with alert.dump; the log names the anomalies either way
     config = dict(CONFIG, alert={"rules": [r for r in RULES if r["rule_name"] == rule]})
@@ -110,15 +119,34 @@ def _msprobe_grad_anomaly_data(root):
     import types
 
     const = (root / "core" / "common" / "const.py").read_text(encoding="utf-8")
-    keys = {name: ast.literal_eval(re.search(rf"\n    {name} = (.+)", const).group(1))
-            for name in ("ACTV", "ACTVGRAD", "PRE_GRAD", "POST_GRAD", "ACC_GRAD", "EXP_AVG", "EXP_AVG_SQ",
-                         "DEFAULT_STAGE", "FORWARD_STAGE", "BACKWARD_STAGE", "OPTIMIZER_STAGE")}
+    keys = {
+        name: ast.literal_eval(re.search(rf"\n    {name} = (.+)", const).group(1))
+        for name in (
+            "ACTV",
+            "ACTVGRAD",
+            "PRE_GRAD",
+            "POST_GRAD",
+            "ACC_GRAD",
+            "EXP_AVG",
+            "EXP_AVG_SQ",
+            "DEFAULT_STAGE",
+            "FORWARD_STAGE",
+            "BACKWARD_STAGE",
+            "OPTIMIZER_STAGE",
+        )
+    }
     stage = {keys["ACTV"]: keys["FORWARD_STAGE"]}
-    stage.update({key: keys["BACKWARD_STAGE"] for key in ("ACTVGRAD", "PRE_GRAD", "POST_GRAD", "ACC_GRAD")
-                  for key in [keys[key]]})
+    stage.update(
+        {
+            key: keys["BACKWARD_STAGE"]
+            for key in ("ACTVGRAD", "PRE_GRAD", "POST_GRAD", "ACC_GRAD")
+            for key in [keys[key]]
+        }
+    )
     stage.update({keys["EXP_AVG"]: keys["OPTIMIZER_STAGE"], keys["EXP_AVG_SQ"]: keys["OPTIMIZER_STAGE"]})
-    const_ns = types.SimpleNamespace(TRAIN_STAGE=stage, DEFAULT_STAGE=keys["DEFAULT_STAGE"],
-                                     FORWARD_STAGE=keys["FORWARD_STAGE"])
+    const_ns = types.SimpleNamespace(
+        TRAIN_STAGE=stage, DEFAULT_STAGE=keys["DEFAULT_STAGE"], FORWARD_STAGE=keys["FORWARD_STAGE"]
+    )
     tree = ast.parse((root / "core" / "monitor" / "anomaly_processor.py").read_text(encoding="utf-8"))
     cls = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "GradAnomalyData")
     namespace = {"dataclass": dataclasses.dataclass, "field": dataclasses.field, "MonitorConst": const_ns}
@@ -132,7 +160,8 @@ def test_records_are_in_msprobe_execution_order(train, msprobe_root):
     run = train(config, steps=10, fault=("nan", 7, "fc2.weight"))
     ours = run.monitor.anomalies
     assert len(ours) > 10 and {"param_origin", "acc_grad", "post_grad", "exp_avg"} <= {
-        item["tag_name"].split("/")[-1] for item in ours}
+        item["tag_name"].split("/")[-1] for item in ours
+    }
     theirs = sorted(ours[::-1], key=lambda item: grad_anomaly_data(**item))
     assert [(item["step"], item["tag_name"]) for item in theirs] == [(item["step"], item["tag_name"]) for item in ours]
 

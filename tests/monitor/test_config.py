@@ -1,4 +1,5 @@
 """The monitor config: msprobe's keys, snapshotted from its source; each honoured or refused, the nearest named."""
+
 import json
 import re
 import subprocess
@@ -37,26 +38,33 @@ def test_msprobe_op_and_rule_names(msprobe_root):
     assert tuple(json.loads(rules)) == monitor_config.RULE_NAMES
 
 
-@pytest.mark.parametrize("raw, named", [
-    ({"wg_distrbution": True}, "did you mean 'wg_distribution'"),
-    ({"step_intervals": 2}, "did you mean 'step_interval'"),
-    ({"ops": ["norm", "nrom"]}, "did you mean 'norm'"),
-    ({"alert": {"rules": [{"rule_name": "AnomalyTurbulance", "args": {"threshold": 0.5}}]}},
-     "did you mean 'AnomalyTurbulence'"),
-    ({"alert": {"rules": [{"rule_name": "AnomalyTurbulence", "args": {"treshold": 0.5}}]}},
-     "did you mean 'threshold'"),
-    ({"alert": {"rule": []}}, "did you mean 'rules'"),
-    ({"format": "tensorbord"}, "did you mean 'tensorboard'"),
-    ({"xy_distribution": True}, "activation statistics are not yet"),
-    ({"cc_distribution": {"enable": True}}, "communication statistics are not yet"),
-    ({"print_struct": True}, "not yet"),
-    ({"mg_direction": 1}, "expected true or false"),
-    ({"start_step": -1}, "start_step"),
-    ({"step_interval": 0}, "step_interval"),
-    ({"eps": 1}, "eps"),
-    ({"wg_distribution": "true"}, "expected true or false"),
-    ({"alert": {"rules": [{"rule_name": "AnomalyTurbulence"}]}}, "needs a threshold"),
-])
+@pytest.mark.parametrize(
+    "raw, named",
+    [
+        ({"wg_distrbution": True}, "did you mean 'wg_distribution'"),
+        ({"step_intervals": 2}, "did you mean 'step_interval'"),
+        ({"ops": ["norm", "nrom"]}, "did you mean 'norm'"),
+        (
+            {"alert": {"rules": [{"rule_name": "AnomalyTurbulance", "args": {"threshold": 0.5}}]}},
+            "did you mean 'AnomalyTurbulence'",
+        ),
+        (
+            {"alert": {"rules": [{"rule_name": "AnomalyTurbulence", "args": {"treshold": 0.5}}]}},
+            "did you mean 'threshold'",
+        ),
+        ({"alert": {"rule": []}}, "did you mean 'rules'"),
+        ({"format": "tensorbord"}, "did you mean 'tensorboard'"),
+        ({"xy_distribution": True}, "activation statistics are not yet"),
+        ({"cc_distribution": {"enable": True}}, "communication statistics are not yet"),
+        ({"print_struct": True}, "not yet"),
+        ({"mg_direction": 1}, "expected true or false"),
+        ({"start_step": -1}, "start_step"),
+        ({"step_interval": 0}, "step_interval"),
+        ({"eps": 1}, "eps"),
+        ({"wg_distribution": "true"}, "expected true or false"),
+        ({"alert": {"rules": [{"rule_name": "AnomalyTurbulence"}]}}, "needs a threshold"),
+    ],
+)
 def test_refused_with_the_nearest_option(raw, named):
     with pytest.raises(ConfigError) as error:
         monitor_config.parse(raw)
@@ -64,10 +72,20 @@ def test_refused_with_the_nearest_option(raw, named):
 
 
 def test_neutral_values_of_refused_keys_are_accepted():
-    config = monitor_config.parse({"xy_distribution": False, "all_xy": False, "forward_only": False,
-                                   "cc_distribution": {"enable": False}, "print_struct": False,
-                                   "l2_targets": {}, "append_output": [], "dynamic_on": False, "sa_order": "b, s,h,d",
-                                   "mg_distribution": False})
+    config = monitor_config.parse(
+        {
+            "xy_distribution": False,
+            "all_xy": False,
+            "forward_only": False,
+            "cc_distribution": {"enable": False},
+            "print_struct": False,
+            "l2_targets": {},
+            "append_output": [],
+            "dynamic_on": False,
+            "sa_order": "b, s,h,d",
+            "mg_distribution": False,
+        }
+    )
     assert config.ops == ["norm", "shape", "dtype"]  # msprobe's default ops
 
 
@@ -102,9 +120,11 @@ def test_trainer_mon_refuses_what_it_cannot_do(tmp_path, monkeypatch):
 
 
 def test_importing_the_package_and_its_config_loads_no_torch():
-    code = ("import sys, msprobe_runtime, msprobe_runtime.monitor.config, msprobe_runtime.monitor.anomalies; "
-            "assert 'torch' not in sys.modules, 'torch loaded'; "
-            "from msprobe_runtime import TrainerMon; assert 'torch' in sys.modules; print(TrainerMon.__name__)")
+    code = (
+        "import sys, msprobe_runtime, msprobe_runtime.monitor.config, msprobe_runtime.monitor.anomalies; "
+        "assert 'torch' not in sys.modules, 'torch loaded'; "
+        "from msprobe_runtime import TrainerMon; assert 'torch' in sys.modules; print(TrainerMon.__name__)"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "TrainerMon"

@@ -1,5 +1,6 @@
 """The output as msprobe writes it: its folder and CSV file names, its columns, read by msprobe's csv2tb parser;
 TensorBoard through torch's SummaryWriter."""
+
 import ast
 import csv
 import os
@@ -11,8 +12,12 @@ import pytest
 
 from msprobe_runtime.config import ConfigError
 
-CONFIG = {"wg_distribution": True, "param_distribution": True, "mv_distribution": True,
-          "ops": ["min", "max", "norm", "zeros", "nans", "mean"]}
+CONFIG = {
+    "wg_distribution": True,
+    "param_distribution": True,
+    "mv_distribution": True,
+    "ops": ["min", "max", "norm", "zeros", "nans", "mean"],
+}
 
 
 def _csv2tb(root):
@@ -40,9 +45,12 @@ def _csv2tb(root):
     const_ns = types.SimpleNamespace(OP_LIST=op_list, HEADER_NAME="name", NAME_SEP=":")
     namespace = {"MonitorConst": const_ns, "read_csv": Frame}
     wanted = {"all_data_type_list", "CSV_FILE_SUFFIX", "parse_step_line", "parse_step_fn"}
-    body = [node for node in tree.body
-            if (isinstance(node, ast.FunctionDef) and node.name in wanted)
-            or (isinstance(node, ast.Assign) and node.targets[0].id in wanted)]
+    body = [
+        node
+        for node in tree.body
+        if (isinstance(node, ast.FunctionDef) and node.name in wanted)
+        or (isinstance(node, ast.Assign) and node.targets[0].id in wanted)
+    ]
     exec(compile(ast.Module(body=body, type_ignores=[]), "csv2tb.py", "exec"), namespace)
     return namespace
 
@@ -60,8 +68,11 @@ def test_folder_and_files_are_what_csv2tb_looks_for(train, msprobe_root):
     assert files
     for name in files:
         assert any(re.match(f"{kind}{csv2tb['CSV_FILE_SUFFIX']}", name) for kind in csv2tb["all_data_type_list"]), name
-    expected = {f"{kind}_{step}-{step}.csv" for kind in ("grad_reduced", "grad_unreduced", "param_origin",
-                                                        "param_updated") for step in range(3)}
+    expected = {
+        f"{kind}_{step}-{step}.csv"
+        for kind in ("grad_reduced", "grad_unreduced", "param_origin", "param_updated")
+        for step in range(3)
+    }
     expected |= {f"{kind}_{step}-{step}.csv" for kind in ("exp_avg", "exp_avg_sq") for step in (1, 2)}
     assert set(files) == expected
 

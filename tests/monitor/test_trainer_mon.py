@@ -1,5 +1,6 @@
 """TrainerMon on a tiny MLP trained with AdamW: bit-identical training, figures equal to torch's own, msprobe's
 step selection, and no host sync in forward, backward or the optimizer's update."""
+
 import csv
 import os
 import sys
@@ -7,8 +8,15 @@ import sys
 import pytest
 import torch
 
-ALL = {"wg_distribution": True, "param_distribution": True, "mv_distribution": True, "ur_distribution": True,
-       "mg_direction": True, "ops": ["min", "max", "norm", "zeros", "nans", "mean", "id"], "ndigits": 12}
+ALL = {
+    "wg_distribution": True,
+    "param_distribution": True,
+    "mv_distribution": True,
+    "ur_distribution": True,
+    "mg_direction": True,
+    "ops": ["min", "max", "norm", "zeros", "nans", "mean", "id"],
+    "ndigits": 12,
+}
 
 
 def rows_of(folder, prefix):
@@ -39,8 +47,14 @@ def test_training_is_bit_identical_with_the_monitor_on(train, foreach, fused):
 
 def _expected(tensor, eps=1e-8):
     x = tensor.detach().double()
-    return {"min": x.min().item(), "max": x.max().item(), "norm": x.norm().item(), "mean": x.mean().item(),
-            "zeros": (x.abs() < eps).double().mean().item(), "nans": float(torch.isnan(x).sum().item())}
+    return {
+        "min": x.min().item(),
+        "max": x.max().item(),
+        "norm": x.norm().item(),
+        "mean": x.mean().item(),
+        "zeros": (x.abs() < eps).double().mean().item(),
+        "nans": float(torch.isnan(x).sum().item()),
+    }
 
 
 def _close(row, expected, scale):
@@ -82,7 +96,7 @@ def test_figures_equal_torch_on_the_tensors(train):
         _close(exp_avg[(name, 2)], _expected(m), float(m.abs().max()))
         _close(exp_avg_sq[(name, 2)], {k: x for k, x in _expected(v).items() if k != "mean"}, float(v.abs().max()))
         update = rows_of(folder, "adam_update")[(name, 2)]
-        m_hat, v_hat = m / (1 - beta1 ** 2), v / (1 - beta2 ** 2)
+        m_hat, v_hat = m / (1 - beta1**2), v / (1 - beta2**2)
         expected = m_hat / (v_hat.sqrt() + 1e-8)
         assert float(update["norm"]) == pytest.approx(expected.norm().item(), rel=1e-5)
 
@@ -91,8 +105,12 @@ def test_figures_equal_torch_on_the_tensors(train):
 def test_every_step_weights_and_gradients(train, foreach, fused):
     """param_origin and both gradient kinds of every step equal the tensors of that step (the weights as they were
     before the update, recorded by the loop), under each AdamW implementation."""
-    run = train({"wg_distribution": True, "param_distribution": True, "ops": ["norm", "max"], "ndigits": 12},
-                steps=6, foreach=foreach, fused=fused)
+    run = train(
+        {"wg_distribution": True, "param_distribution": True, "ops": ["norm", "max"], "ndigits": 12},
+        steps=6,
+        foreach=foreach,
+        fused=fused,
+    )
     folder = run.monitor.tensorboard_dir
     origin, reduced = rows_of(folder, "param_origin"), rows_of(folder, "grad_reduced")
     unreduced, updated = rows_of(folder, "grad_unreduced"), rows_of(folder, "param_updated")
@@ -159,6 +177,7 @@ def test_no_host_sync_in_the_step_only_one_batched_read_per_flush(train, monkeyp
                     break
                 frame = frame.f_back
             return original(self, *args, **kwargs)
+
         return wrapper
 
     for name in HOST_READS:

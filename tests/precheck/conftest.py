@@ -1,6 +1,7 @@
 """Dumps for the pre-check tests, made by our own runtime from the plain fixtures (rewritten by the compiler
 into a temporary directory) with one API made imprecise by fixtures/precheck/inject.py, and a runner for
 ``msprobe-rewrite precheck`` in a fresh interpreter."""
+
 import csv
 import json
 import os
@@ -21,8 +22,13 @@ def _env(extra_path=()):
 
 def run_precheck(dump, out, *args):
     """(exit status, stdout, stderr) of ``msprobe-rewrite precheck DUMP -o OUT ARGS``."""
-    done = subprocess.run([sys.executable, "-m", "msprobe_rewrite", "precheck", str(dump), "-o", str(out), *args],
-                          capture_output=True, text=True, env=_env(), timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "msprobe_rewrite", "precheck", str(dump), "-o", str(out), *args],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=600,
+    )
     return done.returncode, done.stdout, done.stderr
 
 
@@ -80,8 +86,9 @@ def injected_dump(rewritten, tmp_path_factory):
             if api:
                 command += ["--api", api]
             command += ["--gpt", "--", *gpt_args] if gpt else ["--script", str(rewritten(fixture))]
-            done = subprocess.run(command, capture_output=True, text=True, env=_env(extra_path), timeout=900,
-                                  cwd=str(root))
+            done = subprocess.run(
+                command, capture_output=True, text=True, env=_env(extra_path), timeout=900, cwd=str(root)
+            )
             assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
             made[key] = target
         return made[key]

@@ -1,5 +1,6 @@
 """Bad input gets a clear error and no traceback: a statistics-only dump, a truncated .pt, a missing tensor
 file, an API name the catalogue does not know, a path with no dump."""
+
 import csv
 import glob
 import json

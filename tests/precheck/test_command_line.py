@@ -1,4 +1,5 @@
 """The pre-check as a new user first types it: without -o (optional, as compare's), and its --help."""
+
 import os
 import shutil
 import subprocess
@@ -12,8 +13,14 @@ pytestmark = pytest.mark.slow  # spawns the command
 
 
 def _precheck(*args, cwd):
-    done = subprocess.run([sys.executable, "-m", "msprobe_rewrite", "precheck", *map(str, args)],
-                          capture_output=True, text=True, env=_env(), cwd=cwd, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "msprobe_rewrite", "precheck", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=cwd,
+        timeout=600,
+    )
     return done.returncode, done.stdout, done.stderr
 
 
@@ -49,8 +56,14 @@ def test_reports_point_at_criteria_a_pip_user_has(tmp_path):
     assert f"criteria: <code>{hint}</code>" in page and "docs/" not in page and "docs/" not in hint
     program, *arguments = shlex.split(hint)
     assert program == "msprobe-rewrite"
-    shown = subprocess.run([sys.executable, "-m", "msprobe_rewrite", *arguments], capture_output=True, text=True,
-                           env=_env(), cwd=tmp_path, timeout=120)
+    shown = subprocess.run(
+        [sys.executable, "-m", "msprobe_rewrite", *arguments],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert shown.returncode == 0, shown.stderr
     text = " ".join(shown.stdout.split())
     assert "Criteria:" in text and "docs/" not in text

@@ -1,17 +1,28 @@
 """Dropout is replayed with the mask the device drew, read from its dumped output (and, where the input was
 zero, from the dumped input gradient); an imprecise scaling is still caught."""
+
 import csv
 import json
 
 import pytest
+
 torch = pytest.importorskip("torch")
 
 from .conftest import run_precheck  # noqa: E402
 
 
 def _record(tensor, name, requires_grad=False):
-    return {"type": "torch.Tensor", "dtype": str(tensor.dtype), "shape": list(tensor.shape), "Max": None,
-            "Min": None, "Mean": None, "Norm": None, "requires_grad": requires_grad, "data_name": name}
+    return {
+        "type": "torch.Tensor",
+        "dtype": str(tensor.dtype),
+        "shape": list(tensor.shape),
+        "Max": None,
+        "Min": None,
+        "Mean": None,
+        "Norm": None,
+        "requires_grad": requires_grad,
+        "data_name": name,
+    }
 
 
 def make_dump(root, scale=1.0):
@@ -26,22 +37,33 @@ def make_dump(root, scale=1.0):
     out = x * (mask.float() / (1 - p)) * scale
     grad_out = torch.randn(64, 64, generator=generator)
     grad_in = grad_out * (mask.float() / (1 - p))
-    tensors = {"Functional.dropout.0.forward.input.0.pt": x, "Functional.dropout.0.forward.output.0.pt": out,
-               "Functional.dropout.0.backward.input.0.pt": grad_out,
-               "Functional.dropout.0.backward.output.0.pt": grad_in}
+    tensors = {
+        "Functional.dropout.0.forward.input.0.pt": x,
+        "Functional.dropout.0.forward.output.0.pt": out,
+        "Functional.dropout.0.backward.input.0.pt": grad_out,
+        "Functional.dropout.0.backward.output.0.pt": grad_in,
+    }
     for name, tensor in tensors.items():
         torch.save(tensor, data / name)
     entries = {
         "Functional.dropout.0.forward": {
-            "input_args": [_record(x, "Functional.dropout.0.forward.input.0.pt", True), {"type": "float", "value": p},
-                           {"type": "bool", "value": True}, {"type": "bool", "value": False}],
-            "input_kwargs": {}, "output": [_record(out, "Functional.dropout.0.forward.output.0.pt", True)]},
+            "input_args": [
+                _record(x, "Functional.dropout.0.forward.input.0.pt", True),
+                {"type": "float", "value": p},
+                {"type": "bool", "value": True},
+                {"type": "bool", "value": False},
+            ],
+            "input_kwargs": {},
+            "output": [_record(out, "Functional.dropout.0.forward.output.0.pt", True)],
+        },
         "Functional.dropout.0.backward": {
             "input": [_record(grad_out, "Functional.dropout.0.backward.input.0.pt")],
-            "output": [_record(grad_in, "Functional.dropout.0.backward.output.0.pt")]},
+            "output": [_record(grad_in, "Functional.dropout.0.backward.output.0.pt")],
+        },
     }
-    (rank / "dump.json").write_text(json.dumps({"task": "tensor", "level": "L1", "framework": "pytorch",
-                                                "dump_data_dir": None, "data": entries}))
+    (rank / "dump.json").write_text(
+        json.dumps({"task": "tensor", "level": "L1", "framework": "pytorch", "dump_data_dir": None, "data": entries})
+    )
     return root
 
 

@@ -1,9 +1,11 @@
 """The pre-check flags float8 records whose saturated or zero share is above its limit (precheck/fp8.py),
 from the records alone: a call the CPU cannot replay is still range-checked."""
+
 import csv
 import json
 
 import pytest
+
 torch = pytest.importorskip("torch")
 
 from msprobe_rewrite.precheck import apis, fp8, standards  # noqa: E402
@@ -15,8 +17,17 @@ FP8 = torch.float8_e4m3fn
 
 
 def _record(tensor, name):
-    record = {"type": "torch.Tensor", "dtype": str(tensor.dtype), "shape": list(tensor.shape), "Max": None,
-              "Min": None, "Mean": None, "Norm": None, "requires_grad": False, "data_name": name}
+    record = {
+        "type": "torch.Tensor",
+        "dtype": str(tensor.dtype),
+        "shape": list(tensor.shape),
+        "Max": None,
+        "Min": None,
+        "Mean": None,
+        "Norm": None,
+        "requires_grad": False,
+        "data_name": name,
+    }
     if tensor.dtype == FP8:
         values = tensor.float()
         record["fp8_zero_fraction"] = values.eq(0).float().mean().item()
@@ -35,11 +46,16 @@ def make_dump(root, scale):
     names = ("Tensor.to.0.forward.input.0.pt", "Tensor.to.0.forward.output.0.pt")
     torch.save(x, data / names[0])
     torch.save(out, data / names[1])
-    entries = {"Tensor.to.0.forward": {
-        "input_args": [_record(x, names[0]), {"type": "torch.dtype", "value": "torch.float8_e4m3fn"}],
-        "input_kwargs": {}, "output": [_record(out, names[1])]}}
-    (rank / "dump.json").write_text(json.dumps({"task": "tensor", "level": "L1", "framework": "pytorch",
-                                                "dump_data_dir": None, "data": entries}))
+    entries = {
+        "Tensor.to.0.forward": {
+            "input_args": [_record(x, names[0]), {"type": "torch.dtype", "value": "torch.float8_e4m3fn"}],
+            "input_kwargs": {},
+            "output": [_record(out, names[1])],
+        }
+    }
+    (rank / "dump.json").write_text(
+        json.dumps({"task": "tensor", "level": "L1", "framework": "pytorch", "dump_data_dir": None, "data": entries})
+    )
     return root, entries
 
 
@@ -50,12 +66,20 @@ def _rows(item):
     return verdicts([worker.check(item)])[0]
 
 
-@pytest.mark.parametrize("scale, metric, status", [(1.0, None, None), (1000.0, "fp8_saturated_fraction", "error"),
-                                                    (1e-3, "fp8_zero_fraction", "warning")])
+@pytest.mark.parametrize(
+    "scale, metric, status",
+    [(1.0, None, None), (1000.0, "fp8_saturated_fraction", "error"), (1e-3, "fp8_zero_fraction", "warning")],
+)
 def test_a_cast_to_float8_is_flagged_by_its_shares(tmp_path, scale, metric, status):
     root, entries = make_dump(tmp_path / "dump", scale)
-    item = {"name": "Tensor.to.0", "api": "Tensor.to", "forward": entries["Tensor.to.0.forward"], "backward": None,
-            "tensor_dir": str(root / "step0" / "rank0" / "dump_tensor_data"), "label": "rank0"}
+    item = {
+        "name": "Tensor.to.0",
+        "api": "Tensor.to",
+        "forward": entries["Tensor.to.0.forward"],
+        "backward": None,
+        "tensor_dir": str(root / "step0" / "rank0" / "dump_tensor_data"),
+        "label": "rank0",
+    }
     api = _rows(item)
     ranged = {row["metric"]: row for row in api["rows"] if row["standard"] == fp8.STANDARD}
     assert set(ranged) == {"fp8_saturated_fraction", "fp8_zero_fraction"}
@@ -70,8 +94,14 @@ def test_a_cast_to_float8_is_flagged_by_its_shares(tmp_path, scale, metric, stat
 
 def test_a_call_that_cannot_be_replayed_is_still_range_checked(tmp_path):
     root, entries = make_dump(tmp_path / "dump", 1000.0)
-    item = {"name": "Torch.rand_like.0", "api": "Torch.rand_like", "forward": entries["Tensor.to.0.forward"],
-            "backward": None, "tensor_dir": str(root), "label": "rank0"}
+    item = {
+        "name": "Torch.rand_like.0",
+        "api": "Torch.rand_like",
+        "forward": entries["Tensor.to.0.forward"],
+        "backward": None,
+        "tensor_dir": str(root),
+        "label": "rank0",
+    }
     api = _rows(item)
     assert api["rows"][0]["metric"] == "replay" and api["rows"][0]["status"] == standards.SKIP
     assert api["status"] == standards.ERROR

@@ -1,6 +1,7 @@
 """A tiny megatron-core GPT (fixtures/megatron_gpt/train_gpt.py, megatron rewritten by the compiler) with gelu
 computed in bfloat16: the pre-check flags Functional.gelu alone; dropout is replayed from its dumped mask and
 communication is named as such."""
+
 import pytest
 
 from .conftest import api_of, run_precheck, verdicts

@@ -1,5 +1,6 @@
 """The pre-check flags exactly the API made imprecise, and passes every other API of the same dump (BigNet,
 the nested model, msprobe's own tensor dump); the tiny megatron GPT is in test_megatron.py (slow)."""
+
 import json
 import os
 
@@ -16,12 +17,15 @@ def flagged_apis(out):
 
 
 # one case per model in the fast subset (make check); the other two in the full suite
-@pytest.mark.parametrize("fixture, api, mode", [
-    ("fixtures/bignet/bignet.py", "Tensor.__add__", "bias"),
-    pytest.param("fixtures/bignet/bignet.py", "Tensor.__add__", "bf16", marks=pytest.mark.slow),
-    ("fixtures/nested_model/nested.py", "Functional.silu", "bf16"),
-    pytest.param("fixtures/nested_model/nested.py", "Torch.tanh", "bias", marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(
+    "fixture, api, mode",
+    [
+        ("fixtures/bignet/bignet.py", "Tensor.__add__", "bias"),
+        pytest.param("fixtures/bignet/bignet.py", "Tensor.__add__", "bf16", marks=pytest.mark.slow),
+        ("fixtures/nested_model/nested.py", "Functional.silu", "bf16"),
+        pytest.param("fixtures/nested_model/nested.py", "Torch.tanh", "bias", marks=pytest.mark.slow),
+    ],
+)
 def test_flags_exactly_the_imprecise_api(injected_dump, tmp_path, fixture, api, mode):
     dump = injected_dump(fixture, api, mode)
     code, _, err = run_precheck(dump, tmp_path, "-j", "2")
@@ -44,16 +48,28 @@ def test_a_clean_dump_passes_and_compares_backward(injected_dump, tmp_path):
     assert summary["counts"]["error"] == 0 and summary["counts"]["skip"] == 0
     rows = open(os.path.join(tmp_path, "precheck_result.csv")).read()
     assert ",backward,grad_input.0," in rows  # input gradients were replayed through autograd and graded
-    assert {api_of(c) for c in status} >= {"Functional.linear", "Functional.layer_norm", "Functional.gelu",
-                                           "Torch.tanh", "Tensor.__mul__", "Functional.silu"}
+    assert {api_of(c) for c in status} >= {
+        "Functional.linear",
+        "Functional.layer_norm",
+        "Functional.gelu",
+        "Torch.tanh",
+        "Tensor.__mul__",
+        "Functional.silu",
+    }
 
 
 def test_reads_msprobes_own_tensor_dump(tmp_path):
     code, _, err = run_precheck(MSPROBE_TENSOR_DUMP, tmp_path, "-j", "1")
     assert code == 0, err
     status, summary = verdicts(tmp_path)
-    assert set(status) == {"Functional.linear.0", "Functional.gelu.0", "Torch.tanh.0", "Tensor.__add__.0",
-                           "Functional.linear.1", "Tensor.sum.0"}
+    assert set(status) == {
+        "Functional.linear.0",
+        "Functional.gelu.0",
+        "Torch.tanh.0",
+        "Tensor.__add__.0",
+        "Functional.linear.1",
+        "Tensor.sum.0",
+    }
     assert set(status.values()) == {"pass"}
     rows = open(os.path.join(tmp_path, "precheck_result.csv")).read()
     assert "Functional.linear.0,step0/proc16458,backward,grad_input.2" in rows  # weightᵀ, in the node's order

@@ -1,7 +1,9 @@
 """The metrics, the criteria and the name lookup, in process (fast)."""
+
 import importlib.util
 
 import pytest
+
 torch = pytest.importorskip("torch")
 
 from msprobe_rewrite.precheck import apis, metrics, standards  # noqa: E402
@@ -30,8 +32,12 @@ def test_a_relative_bias_of_1e_3_is_an_error_and_rounding_passes(golden):
 def test_bfloat16_compute_is_an_error_for_every_standard(golden):
     cpu = golden.float()
     low = golden.to(torch.bfloat16).float()
-    for standard, metric in ((standards.BENCHMARK, "mean_rel_err"), (standards.ULP, "ulp_err_proportion"),
-                             (standards.ABSOLUTE, "rel_err_ratio"), (standards.BINARY, "mismatch_ratio")):
+    for standard, metric in (
+        (standards.BENCHMARK, "mean_rel_err"),
+        (standards.ULP, "ulp_err_proportion"),
+        (standards.ABSOLUTE, "rel_err_ratio"),
+        (standards.BINARY, "mismatch_ratio"),
+    ):
         assert graded(standard, low, golden, cpu)[metric] == "error", standard
 
 
@@ -83,7 +89,12 @@ def test_random_ops_say_why_in_their_row(tmp_path):
 
     worker.init(apis.load_table(), None)
     record = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [4], "data_name": "x.pt"}
-    item = {"name": "Torch.randn_like.0", "api": "Torch.randn_like", "tensor_dir": str(tmp_path), "backward": None,
-            "forward": {"input_args": [record], "input_kwargs": {}, "output": [record]}}
+    item = {
+        "name": "Torch.randn_like.0",
+        "api": "Torch.randn_like",
+        "tensor_dir": str(tmp_path),
+        "backward": None,
+        "forward": {"input_args": [record], "input_kwargs": {}, "output": [record]},
+    }
     (row,) = worker.check(item)["rows"]
     assert row["status"] == "skip" and "random op" in row["message"]

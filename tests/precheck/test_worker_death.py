@@ -3,6 +3,7 @@ names that API, and the other APIs are still graded and reported; nothing waits 
 
 The worker is killed for real: a catalogue of the test's own names one dump entry as a function that sends
 SIGKILL, or calls ``os._exit``, to the process that replays it."""
+
 import glob
 import json
 import os
@@ -54,9 +55,14 @@ def _run_precheck_guarded(dump, out, *args, extra_path):
     """(exit status, stderr) of the precheck CLI in its own session; a run past HANG_GUARD_S is killed with every
     process it started, and the test fails."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(extra_path), ROOT, os.environ.get("PYTHONPATH", "")]))
-    process = subprocess.Popen([sys.executable, "-m", "msprobe_rewrite", "precheck", str(dump), "-o", str(out),
-                                *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                               start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "msprobe_rewrite", "precheck", str(dump), "-o", str(out), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     try:
         _, err = process.communicate(timeout=HANG_GUARD_S)
     except subprocess.TimeoutExpired:

@@ -10,6 +10,7 @@ interpreter:
 - compare, bf16 run against FP8 run (only layer 1's MLP in float8, one weight outlier in its up_proj that flushes
   the rest of that weight to zero in e4m3): the first suspect is that up_proj, with the underflow inside it named.
 """
+
 import glob
 import json
 import os
@@ -37,18 +38,33 @@ UP_PROJ = "Module.model.layers.1.mlp.up_proj.Float8Linear.forward.0"
 def run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("float8_training")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "MSPROBE_REWRITE_PACKAGES")}
-    env.update(PYTHONPYCACHEPREFIX=str(workdir / "bytecode"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])), **REPRODUCIBLE)
+    env.update(
+        PYTHONPYCACHEPREFIX=str(workdir / "bytecode"),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
+        **REPRODUCIBLE,
+    )
     done = {}
 
     def _run(name, *args, level="none"):
         if name not in done:
             argv = [str(SCRIPT), *args, "--level", level]
             if level != "none":
-                argv = ["-m", "msprobe_rewrite", "run", "--packages", "transformers,torchao", "--", *argv,
-                        "--dump", str(workdir / name)]
-            result = subprocess.run([sys.executable, *argv], cwd=workdir, env=env, capture_output=True, text=True,
-                                    timeout=TIMEOUT)
+                argv = [
+                    "-m",
+                    "msprobe_rewrite",
+                    "run",
+                    "--packages",
+                    "transformers,torchao",
+                    "--",
+                    *argv,
+                    "--dump",
+                    str(workdir / name),
+                ]
+            result = subprocess.run(
+                [sys.executable, *argv], cwd=workdir, env=env, capture_output=True, text=True, timeout=TIMEOUT
+            )
             assert result.returncode == 0, result.stderr[-6000:]
             assert "msprobe_runtime" not in result.stderr, result.stderr[-6000:]  # no warning of ours
             done[name] = (json.loads(result.stdout.strip().splitlines()[-1]), workdir / name)

@@ -19,6 +19,7 @@ compiled call's boundary in every rank's dump.
 Cost: one plain run per mode (shared), one instrumented run per mode and level (shared by the tests), about
 8 s each on 2 cores; the compiled runs about 20 s each.
 """
+
 import json
 import os
 import re
@@ -63,7 +64,8 @@ class Run:
     def check(self):
         assert self.returncode == 0 and self.data is not None, (
             f"exit status {self.returncode} after {self.seconds:.1f}s\n$ {' '.join(self.command)}\n"
-            f"--- stderr (tail) ---\n{self.stderr[-6000:]}")
+            f"--- stderr (tail) ---\n{self.stderr[-6000:]}"
+        )
         return self.data
 
 
@@ -94,14 +96,23 @@ class Runs:
         script = SCRIPT if level == "none" else self.instrumented
         out = self.workdir / name / "out"
         dump = self.workdir / name / "dump"
-        command = [sys.executable, str(script), "--mode", mode, "--level", level, "--steps", str(STEPS),
-                   "--out", str(out)] + (["--compile"] if compiled else [])
+        command = [
+            sys.executable,
+            str(script),
+            "--mode",
+            mode,
+            "--level",
+            level,
+            "--steps",
+            str(STEPS),
+            "--out",
+            str(out),
+        ] + (["--compile"] if compiled else [])
         if level != "none":
             command += ["--dump", str(dump)]
         env = training_env(str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         start = time.perf_counter()
-        done = subprocess.run(command, capture_output=True, text=True, cwd=str(self.workdir), env=env,
-                              timeout=TIMEOUT)
+        done = subprocess.run(command, capture_output=True, text=True, cwd=str(self.workdir), env=env, timeout=TIMEOUT)
         return Run(command, done, time.perf_counter() - start, dump)
 
 
@@ -197,8 +208,12 @@ def test_parameters_grad_holds_local_shard_statistics(runs, mode, level):
             assert all(info["dtensor"] for info in local.values()), local
         else:  # colwise fc1: Shard(0); rowwise fc2: weight Shard(1), bias Replicate; norm and head plain
             placements = {n: info["placements"] for n, info in local.items() if info["dtensor"]}
-            assert placements == {"fc1.weight": ["S(0)"], "fc1.bias": ["S(0)"], "fc2.weight": ["S(1)"],
-                                  "fc2.bias": ["R"]}, local
+            assert placements == {
+                "fc1.weight": ["S(0)"],
+                "fc1.bias": ["S(0)"],
+                "fc2.weight": ["S(1)"],
+                "fc2.bias": ["R"],
+            }, local
         for name, info in local.items():
             if info["dtensor"] and info["placements"] != ["R"]:  # a shard: its shape is not the global one
                 assert info["shape"] != info["global_shape"], (name, info)
@@ -230,13 +245,16 @@ def test_parameters_grad_holds_local_shard_statistics(runs, mode, level):
                     if nulls:
                         problems.append(f"{where}: null {nulls}")
                     if record.get("shape") != expected["shape"]:
-                        problems.append(f"{where}: shape {record.get('shape')}, the local shard's is "
-                                        f"{expected['shape']} (global {expected['global_shape']})")
+                        problems.append(
+                            f"{where}: shape {record.get('shape')}, the local shard's is "
+                            f"{expected['shape']} (global {expected['global_shape']})"
+                        )
                     if record.get("dtype") != expected["dtype"]:
                         problems.append(f"{where}: dtype {record.get('dtype')}, not {expected['dtype']}")
                     if step == 0 and not nulls:
                         for stat in STATISTICS:
                             if record[stat] != pytest.approx(expected[stat], rel=1e-5, abs=1e-7):
-                                problems.append(f"{where}: {stat} {record[stat]!r}, the local shard's is "
-                                                f"{expected[stat]!r}")
+                                problems.append(
+                                    f"{where}: {stat} {record[stat]!r}, the local shard's is {expected[stat]!r}"
+                                )
     assert not problems, f"{len(problems)} problems:\n" + "\n".join(problems[:40])

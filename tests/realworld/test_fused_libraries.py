@@ -20,6 +20,7 @@ fixtures/fused_libraries (none of the real ones imports without a GPU). fixtures
 
 Cost: four runs of 4 to 8 s each on 2 cores.
 """
+
 import json
 import os
 import re
@@ -45,17 +46,17 @@ TIMEOUT = 300
 
 # (dump name, whether its call is differentiated in the step): each called once in step 0
 ONCE = [
-    ("FlashAttn.flash_attn_func", True),            # from flash_attn import flash_attn_func: static
-    ("FlashAttn.flash_attn_varlen_func", True),     # bound twice (try/except, as megatron): by identity
+    ("FlashAttn.flash_attn_func", True),  # from flash_attn import flash_attn_func: static
+    ("FlashAttn.flash_attn_varlen_func", True),  # bound twice (try/except, as megatron): by identity
     ("FlashAttn.flash_attn_qkvpacked_func", True),  # flash_attn.flash_attn_qkvpacked_func
-    ("FlashAttn.flash_attn_with_kvcache", False),   # decoding under no_grad
+    ("FlashAttn.flash_attn_with_kvcache", False),  # decoding under no_grad
     ("Apex.fused_layer_norm_affine", True),
-    ("Apex.FusedLayerNormAffineFunction", True),    # FusedLayerNormAffineFunction.apply, as megatron calls it
+    ("Apex.FusedLayerNormAffineFunction", True),  # FusedLayerNormAffineFunction.apply, as megatron calls it
 ]
 # called inside the libraries' own modules: named only where the libraries are rewritten
 INSIDE_LIBRARIES = [
-    ("Apex.fused_rms_norm_affine", True),           # FusedRMSNorm.forward, the same file as its definition
-    ("TE.general_grouped_gemm", True),              # GroupedLinear
+    ("Apex.fused_rms_norm_affine", True),  # FusedRMSNorm.forward, the same file as its definition
+    ("TE.general_grouped_gemm", True),  # GroupedLinear
     # DotProductAttention's FusedAttnFunc: fused_attn_fwd in its forward (no graph there, so no backward
     # entry), fused_attn_bwd in its backward (an API called while the step's backward runs)
     ("TE.fused_attn_fwd", False),
@@ -65,15 +66,28 @@ INSIDE_LIBRARIES = [
 # no_grad) and 1 in train.py's LM head
 GEMMS_IN_MODULES, GEMMS_IN_SCRIPT = 9, 1
 # the fakes' insides: plain torch that stands for a CUDA kernel
-INSIDE_FUSED = ("Torch.einsum", "Torch.logsumexp", "Torch.exp", "Tensor.__matmul__", "Tensor.t", "Functional.gelu",
-                "Tensor.masked_fill")
+INSIDE_FUSED = (
+    "Torch.einsum",
+    "Torch.logsumexp",
+    "Torch.exp",
+    "Tensor.__matmul__",
+    "Tensor.t",
+    "Functional.gelu",
+    "Tensor.masked_fill",
+)
 TE_AND_APEX_MODULES = {
-    "Module.norm1.LayerNorm": True, "Module.attn.qkv.Linear": True, "Module.attn.proj.Linear": True,
-    "Module.norm2.FusedRMSNorm": True, "Module.mlp.LayerNormMLP": True, "Module.experts.GroupedLinear": True,
-    "Module.block.TransformerLayer": False, "Module.block.self_attention.MultiheadAttention": False,
+    "Module.norm1.LayerNorm": True,
+    "Module.attn.qkv.Linear": True,
+    "Module.attn.proj.Linear": True,
+    "Module.norm2.FusedRMSNorm": True,
+    "Module.mlp.LayerNormMLP": True,
+    "Module.experts.GroupedLinear": True,
+    "Module.block.TransformerLayer": False,
+    "Module.block.self_attention.MultiheadAttention": False,
     "Module.block.self_attention.layernorm_qkv.LayerNormLinear": True,
     "Module.block.self_attention.core_attention.DotProductAttention": False,
-    "Module.block.self_attention.proj.Linear": True, "Module.block.layernorm_mlp.LayerNormMLP": True,
+    "Module.block.self_attention.proj.Linear": True,
+    "Module.block.layernorm_mlp.LayerNormMLP": True,
 }  # module -> whether it holds parameters of its own (a parameters_grad entry)
 CALL = re.compile(r"^(?P<api>.+)\.\d+\.(?P<direction>forward|backward)$")
 
@@ -97,12 +111,23 @@ class Runs:
             command = [sys.executable, str(SCRIPT)]
         else:
             packages = ["--packages", PACKAGES] if kind == "rewritten" else []
-            command = [sys.executable, "-m", "msprobe_rewrite", "run", *packages, "--", str(SCRIPT), "--level", level,
-                       "--dump", str(dump)]
-        env = training_env(os.pathsep.join([str(site), str(ROOT), os.environ.get("PYTHONPATH", "")]),
-                           PYTHONDONTWRITEBYTECODE="1")
-        done = subprocess.run(command, capture_output=True, text=True, cwd=str(self.workdir), env=env,
-                              timeout=TIMEOUT)
+            command = [
+                sys.executable,
+                "-m",
+                "msprobe_rewrite",
+                "run",
+                *packages,
+                "--",
+                str(SCRIPT),
+                "--level",
+                level,
+                "--dump",
+                str(dump),
+            ]
+        env = training_env(
+            os.pathsep.join([str(site), str(ROOT), os.environ.get("PYTHONPATH", "")]), PYTHONDONTWRITEBYTECODE="1"
+        )
+        done = subprocess.run(command, capture_output=True, text=True, cwd=str(self.workdir), env=env, timeout=TIMEOUT)
         assert done.returncode == 0, f"{' '.join(command)}\n{done.stderr[-6000:]}"
         assert "msprobe_runtime" not in done.stderr, done.stderr[-6000:]  # no collection error was logged
         result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -131,9 +156,15 @@ def _calls(data):
 
 def test_plain_run_trains_and_its_identity_checks_hold(runs):
     plain = runs.get("plain", "none")
-    assert plain["checks"] == {"reexport_is_same": True, "name_equals_module_attribute": True,
-                               "held_is_imported": True, "backend_by_function": "flash", "te_gemm_reexport": True,
-                               "te_fused_activation": "gelu", "varlen_bound": True}
+    assert plain["checks"] == {
+        "reexport_is_same": True,
+        "name_equals_module_attribute": True,
+        "held_is_imported": True,
+        "backend_by_function": "flash",
+        "te_gemm_reexport": True,
+        "te_fused_activation": "gelu",
+        "varlen_bound": True,
+    }
     losses = [float.fromhex(loss) for loss in plain["losses"]]
     assert losses[1] < losses[0]  # FusedAdam moved the parameters
     assert plain["params"][0] != plain["params"][1]
@@ -152,18 +183,23 @@ def test_fused_entry_points_are_recorded_by_name(runs, level):
     calls = _calls(data)
     for api, differentiated in ONCE + INSIDE_LIBRARIES:
         assert calls.get(api) == Counter(forward=1, backward=1 if differentiated else 0) - Counter(), api
-    assert calls["TE.general_gemm"] == Counter(forward=GEMMS_IN_MODULES + GEMMS_IN_SCRIPT,
-                                               backward=GEMMS_IN_MODULES + GEMMS_IN_SCRIPT - 1)
+    assert calls["TE.general_gemm"] == Counter(
+        forward=GEMMS_IN_MODULES + GEMMS_IN_SCRIPT, backward=GEMMS_IN_MODULES + GEMMS_IN_SCRIPT - 1
+    )
     # what the fakes compute inside a fused call is not recorded, as nothing inside a CUDA kernel could be
     assert not [name for name in INSIDE_FUSED if name in calls]
     forward = data["FlashAttn.flash_attn_func.0.forward"]
     assert [arg["shape"] for arg in forward["input_args"]] == [[2, 8, 4, 8]] * 3
     assert forward["input_kwargs"] == {"causal": {"type": "bool", "value": True}}
     assert forward["output"][0]["shape"] == [2, 8, 4, 8]
-    backward_shapes = {api: [out["shape"] for out in data[f"{api}.0.backward"]["output"]]
-                       for api in ("FlashAttn.flash_attn_func", "FlashAttn.flash_attn_qkvpacked_func")}
-    assert backward_shapes == {"FlashAttn.flash_attn_func": [[2, 8, 4, 8]] * 3,  # the gradients of q, k, v
-                               "FlashAttn.flash_attn_qkvpacked_func": [[2, 8, 3, 4, 8]]}  # of the packed qkv
+    backward_shapes = {
+        api: [out["shape"] for out in data[f"{api}.0.backward"]["output"]]
+        for api in ("FlashAttn.flash_attn_func", "FlashAttn.flash_attn_qkvpacked_func")
+    }
+    assert backward_shapes == {
+        "FlashAttn.flash_attn_func": [[2, 8, 4, 8]] * 3,  # the gradients of q, k, v
+        "FlashAttn.flash_attn_qkvpacked_func": [[2, 8, 3, 4, 8]],
+    }  # of the packed qkv
     if level == "L1":
         assert not [entry for entry in data if entry.startswith("Module.")]
 

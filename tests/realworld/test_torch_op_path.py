@@ -14,6 +14,7 @@ passes here: tests/runtime/test_graph_walk.py recycles node objects as 2.11 does
 The whole realworld suite runs on the torch-op path with ``MSPROBE_NATIVE_STATS=0`` in the environment (the
 fixture's subprocesses inherit it): ``make test-torch-ops``.
 """
+
 import json
 import os
 import subprocess
@@ -38,11 +39,17 @@ def _run(dump, native):
     """The tiny Llama (hidden 64, intermediate 128: an input and an output of different sizes in each MLP) at
     mix, its modules hooked by ``start(model)`` (no rewrite: module records need none)."""
     env = {k: v for k, v in os.environ.items() if k != "MSPROBE_NATIVE_STATS"}
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", MSPROBE_NATIVE_STATS="1" if native else "0",
-               **REPRODUCIBLE)
-    result = subprocess.run([sys.executable, str(SCRIPT), "--arch", "llama", "--steps", str(STEPS), "--level", "mix",
-                             "--dump", str(dump)], cwd=str(ROOT), env=env, capture_output=True, text=True,
-                            timeout=600)
+    env.update(
+        HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", MSPROBE_NATIVE_STATS="1" if native else "0", **REPRODUCIBLE
+    )
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--arch", "llama", "--steps", str(STEPS), "--level", "mix", "--dump", str(dump)],
+        cwd=str(ROOT),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     return result.stderr
 
@@ -57,8 +64,11 @@ def _module_backward(dump, step):
     def shapes(items):
         return [item.get("shape") if isinstance(item, dict) else item for item in items]
 
-    return {name: (shapes(entry.get("input", [])), shapes(entry.get("output", [])))
-            for name, entry in data.items() if name.startswith("Module.") and ".backward." in name}
+    return {
+        name: (shapes(entry.get("input", [])), shapes(entry.get("output", [])))
+        for name, entry in data.items()
+        if name.startswith("Module.") and ".backward." in name
+    }
 
 
 def test_mix_on_the_torch_op_path_records_every_module_backward(tmp_path):
@@ -73,12 +83,16 @@ def test_mix_on_the_torch_op_path_records_every_module_backward(tmp_path):
         # every module of the model has a backward entry: 2 layers of 9 modules with a backward, and more
         assert len(native_path) >= 20, sorted(native_path)
         assert sorted(python_path) == sorted(native_path), sorted(set(native_path) ^ set(python_path))
-        different = {name: (python_path[name], native_path[name]) for name in native_path
-                     if python_path[name] != native_path[name]}
+        different = {
+            name: (python_path[name], native_path[name])
+            for name in native_path
+            if python_path[name] != native_path[name]
+        }
         assert not different, different
         mlp = [name for name in native_path if ".mlp.LlamaMLP." in name]
-        assert mlp and all(python_path[name][1] == [[BATCH, SEQ, 64]] for name in mlp), \
-            {name: python_path[name] for name in mlp}
+        assert mlp and all(python_path[name][1] == [[BATCH, SEQ, 64]] for name in mlp), {
+            name: python_path[name] for name in mlp
+        }
 
 
 BATCH, SEQ = 2, 16  # train_tiny's batch and sequence

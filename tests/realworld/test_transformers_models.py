@@ -17,6 +17,7 @@ variant and level (cached: the coverage test reads the bit-identity run's dump).
 cached in a session temporary directory (PYTHONPYCACHEPREFIX, with bytecode writing on), so transformers is
 rewritten once per session.
 """
+
 import json
 import os
 import re
@@ -60,6 +61,7 @@ VARIANT_IDS = [_variant_id(v) for v in VARIANTS]
 
 # ------------------------------------------------------------------------------------------- runs
 
+
 class Run:
     def __init__(self, command, result, seconds):
         self.command = command
@@ -75,8 +77,10 @@ class Run:
     def failure(self):
         """The error of a failed run, its last exception line first, then the tail of its stderr."""
         errors = [line for line in self.stderr.splitlines() if re.match(r"^\w*(Error|Exception)\b", line)]
-        return (f"exit status {self.returncode} after {self.seconds:.1f}s: {errors[-1] if errors else '?'}\n"
-                f"$ {' '.join(self.command)}\n--- stderr (tail) ---\n{self.stderr[-6000:]}")
+        return (
+            f"exit status {self.returncode} after {self.seconds:.1f}s: {errors[-1] if errors else '?'}\n"
+            f"$ {' '.join(self.command)}\n--- stderr (tail) ---\n{self.stderr[-6000:]}"
+        )
 
 
 class Runs:
@@ -90,8 +94,9 @@ class Runs:
     def _run(self, key, argv):
         if key not in self.cache:
             started = time.perf_counter()
-            result = subprocess.run(argv, cwd=self.workdir, env=self.env, capture_output=True, text=True,
-                                    timeout=TIMEOUT)
+            result = subprocess.run(
+                argv, cwd=self.workdir, env=self.env, capture_output=True, text=True, timeout=TIMEOUT
+            )
             self.cache[key] = Run(argv, result, time.perf_counter() - started)
         return self.cache[key]
 
@@ -110,8 +115,21 @@ class Runs:
         return Path(self.workdir) / f"dump-{_variant_id(variant)}-{level}"
 
     def hooked(self, variant, level):
-        argv = [sys.executable, "-m", "msprobe_rewrite", "run", "--packages", "transformers", "--", str(SCRIPT),
-                *self._flags(variant), "--level", level, "--dump", str(self.dump_dir(variant, level))]
+        argv = [
+            sys.executable,
+            "-m",
+            "msprobe_rewrite",
+            "run",
+            "--packages",
+            "transformers",
+            "--",
+            str(SCRIPT),
+            *self._flags(variant),
+            "--level",
+            level,
+            "--dump",
+            str(self.dump_dir(variant, level)),
+        ]
         return self._run(("hooked", variant, level), argv)
 
 
@@ -120,10 +138,14 @@ def environment(tmp_path_factory):
     """The subprocesses' environment: bytecode written, into a session temporary folder (PYTHONPYCACHEPREFIX),
     where the import hook keeps its instrumented bytecode beside the plain .pyc; offline."""
     prefix = tmp_path_factory.mktemp("bytecode")
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONDONTWRITEBYTECODE", "MSPROBE_REWRITE_PACKAGES")}
-    env.update(PYTHONPYCACHEPREFIX=str(prefix), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", **REPRODUCIBLE)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "MSPROBE_REWRITE_PACKAGES")}
+    env.update(
+        PYTHONPYCACHEPREFIX=str(prefix),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        **REPRODUCIBLE,
+    )
     return env
 
 
@@ -154,6 +176,7 @@ def differences(plain, other):
 
 # ------------------------------------------------------------------------------------------- the dump
 
+
 def rank_dir(dump, step):
     """The one rank (or proc{pid}) folder of a step."""
     folders = sorted(p for p in (Path(dump) / f"step{step}").glob("*") if p.is_dir())
@@ -166,7 +189,7 @@ def load(dump, step, name):
 
 
 def _relative(path):
-    return path[len(TRANSFORMERS_DIR) - len("transformers" + os.sep):] if path.startswith(TRANSFORMERS_DIR) else path
+    return path[len(TRANSFORMERS_DIR) - len("transformers" + os.sep) :] if path.startswith(TRANSFORMERS_DIR) else path
 
 
 def dump_sites(dump, step):
@@ -230,8 +253,11 @@ def coverage_by_site(oracle, dump):
         for other, records in at_sites.items():
             other_path, _, other_line = (other or "").rpartition(":")
             if other_path == path and other_line.isdigit() and abs(int(other_line) - int(line)) <= 8:
-                left = [f"{d} x{c} at line {other_line}" for d, c in records.items()
-                        if c > 0 and (same_api(name, d) or d in WRAPPERS.get(name, ())[:1])]
+                left = [
+                    f"{d} x{c} at line {other_line}"
+                    for d, c in records.items()
+                    if c > 0 and (same_api(name, d) or d in WRAPPERS.get(name, ())[:1])
+                ]
                 if left:
                     elsewhere.setdefault(what, []).extend(left)
     seen = sum(sum(needed.values()) for needed in needed_at.values())
@@ -240,6 +266,7 @@ def coverage_by_site(oracle, dump):
 
 # ------------------------------------------------------------------------------------------- tests
 
+
 @pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
 def test_plain_training_is_real_and_the_oracle_only_observes(runs, variant):
     plain = ok(runs.plain(variant))
@@ -247,8 +274,9 @@ def test_plain_training_is_real_and_the_oracle_only_observes(runs, variant):
     assert plain["instrumented"] is False  # the baseline runs transformers as shipped
     assert plain["gradient_checkpointing"] is (variant[1] != "none")
     assert len(plain["losses"]) == STEPS and len(plain["grads"]) == STEPS
-    assert all(digest is not None for grads in plain["grads"] for digest in grads.values()), \
+    assert all(digest is not None for grads in plain["grads"] for digest in grads.values()), (
         "every parameter gets a gradient, so every one is compared"
+    )
     assert len(set(plain["losses"])) == STEPS  # the optimizer steps
     with_oracle = ok(runs.oracle(variant))
     assert not differences(plain, with_oracle), differences(plain, with_oracle)
@@ -318,9 +346,11 @@ def test_step0_dump_records_every_oracle_call(runs, variant, level):
     """Every catalogued torch call the oracle sees in step 0 is in the step-0 dump, at least as many times by API."""
     oracle, dump = _oracle_and_dump(runs, variant, level)
     seen, recorded, missed = coverage_by_api(oracle, dump)
-    report = (f"{_variant_id(variant)} {level}: {recorded}/{seen} oracle calls recorded (by API); missed "
-              f"{sum(missed.values())}: {dict(sorted(missed.items()))}"
-              + (f"; calls that raised (not counted): {oracle['raised']}" if oracle.get("raised") else ""))
+    report = (
+        f"{_variant_id(variant)} {level}: {recorded}/{seen} oracle calls recorded (by API); missed "
+        f"{sum(missed.values())}: {dict(sorted(missed.items()))}"
+        + (f"; calls that raised (not counted): {oracle['raised']}" if oracle.get("raised") else "")
+    )
     print("\n" + report)
     assert seen > 30
     assert not missed, report
@@ -334,11 +364,15 @@ def test_step0_dump_records_every_oracle_call_at_its_call_site(runs, variant, le
     (the line the oracle reads from the calling frame), as tests/megatron's coverage test requires."""
     oracle, dump = _oracle_and_dump(runs, variant, level)
     seen, recorded, missed, elsewhere = coverage_by_site(oracle, dump)
-    report = (f"{_variant_id(variant)} {level}: {recorded}/{seen} oracle calls recorded at their call site; missed "
-              f"{sum(missed.values())}\n"
-              + "\n".join(f"  MISSED {count:3d}  {what}" + (f"   (the dump has {', '.join(elsewhere[what])})"
-                                                             if what in elsewhere else "")
-                          for what, count in sorted(missed.items())))
+    report = (
+        f"{_variant_id(variant)} {level}: {recorded}/{seen} oracle calls recorded at their call site; missed "
+        f"{sum(missed.values())}\n"
+        + "\n".join(
+            f"  MISSED {count:3d}  {what}"
+            + (f"   (the dump has {', '.join(elsewhere[what])})" if what in elsewhere else "")
+            for what, count in sorted(missed.items())
+        )
+    )
     print("\n" + report)
     assert seen > 30
     assert not missed, report

@@ -1,4 +1,5 @@
 """Shared helpers for the runtime tests: rewrite a plain fixture into a temporary directory and run it."""
+
 import json
 import os
 import subprocess
@@ -26,8 +27,9 @@ def run_json(script, *args, cwd=None, env=None):
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = ROOT + os.pathsep + full_env.get("PYTHONPATH", "")
     full_env.update(env or {})
-    done = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, cwd=cwd,
-                          env=full_env, timeout=600)
+    done = subprocess.run(
+        [sys.executable, script, *args], capture_output=True, text=True, cwd=cwd, env=full_env, timeout=600
+    )
     assert done.returncode == 0, f"{script} failed:\n{done.stdout}\n{done.stderr}"
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 
@@ -99,4 +101,3 @@ def posted(monkeypatch):
 
     monkeypatch.setattr(writing_process.WritingProcess, "post", spy)
     return answers
-

@@ -4,14 +4,16 @@ the training thread never synchronises, and training is bit-identical. Skipped w
 ``torch.cuda.set_sync_debug_mode("error")`` makes every synchronising call (``.item()``, a blocking copy to the
 host, ``nonzero``...) raise, so any sync of ours inside forward/backward would fail the step.
 """
+
 import os
 
 import pytest
+
 torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
-SOURCE = '''
+SOURCE = """
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -32,7 +34,7 @@ def step(model, x):
     loss = model(x).square().mean()
     loss.backward()
     return loss
-'''
+"""
 
 
 def _load(tmp_path):
@@ -90,5 +92,8 @@ def test_cuda_no_sync_and_bit_identical(tmp_path, level):
     with open(path) as handle:
         data = json.load(handle)["data"]
     records = [r for entry in data.values() for r in entry.get("input_args", []) if isinstance(r, dict)]
-    assert records and all(r["Max"] is not None for r in records if r.get("type") == "torch.Tensor"
-                           and r["shape"] and r["dtype"] == "torch.float32")
+    assert records and all(
+        r["Max"] is not None
+        for r in records
+        if r.get("type") == "torch.Tensor" and r["shape"] and r["dtype"] == "torch.float32"
+    )

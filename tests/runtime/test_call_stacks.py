@@ -1,4 +1,5 @@
 """Stacks captured raw on the training thread and resolved on the writer's equal what frames said at the call."""
+
 import os
 import sys
 
@@ -32,8 +33,8 @@ def _nested(depth, seen):
 def test_resolved_lines_equal_the_live_frames():
     seen = []
     _nested(20, seen)
-    (live, raw), = seen
-    assert call_stacks.Resolver(skip_files=()).resolve(raw) == live[:call_stacks.MAX_FRAMES]
+    ((live, raw),) = seen
+    assert call_stacks.Resolver(skip_files=()).resolve(raw) == live[: call_stacks.MAX_FRAMES]
 
 
 def test_same_site_twice_captures_equal_raw_stacks():
@@ -57,7 +58,7 @@ def test_runtime_and_skipped_files_are_dropped_and_the_rest_capped():
     assert call_stacks.Resolver(skip_files=()).resolve((runtime_frame + raw[0][:2], None)) == live[:1]
 
 
-MODEL = '''
+MODEL = """
 import torch
 from torch import nn
 
@@ -84,7 +85,7 @@ class Outer(nn.Module):
 
 def helper(y):
     return __msprobe__.call("Torch.tanh", torch.tanh, y)
-'''
+"""
 
 
 def _stacks(tmp_path, name, monkeypatch=None):
@@ -142,8 +143,12 @@ def test_stacks_through_module_anchors_equal_full_walks(tmp_path, monkeypatch, h
     anchored = runs["anchored"]
     assert anchored == runs["walked"]
     # the calls inside nested modules, and a module inside a Sequential, are all there, with our frames gone
-    for name in ("Functional.relu.1.forward", "Torch.tanh.0.forward", "Module.seq.1.Inner.forward.0",
-                 "Functional.linear.1.forward"):
+    for name in (
+        "Functional.relu.1.forward",
+        "Torch.tanh.0.forward",
+        "Module.seq.1.Inner.forward.0",
+        "Functional.linear.1.forward",
+    ):
         assert anchored[name] and not any(line.startswith(f"File {RUNTIME}") for line in anchored[name]), name
     assert "in helper" in anchored["Torch.tanh.0.forward"][0]
     assert "in forward" in anchored["Functional.relu.1.forward"][0]
@@ -158,8 +163,9 @@ def test_a_stack_captured_again_is_the_same_pair(how):
     outer, other = ("outer", None), ("other", None)
     rounds = []
     for _ in range(2):
-        rounds.append([capture(here, None, None, 256), capture(here, here, outer, 256),
-                       capture(here, here, other, 256)])
+        rounds.append(
+            [capture(here, None, None, 256), capture(here, here, outer, 256), capture(here, here, other, 256)]
+        )
     first, second = rounds
     assert all(a is b for a, b in zip(first, second))
     whole, anchored, elsewhere = first
@@ -174,9 +180,15 @@ def test_native_capture_makes_the_python_captures_pairs():
     native = _native_capture()
     frame = sys._getframe().f_back  # the caller's: its offset stays put while both capture it
     outer = ("outer frames", None)
-    for args in ((frame,), (frame, frame, outer), (frame, frame.f_back, outer), (None,), (frame, None, None, 2),
-                 (frame, frame.f_back.f_back, outer, 1)):
-        full = args + (None, None, 256)[len(args) - 1:]
+    for args in (
+        (frame,),
+        (frame, frame, outer),
+        (frame, frame.f_back, outer),
+        (None,),
+        (frame, None, None, 2),
+        (frame, frame.f_back.f_back, outer, 1),
+    ):
+        full = args + (None, None, 256)[len(args) - 1 :]
         assert native(*full) == call_stacks.capture(*args), args
     made = native(frame, frame, outer, 256)
     assert made[1] is outer and all(a is b for a, b in zip(made[0], call_stacks.capture(frame, frame, outer)[0]))
@@ -196,8 +208,8 @@ def test_equal_stacks_resolve_to_one_tuple_whatever_their_outer_parts():
     resolver = call_stacks.Resolver(skip_files=())
     first = resolver.resolve((inner, outer))
     alone = call_stacks.Resolver(skip_files=())
-    assert first == (alone.resolve((inner, None)) + alone.resolve(outer))[:call_stacks.MAX_FRAMES]
-    assert first[:len(live)] == live[:call_stacks.MAX_FRAMES]
+    assert first == (alone.resolve((inner, None)) + alone.resolve(outer))[: call_stacks.MAX_FRAMES]
+    assert first[: len(live)] == live[: call_stacks.MAX_FRAMES]
     assert resolver.resolve((tuple(list(inner)), twin)) is first
     resolver._LIMIT = 0  # trim starts every table over
     resolver.trim()

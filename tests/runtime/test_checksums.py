@@ -1,6 +1,7 @@
 """Bit-level checksums (runtime/checksums.py): the device fingerprint against its pure-Python specification,
 its sensitivity to every single flipped bit, its independence of layout, and msprobe's md5 (CRC32 of the raw
 bytes) taken from a copy made at record time."""
+
 import zlib
 
 import pytest
@@ -10,8 +11,19 @@ torch = pytest.importorskip("torch")
 from msprobe_runtime import checksums  # noqa: E402
 from msprobe_runtime.statistics import StatBuffer  # noqa: E402
 
-DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int8, torch.uint8, torch.int16,
-          torch.int32, torch.int64, torch.bool, torch.complex64]
+DTYPES = [
+    torch.float32,
+    torch.bfloat16,
+    torch.float16,
+    torch.float64,
+    torch.int8,
+    torch.uint8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+    torch.complex64,
+]
 
 
 def raw_bytes(t):
@@ -71,8 +83,7 @@ def flip(t, element, bit):
     return out
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int8],
-                         ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int8], ids=str)
 def test_every_single_bit_flip_changes_the_fingerprint(dtype):
     t = sample(dtype, (37,))
     original = fingerprint(t)
@@ -157,11 +168,14 @@ def test_a_dump_hashes_what_was_recorded_while_another_thread_writes_the_tensors
     from msprobe_runtime import PrecisionDebugger
 
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"dump_path": str(tmp_path / "dump"), "level": "L1",
-                                  "statistics": {"summary_mode": mode}}))
+    config.write_text(
+        json.dumps({"dump_path": str(tmp_path / "dump"), "level": "L1", "statistics": {"summary_mode": mode}})
+    )
     tensors = [sample(torch.float32, (256, 64), seed) for seed in range(24)]
-    expected = [checksums.fingerprint_reference(raw_bytes(t)) if mode == "fingerprint"
-                else f"{zlib.crc32(raw_bytes(t)):08x}" for t in tensors]
+    expected = [
+        checksums.fingerprint_reference(raw_bytes(t)) if mode == "fingerprint" else f"{zlib.crc32(raw_bytes(t)):08x}"
+        for t in tensors
+    ]
     done = threading.Event()
 
     def write_all_along():

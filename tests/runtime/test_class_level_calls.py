@@ -1,5 +1,6 @@
 """PrecisionDebugger used the way msprobe's docs use it across files: built once in one module, reached from
 another with class-level calls (start, stop, step, save, set_init_step) or by ``PrecisionDebugger()``."""
+
 import glob
 import json
 import os
@@ -13,14 +14,14 @@ torch = pytest.importorskip("torch")
 import msprobe_runtime  # noqa: E402
 from msprobe_runtime import PrecisionDebugger  # noqa: E402
 
-SETUP = '''
+SETUP = """
 from msprobe_runtime import PrecisionDebugger
 
 def build(dump_path):
     return PrecisionDebugger(dump_path=dump_path, level="L1")
-'''
+"""
 
-TRAIN = '''
+TRAIN = """
 import torch
 from msprobe_runtime import PrecisionDebugger
 
@@ -36,7 +37,7 @@ def train(steps):
         PrecisionDebugger.stop()
         PrecisionDebugger.step()
     return PrecisionDebugger()  # no arguments: the debugger already built, as msprobe's singleton
-'''
+"""
 
 
 def _module(tmp_path, name, source):

@@ -1,5 +1,6 @@
 """An error of the runtime's own never reaches the training loop: it is logged once, and what it spoils is
 written null rather than lost."""
+
 import glob
 import json
 import logging

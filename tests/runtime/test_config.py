@@ -1,4 +1,5 @@
 """config.json as msprobe 26.2 users write it: every key works or is refused by name, every value is checked."""
+
 import json
 import os
 import subprocess
@@ -14,8 +15,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 # msprobe 26.2's own default config.json (msprobe/config.json in the package), as users copy it
 MSPROBE_DEFAULT = {
-    "task": "statistics", "dump_path": "./dump_path", "rank": [], "step": [], "level": "L1",
-    "extra_info": True, "async_dump": False,
+    "task": "statistics",
+    "dump_path": "./dump_path",
+    "rank": [],
+    "step": [],
+    "level": "L1",
+    "extra_info": True,
+    "async_dump": False,
     "statistics": {"scope": [], "list": [], "data_mode": ["all"], "summary_mode": "statistics"},
     "tensor": {"scope": [], "list": [], "data_mode": ["all"]},
     "acc_check": {"white_list": [], "black_list": [], "error_data_path": "./"},
@@ -46,30 +52,40 @@ def test_msprobe_default_config_loads(load, tmp_path):
 
 # ----------------------------------------------------------------- keys accepted and ignored before
 
-@pytest.mark.parametrize("raw, field, hint", [
-    ({"extra_info": False}, "extra_info", "always written"),
-    ({"precision": "high"}, "precision", "Mean and Norm"),
-    ({"risk_level": "FOCUS"}, "risk_level", "use list"),
-    ({"load": {"path": "x", "modules": ["Module.a.A.forward.0"]}}, "load", "task 'tensor'"),
-    ({"statistics": {"slice": [{"dim": 0, "begin": 0, "end": 2}]}}, "statistics.slice", "task 'tensor'"),
-    ({"statistics": {"request_id": "r1"}}, "statistics.request_id", "use step"),
-    ({"statistics": {"tensor_list": ["relu"]}}, "statistics.tensor_list", "task 'tensor' with list"),
-    ({"task": "tensor", "tensor": {"bench_path": "/b"}}, "tensor.bench_path", "compare"),
-    ({"statistics": {"diff_nums": 5}}, "statistics.diff_nums", "compare"),
-    ({"statistics": {"summary_mode": "xor"}}, "statistics.summary_mode", "xor"),
-    ({"task": "acc_check"}, "task", "msprobe-rewrite precheck"),
-    ({"level": "L2"}, "level", "use L1"),
-])
+
+@pytest.mark.parametrize(
+    "raw, field, hint",
+    [
+        ({"extra_info": False}, "extra_info", "always written"),
+        ({"precision": "high"}, "precision", "Mean and Norm"),
+        ({"risk_level": "FOCUS"}, "risk_level", "use list"),
+        ({"load": {"path": "x", "modules": ["Module.a.A.forward.0"]}}, "load", "task 'tensor'"),
+        ({"statistics": {"slice": [{"dim": 0, "begin": 0, "end": 2}]}}, "statistics.slice", "task 'tensor'"),
+        ({"statistics": {"request_id": "r1"}}, "statistics.request_id", "use step"),
+        ({"statistics": {"tensor_list": ["relu"]}}, "statistics.tensor_list", "task 'tensor' with list"),
+        ({"task": "tensor", "tensor": {"bench_path": "/b"}}, "tensor.bench_path", "compare"),
+        ({"statistics": {"diff_nums": 5}}, "statistics.diff_nums", "compare"),
+        ({"statistics": {"summary_mode": "xor"}}, "statistics.summary_mode", "xor"),
+        ({"task": "acc_check"}, "task", "msprobe-rewrite precheck"),
+        ({"level": "L2"}, "level", "use L1"),
+    ],
+)
 def test_msprobe_keys_not_supported_are_refused_by_name(load, tmp_path, raw, field, hint):
     message = refusal(load, {"dump_path": str(tmp_path), **raw})
     assert message.startswith(f"{field}:") and "not supported here" in message and hint in message
 
 
-@pytest.mark.parametrize("raw", [
-    {"custom_op_namespaces": []}, {"statistics": {"slice": [], "tensor_list": [], "request_id": None}},
-    {"task": "tensor", "tensor": {"bench_path": None, "diff_nums": 1}}, {"extra_info": True},
-    {"precision": "low"}, {"risk_level": "ALL"},
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"custom_op_namespaces": []},
+        {"statistics": {"slice": [], "tensor_list": [], "request_id": None}},
+        {"task": "tensor", "tensor": {"bench_path": None, "diff_nums": 1}},
+        {"extra_info": True},
+        {"precision": "low"},
+        {"risk_level": "ALL"},
+    ],
+)
 def test_values_that_do_nothing_in_msprobe_either_are_accepted(load, tmp_path, raw):
     load({"dump_path": str(tmp_path), **raw})
 
@@ -102,26 +118,30 @@ def test_async_dump_must_be_a_bool(load, tmp_path):
 
 # ----------------------------------------------------------------- values are type-checked
 
-@pytest.mark.parametrize("raw, field", [
-    ({"statistics": {"nan_inf_count": "false"}}, "statistics.nan_inf_count"),
-    ({"is_deterministic": "false"}, "is_deterministic"),
-    ({"dump_path": ""}, "dump_path"),
-    ({"dump_path": 123}, "dump_path"),
-    ({"step": [1.5]}, "step"),
-    ({"step": 1}, "step"),
-    ({"step": [True]}, "step"),
-    ({"rank": 3.7}, "rank"),
-    ({"rank": [3.7]}, "rank"),
-    ({"rank": ["3-1"]}, "rank"),
-    ({"step": [10 ** 7]}, "step"),
-    ({"seed": 1.5}, "seed"),
-    ({"seed": -1}, "seed"),
-    ({"level": 1}, "level"),
-    ({"statistics": {"data_mode": ["all", "input"]}}, "statistics.data_mode"),
-    ({"statistics": {"data_mode": "forward"}}, "statistics.data_mode"),
-    ({"statistics": {"list": "relu"}}, "statistics.list"),
-    ({"statistics": []}, "statistics"),
-])
+
+@pytest.mark.parametrize(
+    "raw, field",
+    [
+        ({"statistics": {"nan_inf_count": "false"}}, "statistics.nan_inf_count"),
+        ({"is_deterministic": "false"}, "is_deterministic"),
+        ({"dump_path": ""}, "dump_path"),
+        ({"dump_path": 123}, "dump_path"),
+        ({"step": [1.5]}, "step"),
+        ({"step": 1}, "step"),
+        ({"step": [True]}, "step"),
+        ({"rank": 3.7}, "rank"),
+        ({"rank": [3.7]}, "rank"),
+        ({"rank": ["3-1"]}, "rank"),
+        ({"step": [10**7]}, "step"),
+        ({"seed": 1.5}, "seed"),
+        ({"seed": -1}, "seed"),
+        ({"level": 1}, "level"),
+        ({"statistics": {"data_mode": ["all", "input"]}}, "statistics.data_mode"),
+        ({"statistics": {"data_mode": "forward"}}, "statistics.data_mode"),
+        ({"statistics": {"list": "relu"}}, "statistics.list"),
+        ({"statistics": []}, "statistics"),
+    ],
+)
 def test_wrong_values_name_their_field(load, tmp_path, raw, field):
     message = refusal(load, {"dump_path": str(tmp_path), **raw})
     assert message.startswith(f"{field}:"), message
@@ -137,19 +157,23 @@ def test_arguments_are_checked_like_the_file(load, tmp_path):
     assert load_config(dump_path=tmp_path, step=["0-2"]).step == [0, 1, 2]
 
 
-@pytest.mark.parametrize("scope, level, hint", [
-    (["Torch.relu.1"], "L1", "exactly two"),
-    (["Torch.relu.1", "Torch.tanh.0.forward"], "L1", "did you mean 'Torch.relu.1.forward'"),
-    (["Torch.relu.1.forward", "Torch.tanh.0.forward", "Torch.exp.0.forward"], "L1", "exactly two"),
-    (["Module.a.A.forward.0", "Module.b.B.forward.0"], "L1", "level mix"),
-    (["Torch.relu.1.forward", "Module.b.B.forward.0"], "L0", "level mix"),
-])
+@pytest.mark.parametrize(
+    "scope, level, hint",
+    [
+        (["Torch.relu.1"], "L1", "exactly two"),
+        (["Torch.relu.1", "Torch.tanh.0.forward"], "L1", "did you mean 'Torch.relu.1.forward'"),
+        (["Torch.relu.1.forward", "Torch.tanh.0.forward", "Torch.exp.0.forward"], "L1", "exactly two"),
+        (["Module.a.A.forward.0", "Module.b.B.forward.0"], "L1", "level mix"),
+        (["Torch.relu.1.forward", "Module.b.B.forward.0"], "L0", "level mix"),
+    ],
+)
 def test_scope_takes_two_full_names(load, tmp_path, scope, level, hint):
     message = refusal(load, {"dump_path": str(tmp_path), "level": level, "statistics": {"scope": scope}})
     assert message.startswith("statistics.scope:") and hint in message
 
 
 # ----------------------------------------------------------------- the schema walk
+
 
 def test_every_msprobe_key_is_handled():
     """A key msprobe 26.2 reads that the table does not handle fails here instead of being ignored."""
@@ -215,8 +239,13 @@ def test_schema_snapshot_matches_installed_msprobe(msprobe_python):
     env = dict(os.environ)
     # msprobe's venv may lack torch: lend it ours (a separate process, so its patches never reach us)
     env["PYTHONPATH"] = os.path.dirname(os.path.dirname(torch.__file__))
-    done = subprocess.run([python, os.path.join(ROOT, "fixtures", "msprobe_schema", "extract.py")],
-                          capture_output=True, text=True, env=env, timeout=300)
+    done = subprocess.run(
+        [python, os.path.join(ROOT, "fixtures", "msprobe_schema", "extract.py")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     if done.returncode != 0 and "No module named 'msprobe'" in done.stderr:
         pytest.skip(f"{python} has no msprobe")
     assert done.returncode == 0, done.stderr[-2000:]
@@ -224,6 +253,7 @@ def test_schema_snapshot_matches_installed_msprobe(msprobe_python):
 
 
 # ----------------------------------------------------------------- seed and is_deterministic
+
 
 def test_seed_and_is_deterministic_are_applied_when_the_debugger_is_built(load, tmp_path):
     import random

@@ -1,6 +1,7 @@
 """config.json's ``custom_op_namespaces``: every op of a listed ``torch.ops`` namespace is recorded as msprobe 26.2
 names it (``{namespace}.{op}.{n}.forward`` and ``.backward``), however the op is called, and training stays
 bit-identical; an op of a namespace not listed is not recorded (its Python body is, as any code is)."""
+
 import json
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from msprobe_runtime.identity import custom_operators
 # The model, rewritten by the compiler in the child: one op called through torch.ops, directly (the function
 # torch.library.custom_op returned) and from uninstrumented code (``plain.through_plain``, seen by the mode);
 # a second namespace, not listed, whose body's multiplication is recorded as any Tensor.__mul__.
-MODEL = '''\
+MODEL = """\
 import torch
 from torch.library import custom_op
 
@@ -58,17 +59,17 @@ class Net(torch.nn.Module):
         h = scaled_tanh(h, 0.5)
         h = self.plain.through_plain(h)
         return torch.ops.mslib_other.twice(self.fc2(h))
-'''
+"""
 
-PLAIN = '''\
+PLAIN = """\
 import torch
 
 
 def through_plain(x):
     return torch.ops.mslib_test.scaled_tanh.default(x, 1.5)
-'''
+"""
 
-SCRIPT = textwrap.dedent('''
+SCRIPT = textwrap.dedent("""
     import json, sys, types, torch
     from msprobe_rewrite.api import rewrite_source
     model_source, plain_source, config_path, level = sys.argv[1:5]
@@ -109,16 +110,16 @@ SCRIPT = textwrap.dedent('''
     same_grads = all(torch.equal(a, b) for ga, gb in zip(off[1], on[1]) for a, b in zip(ga, gb))
     print(json.dumps({"same_losses": same_losses, "same_grads": same_grads,
                       "losses": [float(t) for t in on[0]]}))
-''')
+""")
 
 
 def _run(tmp_path, level, namespaces):
     dump = tmp_path / "dump"
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"task": "statistics", "dump_path": str(dump),
-                                  "custom_op_namespaces": namespaces}))
-    done = subprocess.run([sys.executable, "-c", SCRIPT, MODEL, PLAIN, str(config), level],
-                          capture_output=True, text=True, timeout=300)
+    config.write_text(json.dumps({"task": "statistics", "dump_path": str(dump), "custom_op_namespaces": namespaces}))
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, MODEL, PLAIN, str(config), level], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     assert "msprobe_runtime" not in done.stderr, done.stderr  # no collection error was logged
     result = json.loads(done.stdout.splitlines()[-1])
@@ -153,7 +154,10 @@ def test_listed_namespace_is_recorded_forward_and_backward_and_training_is_bit_i
         # each call's stack starts at the line that called the op (torch's operator __call__ frames left out,
         # as msprobe's wrapper of the torch.ops attribute is called from that line)
         assert [stacks[f"{OP}.{i}.forward"][0].split(",")[:2] for i in range(3)] == [
-            ["File model.py", " line 39"], ["File model.py", " line 40"], ["File plain.py", " line 5"]]
+            ["File model.py", " line 39"],
+            ["File model.py", " line 40"],
+            ["File plain.py", " line 5"],
+        ]
         backward = data[f"{OP}.0.backward"]
         assert backward["input"][0]["shape"] == [16, 8] and backward["output"][0]["shape"] == [16, 8]
         # the op's body ran inside the recorded call: its tanh is not an entry of its own, as in msprobe
@@ -178,6 +182,7 @@ def test_msprobe_default_namespace_leaves_a_custom_op_unrecorded(tmp_path):
 
 
 # ----------------------------------------------------------------- the table of ops (in this process)
+
 
 @pytest.fixture(scope="module")
 def library():
@@ -211,6 +216,7 @@ def test_ops_are_named_as_msprobe_names_them_and_every_spelling_of_one_op_shares
 
 # ----------------------------------------------------------------- config.json
 
+
 def _config(value):
     return config_from_dict({"dump_path": "dump", "custom_op_namespaces": value})
 
@@ -222,15 +228,18 @@ def test_namespaces_default_to_msprobes_and_a_list_is_kept():
     assert _config(["mylib", "npu", "mylib"]).custom_op_namespaces == ["mylib", "npu"]
 
 
-@pytest.mark.parametrize("value, hint", [
-    ("mylib", "expected a list"),  # msprobe: 'it should be a list[str]'
-    ({"mylib": 1}, "expected a list"),
-    (["mylib", 3], "expected a list"),
-    (["torch.ops.mylib"], "did you mean 'mylib'?"),
-    (["mylib::scaled_tanh"], "give the namespace alone: 'mylib'"),
-    ([""], "not a torch.ops namespace name"),
-    (["my-lib"], "not a torch.ops namespace name"),
-])
+@pytest.mark.parametrize(
+    "value, hint",
+    [
+        ("mylib", "expected a list"),  # msprobe: 'it should be a list[str]'
+        ({"mylib": 1}, "expected a list"),
+        (["mylib", 3], "expected a list"),
+        (["torch.ops.mylib"], "did you mean 'mylib'?"),
+        (["mylib::scaled_tanh"], "give the namespace alone: 'mylib'"),
+        ([""], "not a torch.ops namespace name"),
+        (["my-lib"], "not a torch.ops namespace name"),
+    ],
+)
 def test_namespaces_of_the_wrong_shape_are_refused_by_name(value, hint):
     with pytest.raises(ConfigError) as caught:
         _config(value)

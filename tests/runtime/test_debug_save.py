@@ -1,5 +1,6 @@
 """PrecisionDebugger.save: values no API call shows (the loss, main_grad, a value in a @jit_fuser body), in
 msprobe's debug-level layout (debug.json), with gradients from tensor hooks that change no gradient bit."""
+
 import glob
 import json
 import os
@@ -13,7 +14,7 @@ torch = pytest.importorskip("torch")
 from msprobe_runtime import PrecisionDebugger  # noqa: E402
 
 # the program msprobe runs in test_layout_matches_msprobes_own_save, and we run in-process
-PROGRAM = '''
+PROGRAM = """
 def program(debugger, torch):
     torch.manual_seed(0)
     lin = torch.nn.Linear(4, 3)
@@ -32,7 +33,7 @@ def program(debugger, torch):
         loss.backward()
         debugger.stop()
         debugger.step()
-'''
+"""
 
 
 def _program():
@@ -61,14 +62,33 @@ def test_debug_level_layout(tmp_path):
         assert files == ["debug.json"]  # the debug level writes nothing else, as msprobe
     dump = _debug_json(tmp_path / "dump")
     assert {k: v for k, v in dump.items() if k != "data"} == {
-        "task": "statistics", "level": "debug", "framework": "pytorch", "dump_data_dir": None}
+        "task": "statistics",
+        "level": "debug",
+        "framework": "pytorch",
+        "dump_data_dir": None,
+    }
     data = dump["data"]
-    assert list(data) == ["y.0.debug", "y_grad.0.debug", "nest.0.debug", "nest_grad.0.debug", "nograd.0.debug",
-                          "nograd_grad.0.debug", "flag.0.debug", "loss.0.debug", "loss_grad.0.debug",
-                          "loss.1.debug", "loss_grad.1.debug", "intval.0.debug", "intval_grad.0.debug"]
+    assert list(data) == [
+        "y.0.debug",
+        "y_grad.0.debug",
+        "nest.0.debug",
+        "nest_grad.0.debug",
+        "nograd.0.debug",
+        "nograd_grad.0.debug",
+        "flag.0.debug",
+        "loss.0.debug",
+        "loss_grad.0.debug",
+        "loss.1.debug",
+        "loss_grad.1.debug",
+        "intval.0.debug",
+        "intval_grad.0.debug",
+    ]
     assert data["y_grad.0.debug"]["Max"] == 1.0 and data["y_grad.0.debug"]["requires_grad"] is False
-    assert data["nest.0.debug"]["b"][1:] == [{"type": "int", "value": 3}, {"type": "str", "value": "s"},
-                                             {"type": "float", "value": 1.5}]
+    assert data["nest.0.debug"]["b"][1:] == [
+        {"type": "int", "value": 3},
+        {"type": "str", "value": "s"},
+        {"type": "float", "value": 1.5},
+    ]
     # "a" never reaches the loss and the non-tensors have no gradient: null, in the saved structure
     assert data["nest_grad.0.debug"]["a"] is None and data["nest_grad.0.debug"]["b"][1:] == [None, None, None]
     assert data["nest_grad.0.debug"]["b"][0]["shape"] == [2, 4]
@@ -82,10 +102,21 @@ def test_tensor_task_files(tmp_path):
     dump = _debug_json(tmp_path / "dump")
     folder = dump["dump_data_dir"]
     assert folder.endswith("dump_tensor_data")
-    assert sorted(os.listdir(folder)) == sorted([
-        "flag.0.debug.pt", "loss.0.debug.pt", "loss.1.debug.pt", "loss_grad.0.debug.pt", "loss_grad.1.debug.pt",
-        "nest.0.debug.a.pt", "nest.0.debug.b.0.pt", "nest_grad.0.debug.b.0.pt", "nograd.0.debug.pt",
-        "y.0.debug.pt", "y_grad.0.debug.pt"])
+    assert sorted(os.listdir(folder)) == sorted(
+        [
+            "flag.0.debug.pt",
+            "loss.0.debug.pt",
+            "loss.1.debug.pt",
+            "loss_grad.0.debug.pt",
+            "loss_grad.1.debug.pt",
+            "nest.0.debug.a.pt",
+            "nest.0.debug.b.0.pt",
+            "nest_grad.0.debug.b.0.pt",
+            "nograd.0.debug.pt",
+            "y.0.debug.pt",
+            "y_grad.0.debug.pt",
+        ]
+    )
     assert dump["data"]["nest_grad.0.debug"]["b"][0]["data_name"] == "nest_grad.0.debug.b.0.pt"
     saved = torch.load(os.path.join(folder, "loss_grad.0.debug.pt"))
     assert saved.item() == 1.0
@@ -114,7 +145,7 @@ def _train(debugger, steps=2):
         if debugger is not None:
             debugger.save(hidden, "hidden")  # a non-leaf in the middle of the graph
             debugger.save([x, model[0].weight], "leaves")  # a leaf input and a parameter
-        loss = (out ** 2).mean()
+        loss = (out**2).mean()
         if debugger is not None:
             debugger.save(loss, "loss")
         loss.backward()
@@ -177,12 +208,12 @@ def test_step_filter_and_dump_enable(tmp_path):
     assert [os.path.basename(p) for p in sorted(glob.glob(str(tmp_path / "dump" / "step*")))] == ["step1"]
 
 
-MSPROBE_DRIVER = textwrap.dedent('''
+MSPROBE_DRIVER = textwrap.dedent("""
     import json, sys, torch
     from msprobe.pytorch import PrecisionDebugger
     json.dump({"task": sys.argv[2], "dump_path": sys.argv[1], "level": "debug"}, open(sys.argv[3], "w"))
     debugger = PrecisionDebugger(config_path=sys.argv[3])
-''')
+""")
 
 
 @pytest.mark.slow
@@ -195,16 +226,22 @@ def test_layout_matches_msprobes_own_save(tmp_path, task, msprobe_python):
     driver.write_text(MSPROBE_DRIVER + PROGRAM + "\nprogram(debugger, torch)\n")
     env = dict(os.environ)  # that interpreter may see no torch of its own: lend it this one's
     env["PYTHONPATH"] = os.path.dirname(os.path.dirname(torch.__file__))
-    done = subprocess.run([python, str(driver), str(tmp_path / "theirs"), task, str(tmp_path / "cfg.json")],
-                          capture_output=True, text=True, timeout=600, env=env)
+    done = subprocess.run(
+        [python, str(driver), str(tmp_path / "theirs"), task, str(tmp_path / "cfg.json")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     _run_ours(tmp_path / "ours", task=task)
     for step in (0, 1):
         theirs, ours = _debug_json(tmp_path / "theirs", step), _debug_json(tmp_path / "ours", step)
         assert list(ours["data"]) == list(theirs["data"])
         assert _rounded(ours["data"]) == _rounded(theirs["data"])
-        assert {k: v for k, v in ours.items() if k not in ("data", "dump_data_dir")} == \
-            {k: v for k, v in theirs.items() if k not in ("data", "dump_data_dir")}
+        assert {k: v for k, v in ours.items() if k not in ("data", "dump_data_dir")} == {
+            k: v for k, v in theirs.items() if k not in ("data", "dump_data_dir")
+        }
         [their_dir] = glob.glob(str(tmp_path / "theirs" / f"step{step}" / "*"))
         [our_dir] = glob.glob(str(tmp_path / "ours" / f"step{step}" / "*"))
         assert _files(our_dir) == _files(their_dir)

@@ -1,5 +1,6 @@
 """dump_enable hot reload: a running job re-reads config.json between steps, so collection is switched on
 (and off again) by editing the file, as msprobe does. The file is edited by this test while the job runs."""
+
 import glob
 import json
 import os
@@ -14,7 +15,7 @@ pytest.importorskip("torch")
 
 pytestmark = pytest.mark.slow  # a training job in a subprocess, edited from here while it runs
 
-JOB = textwrap.dedent('''
+JOB = textwrap.dedent("""
     import os, sys, time
     import torch
     from msprobe_runtime import PrecisionDebugger
@@ -34,7 +35,7 @@ JOB = textwrap.dedent('''
         debugger.stop()
         debugger.step()
     debugger.wait()
-''')
+""")
 
 
 def _write_config(path, dump_path, enabled):
@@ -57,8 +58,13 @@ def test_collection_switched_on_and_off_by_editing_the_config(tmp_path, root):
     script = tmp_path / "job.py"
     script.write_text(JOB)
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    job = subprocess.Popen([sys.executable, str(script), str(config), str(sync)], env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = subprocess.Popen(
+        [sys.executable, str(script), str(config), str(sync)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _wait_for(sync / "at2", job)
         assert not dump.exists() or not glob.glob(str(dump / "step*"))  # steps 0 and 1: off

@@ -1,4 +1,5 @@
 """One grammar of dump entry names: what the collector builds, compare parses back (runtime/dump_names.py)."""
+
 import re
 
 import pytest
@@ -45,12 +46,33 @@ MSPROBE_API_NAME = re.compile(r"^[A-Za-z_]\w*\..+\.\d+\.(forward|backward)$")
 MSPROBE_MODULE_NAME = re.compile(r"^(Module|Cell)\..+\.(forward|backward)\.\d+$")
 
 
-@pytest.mark.parametrize("name", [
-    "Torch.relu.1.forward", "Functional.gelu.0.backward", "Tensor.__add__.12.forward", "Module.net1.Linear.forward.0",
-    "Cell.a.b.Dense.backward.3", "Module.net1.Linear.parameters_grad.0", "Torch.relu.1", "Torch.relu.forward",
-    "Module.a.1.forward", "relu.1.forward", "1x.relu.1.forward", "Module.forward.0", "Torch.relu.x.forward",
-    "Distributed.all_reduce.0.backward", "NPU.npu_fusion_attention.2.forward", "Module.net.Linear.forward.x"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "Torch.relu.1.forward",
+        "Functional.gelu.0.backward",
+        "Tensor.__add__.12.forward",
+        "Module.net1.Linear.forward.0",
+        "Cell.a.b.Dense.backward.3",
+        "Module.net1.Linear.parameters_grad.0",
+        "Torch.relu.1",
+        "Torch.relu.forward",
+        "Module.a.1.forward",
+        "relu.1.forward",
+        "1x.relu.1.forward",
+        "Module.forward.0",
+        "Torch.relu.x.forward",
+        "Distributed.all_reduce.0.backward",
+        "NPU.npu_fusion_attention.2.forward",
+        "Module.net.Linear.forward.x",
+    ],
+)
 def test_scope_kind_accepts_what_msprobes_scope_patterns_accept(name):
-    expected = ("module" if MSPROBE_MODULE_NAME.match(name) else
-                "api" if MSPROBE_API_NAME.match(name) and not name.startswith(("Module.", "Cell.")) else None)
+    expected = (
+        "module"
+        if MSPROBE_MODULE_NAME.match(name)
+        else "api"
+        if MSPROBE_API_NAME.match(name) and not name.startswith(("Module.", "Cell."))
+        else None
+    )
     assert dn.scope_kind(name) == expected

@@ -1,5 +1,6 @@
 """The README's loop run twice with one dump_path: refused by default (DumpPathError, nothing overwritten), the
 earlier dump replaced under MSPROBE_DUMP_OVERWRITE=1, as msprobe overwrites it."""
+
 import os
 import subprocess
 import sys
@@ -26,13 +27,21 @@ def _train(tmp_path, dump, steps, value, **environment):
     script.write_text(TRAIN)
     env = {name: value for name, value in os.environ.items() if name != "MSPROBE_DUMP_OVERWRITE"}
     env.update(PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), **environment)
-    return subprocess.run([sys.executable, str(script), str(dump), str(steps), str(value)], capture_output=True,
-                          text=True, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(script), str(dump), str(steps), str(value)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
 
 
 def _dumps(dump):
-    return sorted(os.path.relpath(os.path.join(folder, "dump.json"), dump)
-                  for folder, _, files in os.walk(dump) if "dump.json" in files)
+    return sorted(
+        os.path.relpath(os.path.join(folder, "dump.json"), dump)
+        for folder, _, files in os.walk(dump)
+        if "dump.json" in files
+    )
 
 
 def test_a_second_run_into_the_same_dump_path_is_refused_by_default(tmp_path):

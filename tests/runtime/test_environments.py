@@ -1,18 +1,19 @@
 """Where the runtime runs: import purity, two gloo ranks, and the NPU path through a fake torch_npu."""
+
 import json
 import os
 import textwrap
 
 import pytest
 
-PURITY = textwrap.dedent('''
+PURITY = textwrap.dedent("""
     import json, sys
     import msprobe_runtime
     from msprobe_runtime import PrecisionDebugger, seed_all
     debugger = PrecisionDebugger(dump_path=sys.argv[1], level="mix")
     heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "torch_npu", "libcst", "numpy"))
     print(json.dumps({"heavy": heavy}))
-''')
+""")
 
 
 def test_import_and_construction_load_nothing_heavy(run_script, tmp_path):
@@ -23,7 +24,7 @@ def test_import_and_construction_load_nothing_heavy(run_script, tmp_path):
     assert not (tmp_path / "dump").exists()  # construction writes nothing either
 
 
-DIST_MODEL = textwrap.dedent('''
+DIST_MODEL = textwrap.dedent("""
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -39,9 +40,9 @@ DIST_MODEL = textwrap.dedent('''
             total = y.detach().clone()
             dist.all_reduce(total)
             return y * total
-''')
+""")
 
-DIST_DRIVER = textwrap.dedent('''
+DIST_DRIVER = textwrap.dedent("""
     import json, os, sys
     import torch
     import torch.distributed as dist
@@ -69,7 +70,7 @@ DIST_DRIVER = textwrap.dedent('''
     if __name__ == "__main__":
         mp.spawn(worker, args=(2, sys.argv[1], sys.argv[2], sys.argv[3]), nprocs=2, join=True)
         print(json.dumps({"ok": True}))
-''')
+""")
 
 
 @pytest.mark.slow  # two gloo ranks in fresh interpreters
@@ -105,7 +106,7 @@ FAKE_NPU = textwrap.dedent('''
         return (scores @ value,)
 ''')
 
-NPU_MODEL = textwrap.dedent('''
+NPU_MODEL = textwrap.dedent("""
     import torch
     import torch_npu
 
@@ -114,9 +115,9 @@ NPU_MODEL = textwrap.dedent('''
         attention = torch_npu.npu_fusion_attention
         normed, _ = torch_npu.npu_rms_norm(x, gamma)
         return attention(normed, normed, normed, head_num=1)[0]
-''')
+""")
 
-NPU_DRIVER = textwrap.dedent('''
+NPU_DRIVER = textwrap.dedent("""
     import json, sys
     sys.path.insert(0, sys.argv[1])
     import msprobe_runtime
@@ -132,7 +133,7 @@ NPU_DRIVER = textwrap.dedent('''
     debugger.stop()
     debugger.wait()
     print(json.dumps({"imported_early": imported_early}))
-''')
+""")
 
 
 def test_npu_catalogue_path_with_a_fake_torch_npu(run_script, tmp_path):
@@ -150,7 +151,7 @@ def test_npu_catalogue_path_with_a_fake_torch_npu(run_script, tmp_path):
     [leaf] = os.listdir(dump / "step0")
     with open(dump / "step0" / leaf / "dump.json") as handle:
         data = json.load(handle)["data"]
-    assert "NPU.npu_rms_norm.0.forward" in data          # statically resolved call site
+    assert "NPU.npu_rms_norm.0.forward" in data  # statically resolved call site
     assert "NPU.npu_fusion_attention.0.forward" in data  # held in a variable: resolved by identity
     assert "NPU.npu_rms_norm.0.backward" in data
     assert len(data["NPU.npu_rms_norm.0.forward"]["output"]) == 2
@@ -158,7 +159,8 @@ def test_npu_catalogue_path_with_a_fake_torch_npu(run_script, tmp_path):
 
 def test_without_torch_npu_nothing_imports_it(run_script, tmp_path):
     script = tmp_path / "no_npu.py"
-    script.write_text(textwrap.dedent('''
+    script.write_text(
+        textwrap.dedent("""
         import json, sys
         import torch
         from msprobe_runtime import PrecisionDebugger
@@ -168,6 +170,7 @@ def test_without_torch_npu_nothing_imports_it(run_script, tmp_path):
         rt.call("Torch.relu", torch.relu, torch.ones(2))
         debugger.stop()
         print(json.dumps({"npu": "torch_npu" in sys.modules}))
-    '''))
+    """)
+    )
     result, _ = run_script(str(script), str(tmp_path / "dump"))
     assert result["npu"] is False

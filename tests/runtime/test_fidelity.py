@@ -3,6 +3,7 @@
 Each run is a fresh interpreter on a copy of the fixture rewritten by the compiler. msprobe's L0/mix collection
 changes all six gradients of BigNet's net1 (its module backward hooks reorder accumulation); ours must not.
 """
+
 import glob
 import json
 import os
@@ -23,8 +24,9 @@ def baselines(run_script, root):
 
 @pytest.mark.parametrize("fixture", sorted(FIXTURES))
 # mix collects both L0 and L1 and stays in the fast subset; L0 and L1 alone are slow (a fresh interpreter each)
-@pytest.mark.parametrize("level", [pytest.param("L0", marks=pytest.mark.slow),
-                                   pytest.param("L1", marks=pytest.mark.slow), "mix"])
+@pytest.mark.parametrize(
+    "level", [pytest.param("L0", marks=pytest.mark.slow), pytest.param("L1", marks=pytest.mark.slow), "mix"]
+)
 @pytest.mark.slow  # over 2 s: `make check` leaves it to `make test`
 def test_bit_identical_with_collection(fixture, level, baselines, instrument, run_script, tmp_path):
     script = instrument(FIXTURES[fixture])

@@ -1,5 +1,6 @@
 """Every name that becomes a path stays in its dump folder, and no write follows a link planted at a name
 someone could guess (runtime/dump_names.py tensor_file_name, runtime/json_files.py exclusive_temp)."""
+
 import glob
 import json
 import os
@@ -20,13 +21,16 @@ def _json(directory, name):
         return json.load(handle)
 
 
-@pytest.mark.parametrize("stem,expected", [
-    ("Debug.loss/train.0", "Debug.loss_train.0.pt"),
-    ("../../../../escaped", ".._.._.._.._escaped.pt"),
-    ("Module.attn\\q.Linear.forward.0.output.0", "Module.attn_q.Linear.forward.0.output.0.pt"),
-    ("a\0b", "a_b.pt"),
-    ("Functional.gelu.0.forward.input.0", "Functional.gelu.0.forward.input.0.pt"),
-])
+@pytest.mark.parametrize(
+    "stem,expected",
+    [
+        ("Debug.loss/train.0", "Debug.loss_train.0.pt"),
+        ("../../../../escaped", ".._.._.._.._escaped.pt"),
+        ("Module.attn\\q.Linear.forward.0.output.0", "Module.attn_q.Linear.forward.0.output.0.pt"),
+        ("a\0b", "a_b.pt"),
+        ("Functional.gelu.0.forward.input.0", "Functional.gelu.0.forward.input.0.pt"),
+    ],
+)
 def test_a_tensor_file_name_is_one_plain_name(stem, expected):
     assert dump_names.tensor_file_name(stem) == expected
 
@@ -48,8 +52,9 @@ def test_saved_names_with_separators_stay_in_the_dump_and_keep_the_step(tmp_path
     debugger.stop()
     debugger.step()
     debugger.wait()
-    written = [os.path.join(folder, name) for folder, _, names in os.walk(tmp_path) for name in names
-               if "escaped" in name]
+    written = [
+        os.path.join(folder, name) for folder, _, names in os.walk(tmp_path) for name in names if "escaped" in name
+    ]
     assert written and all(path.startswith(str(dump) + os.sep) for path in written), written
     [directory] = _step_dirs(dump)
     data = _json(directory, "debug.json")["data"]

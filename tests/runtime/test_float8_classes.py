@@ -4,11 +4,13 @@ Transformer Engine's Float8Tensor (``_data`` uint8, ``_fp8_dtype``, ``_scale_inv
 a stand-in of its layout, fixtures/float8_classes, since TE does not install here). The record's statistics are
 those of the dequantized values, its float8 fractions those of the raw data, and ``fp8_scale`` is the factor
 that dequantizes (docs/low-precision.md)."""
+
 import glob
 import json
 import os
 
 import pytest
+
 torch = pytest.importorskip("torch")
 
 import msprobe_runtime as rt  # noqa: E402
@@ -37,8 +39,11 @@ def expected(values, raw):
     d = values.double()
     f = raw.float()
     top = torch.finfo(raw.dtype).max
-    return ([d.max().item(), d.min().item(), d.mean().item(), torch.linalg.vector_norm(d).item()],
-            int((f == 0).sum()) / f.numel(), int((f.abs() == top).sum()) / f.numel())
+    return (
+        [d.max().item(), d.min().item(), d.mean().item(), torch.linalg.vector_norm(d).item()],
+        int((f == 0).sum()) / f.numel(),
+        int((f.abs() == top).sum()) / f.numel(),
+    )
 
 
 def check(record, values, raw, scale):
@@ -62,8 +67,9 @@ def _torchao_module():
 def _torchao(values, scale, axiswise_dim=None, dtype=torch.float8_e4m3fn):
     torchao = _torchao_module()
     data = (values.float() * scale).clamp(-448, 448).to(dtype)
-    return torchao.Float8TrainingTensor(data, scale, values.dtype, torchao.LinearMMConfig(),
-                                        torchao.GemmInputRole.INPUT, axiswise_dim)
+    return torchao.Float8TrainingTensor(
+        data, scale, values.dtype, torchao.LinearMMConfig(), torchao.GemmInputRole.INPUT, axiswise_dim
+    )
 
 
 @pytest.mark.slow  # imports torchao (seconds)
@@ -84,8 +90,10 @@ def test_torchao_float8_is_read_as_its_dequantized_values_without_its_dispatch(t
 
     monkeypatch.setattr(torchao.Float8TrainingTensor, "__torch_dispatch__", classmethod(counting))
 
-    data = run_collecting(tmp_path, lambda: (rt.call("Torch.clone", lambda v: v, per_tensor),
-                                             rt.call("Torch.clone", lambda v: v, per_row)))
+    data = run_collecting(
+        tmp_path,
+        lambda: (rt.call("Torch.clone", lambda v: v, per_tensor), rt.call("Torch.clone", lambda v: v, per_row)),
+    )
     assert dispatched == []  # neither the record nor the statistics ran the class's code
     for index, tensor in enumerate((per_tensor, per_row)):
         values = tensor._data.float() / tensor._scale  # as to_original_precision, in float32
@@ -103,9 +111,14 @@ def test_the_raw_data_and_the_scaled_tensor_never_share_statistics(tmp_path):
     torch.manual_seed(1)
     x = torch.randn(128, 128)
     tensor = _torchao(x, torch.tensor(100.0))
-    data = run_collecting(tmp_path, lambda: (rt.call("Torch.clone", lambda v: v, tensor._data),
-                                             rt.call("Torch.clone", lambda v: v, tensor),
-                                             rt.call("Torch.clone", lambda v: v, tensor._data)))
+    data = run_collecting(
+        tmp_path,
+        lambda: (
+            rt.call("Torch.clone", lambda v: v, tensor._data),
+            rt.call("Torch.clone", lambda v: v, tensor),
+            rt.call("Torch.clone", lambda v: v, tensor._data),
+        ),
+    )
     raw = [data[f"Torch.clone.{i}.forward"]["input_args"][0] for i in (0, 2)]
     scaled = data["Torch.clone.1.forward"]["input_args"][0]
     assert raw[0]["Max"] == raw[1]["Max"] == tensor._data.float().max().item() and FP8_SCALE not in raw[0]
@@ -140,13 +153,16 @@ def test_an_unknown_format_member_keeps_null_statistics(tmp_path, monkeypatch):
 
 def test_scaled_statistics_start_no_host_sync(monkeypatch):
     x = torch.randn(300, 70)
-    views = [float8_view((x * 50).to(torch.float8_e4m3fn), torch.tensor(50.0), True),
-             float8_view((x * 50).to(torch.float8_e4m3fn), torch.full((300, 1), 50.0), True)]
+    views = [
+        float8_view((x * 50).to(torch.float8_e4m3fn), torch.tensor(50.0), True),
+        float8_view((x * 50).to(torch.float8_e4m3fn), torch.full((300, 1), 50.0), True),
+    ]
     synced = []
     for name in ("item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__"):
         original = getattr(torch.Tensor, name)
-        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _n=name, _o=original, **k: (synced.append(_n),
-                                                                                               _o(self, *a, **k))[1])
+        monkeypatch.setattr(
+            torch.Tensor, name, lambda self, *a, _n=name, _o=original, **k: (synced.append(_n), _o(self, *a, **k))[1]
+        )
     stats = StatBuffer(nan_inf_count=True, native=False)
     slots = [stats.add(view, KIND_LOW) for view in views]
     monkeypatch.undo()

@@ -1,4 +1,5 @@
 """The dump's layout and record format: msprobe's names, fields, null rules, stack.json and construct.json."""
+
 import glob
 import importlib.util
 import json
@@ -8,6 +9,7 @@ import sys
 import textwrap
 
 import pytest
+
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
@@ -15,7 +17,7 @@ import msprobe_runtime as rt  # noqa: E402
 from msprobe_runtime import PrecisionDebugger  # noqa: E402
 from msprobe_runtime.debugger import DumpPathError  # noqa: E402
 
-MODEL_SOURCE = textwrap.dedent('''
+MODEL_SOURCE = textwrap.dedent("""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -44,7 +46,7 @@ MODEL_SOURCE = textwrap.dedent('''
     def loss_of(model, x):
         out = model(x)
         return out.sum()
-''')
+""")
 
 
 @pytest.fixture
@@ -103,12 +105,21 @@ def test_layout_and_header(debuggers, model_module, tmp_path):
     assert dump["task"] == "statistics" and dump["level"] == "mix" and dump["framework"] == "pytorch"
     assert dump["dump_data_dir"] is None
     names = list(dump["data"])
-    for expected in ["Module.inner.Inner.forward.0", "Module.inner.fc.Linear.forward.0",
-                     "Functional.linear.0.forward", "Functional.gelu.0.forward",
-                     "Module.seq.Sequential.forward.0", "Module.seq.0.Linear.forward.0",
-                     "Module.seq.1.ReLU.forward.0", "Functional.relu.0.forward", "Tensor.__add__.0.forward",
-                     "Module.inner.fc.Linear.backward.0", "Functional.gelu.0.backward",
-                     "Module.inner.fc.Linear.parameters_grad.0", "Module.seq.0.Linear.parameters_grad.0"]:
+    for expected in [
+        "Module.inner.Inner.forward.0",
+        "Module.inner.fc.Linear.forward.0",
+        "Functional.linear.0.forward",
+        "Functional.gelu.0.forward",
+        "Module.seq.Sequential.forward.0",
+        "Module.seq.0.Linear.forward.0",
+        "Module.seq.1.ReLU.forward.0",
+        "Functional.relu.0.forward",
+        "Tensor.__add__.0.forward",
+        "Module.inner.fc.Linear.backward.0",
+        "Functional.gelu.0.backward",
+        "Module.inner.fc.Linear.parameters_grad.0",
+        "Module.seq.0.Linear.parameters_grad.0",
+    ]:
         assert expected in names, expected
     assert not any(n.startswith("Module.Outer") for n in names)  # msprobe names children, not the root
 
@@ -143,8 +154,9 @@ def test_statistics_values_and_null_rules(debuggers, tmp_path):
         "plain": torch.tensor([[1.0, -2.0], [3.0, 4.0]]),
     }
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"dump_path": str(tmp_path / "d"), "level": "L1",
-                                  "statistics": {"nan_inf_count": True}}))
+    config.write_text(
+        json.dumps({"dump_path": str(tmp_path / "d"), "level": "L1", "statistics": {"nan_inf_count": True}})
+    )
     debugger = debuggers(config_path=str(config))
     debugger.start()
     for key, tensor in inputs.items():
@@ -164,7 +176,7 @@ def test_statistics_values_and_null_rules(debuggers, tmp_path):
     assert (zero_d["Max"], zero_d["Min"], zero_d["Mean"], zero_d["Norm"]) == (-2.5, -2.5, -2.5, -2.5)
     assert zero_d["shape"] == []
     assert plain["Max"] == 4.0 and plain["Min"] == -2.0 and plain["Mean"] == 1.5
-    assert plain["Norm"] == pytest.approx(30 ** 0.5)
+    assert plain["Norm"] == pytest.approx(30**0.5)
     assert nan["NaN_count"] == 1 and nan["Inf_count"] == 0
     assert inf["NaN_count"] == 0 and inf["Inf_count"] == 2
     assert "NaN_count" not in integer and "NaN_count" not in boolean
@@ -198,8 +210,9 @@ def test_statistics_of_many_small_tensors_reduced_together(debuggers, tmp_path, 
     tensors[3][5] = float("nan")
     tensors[4][0] = float("inf")
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"dump_path": str(tmp_path / "d"), "level": "L1",
-                                  "statistics": {"nan_inf_count": True}}))
+    config.write_text(
+        json.dumps({"dump_path": str(tmp_path / "d"), "level": "L1", "statistics": {"nan_inf_count": True}})
+    )
     debugger = debuggers(config_path=str(config))
     debugger.start()
     for tensor in tensors:
@@ -213,7 +226,8 @@ def test_statistics_of_many_small_tensors_reduced_together(debuggers, tmp_path, 
         record = data[f"Torch.clone.{i}.forward"]["input_args"][0]
         finite = tensor[torch.isfinite(tensor)].float()
         assert record["NaN_count"] == int(torch.isnan(tensor).sum()) and record["Inf_count"] == int(
-            torch.isinf(tensor).sum())
+            torch.isinf(tensor).sum()
+        )
         if record["NaN_count"]:
             assert record["Max"] != record["Max"]  # NaN propagates, as in torch.amax
             continue
@@ -291,9 +305,16 @@ def test_operators_and_dyn_identity(debuggers, tmp_path):
     debugger.stop()
     debugger.wait()
     names = list(read_step(tmp_path / "d")["dump.json"]["data"])
-    for expected in ["Tensor.__add__.0.forward", "Tensor.__radd__.0.forward", "Tensor.__iadd__.0.forward",
-                     "Tensor.__eq__.0.forward", "Tensor.__gt__.0.forward", "Tensor.__sub__.0.forward",
-                     "Functional.gelu.0.forward", "Tensor.abs.0.forward"]:
+    for expected in [
+        "Tensor.__add__.0.forward",
+        "Tensor.__radd__.0.forward",
+        "Tensor.__iadd__.0.forward",
+        "Tensor.__eq__.0.forward",
+        "Tensor.__gt__.0.forward",
+        "Tensor.__sub__.0.forward",
+        "Functional.gelu.0.forward",
+        "Tensor.abs.0.forward",
+    ]:
         assert expected in names, (expected, names)
     assert len(calls) == 1
     radd = read_step(tmp_path / "d")["dump.json"]["data"]["Tensor.__radd__.0.forward"]["input_args"]
@@ -337,14 +358,14 @@ def test_a_step_collected_in_two_parts_is_written_whole(debuggers, model_module,
     whole = read_step(tmp_path / "d")["dump.json"]["data"]
     assert set(part) < set(whole)
     assert {name: whole[name] for name in part if name.endswith(".forward") or ".forward." in name} == {
-        name: entry for name, entry in part.items() if name.endswith(".forward") or ".forward." in name}
+        name: entry for name, entry in part.items() if name.endswith(".forward") or ".forward." in name
+    }
     assert "Functional.gelu.1.forward" in whole and "Functional.gelu.1.backward" in whole
     assert "Module.inner.Inner.forward.1" in whole and "Module.inner.Inner.backward.1" in whole
     assert list(read_step(tmp_path / "d", 1)["dump.json"]["data"]) == ["Torch.relu.0.forward"]
     # the flush's own ops (statistics of staged tensors, the concatenation) are never recorded as the user's
     ours = {"cat", "stack", "amax", "amin", "mean", "copy_", "unbind", "isnan", "isinf", "to"}
     assert not [name for name in whole if name.split(".")[1] in ours]
-
 
 
 @pytest.mark.parametrize("path", ["prepared", "writer thread"])
@@ -378,6 +399,7 @@ def test_a_flushed_backward_entry_is_not_changed_by_hooks_after_it(debuggers, mo
     debugger.stop()
     debugger.wait()
     assert read_step(tmp_path / "d")["dump.json"]["data"][name]["input"][0]["Max"] == 2.0
+
 
 def test_stack_json(debuggers, tmp_path):
     x = torch.ones(2)
@@ -506,10 +528,19 @@ def test_config_json(tmp_path):
     from msprobe_runtime.config import ConfigError, load_config
 
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({"task": "statistics", "dump_path": str(tmp_path / "out"), "rank": [0, "2-3"],
-                                "step": ["1-3", 5], "level": "mix", "async_dump": True,
-                                "statistics": {"scope": [], "list": ["relu"], "data_mode": ["forward"],
-                                               "summary_mode": "statistics"}}))
+    path.write_text(
+        json.dumps(
+            {
+                "task": "statistics",
+                "dump_path": str(tmp_path / "out"),
+                "rank": [0, "2-3"],
+                "step": ["1-3", 5],
+                "level": "mix",
+                "async_dump": True,
+                "statistics": {"scope": [], "list": ["relu"], "data_mode": ["forward"], "summary_mode": "statistics"},
+            }
+        )
+    )
     config = load_config(str(path))
     assert config.rank == [0, 2, 3] and config.step == [1, 2, 3, 5] and config.level == "mix"
     assert config.list == ["relu"] and config.data_mode == ["forward"]
@@ -523,8 +554,16 @@ def test_config_json(tmp_path):
 def test_step_list_and_data_mode_filters(tmp_path, debuggers):
     x = torch.ones(2, requires_grad=True)
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"dump_path": str(tmp_path / "d"), "step": [1], "level": "L1",
-                                  "statistics": {"list": ["relu"], "data_mode": ["forward"]}}))
+    config.write_text(
+        json.dumps(
+            {
+                "dump_path": str(tmp_path / "d"),
+                "step": [1],
+                "level": "L1",
+                "statistics": {"list": ["relu"], "data_mode": ["forward"]},
+            }
+        )
+    )
     debugger = debuggers(config_path=str(config))
     for _ in range(2):
         debugger.start()
@@ -562,8 +601,15 @@ def test_shims_forward_only_when_not_collecting():
 def test_scope_and_rank_filters(tmp_path, debuggers):
     x = torch.ones(2)
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"dump_path": str(tmp_path / "d"), "level": "L1",
-                                  "statistics": {"scope": ["Torch.tanh.0.forward", "Torch.sigmoid.0.forward"]}}))
+    config.write_text(
+        json.dumps(
+            {
+                "dump_path": str(tmp_path / "d"),
+                "level": "L1",
+                "statistics": {"scope": ["Torch.tanh.0.forward", "Torch.sigmoid.0.forward"]},
+            }
+        )
+    )
     debugger = debuggers(config_path=str(config))
     debugger.start()
     for fn in (torch.relu, torch.tanh, torch.exp, torch.sigmoid, torch.neg):
@@ -646,7 +692,13 @@ def test_uninstrumented_code_is_observed_with_msprobe_names(debuggers, tmp_path)
     debugger.stop()
     debugger.wait()
     names = list(read_step(tmp_path / "d")["dump.json"]["data"])
-    for expected in ["Tensor.__add__.0.forward", "Tensor.__iadd__.0.forward", "Tensor.__gt__.0.forward",
-                     "Functional.linear.0.forward", "Module.0.Linear.forward.0", "Functional.gelu.0.forward"]:
+    for expected in [
+        "Tensor.__add__.0.forward",
+        "Tensor.__iadd__.0.forward",
+        "Tensor.__gt__.0.forward",
+        "Functional.linear.0.forward",
+        "Module.0.Linear.forward.0",
+        "Functional.gelu.0.forward",
+    ]:
         assert expected in names, (expected, names)
     assert mask.all()

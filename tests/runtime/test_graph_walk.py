@@ -1,9 +1,11 @@
 """A module's consumer nodes (backward.consumer_edges): the native op's walk of autograd's graph finds what the
 Python walk finds, node for node and edge for edge, in the same order, and gives up at the same limit."""
+
 import random
 import weakref
 
 import pytest
+
 torch = pytest.importorskip("torch")
 
 from msprobe_runtime import backward as bw  # noqa: E402
@@ -130,7 +132,7 @@ def test_a_tensor_subclass_takes_the_python_walk(native_walk):
     assert bw.consumer_edges(walk, [x], [x.sin()], targets) and len(calls) == 1
 
 
-MODEL = '''
+MODEL = """
 import torch
 from torch import nn
 
@@ -155,7 +157,7 @@ class Net(nn.Module):
     def forward(self, x):
         y = self.first(x, scale=2.0)
         return self.second(y) + y
-'''
+"""
 
 
 def _mix_dump(tmp_path, name):

@@ -5,11 +5,12 @@ instrumented models step with collection at every level, task and summary_mode (
 happen inside the forward+backward
 window, and none may come from the runtime's files at any time on the training thread.
 """
+
 import textwrap
 
 import pytest
 
-DRIVER = textwrap.dedent('''
+DRIVER = textwrap.dedent("""
     import json, os, sys, threading
     sys.path.insert(0, sys.argv[1])
     import torch
@@ -67,7 +68,7 @@ DRIVER = textwrap.dedent('''
                 debugger.wait()
                 assert os.path.exists(os.path.join(dump, "step1")), dump
     print(json.dumps({"in_window": in_window, "from_runtime": from_runtime}))
-''')
+""")
 
 
 @pytest.mark.slow  # over 2 s: `make check` leaves it to `make test`

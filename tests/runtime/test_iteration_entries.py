@@ -2,6 +2,7 @@
 ``builtin``) change nothing the program sees: with no debugger they hand back their argument itself, and while
 collecting, the same values and the same errors as the plain program, on tensors and on anything else.
 Coverage (what they record) is tests/runtime/test_window_coverage.py's."""
+
 import builtins
 
 import pytest

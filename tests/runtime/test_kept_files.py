@@ -1,6 +1,7 @@
 """stack.json and construct.json are the same from step to step in a training loop: the writer sends each to
 the writing process once while it does not change (``writer.Writer._encoded``), and every step's folder still
 holds both, whole, also where the process dies and the writer thread writes a step sent that way."""
+
 import json
 import os
 import signal

@@ -5,6 +5,7 @@ upcast to float32 (torch reduces no float8 itself), equal to a float32 reference
 ``fp8_zero_fraction`` and ``fp8_saturated_fraction`` are exact. float8_e8m0fnu (MX scales) and float4_e2m1fn_x2
 (two E2M1 values a byte, which no torch op unpacks) get the same, from their values decoded (docs/low-precision.md).
 """
+
 import glob
 import importlib.util
 import json
@@ -14,6 +15,7 @@ import os
 import textwrap
 
 import pytest
+
 torch = pytest.importorskip("torch")
 
 import msprobe_runtime as rt  # noqa: E402
@@ -21,8 +23,11 @@ from msprobe_runtime import PrecisionDebugger, statistics  # noqa: E402
 from msprobe_runtime.records import FP8_SATURATED_FRACTION, FP8_ZERO_FRACTION  # noqa: E402
 from msprobe_runtime.statistics import KIND_LOW, StatBuffer, slot_values, tensor_kind  # noqa: E402
 
-FP8 = [getattr(torch, name) for name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
-       if hasattr(torch, name)]
+FP8 = [
+    getattr(torch, name)
+    for name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+    if hasattr(torch, name)
+]
 E8M0 = getattr(torch, "float8_e8m0fnu", None)
 FLOAT4 = getattr(torch, "float4_e2m1fn_x2", None)
 MX = [dtype for dtype in (E8M0, FLOAT4) if dtype is not None]
@@ -68,8 +73,7 @@ def reference(t):
     else:
         d = f.double()
         row = [f.amax().item(), f.amin().item(), d.mean().item(), torch.linalg.vector_norm(d).item()]
-    counts = [int(torch.isnan(f).sum()), int(torch.isinf(f).sum()), int((f == 0).sum()),
-              int((f.abs() == top).sum())]
+    counts = [int(torch.isnan(f).sum()), int(torch.isinf(f).sum()), int((f == 0).sum()), int((f.abs() == top).sum())]
     return row, counts
 
 
@@ -136,8 +140,9 @@ def test_no_host_sync_while_recording(dtype, monkeypatch):
     synced = []
     for name in ("item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__"):
         original = getattr(torch.Tensor, name)
-        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _n=name, _o=original, **k: (synced.append(_n),
-                                                                                               _o(self, *a, **k))[1])
+        monkeypatch.setattr(
+            torch.Tensor, name, lambda self, *a, _n=name, _o=original, **k: (synced.append(_n), _o(self, *a, **k))[1]
+        )
     stats = StatBuffer(nan_inf_count=True, native=False)
     for t in crafted(dtype).values():
         stats.add(t, tensor_kind(t))
@@ -147,8 +152,9 @@ def test_no_host_sync_while_recording(dtype, monkeypatch):
 
 def run_collecting(tmp_path, calls, nan_inf_count=True):
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"dump_path": str(tmp_path / "d"), "level": "L1",
-                                  "statistics": {"nan_inf_count": nan_inf_count}}))
+    config.write_text(
+        json.dumps({"dump_path": str(tmp_path / "d"), "level": "L1", "statistics": {"nan_inf_count": nan_inf_count}})
+    )
     debugger = PrecisionDebugger(config_path=str(config))
     debugger.start()
     try:
@@ -204,7 +210,7 @@ def test_saturated_and_underflowed_fractions_are_exact(tmp_path):
     assert FP8_ZERO_FRACTION not in data["Torch.clamp_to.0.forward"]["input_args"][0]  # float32: msprobe's own
 
 
-PROGRAM = textwrap.dedent('''
+PROGRAM = textwrap.dedent("""
     import torch
     import torch.nn.functional as F
 
@@ -219,7 +225,7 @@ PROGRAM = textwrap.dedent('''
         loss = out.pow(2).mean()
         loss.backward()
         return out, q, r, s
-''')
+""")
 
 
 def test_recorded_program_is_bit_identical_and_dumps_fp8(tmp_path):
@@ -244,9 +250,13 @@ def test_recorded_program_is_bit_identical_and_dumps_fp8(tmp_path):
     data = run_collecting(tmp_path, lambda: results.extend(run()))
     for a, b in zip(plain, results):
         assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
-    fp8_outputs = {name: entry["output"][0] for name, entry in data.items()
-                   if name.endswith(".forward") and entry.get("output")
-                   and entry["output"][0].get("dtype", "").startswith("torch.float8")}
+    fp8_outputs = {
+        name: entry["output"][0]
+        for name, entry in data.items()
+        if name.endswith(".forward")
+        and entry.get("output")
+        and entry["output"][0].get("dtype", "").startswith("torch.float8")
+    }
     assert {record["dtype"] for record in fp8_outputs.values()} == {"torch.float8_e4m3fn", "torch.float8_e5m2"}
     for name, record in fp8_outputs.items():
         assert record["Max"] is not None and record["Norm"] is not None, name
@@ -277,11 +287,16 @@ def decoded(t):
 
 @pytest.mark.parametrize("dtype", MX, ids=str)
 def test_mx_formats_equal_a_reference_decoded_from_their_bytes(dtype):
-    top = 6.0 if dtype is FLOAT4 else 2.0 ** 127
+    top = 6.0 if dtype is FLOAT4 else 2.0**127
     every = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(dtype)
     matrix = every[:240].reshape(12, 20)
-    cases = {"all encodings": every, "matrix": matrix, "transposed": matrix.t(),
-             "broadcast": every[100:103].reshape(3, 1).expand(3, 5), "one": every[130:131]}
+    cases = {
+        "all encodings": every,
+        "matrix": matrix,
+        "transposed": matrix.t(),
+        "broadcast": every[100:103].reshape(3, 1).expand(3, 5),
+        "one": every[130:131],
+    }
     for name, t in cases.items():
         kind, row, counts = statistics_of(t)
         assert kind == KIND_LOW
@@ -302,7 +317,7 @@ def test_mx_formats_reach_dump_json_with_their_fractions(tmp_path, caplog, dtype
         data = run_collecting(tmp_path, lambda: rt.call("Torch.clone", torch.clone, t))
     record = data["Torch.clone.0.forward"]["output"][0]
     v = decoded(t)
-    top = 6.0 if dtype is FLOAT4 else 2.0 ** 127
+    top = 6.0 if dtype is FLOAT4 else 2.0**127
     assert record["dtype"] == str(dtype) and record["shape"] == [6]
     assert record["Max"] == v.max().item() and record["Min"] == v.min().item()
     assert record[FP8_ZERO_FRACTION] == int((v == 0).sum()) / v.numel()
@@ -311,8 +326,9 @@ def test_mx_formats_reach_dump_json_with_their_fractions(tmp_path, caplog, dtype
     # a 0-d tensor: one e8m0 value, whose four fields are that value; a float4 byte's two values
     one = torch.tensor(0x26, dtype=torch.uint8).view(dtype)
     (tmp_path / "0d").mkdir()
-    record = run_collecting(tmp_path / "0d", lambda: rt.call("Torch.clone", torch.clone, one))[
-        "Torch.clone.0.forward"]["output"][0]
+    record = run_collecting(tmp_path / "0d", lambda: rt.call("Torch.clone", torch.clone, one))["Torch.clone.0.forward"][
+        "output"
+    ][0]
     v = decoded(one)
     assert [record[key] for key in ("Max", "Min", "Mean")] == [v.max().item(), v.min().item(), v.mean().item()]
 

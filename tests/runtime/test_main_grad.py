@@ -1,6 +1,7 @@
 """Megatron's DistributedDataParallel accumulates each parameter's gradient into ``param.main_grad`` from its
 own hook on the gradient accumulator, and drops ``param.grad``; ``parameters_grad`` records ``main_grad`` then,
 after that accumulation (msprobe reads it there too)."""
+
 import glob
 import json
 import os

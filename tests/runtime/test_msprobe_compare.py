@@ -4,6 +4,7 @@ Needs mindstudio-probe 26.2.0 in a separate interpreter (fixtures/msprobe_env.py
 /tmp/msprobe-venv, made on first use); when none can be had, the tests are skipped with the reason
 (MSPROBE_COMPARE=0 skips them outright).
 """
+
 import csv
 import glob
 import json
@@ -15,12 +16,18 @@ import pytest
 
 pytestmark = pytest.mark.slow  # a venv with mindstudio-probe from PyPI and msprobe in subprocesses
 
+
 def compare(python, target, golden, out):
     """Run ``msprobe compare`` on two dump.json files; the rows of its CSV."""
     cli = os.path.join(os.path.dirname(python), "msprobe")
     command = [cli] if os.path.exists(cli) else [python, "-m", "msprobe"]
-    done = subprocess.run(command + ["compare", "-tp", target, "-gp", golden, "-o", str(out)],
-                          capture_output=True, text=True, timeout=600, cwd=str(out.parent))
+    done = subprocess.run(
+        command + ["compare", "-tp", target, "-gp", golden, "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=str(out.parent),
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     [result] = glob.glob(str(out / "compare_result_*.csv"))
     with open(result, newline="") as handle:
@@ -45,7 +52,7 @@ def test_compare_reads_two_of_our_dumps(msprobe_python, instrument, run_script, 
     assert {float(row["Max diff"]) for row in rows if row["Max diff"] not in ("N/A", "")} == {0.0}
 
 
-MSPROBE_DRIVER = textwrap.dedent('''
+MSPROBE_DRIVER = textwrap.dedent("""
     import os, random, sys
     sys.path.insert(0, sys.argv[1])
     import torch
@@ -61,7 +68,7 @@ MSPROBE_DRIVER = textwrap.dedent('''
     loss = out1.sum() + out2.sum()
     loss.backward()
     debugger.stop()
-''')
+""")
 
 
 # msprobe's compare warns when an output's norm differs relatively 10 times more than its input's: with the
@@ -80,8 +87,12 @@ def test_our_dump_matches_msprobes_own_dump(msprobe_python, instrument, run_scri
     Norm within float32 rounding."""
     driver = tmp_path / "drive_msprobe.py"
     driver.write_text(MSPROBE_DRIVER)
-    done = subprocess.run([msprobe_python, str(driver), os.path.join(root, "fixtures", "bignet"),
-                           str(tmp_path / "theirs"), level], capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [msprobe_python, str(driver), os.path.join(root, "fixtures", "bignet"), str(tmp_path / "theirs"), level],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     script = instrument("fixtures/bignet/bignet.py")
     env = {"MSPROBE_NATIVE_STATS": "0" if path == "torch ops" else "1"}
@@ -91,8 +102,7 @@ def test_our_dump_matches_msprobes_own_dump(msprobe_python, instrument, run_scri
     with open(only_dump(tmp_path / "ours")) as handle:
         ours = json.load(handle)["data"]
     assert list(ours) == list(theirs)
-    rows = compare(msprobe_python, only_dump(tmp_path / "ours"), only_dump(tmp_path / "theirs"),
-                   tmp_path / "out")
+    rows = compare(msprobe_python, only_dump(tmp_path / "ours"), only_dump(tmp_path / "theirs"), tmp_path / "out")
     assert rows and all(row["NPU Name"] == row["Bench Name"] for row in rows)
     if path == "torch ops":
         assert {row["Result"] for row in rows} == {"pass"}
@@ -110,19 +120,28 @@ def test_our_dump_matches_msprobes_own_dump(msprobe_python, instrument, run_scri
                 numel *= size
             rms = abs(float(row["Bench l2norm"])) / max(numel, 1) ** 0.5  # bounds the mean of absolute values
             tolerance = 1e-6 if level == "mix" else 0.0
-            assert abs(float(row["Mean diff"])) <= 4 * 2.0 ** -23 * rms + tolerance, row
-            assert abs(float(row["L2norm diff"])) <= 4 * 2.0 ** -23 * abs(float(row["Bench l2norm"])) + tolerance, row
+            assert abs(float(row["Mean diff"])) <= 4 * 2.0**-23 * rms + tolerance, row
+            assert abs(float(row["L2norm diff"])) <= 4 * 2.0**-23 * abs(float(row["Bench l2norm"])) + tolerance, row
 
 
 MSPROBE_MD5_DRIVER = MSPROBE_DRIVER.replace(
     'PrecisionDebugger(dump_path=sys.argv[2], level=sys.argv[3], task="statistics")',
-    'PrecisionDebugger(config_path=sys.argv[4], dump_path=sys.argv[2], level=sys.argv[3], task="statistics")')
+    'PrecisionDebugger(config_path=sys.argv[4], dump_path=sys.argv[2], level=sys.argv[3], task="statistics")',
+)
 
 
 def _md5_config(tmp_path):
     path = tmp_path / "md5.json"
-    path.write_text(json.dumps({"task": "statistics", "level": "L1", "dump_path": str(tmp_path / "unused"),
-                                "statistics": {"summary_mode": "md5"}}))
+    path.write_text(
+        json.dumps(
+            {
+                "task": "statistics",
+                "level": "L1",
+                "dump_path": str(tmp_path / "unused"),
+                "statistics": {"summary_mode": "md5"},
+            }
+        )
+    )
     return str(path)
 
 
@@ -148,8 +167,12 @@ def test_our_md5_is_msprobes_md5(msprobe_python, instrument, run_script, root, t
     config = _md5_config(tmp_path)
     driver = tmp_path / "drive_msprobe.py"
     driver.write_text(MSPROBE_MD5_DRIVER)
-    done = subprocess.run([msprobe_python, str(driver), os.path.join(root, "fixtures", "bignet"),
-                           str(tmp_path / "theirs"), "L1", config], capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [msprobe_python, str(driver), os.path.join(root, "fixtures", "bignet"), str(tmp_path / "theirs"), "L1", config],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     script = instrument("fixtures/bignet/bignet.py")
     run_script(script, "--steps", "1", "--level", "L1", "--dump", str(tmp_path / "ours"), "--config", config)
@@ -187,8 +210,7 @@ def test_our_md5_is_msprobes_md5(msprobe_python, instrument, run_script, root, t
     assert first is None or (first["kind"] == "inputs" and first["entry"] in raced), first
 
 
-def test_msprobes_compare_reads_our_md5_dumps_and_flags_a_changed_one(msprobe_python, instrument, run_script,
-                                                                       tmp_path):
+def test_msprobes_compare_reads_our_md5_dumps_and_flags_a_changed_one(msprobe_python, instrument, run_script, tmp_path):
     config = _md5_config(tmp_path)
     script = instrument("fixtures/bignet/bignet.py")
     for name in ("a", "b"):

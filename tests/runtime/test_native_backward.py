@@ -1,6 +1,7 @@
 """Backward hooks run by the native op (``Recorder.hook_api``, ``hook_module``) against the Python hooks they
 replace (``backward.py``): the same dump, entry for entry and in the same order; and what a step leaves on the
 tensors and nodes that outlive it, on either path: nothing."""
+
 import gc
 import glob
 import json
@@ -10,6 +11,7 @@ import types
 import weakref
 
 import pytest
+
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
@@ -19,7 +21,7 @@ from msprobe_runtime import backward as bw  # noqa: E402
 from msprobe_runtime import collector as collector_module  # noqa: E402
 
 
-MODEL = '''
+MODEL = """
 import torch
 
 
@@ -56,7 +58,7 @@ class Net(torch.nn.Module):
 
     def forward(self, x):
         return self.second(self.first(x)) + self.identity(self.bias)
-'''
+"""
 
 
 def _model():
@@ -97,13 +99,15 @@ def _dump(tmp_path, name, level):
 @pytest.mark.parametrize("level", ["L1", "mix"])
 def test_native_hooks_give_the_python_hooks_dump(native, tmp_path, monkeypatch, level):
     calls = {"python hooks": 0, "python records": 0, "module consumers": 0, "module tensors": 0}
-    real = {name: getattr(bw, name) for name in ("hook_api_backward", "observe_api", "_observe_consumers",
-                                                  "observe_tensor")}
+    real = {
+        name: getattr(bw, name) for name in ("hook_api_backward", "observe_api", "_observe_consumers", "observe_tensor")
+    }
 
     def counted(name, key):
         def call(*args):
             calls[key] += 1
             return real[name](*args)
+
         monkeypatch.setattr(bw, name, call)
 
     counted("hook_api_backward", "python hooks")
@@ -138,8 +142,9 @@ def test_native_hooks_give_the_python_hooks_dump(native, tmp_path, monkeypatch, 
     assert data["Torch.sin.0.backward"]["input"][0]["dtype"] == "torch.float64"
     assert not any(name.startswith("Torch.cos") and name.endswith("backward") for name in data)
     # step 1 has its own API entries only: the kept graph's hooks (step 0's) stayed silent
-    apis = [[name for name in run if not name.startswith("Module.")]
-            for run in (data, native_run[1, "dump.json"]["data"])]
+    apis = [
+        [name for name in run if not name.startswith("Module.")] for run in (data, native_run[1, "dump.json"]["data"])
+    ]
     assert apis[0] == apis[1]
 
 

@@ -6,6 +6,7 @@ loader (SIGBUS) fails the test instead of pytest. Its build is torch's ``cpp_ext
 of this session's real build, which the corrupted copies are told apart from, except where two processes build
 at once.
 """
+
 import json
 import math
 import os
@@ -89,7 +90,7 @@ def test_a_cached_library_whose_bytes_changed_is_built_again_not_loaded(built, t
     cache, folder = cached_copy(built, tmp_path)
     good = (built / LIBRARY).read_bytes()
     middle = len(good) // 2
-    changed = good[:middle] + bytes(b ^ 0xFF for b in good[middle:middle + 64]) + good[middle + 64:]
+    changed = good[:middle] + bytes(b ^ 0xFF for b in good[middle : middle + 64]) + good[middle + 64 :]
     (folder / LIBRARY).write_bytes(changed)
     done = load_op(cache, "copy", built / LIBRARY)
     loaded(done)
@@ -104,8 +105,9 @@ def test_a_build_killed_midway_leaves_nothing_at_the_final_name(built, tmp_path)
     the next process builds it and loads it."""
     cache = builds_folder(tmp_path)
     final = cache / built.name
-    process = load_op(cache, "hang", built / LIBRARY, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                      stderr=subprocess.PIPE)
+    process = load_op(
+        cache, "hang", built / LIBRARY, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     try:
         line = process.stdout.readline()
         assert line, process.communicate()[1]
@@ -163,7 +165,7 @@ def test_an_edit_of_any_file_of_the_op_is_a_build_of_its_own(tmp_path, monkeypat
         source = copy / name
         original = source.read_bytes()
         middle = len(original) // 2  # one byte changed, the size kept
-        source.write_bytes(original[:middle] + bytes([original[middle] ^ 1]) + original[middle + 1:])
+        source.write_bytes(original[:middle] + bytes([original[middle] ^ 1]) + original[middle + 1 :])
         seen.add(native_stats.build_directory())
         source.write_bytes(original + b"\n")
         seen.add(native_stats.build_directory())

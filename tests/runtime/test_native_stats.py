@@ -4,6 +4,7 @@ Max, Min and the NaN/Inf counts must be equal; Mean and Norm equal within the ro
 (the fallback's float32 dot product is itself off by a few float32 ulps on large tensors, the op is not).
 Skipped where the op cannot be built (no compiler or ninja), unless MSPROBE_REQUIRE_NATIVE=1.
 """
+
 import enum
 import glob
 import json
@@ -12,6 +13,7 @@ import math
 import os
 
 import pytest
+
 torch = pytest.importorskip("torch")
 
 import msprobe_runtime as rt  # noqa: E402
@@ -32,7 +34,7 @@ def both(t, native, counts=True):
     return out
 
 
-ULP = {torch.float32: 2.0 ** -23, torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}
+ULP = {torch.float32: 2.0**-23, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
 
 
 def assert_same(mine, theirs, dtype, t=None, ulps=4):
@@ -184,7 +186,7 @@ def test_value_at_the_call(native):
             values = slot_values(slot)
             assert values[:3] == [1.0, 1.0, 1.0]
             # Norm within float32 rounding: torch's float32 sqrt is 1 ulp off on AVX-512 CPUs (sqrt(1e5))
-            assert abs(values[3] - math.sqrt(numel)) <= 2 ** -23 * math.sqrt(numel)
+            assert abs(values[3] - math.sqrt(numel)) <= 2**-23 * math.sqrt(numel)
             assert slot_values(counts) == [0.0, 0.0]
 
 
@@ -193,7 +195,7 @@ def test_mean_stays_accurate_on_large_tensors(native):
     exact = t.double().mean().item()
     values = native.stats(t, False)
     assert values[2] == float(torch.tensor(exact, dtype=torch.float32))
-    assert abs(values[3] - t.double().norm().item()) <= 2 ** -23 * values[3]
+    assert abs(values[3] - t.double().norm().item()) <= 2**-23 * values[3]
 
 
 def test_independent_of_thread_count(native):
@@ -235,10 +237,12 @@ def test_no_compiler_falls_back_with_one_warning(monkeypatch, tmp_path, caplog):
 
 # as cpp_extension.load reports one (the compiler's line names the file under runtime/native/)
 SOURCE_FILE = os.path.join(native_stats.NATIVE_DIR, native_stats.SOURCES[0])
-COMPILE_ERROR = (f"Error building extension 'msprobe_stats': [1/2] c++ -MMD -c {SOURCE_FILE} -o stats_op.o\n"
-                 f"FAILED: stats_op.o\n{SOURCE_FILE}:412:66: error: invalid initialization of reference of type "
-                 "'const c10::intrusive_ptr<Node>&' from expression of type 'const std::shared_ptr<Node>'\n"
-                 "ninja: build stopped: subcommand failed.")
+COMPILE_ERROR = (
+    f"Error building extension 'msprobe_stats': [1/2] c++ -MMD -c {SOURCE_FILE} -o stats_op.o\n"
+    f"FAILED: stats_op.o\n{SOURCE_FILE}:412:66: error: invalid initialization of reference of type "
+    "'const c10::intrusive_ptr<Node>&' from expression of type 'const std::shared_ptr<Node>'\n"
+    "ninja: build stopped: subcommand failed."
+)
 
 
 def test_a_failed_build_is_remembered_by_the_next_process(monkeypatch, tmp_path, caplog):
@@ -346,8 +350,9 @@ def test_turned_off_by_environment(monkeypatch):
 
 def _dump(tmp_path, name, inputs):
     config = tmp_path / f"{name}.json"
-    config.write_text(json.dumps({"dump_path": str(tmp_path / name), "level": "L1",
-                                  "statistics": {"nan_inf_count": True}}))
+    config.write_text(
+        json.dumps({"dump_path": str(tmp_path / name), "level": "L1", "statistics": {"nan_inf_count": True}})
+    )
     debugger = PrecisionDebugger(config_path=str(config))
     debugger.start()
     for tensor in inputs:
@@ -366,25 +371,44 @@ class _Subclass(torch.Tensor):
 def test_dump_equal_on_every_dtype(native, monkeypatch, tmp_path):
     """Through the debugger: a dump made with the op equals one made with the torch ops, on every dtype."""
     torch.manual_seed(0)
-    inputs = [torch.randn(3, 5).to(dtype) for dtype in (torch.float32, torch.float16, torch.bfloat16,
-                                                        torch.float64)]
+    inputs = [torch.randn(3, 5).to(dtype) for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64)]
     inputs += [torch.randint(-5, 5, (7,), dtype=dtype) for dtype in (torch.int8, torch.int32, torch.int64)]
     inputs += [torch.randint(0, 9, (7,), dtype=torch.uint8)]
-    inputs += [torch.tensor([True, False]), torch.empty(0, 3), torch.empty(0, dtype=torch.bfloat16),
-               torch.tensor(2.5), torch.tensor([1.0, float("nan"), float("inf")], dtype=torch.bfloat16),
-               torch.randn(5000), torch.randn(64, 64).t(), torch.randn(8).expand(4, 8)]
+    inputs += [
+        torch.tensor([True, False]),
+        torch.empty(0, 3),
+        torch.empty(0, dtype=torch.bfloat16),
+        torch.tensor(2.5),
+        torch.tensor([1.0, float("nan"), float("inf")], dtype=torch.bfloat16),
+        torch.randn(5000),
+        torch.randn(64, 64).t(),
+        torch.randn(8).expand(4, 8),
+    ]
     # what the collector's native-first path must hand on to the torch ops, or serve as they would
-    inputs += [torch.empty(3, 2, device="meta"), torch.eye(3).to_sparse(), torch.nn.Parameter(torch.randn(6)),
-               torch.randn(6, requires_grad=True), _inference(torch.randn(5, 2)), torch.tensor(-1.5).bfloat16(),
-               torch.randn(4).as_subclass(_Subclass), torch.randn(6000).half()]
+    inputs += [
+        torch.empty(3, 2, device="meta"),
+        torch.eye(3).to_sparse(),
+        torch.nn.Parameter(torch.randn(6)),
+        torch.randn(6, requires_grad=True),
+        _inference(torch.randn(5, 2)),
+        torch.tensor(-1.5).bfloat16(),
+        torch.randn(4).as_subclass(_Subclass),
+        torch.randn(6000).half(),
+    ]
     # integers and bools read by the op's own loop: broadcast, transposed, strided, at their type's limits
-    inputs += [torch.arange(16).unsqueeze(0).expand(2, 16), torch.randint(-9, 9, (6, 5), dtype=torch.int16).t(),
-               torch.arange(40)[::3], torch.tensor([-2 ** 31, 2 ** 31 - 1], dtype=torch.int32),
-               torch.tensor([2 ** 53, -7]),
-               torch.tensor(-3, dtype=torch.int8),
-               torch.tensor([True, True]), torch.tensor([False, False]), torch.tensor(False),
-               torch.tril(torch.ones(1, 1, 16, 16)).expand(2, 1, 16, 16) < 0.5,
-               torch.tensor([255, 0], dtype=torch.uint8)]
+    inputs += [
+        torch.arange(16).unsqueeze(0).expand(2, 16),
+        torch.randint(-9, 9, (6, 5), dtype=torch.int16).t(),
+        torch.arange(40)[::3],
+        torch.tensor([-(2**31), 2**31 - 1], dtype=torch.int32),
+        torch.tensor([2**53, -7]),
+        torch.tensor(-3, dtype=torch.int8),
+        torch.tensor([True, True]),
+        torch.tensor([False, False]),
+        torch.tensor(False),
+        torch.tril(torch.ones(1, 1, 16, 16)).expand(2, 1, 16, 16) < 0.5,
+        torch.tensor([255, 0], dtype=torch.uint8),
+    ]
     mine = _dump(tmp_path, "native", inputs)
     monkeypatch.setattr(native_stats, "load", lambda: None)
     theirs = _dump(tmp_path, "fallback", inputs)
@@ -392,8 +416,9 @@ def test_dump_equal_on_every_dtype(native, monkeypatch, tmp_path):
     for name in mine:
         a, b = mine[name]["input_args"][0], theirs[name]["input_args"][0]
         dtype = getattr(torch, a["dtype"].split(".")[1])
-        assert {k: v for k, v in a.items() if k not in ("Mean", "Norm", "Max", "Min")} == \
-               {k: v for k, v in b.items() if k not in ("Mean", "Norm", "Max", "Min")}, name
+        assert {k: v for k, v in a.items() if k not in ("Mean", "Norm", "Max", "Min")} == {
+            k: v for k, v in b.items() if k not in ("Mean", "Norm", "Max", "Min")
+        }, name
         row_a = [a[k] for k in ("Max", "Min", "Mean", "Norm")]
         row_b = [b[k] for k in ("Max", "Min", "Mean", "Norm")]
         if a["Mean"] is None or not dtype.is_floating_point or dtype is torch.float64:
@@ -406,13 +431,13 @@ def test_integer_extremes_are_exact_over_the_whole_range(native):
     """The op reads integers as integers: Max and Min of int64 at its limits (and of every other integer type
     it serves, in any layout) are exact, as the torch-op fallback's are (below)."""
     recorder = StatBuffer(nan_inf_count=True, native=native).native_recorder(4096, 4)
-    big = torch.tensor([[-2 ** 63, 5], [2 ** 63 - 1, 2 ** 53 + 1]])
-    values = (big, big.t(), big[:, 1], torch.tensor([2 ** 53 + 1]).expand(3), torch.tensor(2 ** 63 - 1))
+    big = torch.tensor([[-(2**63), 5], [2**63 - 1, 2**53 + 1]])
+    values = (big, big.t(), big[:, 1], torch.tensor([2**53 + 1]).expand(3), torch.tensor(2**63 - 1))
     records, todo = recorder.records(values)
     assert todo == 0
     rows = [record[4] for record in records]
-    assert rows[:3] == [(2 ** 63 - 1, -2 ** 63, None, None)] * 2 + [(2 ** 53 + 1, 5, None, None)]
-    assert rows[3:] == [(2 ** 53 + 1, 2 ** 53 + 1, None, None), (2 ** 63 - 1,)]
+    assert rows[:3] == [(2**63 - 1, -(2**63), None, None)] * 2 + [(2**53 + 1, 5, None, None)]
+    assert rows[3:] == [(2**53 + 1, 2**53 + 1, None, None), (2**63 - 1,)]
     for dtype in (torch.int8, torch.uint8, torch.int16, torch.int32):
         info = torch.iinfo(dtype)
         t = torch.tensor([[info.max, 1], [0, info.min]], dtype=dtype)
@@ -425,12 +450,12 @@ def test_the_fallback_keeps_int64_extremes_exact():
     has a copy of its own: through float64, 2**53 + 1 would be 2**53. Its counts and the other numbers keep
     the float64 copy."""
     stats = StatBuffer(nan_inf_count=True, native=False)
-    big = torch.tensor([[-2 ** 63, 5], [2 ** 63 - 1, 2 ** 53 + 1]])
-    slots = [stats.add(t, tensor_kind(t))[0] for t in (big, big[:, 1], torch.tensor(2 ** 53 + 1))]
+    big = torch.tensor([[-(2**63), 5], [2**63 - 1, 2**53 + 1]])
+    slots = [stats.add(t, tensor_kind(t))[0] for t in (big, big[:, 1], torch.tensor(2**53 + 1))]
     floats = torch.tensor([1.5, -2.0, float("inf")])
     halves, half_counts = stats.add(floats, tensor_kind(floats))
     stats.take()
-    assert [slot_values(slot) for slot in slots] == [[2 ** 63 - 1, -2 ** 63], [2 ** 53 + 1, 5], [2 ** 53 + 1]]
+    assert [slot_values(slot) for slot in slots] == [[2**63 - 1, -(2**63)], [2**53 + 1, 5], [2**53 + 1]]
     assert slot_values(halves)[:2] == [float("inf"), -2.0] and slot_values(half_counts) == [0.0, 1.0]
     assert slots[0].batch is slots[2].batch and slots[0].batch is not halves.batch
 
@@ -442,8 +467,10 @@ def test_a_cached_build_is_imported_without_building(native):
 
     # no build: cpp_extension.load, which builds, is taken away, and the cached library is what loads; judged by
     # what ran, not by a time (the machine's load moves that)
-    code = ("import logging; logging.basicConfig(); import torch.utils.cpp_extension as ext; ext.load = None; "
-            "from msprobe_runtime import native_stats; print(native_stats.load() is not None)")
+    code = (
+        "import logging; logging.basicConfig(); import torch.utils.cpp_extension as ext; ext.load = None; "
+        "from msprobe_runtime import native_stats; print(native_stats.load() is not None)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True"] and "building" not in done.stderr, done.stderr
@@ -458,11 +485,30 @@ def test_records_in_one_call_equal_those_made_one_by_one(native, monkeypatch, tm
     dump that describing them one by one gives: the same op's numbers, so equal to the bit, and every value
     it leaves to the caller (large tensors, other dtypes, subclasses, containers, enums) described as before."""
     torch.manual_seed(0)
-    values = (torch.randn(3, 5), None, 7, 2.5, True, "mean", torch.tensor(1.5), torch.randn(5000),
-              torch.arange(6), torch.randn(4, dtype=torch.float64), torch.empty(0, 2), torch.randn(8).expand(3, 8),
-              torch.randn(6, 4).t(), torch.nn.Parameter(torch.randn(3)), torch.randn(4).as_subclass(_Subclass),
-              [torch.randn(2), 3], {"k": torch.randn(2)}, torch.float16, _Level.HIGH, torch.Size([2, 3]),
-              torch.randn(5, requires_grad=True), torch.tensor([1.0, float("nan"), float("inf")]).half())
+    values = (
+        torch.randn(3, 5),
+        None,
+        7,
+        2.5,
+        True,
+        "mean",
+        torch.tensor(1.5),
+        torch.randn(5000),
+        torch.arange(6),
+        torch.randn(4, dtype=torch.float64),
+        torch.empty(0, 2),
+        torch.randn(8).expand(3, 8),
+        torch.randn(6, 4).t(),
+        torch.nn.Parameter(torch.randn(3)),
+        torch.randn(4).as_subclass(_Subclass),
+        [torch.randn(2), 3],
+        {"k": torch.randn(2)},
+        torch.float16,
+        _Level.HIGH,
+        torch.Size([2, 3]),
+        torch.randn(5, requires_grad=True),
+        torch.tensor([1.0, float("nan"), float("inf")]).half(),
+    )
     calls = []
     original = StatBuffer.native_recorder
 
@@ -482,8 +528,9 @@ def test_records_in_one_call_equal_those_made_one_by_one(native, monkeypatch, tm
 
     def run(name):
         config = tmp_path / f"{name}.json"
-        config.write_text(json.dumps({"dump_path": str(tmp_path / name), "level": "L1",
-                                      "statistics": {"nan_inf_count": True}}))
+        config.write_text(
+            json.dumps({"dump_path": str(tmp_path / name), "level": "L1", "statistics": {"nan_inf_count": True}})
+        )
         debugger = PrecisionDebugger(config_path=str(config))
         debugger.start()
         rt.call("Torch.broadcast_tensors", lambda *args: tuple(v for v in args if type(v) is torch.Tensor), *values)
@@ -512,9 +559,16 @@ def test_a_step_of_plain_cpu_tensors_is_written_without_looking_for_records(nati
     from msprobe_runtime import writer
 
     torch.manual_seed(0)
-    values = (torch.randn(3, 4), torch.tensor([3, -7, 2]), torch.tensor(5), torch.tensor([True, False]),
-              torch.tensor(True), torch.randint(0, 9, (5,), dtype=torch.uint8), torch.arange(6000).reshape(60, 100),
-              torch.randint(-3, 3, (4,), dtype=torch.int8))
+    values = (
+        torch.randn(3, 4),
+        torch.tensor([3, -7, 2]),
+        torch.tensor(5),
+        torch.tensor([True, False]),
+        torch.tensor(True),
+        torch.randint(0, 9, (5,), dtype=torch.uint8),
+        torch.arange(6000).reshape(60, 100),
+        torch.randint(-3, 3, (4,), dtype=torch.int8),
+    )
     made = {}
 
     def run(name):

@@ -2,6 +2,7 @@
 in the plain program (which it was: three more, so a chain of modules that ran plain hit RecursionError
 collected). Measured as the frames a level takes (the recursion limit raised by 2000 over the levels gained),
 for the program left alone and the same program rewritten, collected at each level; in fresh interpreters."""
+
 import json
 import os
 import subprocess
@@ -13,7 +14,7 @@ from .conftest import ROOT, rewrite_file
 
 pytest.importorskip("torch")
 
-PROGRAM = '''
+PROGRAM = """
 import json, sys, torch
 from msprobe_runtime import PrecisionDebugger
 
@@ -72,7 +73,7 @@ for level in ("L0", "L1", "mix"):
 
     out[level] = frames_a_level(collected)
 print(json.dumps(out))
-'''
+"""
 
 
 def _frames(tmp_path, rewritten):
@@ -80,8 +81,13 @@ def _frames(tmp_path, rewritten):
     plain.write_text(PROGRAM)
     script = rewrite_file(str(plain), tmp_path, "nesting.py") if rewritten else str(plain)
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run([sys.executable, script, str(tmp_path / ("rewritten" if rewritten else "plain"))],
-                          capture_output=True, text=True, env=env, timeout=600)
+    done = subprocess.run(
+        [sys.executable, script, str(tmp_path / ("rewritten" if rewritten else "plain"))],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 

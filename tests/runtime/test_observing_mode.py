@@ -1,4 +1,5 @@
 """The observing mode of a session started from uninstrumented code, around instrumented modules' calls."""
+
 import glob
 import json
 import os
@@ -10,7 +11,7 @@ torch = pytest.importorskip("torch")
 import msprobe_runtime  # noqa: E402
 from msprobe_runtime import PrecisionDebugger  # noqa: E402
 
-LAYER = '''
+LAYER = """
 import torch
 
 
@@ -24,7 +25,7 @@ class Layer(torch.nn.Module):
         if self.stop_inside is not None:
             self.stop_inside.stop()
         return y
-'''
+"""
 
 
 def _layer_class():
@@ -45,10 +46,10 @@ def test_set_aside_inside_an_instrumented_module_and_back_after(tmp_path):
     debugger.start()  # from this uninstrumented test: the session's observing mode is pushed
     assert torch._C._len_torch_function_stack() == 1
     x = torch.ones(3)
-    torch.relu(x)          # recorded by the mode
-    layer(x)               # tanh recorded by its shim; the mode is set aside meanwhile
+    torch.relu(x)  # recorded by the mode
+    layer(x)  # tanh recorded by its shim; the mode is set aside meanwhile
     assert torch._C._len_torch_function_stack() == 1  # and pushed back
-    torch.sigmoid(x)       # recorded by the mode again
+    torch.sigmoid(x)  # recorded by the mode again
     debugger.stop()
     debugger.wait()
     assert torch._C._len_torch_function_stack() == 0

@@ -1,6 +1,7 @@
 """The operator table (runtime/operators.py) against what it describes: Python's and libcst's syntax trees, and
 what torch reports to ``__torch_function__``; and the rule it exists for: a rewritten operator records at
 least what the observing mode records for the same operation, under a catalogued name."""
+
 import ast
 import glob
 import importlib.util
@@ -118,7 +119,7 @@ def test_every_operator_has_a_catalogued_name_where_torch_reports_one():
         assert (right is None) == all(c is None or c not in tensor_methods for c in candidates)
 
 
-_PROGRAM = '''
+_PROGRAM = """
 import torch
 
 
@@ -141,7 +142,7 @@ def operators(x, y, i, j):
     k ^= j
     out += [z, k]
     return out
-'''
+"""
 
 
 def _names(tmp_path, tag, instrumented, program=_PROGRAM):
@@ -178,7 +179,7 @@ def test_rewritten_operators_record_no_less_than_the_mode(tmp_path):
     assert [{"Tensor.bitwise_and": "Tensor.__and__"}.get(n, n) for n in rewritten] == observed
 
 
-_TRUTH_PROGRAM = '''
+_TRUTH_PROGRAM = """
 import torch
 
 
@@ -195,7 +196,7 @@ def operators(x, y, i, j):
     w = not y.any()
     z = found if torch.all(i > 0) else 0
     return found, ys, w, z
-'''
+"""
 
 
 def test_rewritten_truth_tests_record_what_the_mode_records(tmp_path):

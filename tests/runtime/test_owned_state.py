@@ -1,9 +1,11 @@
 """The collector's state is owned: what is recorded is a frozen ``Plan`` (module_dump swaps in a narrowed one and
 puts the old one back), what a step collects is a ``StepState`` made fresh at each step, whose hooks go with it,
 and the records passed between the halves of a call are named."""
+
 import dataclasses
 
 import pytest
+
 torch = pytest.importorskip("torch")
 
 import msprobe_runtime as rt  # noqa: E402
@@ -24,20 +26,25 @@ class _Config:
         self.level, self.task, self.summary_mode, self.data_mode = level, task, summary_mode, list(data_mode)
 
 
-@pytest.mark.parametrize("data_mode, wanted", [
-    (["all"], (True, True, True, True)),
-    ([], (True, True, True, True)),
-    (["forward"], (True, False, True, True)),
-    (["backward", "output"], (False, True, False, True)),
-    (["input"], (True, True, True, False)),
-])
+@pytest.mark.parametrize(
+    "data_mode, wanted",
+    [
+        (["all"], (True, True, True, True)),
+        ([], (True, True, True, True)),
+        (["forward"], (True, False, True, True)),
+        (["backward", "output"], (False, True, False, True)),
+        (["input"], (True, True, True, False)),
+    ],
+)
 def test_the_plan_reads_msprobes_data_mode(data_mode, wanted):
     plan = Plan.of(_Config(data_mode=data_mode))
     assert (plan.want_forward, plan.want_backward, plan.want_input, plan.want_output) == wanted
 
 
-@pytest.mark.parametrize("level, api, module, construct", [
-    ("L0", False, True, False), ("L1", True, False, False), ("mix", True, True, True), ("debug", False, False, False)])
+@pytest.mark.parametrize(
+    "level, api, module, construct",
+    [("L0", False, True, False), ("L1", True, False, False), ("mix", True, True, True), ("debug", False, False, False)],
+)
 def test_the_plan_reads_the_level(level, api, module, construct):
     plan = Plan.of(_Config(level=level))
     assert (plan.level_api, plan.level_module, plan.construct_apis) == (api, module, construct)
@@ -181,7 +188,12 @@ def test_the_tensor_type_test_asks_the_class_nothing():
     is_tensor_type = subclass_test(torch.Tensor)
     assert type(is_tensor_type).__name__ == "builtin_function_or_method"  # a C call: no Python frame
     assert [is_tensor_type(k) for k in (torch.Tensor, torch.nn.Parameter, LoudTensor, Plain, int)] == [
-        True, True, True, False, False]
+        True,
+        True,
+        True,
+        False,
+        False,
+    ]
     assert asked == []
     # a base whose own metaclass defines the check: answered from the stored MRO instead, still asking nothing
     by_mro = subclass_test(LoudTensor)

@@ -1,6 +1,7 @@
 """Activation checkpointing runs a block's forward again inside backward, where the autograd engine keeps no
 torch function mode of the caller's: the runtime pushes its observing mode again there, so the APIs of torch's
 own modules are recorded in the recomputation too, forward and backward, as msprobe records them."""
+
 import glob
 import importlib.util
 import json

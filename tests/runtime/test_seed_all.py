@@ -1,6 +1,7 @@
 """seed_all(seed, mode, rm_dropout, is_enhanced) as msprobe documents it, without a replaced torch attribute:
 dropout is off (and torch's random APIs pinned) while the returned handle is in force, and every torch
 attribute is the object it was before, during and after."""
+
 import threading
 
 import pytest
@@ -11,8 +12,15 @@ from torch.nn.functional import dropout as dropout_bound_early  # noqa: E402  (m
 
 from msprobe_runtime import PrecisionDebugger, seed_all  # noqa: E402
 
-ATTRIBUTES = [(F, "dropout"), (F, "dropout2d"), (F, "dropout3d"), (torch, "dropout"), (torch, "rand"),
-              (torch, "randn"), (torch.Tensor, "uniform_")]
+ATTRIBUTES = [
+    (F, "dropout"),
+    (F, "dropout2d"),
+    (F, "dropout3d"),
+    (torch, "dropout"),
+    (torch, "rand"),
+    (torch, "randn"),
+    (torch.Tensor, "uniform_"),
+]
 
 
 def _snapshot():
@@ -21,8 +29,12 @@ def _snapshot():
 
 def _dropout_active():
     x, planes = torch.ones(4096), torch.ones(2, 64, 3, 3)
-    return not (torch.equal(torch.nn.Dropout(0.5).train()(x), x) and torch.equal(F.dropout(x, 0.5), x)
-                and torch.equal(dropout_bound_early(x, p=0.5), x) and torch.equal(F.dropout2d(planes), planes))
+    return not (
+        torch.equal(torch.nn.Dropout(0.5).train()(x), x)
+        and torch.equal(F.dropout(x, 0.5), x)
+        and torch.equal(dropout_bound_early(x, p=0.5), x)
+        and torch.equal(F.dropout2d(planes), planes)
+    )
 
 
 def test_rm_dropout_is_off_during_and_torch_untouched_after():

@@ -1,4 +1,5 @@
 """scope and list in msprobe's documented form: full entry names, substrings, and modules at mix."""
+
 import glob
 import importlib.util
 import json
@@ -7,6 +8,7 @@ import os
 import subprocess
 
 import pytest
+
 torch = pytest.importorskip("torch")
 
 import msprobe_runtime as rt  # noqa: E402
@@ -47,10 +49,10 @@ def dump(tmp_path, section, level="L1", run=None, model=None):
 
 def api_calls():
     x = torch.ones(2, requires_grad=True)
-    y = rt.call("Torch.relu", torch.relu, x)       # Torch.relu.0
-    y = rt.call("Torch.relu", torch.relu, y)       # Torch.relu.1
-    y = rt.call("Torch.tanh", torch.tanh, y)       # Torch.tanh.0
-    y = rt.call("Torch.exp", torch.exp, y)         # Torch.exp.0
+    y = rt.call("Torch.relu", torch.relu, x)  # Torch.relu.0
+    y = rt.call("Torch.relu", torch.relu, y)  # Torch.relu.1
+    y = rt.call("Torch.tanh", torch.tanh, y)  # Torch.tanh.0
+    y = rt.call("Torch.exp", torch.exp, y)  # Torch.exp.0
     rt.call("Torch.sum", torch.sum, y).backward()  # Torch.sum.0
 
 
@@ -65,8 +67,12 @@ def test_list_of_a_backward_name_selects_only_the_backward(tmp_path):
 
 def test_list_substring_selects_forward_and_backward(tmp_path):
     names = dump(tmp_path, {"list": ["relu"]}, run=api_calls)
-    assert sorted(names) == ["Torch.relu.0.backward", "Torch.relu.0.forward",
-                             "Torch.relu.1.backward", "Torch.relu.1.forward"]
+    assert sorted(names) == [
+        "Torch.relu.0.backward",
+        "Torch.relu.0.forward",
+        "Torch.relu.1.backward",
+        "Torch.relu.1.forward",
+    ]
 
 
 def test_scope_of_forward_names_is_a_range_of_forward_entries(tmp_path):
@@ -80,32 +86,73 @@ def test_scope_of_backward_names_is_a_range_in_backward_order(tmp_path):
 
 
 def test_scope_and_list_together(tmp_path):
-    names = dump(tmp_path, {"scope": ["Torch.relu.0.forward", "Torch.tanh.0.forward"], "list": ["relu"]},
-                 run=api_calls)
+    names = dump(tmp_path, {"scope": ["Torch.relu.0.forward", "Torch.tanh.0.forward"], "list": ["relu"]}, run=api_calls)
     assert names == ["Torch.relu.0.forward", "Torch.relu.1.forward"]
 
 
 # (level, section, the entry names msprobe 26.2 dumps for fixtures/selection/model.py's step: measured with
 # fixtures/selection/msprobe_names.py, and checked against msprobe by the slow test below)
 MODEL_CASES = [
-    ("mix", {"list": ["Module.inner.Inner"]},  # a listed module: the forward entries inside it, its own backward
-     ["Functional.linear.0.forward", "Module.inner.fc.Linear.forward.0", "Functional.gelu.0.forward",
-      "Module.inner.Inner.forward.0", "Module.inner.Inner.backward.0"]),
-    ("L0", {"list": ["Module.inner"]},
-     ["Module.inner.fc.Linear.forward.0", "Module.inner.Inner.forward.0", "Module.inner.Inner.backward.0",
-      "Module.inner.fc.Linear.backward.0", "Module.inner.fc.Linear.parameters_grad.0"]),
-    ("L0", {"scope": ["Module.inner.Inner.forward.0", "Module.seq.0.Linear.forward.0"]},  # seq begins inside
-     ["Module.inner.fc.Linear.forward.0", "Module.inner.Inner.forward.0", "Module.seq.Sequential.forward.0",
-      "Module.seq.0.Linear.forward.0"]),
-    ("mix", {"scope": ["Module.inner.Inner.forward.0", "Functional.linear.1.forward"]},
-     ["Functional.linear.0.forward", "Module.inner.fc.Linear.forward.0", "Functional.gelu.0.forward",
-      "Module.inner.Inner.forward.0", "Module.seq.Sequential.forward.0", "Module.seq.0.Linear.forward.0",
-      "Functional.linear.1.forward"]),
-    ("L1", {"scope": ["Functional.relu.0.backward", "Functional.linear.0.backward"]},
-     ["Functional.relu.0.backward", "Functional.linear.1.backward", "Functional.gelu.0.backward",
-      "Functional.linear.0.backward"]),
-    ("L1", {"list": ["Functional.linear.1.forward", "Torch.tanh.0.backward"]},
-     ["Functional.linear.1.forward", "Torch.tanh.0.backward"]),
+    (
+        "mix",
+        {"list": ["Module.inner.Inner"]},  # a listed module: the forward entries inside it, its own backward
+        [
+            "Functional.linear.0.forward",
+            "Module.inner.fc.Linear.forward.0",
+            "Functional.gelu.0.forward",
+            "Module.inner.Inner.forward.0",
+            "Module.inner.Inner.backward.0",
+        ],
+    ),
+    (
+        "L0",
+        {"list": ["Module.inner"]},
+        [
+            "Module.inner.fc.Linear.forward.0",
+            "Module.inner.Inner.forward.0",
+            "Module.inner.Inner.backward.0",
+            "Module.inner.fc.Linear.backward.0",
+            "Module.inner.fc.Linear.parameters_grad.0",
+        ],
+    ),
+    (
+        "L0",
+        {"scope": ["Module.inner.Inner.forward.0", "Module.seq.0.Linear.forward.0"]},  # seq begins inside
+        [
+            "Module.inner.fc.Linear.forward.0",
+            "Module.inner.Inner.forward.0",
+            "Module.seq.Sequential.forward.0",
+            "Module.seq.0.Linear.forward.0",
+        ],
+    ),
+    (
+        "mix",
+        {"scope": ["Module.inner.Inner.forward.0", "Functional.linear.1.forward"]},
+        [
+            "Functional.linear.0.forward",
+            "Module.inner.fc.Linear.forward.0",
+            "Functional.gelu.0.forward",
+            "Module.inner.Inner.forward.0",
+            "Module.seq.Sequential.forward.0",
+            "Module.seq.0.Linear.forward.0",
+            "Functional.linear.1.forward",
+        ],
+    ),
+    (
+        "L1",
+        {"scope": ["Functional.relu.0.backward", "Functional.linear.0.backward"]},
+        [
+            "Functional.relu.0.backward",
+            "Functional.linear.1.backward",
+            "Functional.gelu.0.backward",
+            "Functional.linear.0.backward",
+        ],
+    ),
+    (
+        "L1",
+        {"list": ["Functional.linear.1.forward", "Torch.tanh.0.backward"]},
+        ["Functional.linear.1.forward", "Torch.tanh.0.backward"],
+    ),
 ]
 CASE_IDS = [f"{level}-{json.dumps(section)}" for level, section, _ in MODEL_CASES]
 
@@ -123,16 +170,24 @@ def test_model_cases_are_what_msprobe_dumps(level, section, expected, msprobe_py
     python = msprobe_python
     env = dict(os.environ)
     env["PYTHONPATH"] = os.path.dirname(os.path.dirname(torch.__file__))  # msprobe's venv may lack torch
-    done = subprocess.run([python, os.path.join(FIXTURE, "msprobe_names.py"), level, json.dumps(section)],
-                          capture_output=True, text=True, env=env, timeout=300)
+    done = subprocess.run(
+        [python, os.path.join(FIXTURE, "msprobe_names.py"), level, json.dumps(section)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert sorted(json.loads(done.stdout.strip().splitlines()[-1])) == sorted(expected)
 
 
 def test_an_entry_matching_nothing_is_reported_once(tmp_path, caplog):
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"dump_path": str(tmp_path / "d"), "level": "L1",
-                                  "statistics": {"list": ["Torch.relu.7.forward", "tanh"]}}))
+    config.write_text(
+        json.dumps(
+            {"dump_path": str(tmp_path / "d"), "level": "L1", "statistics": {"list": ["Torch.relu.7.forward", "tanh"]}}
+        )
+    )
     debugger = PrecisionDebugger(config_path=str(config))
     with caplog.at_level(logging.WARNING, logger="msprobe_runtime"):
         for _ in range(2):

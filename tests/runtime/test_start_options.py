@@ -1,4 +1,5 @@
 """start(model) with a Module, a list or a tuple of them; start(token_range=..., rank_id=...); module_dump."""
+
 import glob
 import json
 import os
@@ -56,8 +57,7 @@ def test_token_range_collects_only_those_forwards(tmp_path):
     debugger.stop()
     debugger.wait()
     names = list(_data(tmp_path / "dump"))
-    assert [n for n in names if n.startswith("Module.0.")] == ["Module.0.Linear.forward.0",
-                                                             "Module.0.Linear.forward.1"]
+    assert [n for n in names if n.startswith("Module.0.")] == ["Module.0.Linear.forward.0", "Module.0.Linear.forward.1"]
     assert "Torch.tanh.0.forward" not in names
     assert sum(n.startswith("Functional.linear.") for n in names) == 2
 
@@ -79,13 +79,14 @@ def test_rank_id_names_the_folder_and_filters(tmp_path):
         debugger.stop()
         debugger.step()
     debugger.wait()
-    assert [os.path.relpath(p, str(tmp_path / "dump")) for p in glob.glob(str(tmp_path / "dump" / "*" / "*"))] \
-        == [os.path.join("step0", "rank3")]
+    assert [os.path.relpath(p, str(tmp_path / "dump")) for p in glob.glob(str(tmp_path / "dump" / "*" / "*"))] == [
+        os.path.join("step0", "rank3")
+    ]
     with pytest.raises(ValueError, match="rank_id"):
         debugger.start(rank_id=-1)
 
 
-MODULE_DUMP = '''
+MODULE_DUMP = """
 class Net(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -110,12 +111,19 @@ def program(debugger, module_dump, module_dump_end):
         z.sum().backward()
         debugger.stop()
         debugger.step()
-'''
+"""
 
 # what msprobe 26.2 writes for MODULE_DUMP at L1 (test_module_dump_matches_msprobe checks it live)
-MSPROBE_NAMES = ["Torch.tanh.0.forward", "Module.mynet.Net.forward.0", "Torch.sigmoid.0.forward",
-                 "Tensor.sum.0.forward", "Tensor.sum.0.backward", "Torch.sigmoid.0.backward",
-                 "Module.mynet.Net.backward.0", "Torch.tanh.0.backward"]
+MSPROBE_NAMES = [
+    "Torch.tanh.0.forward",
+    "Module.mynet.Net.forward.0",
+    "Torch.sigmoid.0.forward",
+    "Tensor.sum.0.forward",
+    "Tensor.sum.0.backward",
+    "Torch.sigmoid.0.backward",
+    "Module.mynet.Net.backward.0",
+    "Torch.tanh.0.backward",
+]
 
 
 def _run_module_dump(root):
@@ -152,14 +160,19 @@ def test_module_dump_is_for_l1(tmp_path, caplog):
 def test_module_dump_matches_msprobe(tmp_path, msprobe_python):
     python = msprobe_python
     driver = tmp_path / "drive.py"
-    driver.write_text(textwrap.dedent('''
+    driver.write_text(
+        textwrap.dedent("""
         import sys, torch
         from msprobe.pytorch import PrecisionDebugger, module_dump, module_dump_end
         debugger = PrecisionDebugger(dump_path=sys.argv[1], level="L1", task="statistics")
-    ''') + MODULE_DUMP + "\nprogram(debugger, module_dump, module_dump_end)\n")
+    """)
+        + MODULE_DUMP
+        + "\nprogram(debugger, module_dump, module_dump_end)\n"
+    )
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(torch.__file__)))
-    done = subprocess.run([python, str(driver), str(tmp_path / "theirs")], capture_output=True, text=True,
-                          timeout=600, env=env)
+    done = subprocess.run(
+        [python, str(driver), str(tmp_path / "theirs")], capture_output=True, text=True, timeout=600, env=env
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     _run_module_dump(tmp_path / "ours")
     for step in (0, 1):
@@ -168,5 +181,6 @@ def test_module_dump_matches_msprobe(tmp_path, msprobe_python):
         for name in ("Module.mynet.Net.forward.0", "Module.mynet.Net.backward.0"):
             for field in ("input_args", "output", "input"):
                 if field in theirs[name]:
-                    assert [r["Norm"] for r in ours[name][field]] == \
-                        pytest.approx([r["Norm"] for r in theirs[name][field]], rel=1e-6)
+                    assert [r["Norm"] for r in ours[name][field]] == pytest.approx(
+                        [r["Norm"] for r in theirs[name][field]], rel=1e-6
+                    )

@@ -1,11 +1,13 @@
 """A large tensor recorded twice unchanged is read once; once its version counter moves, it is read again. A
 parameter is read once a step, however many calls come between; what is remembered is forgotten at start, stop
 and an optimizer's step, which may write a parameter without moving its counter."""
+
 import glob
 import json
 import os
 
 import pytest
+
 torch = pytest.importorskip("torch")
 
 import msprobe_runtime as rt  # noqa: E402
@@ -109,9 +111,14 @@ def test_a_view_of_the_same_elements_is_served_and_nothing_else(tmp_path, monkey
     inputs = [data[f"Torch.clone.{i}.forward"]["input_args"][0] for i in range(6)]
     assert [i["shape"] for i in inputs] == [[128, 64], [64, 128], [8192], [128, 32], [128, 64], [64, 128]]
     top = 128 * 64 - 101.0
-    assert [(i["Max"], i["Min"]) for i in inputs] == [(top, -100.0), (top, -100.0), (top, -100.0),
-                                                      (top - 1.0, -100.0), (100.0, -top),
-                                                      (2 * top, -200.0)]
+    assert [(i["Max"], i["Min"]) for i in inputs] == [
+        (top, -100.0),
+        (top, -100.0),
+        (top, -100.0),
+        (top - 1.0, -100.0),
+        (100.0, -top),
+        (2 * top, -200.0),
+    ]
     assert inputs[1]["Norm"] == inputs[0]["Norm"] == inputs[2]["Norm"]
     # the inputs of calls 0, 3, 4 and 5 were read, and each call's output (a clone: new memory, in the
     # input's layout); the inputs of 1 and 2 were not

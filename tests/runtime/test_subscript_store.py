@@ -1,5 +1,6 @@
 """A subscript store on a tensor (``y[0] = v``) is recorded as msprobe's ``Tensor.__setitem__``, with the tensor
 as it was before the store; stores into other containers are only performed."""
+
 import json
 import subprocess
 import sys

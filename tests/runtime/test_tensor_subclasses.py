@@ -2,6 +2,7 @@
 tracing libraries make) is read through nothing but its tensor struct (dtype, shape, requires_grad), its
 statistics null: the runtime never runs the user's dispatch, and never reads the storage a wrapper does not
 have (the native op read garbage there). A subclass without its own dispatch is read as a tensor."""
+
 import glob
 import json
 import logging
@@ -22,8 +23,9 @@ class Wrapped(torch.Tensor):
 
     @staticmethod
     def __new__(cls, inner):
-        return torch.Tensor._make_wrapper_subclass(cls, inner.shape, dtype=inner.dtype, device=inner.device,
-                                                   requires_grad=inner.requires_grad)
+        return torch.Tensor._make_wrapper_subclass(
+            cls, inner.shape, dtype=inner.dtype, device=inner.device, requires_grad=inner.requires_grad
+        )
 
     def __init__(self, inner):
         self.inner = inner
@@ -48,8 +50,9 @@ def _entry(dump, name):
 
 def _config(tmp_path, mode):
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"dump_path": str(tmp_path / "dump"), "level": "L1",
-                                  "statistics": {"summary_mode": mode}}))
+    config.write_text(
+        json.dumps({"dump_path": str(tmp_path / "dump"), "level": "L1", "statistics": {"summary_mode": mode}})
+    )
     return str(config)
 
 
@@ -79,7 +82,8 @@ def test_a_subclass_with_its_own_dispatch_is_never_dispatched_into(tmp_path, cap
         assert record.get("md5") is None and record.get("data_name") is None
     assert caplog.text.count("tensors of class Wrapped are recorded with dtype and shape and null") == 1
     assert not os.path.exists(os.path.join(directory, "dump_tensor_data")) or not os.listdir(
-        os.path.join(directory, "dump_tensor_data"))
+        os.path.join(directory, "dump_tensor_data")
+    )
 
 
 def test_a_subclass_without_its_own_dispatch_is_read_as_a_tensor(tmp_path):

@@ -1,6 +1,7 @@
 """Calls from several threads inside one collected step: each is recorded once, with its own index. The
 runtime's "own work" state (a call passes straight through while the runtime works) belongs to the thread that
 does the work, so another thread's calls are never taken for it and dropped."""
+
 import glob
 import importlib.util
 import json

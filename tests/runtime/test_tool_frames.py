@@ -7,6 +7,7 @@ first divergence is ``Functional.batch_norm``, a torch call inside ``nn.BatchNor
 observing mode sees it), whose user line is ``bignet.py:31`` (``x2 = self.bn1(x)``); ``Tensor.__add__`` at
 ``bignet.py:33`` is recorded by the rewrite.
 """
+
 import csv
 import glob
 import json
@@ -25,13 +26,15 @@ pytestmark = pytest.mark.slow  # over 2 s a test: its programs run under `run` a
 
 ROOT = Path(__file__).resolve().parents[2]
 BIGNET = ROOT / "fixtures" / "bignet"
-TOOL_DIRS = (os.path.dirname(os.path.abspath(msprobe_rewrite.__file__)) + os.sep,
-             os.path.dirname(os.path.realpath(msprobe_runtime.__file__)) + os.sep,
-             os.path.dirname(os.path.abspath(msprobe_runtime.__file__)) + os.sep)
+TOOL_DIRS = (
+    os.path.dirname(os.path.abspath(msprobe_rewrite.__file__)) + os.sep,
+    os.path.dirname(os.path.realpath(msprobe_runtime.__file__)) + os.sep,
+    os.path.dirname(os.path.abspath(msprobe_runtime.__file__)) + os.sep,
+)
 CONSOLE_SCRIPT = Path(sys.executable).parent / "msprobe-rewrite"
 
 # a program beside which bignet is not: it imports it by path, so the run instruments bignet only when told
-DRIVER = textwrap.dedent('''
+DRIVER = textwrap.dedent("""
     import os
     import sys
 
@@ -48,7 +51,7 @@ DRIVER = textwrap.dedent('''
 
         nn.BatchNorm1d.__init__ = _with_eps
     bignet.main()
-''')
+""")
 
 
 def _train(tmp, name, launcher, env=()):
@@ -58,8 +61,9 @@ def _train(tmp, name, launcher, env=()):
     environment = {**os.environ, "BIGNET_DIR": str(BIGNET), **dict(env)}
     program = ["driver.py", "--level", "mix", "--dump", str(tmp / name), "--steps", "1"]
     if launcher == "hook":
-        hook_path = subprocess.run([sys.executable, "-m", "msprobe_rewrite", "hook-path"], capture_output=True,
-                                   text=True, check=True).stdout.strip()
+        hook_path = subprocess.run(
+            [sys.executable, "-m", "msprobe_rewrite", "hook-path"], capture_output=True, text=True, check=True
+        ).stdout.strip()
         environment["PYTHONPATH"] = os.pathsep.join([hook_path, environment.get("PYTHONPATH", "")])
         environment["MSPROBE_REWRITE_PACKAGES"] = "bignet"
         command = [sys.executable, *program]
@@ -80,12 +84,16 @@ def _stacks(rank):
 
 
 def _file(frame):
-    return frame[len("File "):frame.index(", line ")]
+    return frame[len("File ") : frame.index(", line ")]
 
 
 def _compare(out, a, b):
-    result = subprocess.run([sys.executable, "-m", "msprobe_rewrite", "compare", "-o", str(out), str(a), str(b)],
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "msprobe_rewrite", "compare", "-o", str(out), str(a), str(b)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 1, result.stdout + result.stderr  # 1: the runs diverge
     sites = {}
     for path in out.glob("compare_result_*.csv"):
@@ -98,10 +106,12 @@ def _compare(out, a, b):
 
 RUN_MODULE = [sys.executable, "-m", "msprobe_rewrite"]
 # how the program is started, and with which capture of the stacks (the native op's or Python's)
-LAUNCHERS = {"run, console script": ([str(CONSOLE_SCRIPT)] if CONSOLE_SCRIPT.exists() else RUN_MODULE, {}),
-             "run, python -m, no native op": (RUN_MODULE, {"MSPROBE_NATIVE_STATS": "0"}),
-             "run -m driver": ([*RUN_MODULE, "run", "--packages", "bignet", "-m"], {}),
-             "import hook": ("hook", {})}
+LAUNCHERS = {
+    "run, console script": ([str(CONSOLE_SCRIPT)] if CONSOLE_SCRIPT.exists() else RUN_MODULE, {}),
+    "run, python -m, no native op": (RUN_MODULE, {"MSPROBE_NATIVE_STATS": "0"}),
+    "run -m driver": ([*RUN_MODULE, "run", "--packages", "bignet", "-m"], {}),
+    "import hook": ("hook", {}),
+}
 
 
 @pytest.fixture(scope="module")
@@ -110,8 +120,11 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("runs")  # one driver.py for all, so that their stacks can be equal
     made = {}
     for number, (name, (launcher, env)) in enumerate(LAUNCHERS.items()):
-        made[name] = (_train(tmp, f"a{number}", launcher, env),
-                      _train(tmp, f"b{number}", launcher, {**env, "BIGNET_BN_EPS": "0.01"}), tmp / f"out{number}")
+        made[name] = (
+            _train(tmp, f"a{number}", launcher, env),
+            _train(tmp, f"b{number}", launcher, {**env, "BIGNET_BN_EPS": "0.01"}),
+            tmp / f"out{number}",
+        )
     return made
 
 
@@ -124,8 +137,11 @@ def test_stack_json_holds_no_frame_of_the_tool(runs):
                 files = [_file(frame) for frame in frames]
                 # before: run_command.py, cli.py, __main__.py, bin/msprobe-rewrite and runpy's frames outside
                 # the program under ``run``
-                assert not [f for f in files if f.startswith(TOOL_DIRS) or f == str(CONSOLE_SCRIPT)
-                            or "runpy" in f], (launcher, name, frames)
+                assert not [f for f in files if f.startswith(TOOL_DIRS) or f == str(CONSOLE_SCRIPT) or "runpy" in f], (
+                    launcher,
+                    name,
+                    frames,
+                )
                 # the program's outermost frame is its own, as under ``python driver.py``
                 assert os.path.basename(files[-1]) == "driver.py", (launcher, name, frames)
                 assert frames[-1].split(", ")[2] == "in <module>", (launcher, name, frames)
@@ -135,8 +151,11 @@ def test_stack_json_is_the_same_under_run_and_the_hook_with_either_capture(runs)
     # python names a script by its absolute path (3.9+); ``run`` named it as given on the command line
     stacks = {launcher: (a / "stack.json").read_text() for launcher, (a, _, _) in runs.items()}
     assert len(set(stacks.values())) == 1, stacks
-    assert all(_file(frames[-1]) == str(a.parents[2] / "driver.py")
-               for launcher, (a, _, _) in runs.items() for frames in _stacks(a).values())
+    assert all(
+        _file(frames[-1]) == str(a.parents[2] / "driver.py")
+        for launcher, (a, _, _) in runs.items()
+        for frames in _stacks(a).values()
+    )
 
 
 def test_a_call_seen_by_the_observing_mode_starts_where_it_was_called(runs):
@@ -156,5 +175,5 @@ def test_compare_names_the_users_line_as_the_call_site(runs):
         assert "first divergence: Functional.batch_norm.0.forward" in printed, printed
         assert f"at {bignet}:31\n" in printed and "batchnorm.py" not in printed, (launcher, printed)
         assert sites["Functional.batch_norm.0.forward"] == f"{bignet}:31", launcher  # seen by the observing mode
-        assert sites["Functional.linear.0.forward"] == f"{bignet}:29", launcher      # in nn.Linear, not rewritten
-        assert sites["Tensor.__add__.0.forward"] == f"{bignet}:33", launcher         # recorded by the rewrite
+        assert sites["Functional.linear.0.forward"] == f"{bignet}:29", launcher  # in nn.Linear, not rewritten
+        assert sites["Tensor.__add__.0.forward"] == f"{bignet}:33", launcher  # recorded by the rewrite

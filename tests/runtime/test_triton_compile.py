@@ -3,6 +3,7 @@ tests/runtime/test_triton_stats.py runs what the compiler may refuse (a type it 
 cannot take). Compiled for an H100/H200 (sm_90) by the ptxas that ships with Triton, in a fresh interpreter
 without ``TRITON_INTERPRET``, and with no fused multiply-add (``enable_fp_fusion=False``: a square is rounded
 before it is added, as torch does)."""
+
 import json
 import os
 import subprocess

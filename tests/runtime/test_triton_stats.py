@@ -3,6 +3,7 @@ NaN/Inf counts exactly, Mean and Norm to the rounding of float32 sums and of the
 dtype, odd sizes, views and strides, 0-d tensors, NaN/Inf and huge values; as the native CPU op where it
 builds. Without a GPU they run on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``, set here
 before Triton is imported); with one, on CUDA tensors, compiled. Skipped where Triton is not installed."""
+
 import importlib
 import math
 import os
@@ -38,7 +39,7 @@ def triton_stats():
     if DEVICE == "cpu":
         try:
             probe = module.TritonStats(True, statistics.Slot, statistics._dense_view)  # raises, where StatBuffer
-            probe.add(torch.ones(3), 4)                                                 # would fall back
+            probe.add(torch.ones(3), 4)  # would fall back
             probe.finish()
         except triton.runtime.errors.InterpreterError as error:
             # Triton 3.6's interpreter takes int() of a 1-element array for a loop of runtime length, which
@@ -132,13 +133,13 @@ def test_views_and_strides(dtype):
     g = torch.Generator().manual_seed(2)
     base = on_device(torch.randn(6, 10, 9, generator=g).to(dtype))
     views = [
-        base.transpose(0, 2),                 # permuted: read in memory order
-        base[:, ::3, 1:],                     # a strided slice: read through its strides
-        base[2],                              # an offset view
+        base.transpose(0, 2),  # permuted: read in memory order
+        base[:, ::3, 1:],  # a strided slice: read through its strides
+        base[2],  # an offset view
         base[:, 4, :].unsqueeze(1).expand(6, 5, 9),  # broadcast: read once, counted five times
-        base.unfold(1, 4, 3),                 # overlapping windows (4 dimensions)
+        base.unfold(1, 4, 3),  # overlapping windows (4 dimensions)
         base.reshape(2, 3, 2, 5, 9).transpose(1, 3)[..., ::2],  # 5 dimensions, not dense: the torch ops serve
-        torch._neg_view(base),               # a negative view (its memory holds the values negated)
+        torch._neg_view(base),  # a negative view (its memory holds the values negated)
     ]
     check(views)
 
@@ -160,8 +161,13 @@ def test_nan_and_inf(dtype):
     noisy[[3, 1500, 4999]] = nan
     noisy[[10, 20]] = inf
     noisy[30] = -inf
-    tensors = [torch.tensor([1.0, inf, 2.0]), torch.tensor([inf, -inf]), torch.tensor([nan, 1.0, -inf]), noisy,
-               torch.full((2049,), -inf)]
+    tensors = [
+        torch.tensor([1.0, inf, 2.0]),
+        torch.tensor([inf, -inf]),
+        torch.tensor([nan, 1.0, -inf]),
+        noisy,
+        torch.full((2049,), -inf),
+    ]
     fused = check([on_device(t.to(dtype)) for t in tensors])
     assert fused[3][1] == [3.0, 3.0]
     assert fused[0][0][:2] == [inf, 1.0]
@@ -171,8 +177,12 @@ def test_nan_and_inf(dtype):
 def test_huge_values(dtype):
     """Near the dtype's largest value: float32 sums and squares pass float's range, and are inf, as torch's."""
     top = torch.finfo(dtype).max if dtype is not torch.float64 else 1e300
-    tensors = [torch.full((3000,), top / 2, dtype=dtype), torch.tensor([top, -top, top], dtype=dtype),
-               torch.full((5,), min(3.0e19, top), dtype=dtype), torch.tensor([top, 1.0], dtype=dtype)]
+    tensors = [
+        torch.full((3000,), top / 2, dtype=dtype),
+        torch.tensor([top, -top, top], dtype=dtype),
+        torch.full((5,), min(3.0e19, top), dtype=dtype),
+        torch.tensor([top, 1.0], dtype=dtype),
+    ]
     check([on_device(t) for t in tensors])
 
 
@@ -200,8 +210,11 @@ def test_arenas_that_fill_up_before_the_flush(monkeypatch, triton_stats):
     monkeypatch.setattr(triton_stats, "_ARENA_TENSORS", 3)
     monkeypatch.setattr(triton_stats, "_ARENA_ROWS", 4)
     g = torch.Generator().manual_seed(6)
-    tensors = [on_device(torch.randn(n, generator=g).to(dtype)) for n in (5, 3000, 9000, 1, 20000, 7)
-               for dtype in (torch.float32, torch.float64)]
+    tensors = [
+        on_device(torch.randn(n, generator=g).to(dtype))
+        for n in (5, 3000, 9000, 1, 20000, 7)
+        for dtype in (torch.float32, torch.float64)
+    ]
     check(tensors)
 
 
@@ -228,7 +241,7 @@ def test_switched_off_the_torch_ops_serve(monkeypatch, triton_stats):
     monkeypatch.setattr(triton_stats.TritonStats, "add", lambda self, t, kind: launched.append(t))
     buffer = fused_buffer()
     t = on_device(torch.randn(10))
-    (values, counts), = statistics_of(buffer, [t])
+    ((values, counts),) = statistics_of(buffer, [t])
     assert buffer._fused is False and not launched
     assert values[0] == t.max().item()
 
@@ -245,11 +258,14 @@ def test_no_host_sync_while_recording(monkeypatch):
     synced = []
     for name in ("item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__"):
         original = getattr(torch.Tensor, name)
-        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _n=name, _o=original, **k: (synced.append(_n),
-                                                                                               _o(self, *a, **k))[1])
+        monkeypatch.setattr(
+            torch.Tensor, name, lambda self, *a, _n=name, _o=original, **k: (synced.append(_n), _o(self, *a, **k))[1]
+        )
     buffer = fused_buffer()
-    slots = [buffer.add(t, tensor_kind(t)) for t in (on_device(torch.randn(3000)), on_device(torch.tensor(1.5)),
-                                                      on_device(torch.randn(8, 9).t()))]
+    slots = [
+        buffer.add(t, tensor_kind(t))
+        for t in (on_device(torch.randn(3000)), on_device(torch.tensor(1.5)), on_device(torch.randn(8, 9).t()))
+    ]
     assert buffer._fused and all(slot.pending is None for slot, _ in slots)  # the kernels' slots, no torch op's
     buffer._fused.finish()
     monkeypatch.undo()
@@ -282,9 +298,16 @@ def test_the_dump_through_the_kernels(tmp_path, monkeypatch):
     from msprobe_runtime import collector
 
     g = torch.Generator().manual_seed(8)
-    tensors = [on_device(t) for t in (torch.randn(3000, generator=g).to(torch.bfloat16), torch.randn(5, 7).t(),
-                                      torch.tensor(2.5, dtype=torch.float16), torch.randn(40, dtype=torch.float64),
-                                      torch.tensor([1.0, float("nan"), float("inf")]))]
+    tensors = [
+        on_device(t)
+        for t in (
+            torch.randn(3000, generator=g).to(torch.bfloat16),
+            torch.randn(5, 7).t(),
+            torch.tensor(2.5, dtype=torch.float16),
+            torch.randn(40, dtype=torch.float64),
+            torch.tensor([1.0, float("nan"), float("inf")]),
+        )
+    ]
 
     def calls(rt):
         for t in tensors:
@@ -293,8 +316,11 @@ def test_the_dump_through_the_kernels(tmp_path, monkeypatch):
     launched = []
     monkeypatch.setattr(collector, "StatBuffer", lambda counts: StatBuffer(counts, native=False, triton_cpu=True))
     original_add = triton_stats_module().TritonStats.add
-    monkeypatch.setattr(triton_stats_module().TritonStats, "add",
-                        lambda self, t, width: launched.append(width) or original_add(self, t, width))
+    monkeypatch.setattr(
+        triton_stats_module().TritonStats,
+        "add",
+        lambda self, t, width: launched.append(width) or original_add(self, t, width),
+    )
     fused = _dump(tmp_path, "fused", calls)
     monkeypatch.setattr(collector, "StatBuffer", lambda counts: StatBuffer(counts, native=False))
     torch_ops = _dump(tmp_path, "torch_ops", calls)
@@ -303,13 +329,19 @@ def test_the_dump_through_the_kernels(tmp_path, monkeypatch):
     for name, entry in torch_ops.items():
         for field in ("input_args", "output"):
             for mine, theirs in zip(fused[name][field], entry[field]):
-                assert {k: v for k, v in mine.items() if k not in ("Mean", "Norm")} == \
-                       {k: v for k, v in theirs.items() if k not in ("Mean", "Norm")}, (name, field)
+                assert {k: v for k, v in mine.items() if k not in ("Mean", "Norm")} == {
+                    k: v for k, v in theirs.items() if k not in ("Mean", "Norm")
+                }, (name, field)
                 t = tensors[int(name.split(".")[2])]
                 numbers = [mine[k] for k in ("Max", "Min", "Mean", "Norm")]
                 expected = [theirs[k] for k in ("Max", "Min", "Mean", "Norm")]
-                same(t.dtype, t, [math.nan if v is None else v for v in numbers],
-                     [math.nan if v is None else v for v in expected], name)
+                same(
+                    t.dtype,
+                    t,
+                    [math.nan if v is None else v for v in numbers],
+                    [math.nan if v is None else v for v in expected],
+                    name,
+                )
 
 
 def triton_stats_module():
@@ -328,6 +360,7 @@ def test_a_kernel_that_fails_here_leaves_the_torch_ops(monkeypatch, triton_stats
         def __getitem__(self, grid):
             def launch(*args, **kwargs):
                 raise RuntimeError("PTX .version 9.9 does not support .target sm_999")
+
             return launch
 
     monkeypatch.setattr(triton_stats, "_partials", Broken())

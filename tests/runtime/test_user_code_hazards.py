@@ -6,6 +6,7 @@ fixtures/user_code_hazards/hazards.py holds classes whose ``__getattribute__``, 
 trained with collection off, then on at each level: the counts, the losses and the parameters must be the
 same, no collection error may be logged, and nothing may recurse.
 """
+
 import glob
 import importlib.util
 import json
@@ -81,14 +82,16 @@ def test_the_transformers_config_pattern_does_not_recurse(tmp_path):
     once through the compiler."""
     from msprobe_rewrite.api import rewrite_source
 
-    source = (b"import torch\n"
-              b"class Config:\n"
-              b"    def __init__(self):\n"
-              b"        self.scale = 2.0\n"
-              b"    def __getattribute__(self, name):\n"
-              b"        return super().__getattribute__(name)\n"
-              b"def run(x):\n"
-              b"    return torch.relu(x) * Config().scale\n")
+    source = (
+        b"import torch\n"
+        b"class Config:\n"
+        b"    def __init__(self):\n"
+        b"        self.scale = 2.0\n"
+        b"    def __getattribute__(self, name):\n"
+        b"        return super().__getattribute__(name)\n"
+        b"def run(x):\n"
+        b"    return torch.relu(x) * Config().scale\n"
+    )
     rewritten = rewrite_source(source)
     assert b"__msprobe__.dyn(super().__getattribute__, name)" in rewritten
     namespace = {}
@@ -157,7 +160,8 @@ def test_start_takes_a_list_of_model_chunks(hazards, tmp_path):
             assert f"Module.{index}.block.Block.forward.0" in names
             assert f"Module.{index}.block.Block.backward.0" in names
             assert f"Module.{index}.head.parameters_grad.0" in names or any(
-                n.startswith(f"Module.{index}.head.Linear.parameters_grad") for n in names)
+                n.startswith(f"Module.{index}.head.Linear.parameters_grad") for n in names
+            )
         assert "Functional.gelu.1.forward" in names  # counters restart each step: two chunks, two calls
 
 
@@ -199,8 +203,9 @@ def test_a_modules_parameters_are_read_as_torch_lists_them(tmp_path):
     closed.inner = outer
     closed.own = torch.nn.Parameter(torch.randn(2))
     outer[0].bias.requires_grad_(False)
-    expected = {id(m): [id(p) for p in torch.nn.Module.parameters(m) if p.requires_grad]
-                for m in (closed, *outer.modules())}
+    expected = {
+        id(m): [id(p) for p in torch.nn.Module.parameters(m) if p.requires_grad] for m in (closed, *outer.modules())
+    }
     assert len(expected[id(closed)]) == 5  # the tied weight, the shared Linear's two, the tied one's bias, own
     Closed.armed = True
     debugger = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="mix")
@@ -288,11 +293,23 @@ def test_flat_tensors_finds_the_tensors_of_any_nesting_by_type_only():
     nested = a
     for _ in range(9):
         nested = [nested]
-    value = (a, None, 3, "s", 2.5, True, [b, (a,)], {"k": b, "n": 1}, pair(a, 4),
-             collections.OrderedDict(z=a), Loud(q=b), object(), nested)
+    value = (
+        a,
+        None,
+        3,
+        "s",
+        2.5,
+        True,
+        [b, (a,)],
+        {"k": b, "n": 1},
+        pair(a, 4),
+        collections.OrderedDict(z=a),
+        Loud(q=b),
+        object(),
+        nested,
+    )
     found = flat_tensors(value, [])
-    assert [t is a if t is not None and t is not b else t for t in found[:6]] == [True, None, None, None, None,
-                                                                                  None]
+    assert [t is a if t is not None and t is not b else t for t in found[:6]] == [True, None, None, None, None, None]
     rest = found[6:]
     assert rest[:3] == [b, a, b] and all(x is y for x, y in zip(rest[:3], [b, a, b]))
     assert rest[3] is None and rest[4] is a and rest[5] is None and rest[6] is a and rest[7] is b

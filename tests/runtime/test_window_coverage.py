@@ -14,6 +14,7 @@ torch reads it while it dispatches ``h + masq``. The plain run's mode begins its
 after torch's own argument checks, so it records those relu calls (23 a step against 4); the rewritten run's
 record of ``h + masq`` begins at the operator, and calls made inside a recorded call are part of it there, as
 they are for every call a rewritten API makes. Every other count of that fixture is equal."""
+
 import collections
 import glob
 import json
@@ -30,7 +31,7 @@ from .conftest import ROOT, rewrite_file
 pytest.importorskip("torch")
 pytestmark = pytest.mark.slow  # each test runs a program twice in subprocesses: over 2 s
 
-DRIVER = textwrap.dedent('''
+DRIVER = textwrap.dedent("""
     import collections, json, pathlib, sys, types
     from msprobe_rewrite.api import rewrite_source
     source = open(sys.argv[1], "rb").read()
@@ -48,7 +49,7 @@ DRIVER = textwrap.dedent('''
         steps[path.parent.parent.name] = collections.Counter(n.rsplit(".", 2)[0] for n in names
                                                              if n.endswith(".forward"))
     print(json.dumps(steps))
-''')
+""")
 
 
 def recorded(tmp_path, program, how):
@@ -56,8 +57,13 @@ def recorded(tmp_path, program, how):
     source = tmp_path / "program.py"
     source.write_text(textwrap.dedent(program))
     dump = tmp_path / how
-    done = subprocess.run([sys.executable, "-c", DRIVER, str(source), str(dump), how], capture_output=True,
-                          text=True, timeout=600, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, str(source), str(dump), how],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr
     return {step: collections.Counter(counts) for step, counts in json.loads(done.stdout.splitlines()[-1]).items()}
 
@@ -70,7 +76,7 @@ def same_as_plain(tmp_path, program):
     return plain
 
 
-OPTIMIZER = '''
+OPTIMIZER = """
     import torch
 
 
@@ -87,7 +93,7 @@ OPTIMIZER = '''
             optimizer.zero_grad()
             debugger.stop()
             debugger.step()
-'''
+"""
 
 
 def test_optimizer_step_and_clipping_are_recorded_when_rewritten(tmp_path):
@@ -97,7 +103,7 @@ def test_optimizer_step_and_clipping_are_recorded_when_rewritten(tmp_path):
         assert counts["step1"][name] > 0, name
 
 
-AUGMENTED_STORE = '''
+AUGMENTED_STORE = """
     import torch
 
 
@@ -110,7 +116,7 @@ AUGMENTED_STORE = '''
             y[1] *= 3.0
             debugger.stop()
             debugger.step()
-'''
+"""
 
 
 def test_augmented_subscript_store_records_setitem(tmp_path):
@@ -118,7 +124,7 @@ def test_augmented_subscript_store_records_setitem(tmp_path):
     assert counts["step0"]["Tensor.__setitem__"] == 2
 
 
-ITERATION = '''
+ITERATION = """
     import torch
 
 
@@ -149,7 +155,7 @@ ITERATION = '''
             flipped = reversed(t)
             debugger.stop()
             debugger.step()
-'''
+"""
 
 
 def test_iterating_a_tensor_records_what_the_plain_run_records(tmp_path):
@@ -166,14 +172,17 @@ def entry_counts(dump):
     for path in sorted(dump.glob("step*/*/dump.json")):
         names = json.loads(path.read_text())["data"]
         counts[f"{path.parent.parent.name}/{path.parent.name.split('proc')[0]}"] = collections.Counter(
-            name.rsplit(".", 2)[0] for name in names
-            if name.endswith(".forward") and not name.startswith(("Module.", "Cell.")))
+            name.rsplit(".", 2)[0]
+            for name in names
+            if name.endswith(".forward") and not name.startswith(("Module.", "Cell."))
+        )
     return counts
 
 
 def run_fixture(script, dump, args):
-    done = subprocess.run([sys.executable, str(script), *args, "--dump", str(dump)], capture_output=True,
-                          text=True, timeout=900, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, str(script), *args, "--dump", str(dump)], capture_output=True, text=True, timeout=900, cwd=ROOT
+    )
     assert done.returncode == 0, f"{script} failed:\n{done.stderr}"
     return entry_counts(dump)
 
@@ -185,15 +194,18 @@ FIXTURES = [
     ("fixtures/nested_model/nested.py", ["--level", "L1", "--steps", "2"]),
     ("fixtures/compare_models/train.py", ["--level", "L1"]),
     ("fixtures/transformers_models/train_tiny.py", ["--arch", "llama", "--level", "L1", "--steps", "2"]),
-    ("fixtures/transformers_models/train_tiny.py", ["--arch", "llama", "--level", "L1", "--steps", "2",
-                                                    "--optimizer-in-window"]),
+    (
+        "fixtures/transformers_models/train_tiny.py",
+        ["--arch", "llama", "--level", "L1", "--steps", "2", "--optimizer-in-window"],
+    ),
     ("fixtures/transformers_models/train_tiny.py", ["--arch", "mixtral", "--level", "L1", "--steps", "2"]),
     ("fixtures/megatron_gpt/train_loop.py", ["--level", "L1", "--steps", "2"]),
 ]
 
 
-@pytest.mark.parametrize("fixture, args", FIXTURES,
-                         ids=[f"{os.path.basename(os.path.dirname(f))}-{' '.join(a)}" for f, a in FIXTURES])
+@pytest.mark.parametrize(
+    "fixture, args", FIXTURES, ids=[f"{os.path.basename(os.path.dirname(f))}-{' '.join(a)}" for f, a in FIXTURES]
+)
 def test_rewritten_fixture_records_every_call_of_the_plain_run(tmp_path, fixture, args):
     if "transformers" in fixture:
         pytest.importorskip("transformers")
@@ -211,9 +223,12 @@ def test_rewritten_fixture_records_every_call_of_the_plain_run(tmp_path, fixture
         runs[how] = run_fixture(script, tmp_path / how, args)
     plain, rewritten = runs["plain"], runs["rewritten"]
     assert plain and set(rewritten) == set(plain)
-    missing = {folder: {name: (count, rewritten[folder][name]) for name, count in counts.items()
-                        if rewritten[folder][name] < count}
-               for folder, counts in plain.items()}
+    missing = {
+        folder: {
+            name: (count, rewritten[folder][name]) for name, count in counts.items() if rewritten[folder][name] < count
+        }
+        for folder, counts in plain.items()
+    }
     assert missing == {folder: {} for folder in plain}, "calls the plain run records and the rewritten one lost"
 
 
@@ -245,8 +260,9 @@ TAGGED = textwrap.dedent('''
 def test_optimizer_and_clipping_entries_are_tagged_as_msprobe_tags_them(tmp_path):
     """msprobe (register_optimizer_hook.py) parents every API entry of an optimizer's step to ``optimizer`` and
     of torch's gradient clipping to ``clip_grad`` in construct.json, each phase a root of its own."""
-    done = subprocess.run([sys.executable, "-c", TAGGED, str(tmp_path / "dump")], capture_output=True, text=True,
-                          timeout=600, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-c", TAGGED, str(tmp_path / "dump")], capture_output=True, text=True, timeout=600, cwd=ROOT
+    )
     assert done.returncode == 0, done.stderr
     construct = json.loads(done.stdout.splitlines()[-1])
     assert construct["optimizer"] is None and construct["clip_grad"] is None

@@ -1,6 +1,7 @@
 """The writer under a failing disk: the steps already written stay valid, no temporary file is left, one
 clear message is given for the first failure of a kind, and collection resumes once writing works again.
 Both where the writing process writes the files and where the writer thread does (no process, or it died)."""
+
 import errno
 import glob
 import json
@@ -85,8 +86,10 @@ def _run_steps(debugger, steps, before_step=lambda step: None):
 
 
 def _written_steps(dump):
-    return sorted(int(os.path.basename(os.path.dirname(os.path.dirname(p)))[4:])
-                  for p in glob.glob(str(dump / "step*" / "*" / "dump.json")))
+    return sorted(
+        int(os.path.basename(os.path.dirname(os.path.dirname(p)))[4:])
+        for p in glob.glob(str(dump / "step*" / "*" / "dump.json"))
+    )
 
 
 def test_the_writing_process_writes_the_files_and_reports_its_failures(fresh_process, caplog):

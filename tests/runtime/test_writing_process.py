@@ -2,6 +2,7 @@
 rather than blocking in a read (so the training thread's write wakes nobody), and still writes every message,
 those that come while it naps and those that come after it went back to blocking. The training thread posts a
 step to it without waiting, also while it is behind (``WritingProcess.post``)."""
+
 import io
 import json
 import os
@@ -33,8 +34,9 @@ def test_every_message_is_written_whether_it_came_while_napping_or_blocked(tmp_p
     try:
         for step, pause in enumerate((0.0, 0.05, 0.5)):  # the last one after the awake window: a blocking read
             time.sleep(pause)
-            os.write(write_end, json_files.encode((str(tmp_path / f"step{step}"),
-                                                   [("dump.json", {"data": {"step": step}})])))
+            os.write(
+                write_end, json_files.encode((str(tmp_path / f"step{step}"), [("dump.json", {"data": {"step": step}})]))
+            )
     finally:
         os.close(write_end)
         server.join(timeout=30)
@@ -45,7 +47,7 @@ def test_every_message_is_written_whether_it_came_while_napping_or_blocked(tmp_p
     message = answers.getvalue()
     replies = []
     while message:
-        size = json_files._LENGTH.unpack(message[:json_files._LENGTH.size])[0] + json_files._LENGTH.size
+        size = json_files._LENGTH.unpack(message[: json_files._LENGTH.size])[0] + json_files._LENGTH.size
         replies.append(json_files.decode(message[:size]))
         message = message[size:]
     assert replies == [(0, "")] * 3
@@ -89,6 +91,7 @@ def test_a_step_is_posted_while_the_process_still_writes_an_earlier_one(fresh_pr
 
 def test_a_pipe_that_select_cannot_watch_is_read_as_before(monkeypatch):
     """Where select cannot watch a pipe (Windows), the loop does not nap: it reads, and the read blocks."""
+
     def refuse(*args):
         raise OSError(10038, "not a socket")
 
