@@ -12,6 +12,12 @@ from __future__ import annotations
 
 import json
 import os
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+if TYPE_CHECKING:  # torch loads at the first evaluate: importing this module imports none
+    import torch
+
+    from .config import Rule
 
 BETA = 0.99  # msprobe's BaseWriterWithAD.beta
 TURBULENCE_OPS = ("norm", "mean")  # msprobe reports the turbulence rule only for these ops
@@ -24,13 +30,15 @@ _TRAIN_STAGE = {"actv": 0, "actv_grad": 1, "pre_grad": 1, "post_grad": 1, "acc_g
 class DeviceRules:
     """The running averages and rule codes of every group of rows (one group per CSV prefix)."""
 
-    def __init__(self, rules, ops):
+    def __init__(self, rules: Iterable[Rule], ops: Iterable[str]) -> None:
         self.rules = list(rules)
         self.ops = list(ops)
-        self._averages = {}  # group -> (row names, average tensor [rows, ops])
-        self._columns = {}  # device -> (turbulence columns, ruled columns): made once, a host-to-device copy
+        # group -> (row names, average tensor [rows, ops])
+        self._averages: dict[str, tuple[tuple[str, ...], torch.Tensor]] = {}
+        # device -> (turbulence columns, ruled columns): made once, a host-to-device copy
+        self._columns: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def _masks(self, device):
+    def _masks(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         import torch
 
         masks = self._columns.get(device)
@@ -42,7 +50,7 @@ class DeviceRules:
             self._columns[device] = masks
         return masks
 
-    def evaluate(self, group, names, values):
+    def evaluate(self, group: str, names: tuple[str, ...], values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``values`` [rows, ops] on the device -> (history, code), both [rows, ops] float32 on that device:
         history is the running average of |value| before this step (msprobe's ``history mean``)."""
         import torch
@@ -56,6 +64,7 @@ class DeviceRules:
         turbulence_columns, ruled_columns = self._masks(values.device)
         for index, rule in enumerate(self.rules):
             if rule.name == "AnomalyTurbulence":
+                assert rule.threshold is not None  # config.parse refuses an AnomalyTurbulence without one
                 fired = magnitude > history * (1 + rule.threshold)
                 reported = fired & turbulence_columns
             else:  # AnomalyNan, which here also fires on an infinity
@@ -71,11 +80,11 @@ class DeviceRules:
         return history, code
 
 
-def train_stage(tag_name):
+def train_stage(tag_name: str) -> int:
     return _TRAIN_STAGE.get(tag_name.split("/")[-1], -1)
 
 
-def record(rank, step, call_id, tag_name, message, group_mates):
+def record(rank: int, step: int, call_id: int, tag_name: str, message: str, group_mates: list[int]) -> dict[str, Any]:
     """One anomaly in msprobe's ``GradAnomalyData`` shape (its fields in its order)."""
     name = tag_name.split("/")[0]
     vpp_stage = int(name.split(":")[0]) if ":" in name else 0
@@ -92,7 +101,7 @@ def record(rank, step, call_id, tag_name, message, group_mates):
     }
 
 
-def execution_order(item):
+def execution_order(item: dict[str, Any]) -> tuple[int, ...]:
     """msprobe's ``GradAnomalyData.__lt__``: step, micro step, stage, later vpp/pp stages first outside the
     forward, then the call order."""
     stage = train_stage(item["tag_name"])
@@ -100,7 +109,7 @@ def execution_order(item):
     return (item["step"], item["micro_step"], stage, sign * item["vpp_stage"], sign * item["pp_stage"], item["call_id"])
 
 
-def message(rule_name, tag_name, op, step, value, history):
+def message(rule_name: str, tag_name: str, op: str, step: int, value: float, history: float) -> str:
     # msprobe's text, word for word, so that logs read the same
     return (
         f"Rule {rule_name} reports anomaly signal in {(tag_name, op)} at step {step}, "
@@ -108,7 +117,7 @@ def message(rule_name, tag_name, op, step, value, history):
     )
 
 
-def record_key(item):
+def record_key(item: dict[str, Any]) -> str:
     return f"{item['tag_name']}_step_{item['step']}_call_{item['call_id']}"
 
 
@@ -116,20 +125,20 @@ class AnomalyFile:
     """``{output}/anomaly_detected/rank{R}/anomaly.json``, as msprobe's AnomalyDataWriter keeps it: emptied when
     the monitor starts, then each collected step's records merged in."""
 
-    def __init__(self, output_base_dir, rank):
+    def __init__(self, output_base_dir: str, rank: int) -> None:
         self.folder = os.path.join(output_base_dir, "anomaly_detected", f"rank{rank}")
         self.path = os.path.join(self.folder, "anomaly.json")
         os.makedirs(self.folder, exist_ok=True)
-        self._records = {}
+        self._records: dict[str, dict[str, Any]] = {}
         self._save()
 
-    def _save(self):
+    def _save(self) -> None:
         temporary = self.path + ".tmp"
         with open(temporary, "w", encoding="utf-8") as handle:
             json.dump(self._records, handle, indent=1)
         os.replace(temporary, self.path)
 
-    def add(self, items):
+    def add(self, items: Sequence[dict[str, Any]]) -> None:
         if not items:
             return
         self._records.update({record_key(item): item for item in items})

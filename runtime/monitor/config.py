@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import json
 from dataclasses import dataclass, field
+from typing import Any, Iterable, NoReturn
 
 from ..config import INACTIVE, OURS, REFUSED, SUPPORTED, ConfigError, Key
 
@@ -125,58 +126,58 @@ class Rule:
 
 @dataclass
 class MonitorConfig:
-    targets: dict = field(default_factory=dict)
+    targets: dict[str, dict[str, Any]] = field(default_factory=dict)
     wg_distribution: bool = False
     param_distribution: bool = False
     mv_distribution: bool = False
     mg_direction: bool = False
     ur_distribution: bool = False
-    ops: list = field(default_factory=lambda: ["norm", "shape", "dtype"])
+    ops: list[str] = field(default_factory=lambda: ["norm", "shape", "dtype"])
     eps: float = 1e-8
     ndigits: int = 6
     start_step: int = 0
     step_interval: int = 1
     collect_times: int = 100000000
-    module_ranks: list = field(default_factory=list)
+    module_ranks: list[int] = field(default_factory=list)
     format: str = "csv"
-    rules: list = field(default_factory=list)
+    rules: list[Rule] = field(default_factory=list)
     anomaly_dump: bool = False
     step_count_per_record: int = 1
     squash_name: bool = False
 
     @property
-    def numeric_ops(self):
+    def numeric_ops(self) -> list[str]:
         """The ops computed on the device, in the CSV's column order (shape and dtype come from the tensor's
         metadata on the host)."""
         return [op for op in self.ops if op not in ("shape", "dtype")]
 
 
-def _refuse(path, why):
+def _refuse(path: str, why: str) -> NoReturn:
     raise ConfigError(f"monitor config {path}: {why}")
 
 
-def _nearest(name, known, cutoff=0.6):
+def _nearest(name: str, known: Iterable[str], cutoff: float = 0.6) -> str:
     close = difflib.get_close_matches(name, list(known), n=1, cutoff=cutoff)
     return f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(sorted(known))}"
 
 
-def _bool(value, path):
+def _bool(value: Any, path: str) -> bool:
     if type(value) is not bool:
         _refuse(path, f"expected true or false, got {value!r}")
     return value
 
 
-def _int(value, path, minimum, maximum=None):
+def _int(value: Any, path: str, minimum: int, maximum: int | None = None) -> int:
     if type(value) is not int or value < minimum or (maximum is not None and value > maximum):
         bound = f"an int in [{minimum}, {maximum}]" if maximum is not None else f"an int >= {minimum}"
         _refuse(path, f"expected {bound}, got {value!r}")
     return value
 
 
-def _ops(value):
+def _ops(value: Any) -> list[str]:
     if not isinstance(value, list):
         _refuse("ops", f"expected a list of {', '.join(OP_LIST)}; got {value!r}")
-    ops = []
+    ops: list[str] = []
     for op in value:
         if op not in OP_LIST:
             _refuse("ops", f"{op!r} is not an op{_nearest(str(op), OP_LIST, 0.5)}")
@@ -190,7 +191,7 @@ def _ops(value):
     return ops
 
 
-def _rules(alert):
+def _rules(alert: Any) -> tuple[list[Rule], bool]:
     if not isinstance(alert, dict):
         _refuse("alert", f"expected a dict with 'rules' and 'dump', got {alert!r}")
     for key in alert:
@@ -199,7 +200,7 @@ def _rules(alert):
     specs = alert.get("rules") or []
     if not isinstance(specs, list):
         _refuse("alert.rules", f"expected a list of {{'rule_name': ..., 'args': {{'threshold': ...}}}}, got {specs!r}")
-    rules = []
+    rules: list[Rule] = []
     for index, spec in enumerate(specs):
         path = f"alert.rules[{index}]"
         if not isinstance(spec, dict):
@@ -227,7 +228,7 @@ def _rules(alert):
     return rules, _bool(dump, "alert.dump")
 
 
-def parse(raw):
+def parse(raw: Any) -> MonitorConfig:
     """A MonitorConfig from the config file's dict; ConfigError names the first key it cannot honour."""
     if not isinstance(raw, dict):
         _refuse("", f"expected a JSON object, got {type(raw).__name__}")
@@ -282,7 +283,7 @@ def parse(raw):
     return config
 
 
-def load(path):
+def load(path: str) -> MonitorConfig:
     """Read and parse the config file at ``path``."""
     try:
         with open(path, encoding="utf-8") as handle:

@@ -9,23 +9,26 @@ tensor to float64 first, a copy twice the tensor's size): the figures agree with
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 _NAN = float("nan")
 
 
-def figures(tensor, ops, eps):
+def figures(tensor: torch.Tensor, ops: Sequence[str], eps: float) -> torch.Tensor:
     """A float32 vector with one figure per op in ``ops`` (msprobe's names: min, max, norm, mean, zeros, nans,
     id), on the tensor's device. An empty or non-floating tensor gives NaN everywhere, as msprobe's
     ``Metric.get_metric`` does when an op fails."""
     x = tensor.detach()
     if x.numel() == 0 or not x.is_floating_point():
         return torch.full((len(ops),), _NAN, dtype=torch.float32, device=x.device)
-    parts = []
-    low = high = None
+    parts: list[torch.Tensor] = []
+    low: torch.Tensor | None = None  # set together, at the first min or max
+    high: torch.Tensor | None = None
     for op in ops:
         if op in ("min", "max"):
-            if low is None:
+            if low is None or high is None:
                 low, high = torch.aminmax(x)
             parts.append(low if op == "min" else high)
         elif op == "norm":
@@ -43,7 +46,7 @@ def figures(tensor, ops, eps):
     return torch.stack([part.to(torch.float32) for part in parts])
 
 
-def sign_matches(x, y):
+def sign_matches(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """msprobe's get_sign_matches (features.py): (mean of sign(x) * sign(y) + 1) / 2, 1.0 for an empty y."""
     if y.numel() == 0:
         return torch.ones((), device=x.device)

@@ -21,6 +21,7 @@ import os
 import re
 import uuid
 from functools import partial
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -29,6 +30,10 @@ from ..foreign import instance_attribute
 from . import anomalies, metrics
 from . import config as monitor_config
 from . import writer as writers
+
+if TYPE_CHECKING:
+    # one tensor's row as collected: (tag, figures on the device, shape, dtype)
+    DeviceRow = tuple[str, torch.Tensor, tuple[int, ...], torch.dtype]
 
 logger = logging.getLogger("msprobe_runtime")
 
@@ -51,7 +56,7 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _SQUASH = (r"^.*\.(layers?\..*)", r"^.*\.(embeddings?\..*)", r"^.*\.(final.*)", r"^.*\.(output.*)", r"^.*\.(norm.*)")
 
 
-def squash_param_name(name, enable=True):
+def squash_param_name(name: str, enable: bool = True) -> str:
     """msprobe's module_metric.squash_param_name."""
     if not enable:
         return name
@@ -65,7 +70,13 @@ def squash_param_name(name, enable=True):
 class TrainerMon:
     """msprobe's ``TrainerMon`` for a module trained with torch's optimizers (docs/monitor.md)."""
 
-    def __init__(self, config_file_path, process_group=None, params_have_main_grad=True, opt_ty=None) -> None:
+    def __init__(
+        self,
+        config_file_path: str,
+        process_group: Any = None,
+        params_have_main_grad: bool = True,
+        opt_ty: Any = None,
+    ) -> None:
         # opt_ty: kept by msprobe for callers before 1.2.2 and not read there either
         if os.getenv("DYNAMIC_MONITOR", "False").lower() == "true":
             raise ConfigError(
@@ -88,8 +99,8 @@ class TrainerMon:
         cfg = self.config
         self.collects = not cfg.module_ranks or self.rank in cfg.module_ranks
         self.ops = cfg.numeric_ops
-        self.summary_writer = None
-        self.anomaly_file = None
+        self.summary_writer: writers.CSVWriter | writers.TensorBoardWriter | None = None
+        self.anomaly_file: anomalies.AnomalyFile | None = None
         if self.collects:
             if cfg.format == "tensorboard":
                 self.summary_writer = writers.TensorBoardWriter(self.tensorboard_dir, cfg.ops)
@@ -104,20 +115,30 @@ class TrainerMon:
         self.step = 0
         self.has_collect_times = 0
         self.micro_batch_number = 1
-        self.params = []  # (name, parameter), in named_parameters order
-        self.handles = []
-        self.optimizer = None
-        self.anomalies = []  # every anomaly record made, in order (the file keeps the earliest of each step)
-        self._rows = {}  # (prefix, tag) -> (figures, shape, dtype), in call order, for the step being collected
-        self._micro = []
+        self.params: list[tuple[str, torch.nn.Parameter]] = []  # (name, parameter), in named_parameters order
+        self.handles: list[torch.utils.hooks.RemovableHandle] = []
+        self.optimizer: Any = None
+        # every anomaly record made, in order (the file keeps the earliest of each step)
+        self.anomalies: list[dict[str, Any]] = []
+        # (prefix, tag) -> (figures, shape, dtype), in call order, for the step being collected
+        self._rows: dict[tuple[str, str], tuple[torch.Tensor, tuple[int, ...], torch.dtype]] = {}
+        self._micro: list[int] = []
         self._collect_now = False
-        self._failed = set()
+        self._failed: set[str] = set()
         self._dropped = False
         self._warned_main_grad = False
 
     # ------------------------------------------------------------------ msprobe's entry points
 
-    def set_monitor(self, model, optimizer, grad_acc_steps=1, tp_group=None, dp_group=None, start_iteration=0):
+    def set_monitor(
+        self,
+        model: Any,
+        optimizer: Any,
+        grad_acc_steps: int = 1,
+        tp_group: Any = None,
+        dp_group: Any = None,
+        start_iteration: int = 0,
+    ) -> None:
         """Hook ``model`` (a module, or a list of virtual-pipeline chunks) and ``optimizer``."""
         if type(grad_acc_steps) is not int or grad_acc_steps < 1:
             raise ConfigError(f"set_monitor grad_acc_steps: expected an int >= 1, got {grad_acc_steps!r}")
@@ -148,24 +169,30 @@ class TrainerMon:
         self._collect_now = self._wants(self.step)
 
     def monitor_gnorm_with_ad(
-        self, model, optimizer=None, grad_acc_steps=1, tp_group=None, dp_group=None, start_iteration=0
-    ):
+        self,
+        model: Any,
+        optimizer: Any = None,
+        grad_acc_steps: int = 1,
+        tp_group: Any = None,
+        dp_group: Any = None,
+        start_iteration: int = 0,
+    ) -> None:
         """msprobe's name before 1.2.2."""
         optimizer = optimizer if optimizer is not None else getattr(self, "optimizer_trans", None)
         if optimizer is None:
             raise ConfigError("monitor_gnorm_with_ad: call set_wrapped_optimizer first, or pass the optimizer")
         self.set_monitor(model, optimizer, grad_acc_steps, tp_group, dp_group, start_iteration)
 
-    def set_wrapped_optimizer(self, optimizer):
-        self.optimizer_trans = optimizer
+    def set_wrapped_optimizer(self, optimizer: Any) -> None:
+        self.optimizer_trans: Any = optimizer
 
-    def close(self):
+    def close(self) -> None:
         """Remove the hooks and close the writer (msprobe does this in ``__del__``)."""
         self._remove_hooks()
         if self.summary_writer is not None:
             self.summary_writer.close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         # msprobe closes its writer here; at interpreter exit the writer may be half torn down: nothing to raise
         try:
             if self.summary_writer is not None:
@@ -175,9 +202,9 @@ class TrainerMon:
 
     # ------------------------------------------------------------------ setup
 
-    def _register_params(self, chunks):
+    def _register_params(self, chunks: list[Any]) -> None:
         targets = list(self.config.targets) or [""]
-        seen = set()
+        seen: set[str] = set()
         for stage, chunk in enumerate(chunks):
             prefix = f"{stage}:"
             for param_name, param in chunk.named_parameters():
@@ -200,7 +227,7 @@ class TrainerMon:
                 seen.add(name)
                 self.params.append((name, param))
 
-    def _wants(self, step):
+    def _wants(self, step: int) -> bool:
         cfg = self.config
         return (
             self.monitoring
@@ -209,7 +236,7 @@ class TrainerMon:
             and self.has_collect_times < cfg.collect_times
         )
 
-    def _remove_hooks(self):
+    def _remove_hooks(self) -> None:
         for handle in self.handles:
             handle.remove()
         self.handles = []
@@ -218,10 +245,10 @@ class TrainerMon:
 
     # ------------------------------------------------------------------ the figures, on the device
 
-    def _tag(self, prefix, name):
+    def _tag(self, prefix: str, name: str) -> str:
         return f"{name}/rank{self.rank}/{TAG_SUFFIX[prefix]}"
 
-    def _add(self, prefix, name, tensor):
+    def _add(self, prefix: str, name: str, tensor: torch.Tensor) -> None:
         if type(tensor) not in _PLAIN:  # a gradient or optimizer state that is a subclass: as in _register_params
             if "subclass" not in self._failed:
                 self._failed.add("subclass")
@@ -236,7 +263,7 @@ class TrainerMon:
             values = metrics.figures(tensor, self.ops, self.config.eps)
         self._rows[(prefix, self._tag(prefix, name))] = (values, tuple(tensor.shape), tensor.dtype)
 
-    def _grad_of(self, param):
+    def _grad_of(self, param: torch.nn.Parameter) -> torch.Tensor | None:
         if self.params_have_main_grad:
             main_grad = instance_attribute(param, "main_grad")
             if main_grad is not None:
@@ -249,7 +276,7 @@ class TrainerMon:
                 )
         return param.grad
 
-    def _guarded(self, where, work, *args):
+    def _guarded(self, where: str, work: Callable[..., object], *args: Any) -> None:
         try:
             work(*args)
         except Exception as error:  # an error of ours never reaches the training loop: log once, drop the step
@@ -261,10 +288,10 @@ class TrainerMon:
             self._rows = {}
             self._dropped = True  # a partial step is not written: the post-step hook skips its flush
 
-    def _on_grad(self, index, param):
+    def _on_grad(self, index: int, param: torch.nn.Parameter) -> None:
         self._guarded("gradient hook", self._collect_grad, index, param)
 
-    def _collect_grad(self, index, param):
+    def _collect_grad(self, index: int, param: torch.nn.Parameter) -> None:
         self._micro[index] += 1
         if self._micro[index] < self.micro_batch_number:
             return
@@ -274,10 +301,10 @@ class TrainerMon:
             if grad is not None:
                 self._add("grad_unreduced", self.params[index][0], grad)
 
-    def _pre_step(self, optimizer, args, kwargs):
+    def _pre_step(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self._guarded("optimizer pre-step hook", self._collect_pre, optimizer)
 
-    def _collect_pre(self, optimizer):
+    def _collect_pre(self, optimizer: Any) -> None:
         if not self._collect_now:
             return
         cfg = self.config
@@ -295,7 +322,7 @@ class TrainerMon:
         if cfg.mg_direction:
             self._collect_directions(optimizer)
 
-    def _collect_directions(self, optimizer):
+    def _collect_directions(self, optimizer: Any) -> None:
         # msprobe's mg_direction: the share of a gradient's elements whose sign agrees with Adam's exp_avg before
         # this step's update; 1.0 before the first step; written as other_*.csv, tag .../mg_direction
         states = {id(param): state for param, state in optimizer.state.items()}
@@ -311,7 +338,7 @@ class TrainerMon:
                     ratio = metrics.sign_matches(grad, exp_avg)
             self._add("other", name, ratio)
 
-    def _collect_moments(self, optimizer):
+    def _collect_moments(self, optimizer: Any) -> None:
         # the state and groups are looked up by id: a parameter's hash is the user's (runtime/foreign.py)
         states = {id(param): state for param, state in optimizer.state.items()}
         groups = {id(param): group for group in optimizer.param_groups for param in group["params"]}
@@ -344,11 +371,11 @@ class TrainerMon:
         for name, ratio in ratios:  # msprobe writes the two files apart: keep each file's rows together
             self._add("adam_ratio", name, ratio)
 
-    def _post_step(self, optimizer, args, kwargs):
+    def _post_step(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self._guarded("optimizer post-step hook", self._finish_step)
         self._dropped = False  # a failure here drops this step, never the next
 
-    def _finish_step(self):
+    def _finish_step(self) -> None:
         try:
             if self._collect_now and not self._dropped:
                 if self.config.param_distribution:
@@ -367,22 +394,24 @@ class TrainerMon:
 
     # ------------------------------------------------------------------ the flush, once per collected step
 
-    def _flush(self, step):
+    def _flush(self, step: int) -> None:
         if not self._rows:
             return
-        groups = {}  # prefix -> [(tag, figures, shape, dtype)], prefixes in the order of their first row
-        for (prefix, tag), (values, shape, dtype) in self._rows.items():
-            groups.setdefault(prefix, []).append((tag, values, shape, dtype))
+        # prefix -> [(tag, figures, shape, dtype)], prefixes in the order of their first row
+        groups: dict[str, list[DeviceRow]] = {}
+        for (prefix, tag), (on_device, shape, dtype) in self._rows.items():
+            groups.setdefault(prefix, []).append((tag, on_device, shape, dtype))
         device = next(iter(self._rows.values()))[0].device
         width = len(self.ops)
-        parts, layout = [], []
+        parts: list[torch.Tensor] = []
+        layout: list[tuple[str, list[DeviceRow]]] = []
         with torch.no_grad():
             for prefix, rows in groups.items():
                 stacked = torch.stack([values.to(device) for _, values, _, _ in rows])
                 parts.append(stacked.reshape(-1))
                 if self.rules is not None:
-                    history, code = self.rules.evaluate(prefix, tuple(tag for tag, _, _, _ in rows), stacked)
-                    parts.extend((history.reshape(-1), code.reshape(-1)))
+                    averages, rule_codes = self.rules.evaluate(prefix, tuple(tag for tag, _, _, _ in rows), stacked)
+                    parts.extend((averages.reshape(-1), rule_codes.reshape(-1)))
                 layout.append((prefix, rows))
             host = torch.cat(parts).tolist()  # the one device-to-host copy of the step
         position = 0
@@ -411,6 +440,7 @@ class TrainerMon:
                             found.append(anomalies.record(self.rank, step, call_id, tag, text, [self.rank]))
                             break  # msprobe's record key is the tag, step and call: one record per tag
                 call_id += 1
+            assert self.summary_writer is not None  # set whenever the hooks are (__init__, self.collects)
             self.summary_writer.write(prefix, step, out)
         if found:
             found.sort(key=anomalies.execution_order)

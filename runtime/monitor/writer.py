@@ -12,11 +12,18 @@ from __future__ import annotations
 import csv
 import math
 import os
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from ..config import ConfigError
 
+if TYPE_CHECKING:
+    import torch
 
-def _cell(op, value, ndigits):
+    # one tensor's row: (tag name, figures in the numeric ops' order, shape, dtype)
+    Row = tuple[str, Sequence[float], Sequence[int], torch.dtype]
+
+
+def _cell(op: str, value: float, ndigits: int) -> str:
     if math.isnan(value):
         return "nan"
     if math.isinf(value):
@@ -27,18 +34,18 @@ def _cell(op, value, ndigits):
 
 
 class CSVWriter:
-    def __init__(self, folder, ops, ndigits, step_count_per_record):
+    def __init__(self, folder: str, ops: Sequence[str], ndigits: int, step_count_per_record: int) -> None:
         self.folder = folder
         self.ops = list(ops)
         self.ndigits = ndigits
         self.per_record = step_count_per_record
         os.makedirs(folder, exist_ok=True)
 
-    def path(self, prefix, step):
+    def path(self, prefix: str, step: int) -> str:
         first = step // self.per_record * self.per_record
         return os.path.join(self.folder, f"{prefix}_{first}-{first + self.per_record - 1}.csv")
 
-    def write(self, prefix, step, rows):
+    def write(self, prefix: str, step: int, rows: Iterable[Row]) -> None:
         """``rows``: (tag name, figures in the numeric ops' order, shape, dtype) per tensor."""
         path = self.path(prefix, step)
         fresh = not os.path.exists(path)
@@ -47,7 +54,7 @@ class CSVWriter:
             if fresh:
                 out.writerow(["vpp_stage", "name", "step"] + self.ops)
             for tag, values, shape, dtype in rows:
-                line = tag.split("/")[0].split(":")
+                line: list[Any] = tag.split("/")[0].split(":")
                 line.insert(2, step)
                 figures = iter(values)
                 for op in self.ops:
@@ -59,7 +66,7 @@ class CSVWriter:
                         line.append(_cell(op, next(figures), self.ndigits))
                 out.writerow(line)
 
-    def close(self):
+    def close(self) -> None:
         pass
 
 
@@ -67,7 +74,7 @@ class TensorBoardWriter:
     """One scalar per tag and op, tagged as msprobe's SummaryWriterWithAD does:
     ``0:fc1.weight/rank0/post_grad_norm``."""
 
-    def __init__(self, folder, ops):
+    def __init__(self, folder: str, ops: Sequence[str]) -> None:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as error:
@@ -79,10 +86,10 @@ class TensorBoardWriter:
         self.numeric_ops = [op for op in ops if op not in ("shape", "dtype")]
         self.summary = SummaryWriter(folder)
 
-    def write(self, prefix, step, rows):
+    def write(self, prefix: str, step: int, rows: Iterable[Row]) -> None:
         for tag, values, _shape, _dtype in rows:
             for op, value in zip(self.numeric_ops, values):
                 self.summary.add_scalar(f"{tag}_{op}", value, step)
 
-    def close(self):
+    def close(self) -> None:
         self.summary.close()
