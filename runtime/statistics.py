@@ -9,8 +9,9 @@ where the op cannot be built, and serve every other dtype and device. Nothing is
 thread: ``take`` concatenates every pending slot of a device into one device buffer (a cast and a concatenation per
 dtype, then one more concatenation) and starts one non-blocking copy to the host; the writer thread waits on
 the copy's event and reads the numbers. A slot learns its batch and offset at ``take`` time. A float8 tensor
-(``KIND_LOW``) is reduced from its values upcast to float32 a chunk at a time, never staged nor given to the
-native op, and its counts slot also holds its zero and saturated counts (docs/low-precision.md). The float8
+(``KIND_LOW``) is never staged: read once by the native op's ``stats_low`` (CPU) or the Triton kernels (a plain
+one on a device), else reduced from its values upcast to float32 a chunk at a time, and its counts slot also
+holds its zero and saturated counts (docs/low-precision.md). The float8
 data of a scaled tensor class (torchao's Float8TrainingTensor, Transformer Engine's Float8Tensor) comes as a
 ``float8_view`` that knows its scale: its statistics are those of the dequantized values, its fractions those of
 the float8 data, and its slot one or two numbers longer, the dequantization factor (``fp8_scale``).
@@ -308,7 +309,7 @@ class StatBuffer:
         fused = self._fused
         if fused is None:
             fused = self._fused = _fused_stats(self.nan_inf_count) or False
-        width = _WIDTH.get(kind) if kind != KIND_BOOL else None
+        width = 4 if kind == KIND_LOW else _WIDTH.get(kind) if kind != KIND_BOOL else None
         if not fused or width is None:
             return None
         try:
@@ -321,8 +322,9 @@ class StatBuffer:
     def _add_low(self, t, scaling=None):
         """A float8 tensor's slots: Max, Min, Mean, Norm (the slot) and the counts (NaN, Inf when they are on,
         then the elements equal to zero and those at the format's largest magnitude), all of the values
-        upcast to float32 chunk by chunk, since torch has no reduction of float8 itself. Nothing is read
-        back; the tensor is only read.
+        upcast to float32 chunk by chunk, since torch has no reduction of float8 itself; a plain tensor in one
+        read where the native op (CPU) or the Triton kernels (a device: ``_fused_add``) take it, the same numbers
+        (tests/runtime/test_triton_stats.py). Nothing is read back; the tensor is only read.
 
         ``scaling`` (``float8_scaling``): the statistics and the NaN/Inf counts are of the dequantized values,
         the zero and saturated counts of the float8 data, and the slot carries the dequantization factor after
@@ -337,6 +339,10 @@ class StatBuffer:
                 row = None
             if row:  # one pass (native/stats_op.cpp's stats_low): Max, Min, Mean, Norm, then the counts
                 return row[:4], row[4:]
+        if scaling is None and type(t) is torch.Tensor and t.device.type in self._fused_devices:
+            fused = self._fused_add(t, KIND_LOW)  # one read by the Triton kernels; None: the torch ops below
+            if fused is not None:
+                return fused
         top, decode, per_element = _low_format(t.dtype)
         if per_element != 1:
             t = t.view(torch.uint8)  # float4: its bytes, each two values (decode)

@@ -17,6 +17,11 @@ Two kernels, no atomics, so the numbers do not depend on scheduling (two identic
   its rows in row order and writes Max, Min, Mean, Norm and the two counts as float64 rows, which reach the
   host as one group slot per arena (the ``members`` mechanism of the staged small tensors).
 
+A plain float8 tensor (e4m3fn, e5m2 and their fnuz kinds: ``StatBuffer._add_low``'s) is read as its bytes and
+decoded in the kernel (``_decode``); its slot is Max, Min, Mean and Norm rounded to float32, its counts slot the
+NaN, Inf, zero and saturated counts (zero and saturated only where NaN/Inf counts are off), as ``_add_low``'s
+torch ops give them; its partial rows are eight wide (the two more counts), in arenas of their own.
+
 Numbers as the native CPU op gives them (``native/stats_op.cpp``): Max and Min exact, NaN when a NaN is
 present; Mean and Norm rounded to the tensor's dtype, inf past float32's range; a broadcast (stride-0)
 dimension read once and counted ``repeat`` times; a transposed or permuted tensor read in memory order; any
@@ -45,9 +50,51 @@ _FINISH_BLOCK = 128  # rows a ``_finish`` program combines at once
 # KIND_NO_MEAN: a slot of width 2), the others Max, Min, Mean and Norm (width 4); a 0-d tensor its value (1)
 _CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3}
 _META = 5  # a tensor's metadata row: first partial row, rows, elements, repeat, dtype code
+# float8 (statistics' KIND_LOW, a plain tensor: no scale): the format's code for ``_decode``; Mean and Norm
+# rounded to float32 (code 0), as ``StatBuffer._add_low`` gives them, and two more partials (zeros, saturated)
+_LOW = {}
+for _code, _name in enumerate(("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"), 1):
+    if hasattr(torch, _name):
+        _LOW[getattr(torch, _name)] = _code
 
 
 _INTS = ["n", "iters", "tensor", "row0", "rows", "repeat", "code", "d1", "d2", "d3", "s0", "s1", "s2", "s3"]
+
+
+@triton.jit
+def _decode(b, LOW: tl.constexpr):
+    """The float32 value of float8 bytes ``b`` (uint8) of format ``LOW`` (1 e4m3fn, 2 e5m2, 3 e4m3fnuz, 4
+    e5m2fnuz), decoded from the bits: Triton's interpreter reads float8 as if every exponent were a number
+    (e4m3fn's NaN as 480, e5m2's Inf as 65536), so the kernels decode it themselves, the same code compiled
+    and interpreted (tests/runtime/test_triton_stats.py: every encoding of each format)."""
+    if LOW == 1 or LOW == 3:
+        M: tl.constexpr = 3
+        E: tl.constexpr = 15
+    else:
+        M: tl.constexpr = 2
+        E: tl.constexpr = 31
+    if LOW == 1:
+        B: tl.constexpr = 7
+    elif LOW == 2:
+        B: tl.constexpr = 15
+    elif LOW == 3:
+        B: tl.constexpr = 8
+    else:
+        B: tl.constexpr = 16
+    bits = b.to(tl.int32)
+    e = (bits >> M) & E
+    m = bits & ((1 << M) - 1)
+    mantissa = tl.where(e == 0, m, m + (1 << M)).to(tl.float32)
+    power = ((tl.maximum(e, 1) - B - M + 127) << 23).to(tl.int32, bitcast=True)
+    v = mantissa * power.to(tl.float32, bitcast=True)  # exact: a power of two times at most 4 bits
+    v = tl.where((bits & 128) != 0, -v, v)
+    if LOW == 1:
+        v = tl.where((bits & 127) == 127, float("nan"), v)
+    elif LOW == 2:
+        v = tl.where(e == E, tl.where(m == 0, v * float("inf"), float("nan")), v)
+    else:  # fnuz: the one NaN is the negative zero's encoding; no Inf
+        v = tl.where(bits == 128, float("nan"), v)
+    return v
 
 
 @triton.jit(do_not_specialize=_INTS)  # a value of 1 would be made a constant: one compile per value, no .to
@@ -72,6 +119,8 @@ def _partials(
     CONTIGUOUS: tl.constexpr,
     WIDE: tl.constexpr,
     BLOCK: tl.constexpr,
+    LOW: tl.constexpr = 0,
+    TOP: tl.constexpr = 0.0,
 ):
     pid = tl.program_id(0)
     lanes = tl.arange(0, BLOCK)
@@ -87,6 +136,8 @@ def _partials(
         q = tl.zeros([BLOCK], tl.float32)
     nan = tl.zeros([BLOCK], tl.int32)
     inf = tl.zeros([BLOCK], tl.int32)
+    zero = tl.zeros([BLOCK], tl.int32)
+    full = tl.zeros([BLOCK], tl.int32)
     start = pid.to(tl.int64) * iters * BLOCK
     for i in range(0, iters):
         idx = start + i * BLOCK + lanes
@@ -101,7 +152,12 @@ def _partials(
             i1 = rest % d1
             i0 = rest // d1
             ptr = x + i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3
-        v = tl.load(ptr, mask=mask, other=0.0).to(mx.dtype)
+        if LOW:
+            v = _decode(tl.load(ptr, mask=mask, other=0), LOW)  # x: the float8 tensor's bytes (uint8)
+            zero += (mask & (v == 0.0)).to(tl.int32)
+            full += (tl.abs(v) == TOP).to(tl.int32)  # 0 where masked
+        else:
+            v = tl.load(ptr, mask=mask, other=0.0).to(mx.dtype)
         is_nan = v != v
         is_inf = (v == float("inf")) | (v == float("-inf"))
         ok = mask & (v == v)
@@ -111,7 +167,12 @@ def _partials(
         q += v * v  # squared and rounded, then added, as torch does: no fused multiply-add (enable_fp_fusion)
         nan += is_nan.to(tl.int32)
         inf += is_inf.to(tl.int32)
-    out = part + (row0 + pid).to(tl.int64) * 6
+    if LOW:
+        out = part + (row0 + pid).to(tl.int64) * 8
+        tl.store(out + 6, tl.sum(zero, 0).to(tl.float64))
+        tl.store(out + 7, tl.sum(full, 0).to(tl.float64))
+    else:
+        out = part + (row0 + pid).to(tl.int64) * 6
     tl.store(out + 0, tl.max(mx, 0).to(tl.float64))
     tl.store(out + 1, tl.min(mn, 0).to(tl.float64))
     tl.store(out + 2, tl.sum(s, 0).to(tl.float64))
@@ -139,7 +200,7 @@ def _rounded(x, code):
 
 
 @triton.jit
-def _finish(part, meta, values, counts, RB: tl.constexpr):
+def _finish(part, meta, values, counts, RB: tl.constexpr, LOW: tl.constexpr = 0):
     t = tl.program_id(0)
     m = meta + t * 5
     row0 = tl.load(m + 0)
@@ -154,10 +215,17 @@ def _finish(part, meta, values, counts, RB: tl.constexpr):
     q = tl.zeros([RB], tl.float64)
     nan = tl.zeros([RB], tl.float64)
     inf = tl.zeros([RB], tl.float64)
+    zero = tl.zeros([RB], tl.float64)
+    full = tl.zeros([RB], tl.float64)
     for r in range(0, rows, RB):
         at = r + lanes
         mask = at < rows
-        p = part + (row0 + at) * 6
+        if LOW:
+            p = part + (row0 + at) * 8
+            zero += tl.load(p + 6, mask=mask, other=0.0)
+            full += tl.load(p + 7, mask=mask, other=0.0)
+        else:
+            p = part + (row0 + at) * 6
         mx = tl.maximum(mx, tl.load(p + 0, mask=mask, other=float("-inf")))
         mn = tl.minimum(mn, tl.load(p + 1, mask=mask, other=float("inf")))
         s += tl.load(p + 2, mask=mask, other=0.0)
@@ -180,8 +248,14 @@ def _finish(part, meta, values, counts, RB: tl.constexpr):
     tl.store(out + 1, bottom)
     tl.store(out + 2, _rounded(total / n.to(tl.float64), code))
     tl.store(out + 3, _rounded(tl.sqrt(squares * repeat.to(tl.float64)), code))
-    tl.store(counts + t * 2 + 0, nans * repeat.to(tl.float64))
-    tl.store(counts + t * 2 + 1, tl.sum(inf, 0) * repeat.to(tl.float64))
+    if LOW:  # NaN, Inf, zero and saturated counts, as ``_add_low``'s counts slot
+        tl.store(counts + t * 4 + 0, nans * repeat.to(tl.float64))
+        tl.store(counts + t * 4 + 1, tl.sum(inf, 0) * repeat.to(tl.float64))
+        tl.store(counts + t * 4 + 2, tl.sum(zero, 0) * repeat.to(tl.float64))
+        tl.store(counts + t * 4 + 3, tl.sum(full, 0) * repeat.to(tl.float64))
+    else:
+        tl.store(counts + t * 2 + 0, nans * repeat.to(tl.float64))
+        tl.store(counts + t * 2 + 1, tl.sum(inf, 0) * repeat.to(tl.float64))
 
 
 class _Arena:
@@ -189,8 +263,8 @@ class _Arena:
 
     __slots__ = ("part", "meta", "rows", "slots", "counts")
 
-    def __init__(self, device, rows):
-        self.part = torch.empty((rows, 6), dtype=torch.float64, device=device)
+    def __init__(self, device, rows, columns):
+        self.part = torch.empty((rows, columns), dtype=torch.float64, device=device)
         self.meta = torch.empty((_ARENA_TENSORS, _META), dtype=torch.int64, device=device)
         self.rows = 0
         self.slots = []
@@ -214,15 +288,21 @@ class TritonStats:
     def add(self, t, width):
         """``(slot, counts slot or None)`` of a plain strided tensor of float32, float16 or bfloat16 (``width``
         4: Max, Min, Mean, Norm), of float64 (2: Max and Min), or a 0-d one of these (1: its value); None for
-        any other (the torch ops serve it)."""
-        code = _CODES.get(t.dtype)
+        any other (the torch ops serve it). A plain float8 tensor (``width`` 4, any dimension: ``_add_low``'s
+        slot) gets Max, Min, Mean, Norm of its values and a counts slot of NaN, Inf, zero and saturated counts
+        (zero and saturated only, where NaN/Inf counts are off)."""
+        low = _LOW.get(t.dtype, 0)
+        code = 0 if low else _CODES.get(t.dtype)
         if code is None or type(t) is not torch.Tensor or t.layout is not torch.strided:
             return None
-        if width != 1 and width != (2 if code == 3 else 4):
+        if width != 1 and width != (2 if code == 3 else 4) or low and width != 4:
             return None
-        if t.is_neg():
+        if not low and t.is_neg():
             t = t.resolve_neg()
         t, repeat = self._dense_view(t)
+        top = float(torch.finfo(t.dtype).max) if low else 0.0  # the saturated magnitude
+        if low:
+            t = t.view(torch.uint8)  # its bytes, decoded in the kernel (_decode): no copy
         contiguous = t.is_contiguous()
         if not contiguous and t.dim() > 4:
             return None
@@ -236,15 +316,18 @@ class TritonStats:
             sizes[4 - t.dim() :] = t.shape
             strides[4 - t.dim() :] = t.stride()
         slot = self._slot(None, width)
-        counts = self._slot(None, 2) if self.nan_inf_count else None
+        if low:
+            counts = self._slot(None, 4 if self.nan_inf_count else 2)
+        else:
+            counts = self._slot(None, 2) if self.nan_inf_count else None
         with self._lock:
-            key = (t.device, width)
+            key = (t.device, width, low != 0)
             arena = self._arenas.get(key)
             if arena is not None and (arena.rows + grid > arena.part.shape[0] or len(arena.slots) == _ARENA_TENSORS):
-                self._done.extend(self._close(arena, width))
+                self._done.extend(self._close(arena, width, low != 0))
                 arena = None
             if arena is None:
-                arena = self._arenas[key] = _Arena(t.device, max(_ARENA_ROWS, grid))
+                arena = self._arenas[key] = _Arena(t.device, max(_ARENA_ROWS, grid), 8 if low else 6)
             row0, tensor = arena.rows, len(arena.slots)
             _partials[(grid,)](
                 t,
@@ -264,6 +347,8 @@ class TritonStats:
                 CONTIGUOUS=contiguous,
                 WIDE=code == 3,
                 BLOCK=_BLOCK,
+                LOW=low,
+                TOP=top,
                 enable_fp_fusion=False,
             )
             arena.rows += grid
@@ -271,17 +356,21 @@ class TritonStats:
             arena.counts.append(counts)
         return slot, counts
 
-    def _close(self, arena, width):
+    def _close(self, arena, width, low):
         """Launch ``_finish`` over ``arena``'s tensors; their group slots (the lock held)."""
         count = len(arena.slots)
         device = arena.part.device
         values = torch.empty((count, 4), dtype=torch.float64, device=device)
-        totals = torch.empty((count, 2), dtype=torch.float64, device=device)
-        _finish[(count,)](arena.part, arena.meta, values, totals, RB=_FINISH_BLOCK, enable_fp_fusion=False)
+        totals = torch.empty((count, 4 if low else 2), dtype=torch.float64, device=device)
+        _finish[(count,)](
+            arena.part, arena.meta, values, totals, RB=_FINISH_BLOCK, LOW=int(low), enable_fp_fusion=False
+        )
         kept = values if width == 4 else values[:, :width]
         groups = [self._slot(kept.reshape(-1), width * count, arena.slots)]
-        if self.nan_inf_count:
-            groups.append(self._slot(totals.reshape(-1), 2 * count, arena.counts))
+        if low and not self.nan_inf_count:  # float8's zero and saturated counts only, as ``_add_low``'s
+            groups.append(self._slot(totals[:, 2:].reshape(-1), 2 * count, arena.counts))
+        elif self.nan_inf_count:
+            groups.append(self._slot(totals.reshape(-1), totals.shape[1] * count, arena.counts))
         return groups
 
     def finish(self):
@@ -289,7 +378,7 @@ class TritonStats:
         with self._lock:
             groups, self._done = self._done, []
             arenas, self._arenas = self._arenas, {}
-            for (_, width), arena in arenas.items():
+            for (_, width, low), arena in arenas.items():
                 if arena.slots:
-                    groups.extend(self._close(arena, width))
+                    groups.extend(self._close(arena, width, low))
         return groups

@@ -27,18 +27,23 @@ if "nvidia" not in backends:
     raise SystemExit
 target, options, out = GPUTarget("cuda", 90, 32), {"enable_fp_fusion": False}, []
 names = ["x", "n", "iters", "part", "meta", "tensor", "row0", "rows", "repeat", "code",
-         "d1", "d2", "d3", "s0", "s1", "s2", "s3", "CONTIGUOUS", "WIDE", "BLOCK"]
-for x, contiguous in (("*bf16", True), ("*fp64", False)):
+         "d1", "d2", "d3", "s0", "s1", "s2", "s3", "CONTIGUOUS", "WIDE", "BLOCK", "LOW", "TOP"]
+# float8 (LOW 1 to 4): its bytes (*u8), decoded in the kernel
+for x, contiguous, low in (("*bf16", True, 0), ("*fp64", False, 0), ("*u8", True, 1), ("*u8", False, 2),
+                           ("*u8", True, 3), ("*u8", True, 4)):
     types = {"x": x, "part": "*fp64", "meta": "*i64", **{name: "i64" for name in triton_stats._INTS}}
     signature = {name: types.get(name, "constexpr") for name in names}
     source = ASTSource(triton_stats._partials, signature,
-                       constexprs={"CONTIGUOUS": contiguous, "WIDE": x == "*fp64", "BLOCK": triton_stats._BLOCK})
+                       constexprs={"CONTIGUOUS": contiguous, "WIDE": x == "*fp64", "BLOCK": triton_stats._BLOCK,
+                                   "LOW": low, "TOP": 448.0 if low else 0.0})
     kernel = triton.compile(source, target=target, options=options)
-    out.append([x, "cubin" in kernel.asm, kernel.asm["ptx"].count("fma.rn")])
-signature = {"part": "*fp64", "meta": "*i64", "values": "*fp64", "counts": "*fp64", "RB": "constexpr"}
-source = ASTSource(triton_stats._finish, signature, constexprs={"RB": triton_stats._FINISH_BLOCK})
-kernel = triton.compile(source, target=target, options=options)
-out.append(["finish", "cubin" in kernel.asm, kernel.asm["ptx"].count("fma.rn")])
+    out.append([x + (f" low {low}" if low else ""), "cubin" in kernel.asm, kernel.asm["ptx"].count("fma.rn")])
+for low in (0, 1):
+    signature = {"part": "*fp64", "meta": "*i64", "values": "*fp64", "counts": "*fp64", "RB": "constexpr",
+                 "LOW": "constexpr"}
+    source = ASTSource(triton_stats._finish, signature, constexprs={"RB": triton_stats._FINISH_BLOCK, "LOW": low})
+    kernel = triton.compile(source, target=target, options=options)
+    out.append(["finish" + (" low" if low else ""), "cubin" in kernel.asm, kernel.asm["ptx"].count("fma.rn")])
 print(json.dumps(out))
 """
 
@@ -52,4 +57,13 @@ def test_the_kernels_compile_for_a_gpu():
     compiled = json.loads(done.stdout.strip().splitlines()[-1])
     if compiled is None:
         pytest.skip("this Triton has no CUDA backend")
-    assert compiled == [["*bf16", True, 0], ["*fp64", True, 0], ["finish", True, 0]]
+    assert compiled == [
+        ["*bf16", True, 0],
+        ["*fp64", True, 0],
+        ["*u8 low 1", True, 0],
+        ["*u8 low 2", True, 0],
+        ["*u8 low 3", True, 0],
+        ["*u8 low 4", True, 0],
+        ["finish", True, 0],
+        ["finish low", True, 0],
+    ]

@@ -18,9 +18,13 @@ if DEVICE == "cpu":
     # before any import, on a machine without a GPU; here for a run of this file alone elsewhere)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 triton = pytest.importorskip("triton")
+tl = triton.language
 
 from msprobe_runtime import native_stats, statistics  # noqa: E402
 from msprobe_runtime.statistics import StatBuffer, tensor_kind  # noqa: E402
+
+# the kernels' module, for a test kernel that calls ``_decode`` (the fixture's reload re-runs it in place)
+kernels = importlib.import_module("msprobe_runtime.triton_stats")
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's, in the interpreter: inf and NaN on purpose
 FLOATS = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
@@ -126,6 +130,7 @@ def test_a_tensor_of_many_rows_per_program(triton_stats):
     n = triton_stats._BLOCK * triton_stats._MAX_ROWS * 2 + 333
     g = torch.Generator().manual_seed(1)
     check([on_device(torch.randn(n, generator=g).to(torch.bfloat16)), on_device(torch.rand(n, generator=g))])
+    check_low([on_device((torch.randn(n, generator=g) * 100).to(dtype)) for dtype in FP8[:2]])
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
@@ -216,6 +221,7 @@ def test_arenas_that_fill_up_before_the_flush(monkeypatch, triton_stats):
         for dtype in (torch.float32, torch.float64)
     ]
     check(tensors)
+    check_low([on_device((torch.randn(n, generator=g) * 9).to(dtype)) for n in (5, 3000, 9000, 1, 7) for dtype in FP8])
 
 
 def test_identical_runs_give_identical_bits():
@@ -372,3 +378,147 @@ def test_a_kernel_that_fails_here_leaves_the_torch_ops(monkeypatch, triton_stats
     expected = statistics_of(StatBuffer(native=False), tensors)
     assert fused == expected  # the torch ops' own numbers, bit for bit
     assert slot_before.values()[0] == before.max().item()
+
+
+# float8 (KIND_LOW): the kernels decode the bytes themselves (triton_stats._decode), so the 256 encodings of
+# each format are checked one by one, then whole tensors against ``StatBuffer._add_low``'s torch ops
+FP8 = [
+    getattr(torch, name)
+    for name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+    if hasattr(torch, name)
+]
+
+
+def every_encoding(dtype):
+    return torch.arange(256, dtype=torch.int32).to(torch.uint8).view(dtype)
+
+
+def check_low(tensors, counts=True):
+    """As ``check``, for float8: Max, Min and the four (or two) counts exactly, Mean and Norm to float32's
+    rounding (``_add_low`` sums float32 chunks with torch ops, the kernels float32 lanes then float64 rows)."""
+    fused = statistics_of(fused_buffer(counts), tensors)
+    torch_ops = statistics_of(StatBuffer(nan_inf_count=counts, native=False), tensors)
+    for index, (t, (values, tally), (expected, expected_tally)) in enumerate(zip(tensors, fused, torch_ops)):
+        what = f"tensor {index}: {t.dtype} {tuple(t.shape)} strides {t.stride()}"
+        assert len(values) == 4 and len(tally) == (4 if counts else 2), (what, values, tally)
+        same(torch.float32, t.float(), values, expected, what)
+        assert tally == expected_tally, (what, tally, expected_tally)
+    return fused
+
+
+@triton.jit
+def _decode_all(x, out, LOW: tl.constexpr):
+    lanes = tl.arange(0, 256)
+    tl.store(out + lanes, kernels._decode(tl.load(x + lanes), LOW))
+
+
+@pytest.mark.parametrize("dtype", FP8, ids=str)
+def test_float8_decoded_as_torch_decodes(dtype, triton_stats):
+    """The kernels' decoding of each of the 256 bytes: torch's float32 value bit for bit (NaN where torch's is)."""
+    out = on_device(torch.empty(256))
+    _decode_all[(1,)](
+        on_device(torch.arange(256, dtype=torch.int32).to(torch.uint8)), out, LOW=triton_stats._LOW[dtype]
+    )
+    expected = every_encoding(dtype).float()
+    out = out.cpu()
+    assert torch.equal(out.isnan(), expected.isnan())
+    assert torch.equal(out[~out.isnan()].view(torch.int32), expected[~expected.isnan()].view(torch.int32))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", FP8, ids=str)
+def test_float8_every_encoding_alone(dtype):
+    """Each encoding as a one-element tensor: its value (NaN, Inf, both zeros, subnormals, the largest) and
+    its counts exactly as torch decodes it (Triton's interpreter alone reads e4m3fn's NaN as 480)."""
+    raw = every_encoding(dtype)
+    tensors = [on_device(raw[i : i + 1]) for i in range(256)]
+    fused = check_low(tensors)
+    decoded = raw.float()
+    for i, (values, tally) in enumerate(fused):
+        v = decoded[i].item()
+        if math.isnan(v):
+            assert math.isnan(values[0]) and tally[0] == 1.0, (i, values, tally)
+        else:
+            assert values == [v, v, v, abs(v)], (i, values, v)
+            assert tally == [0.0, float(math.isinf(v)), float(v == 0), float(abs(v) == torch.finfo(dtype).max)]
+
+
+def float8_cases(dtype):
+    raw = every_encoding(dtype)
+    f = raw.float()
+    top, tiny = torch.finfo(dtype).max, torch.finfo(dtype).tiny
+    g = torch.Generator().manual_seed(10)
+    matrix = (torch.linspace(-3, 3, 60).reshape(6, 10) * 7).to(dtype)
+    noisy = (torch.randn(5000, generator=g) * top / 4).to(dtype)
+    noisy[[3, 1500, 4999]] = raw[f.isnan()][0]
+    cube = (torch.randn(4, 6, 10, generator=g) * 5).to(dtype)
+    cases = [
+        raw,  # all 256 encodings
+        raw[torch.isfinite(f)],
+        raw[~torch.isnan(f)],  # e5m2: +-Inf, no NaN
+        torch.tensor([0.0, -0.0, tiny / 2, tiny / 4, -tiny / 2, 0.0]).to(dtype),  # zeros and subnormals
+        torch.tensor([top, -top, top, 1.0, 0.5, 0.0, top / 2, -top]).to(dtype),  # saturated
+        matrix,
+        matrix.t(),  # transposed: read in memory order
+        torch.tensor([[top], [0.0], [-1.5]]).to(dtype).expand(3, 7),  # broadcast: read once, counted 7 times
+        torch.tensor(-top).to(dtype),  # 0-d
+        torch.tensor(0.0).to(dtype),
+        cube[:, ::2, 1:],  # a strided slice: read through its strides
+        cube.reshape(2, 2, 3, 2, 10).transpose(1, 3)[..., ::3],  # 5 dimensions, not dense: the torch ops serve
+        noisy,
+    ]
+    cases += [(torch.randn(n, generator=g) * 40).to(dtype) for n in (1, 7, 1023, 1025, 4097, 70001)]
+    return [on_device(t) for t in cases]
+
+
+@pytest.mark.parametrize("counts", [True, False], ids=["nan_inf", "no_nan_inf"])
+@pytest.mark.parametrize("dtype", FP8, ids=str)
+def test_float8_as_the_torch_ops(dtype, counts, monkeypatch, triton_stats):
+    served = []
+    original = triton_stats.TritonStats.add
+    monkeypatch.setattr(
+        triton_stats.TritonStats, "add", lambda self, t, width: served.append(original(self, t, width)) or served[-1]
+    )
+    tensors = float8_cases(dtype)
+    fused = check_low(tensors, counts)
+    # every case but the 5-dimensional one is the kernels' (that one the torch ops', as for any dtype)
+    assert [result is not None for result in served] == [index != 11 for index in range(len(tensors))]
+    values, tally = fused[0]  # all 256 encodings
+    fnuz = "fnuz" in str(dtype)  # one zero (its -0 is the NaN), no Inf
+    assert math.isnan(values[0]) and tally[-2:] == [1.0 if fnuz else 2.0, 2.0]  # zeros, saturated magnitudes
+    if counts:
+        nans = 1 if fnuz else (6 if dtype is torch.float8_e5m2 else 2)
+        assert tally[:2] == [float(nans), 2.0 if dtype is torch.float8_e5m2 else 0.0]
+    assert fused[7][1][-2:] == [7.0, 7.0]  # broadcast: one zero, one saturated value, each seven times
+
+
+def test_float8_scaled_views_are_the_torch_ops(monkeypatch, triton_stats):
+    """A scaled class's float8 view (``float8_view``: statistics of data / scale) is left to the torch ops."""
+    served = []
+    monkeypatch.setattr(triton_stats.TritonStats, "add", lambda self, t, width: served.append(t))
+    data = on_device(torch.tensor([1.0, -2.0, 448.0]).to(torch.float8_e4m3fn))
+    view = statistics.float8_view(data, on_device(torch.tensor(4.0)), True)
+    ((values, tally),) = statistics_of(fused_buffer(), [view])
+    assert served == [] and values[:3] + values[4:] == [112.0, -0.5, 37.25, 0.25]
+    assert values[3] == pytest.approx(math.sqrt(0.25**2 + 0.5**2 + 112.0**2), rel=1e-6)
+    assert tally == [0.0, 0.0, 0.0, 1.0]
+
+
+def test_float8_when_the_kernel_fails_the_torch_ops(monkeypatch, triton_stats, caplog):
+    class Broken:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                raise RuntimeError("cannot lower uint8 here")
+
+            return launch
+
+    monkeypatch.setattr(triton_stats, "_partials", Broken())
+    tensors = [on_device(every_encoding(dtype)) for dtype in FP8]
+    buffer = fused_buffer()
+    with caplog.at_level("WARNING", logger="msprobe_runtime"):
+        fused = statistics_of(buffer, tensors)
+    warnings = [r.getMessage() for r in caplog.records if "Triton" in r.getMessage()]
+    assert len(warnings) == 1 and "uint8" in warnings[0], warnings
+    assert buffer._fused_devices == ()
+    expected = statistics_of(StatBuffer(native=False), tensors)
+    assert repr(fused) == repr(expected)  # the torch ops' numbers, bit for bit (repr: NaN equal to NaN)
