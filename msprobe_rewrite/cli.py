@@ -86,6 +86,8 @@ COMMAND_SUMMARIES: Dict[str, str] = {
     "compare": "RUN_A RUN_B: align two runs' dumps and name the first divergence",
     "precheck": "DUMP: replay each dumped API call on the CPU and grade it, with no reference run",
     "nan": "DUMP: name where NaN or Inf started in one run (the op, step, rank and line), as msprobe's overflow_check",
+    "monitor-report": "DIR: an HTML page of a training monitor's CSV output (a plot per metric and layer, the "
+    "anomalies marked) and the layers whose gradient norms grew first",
     "check": "PATH...: report API calls the instrumentation cannot see (the lint)",
     "guard": "PATH...: fail on instrumented files, or restore them with --fix (for pre-commit)",
     "hook-path": "print the folder to put on PYTHONPATH so that $MSPROBE_REWRITE_PACKAGES instruments on import",
@@ -466,6 +468,7 @@ SUBCOMMANDS: Dict[str, Callable[[Sequence[str]], int]] = {
     "compare": _compare_main,
     "nan": lambda argv: __import__("msprobe_rewrite.compare.nan_cli", fromlist=["main"]).main(argv),
     "precheck": lambda argv: __import__("msprobe_rewrite.precheck.cli", fromlist=["main"]).main(argv),
+    "monitor-report": lambda argv: __import__("msprobe_rewrite.monitor_report", fromlist=["main"]).main(argv),
 }
 
 
