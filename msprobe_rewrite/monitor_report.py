@@ -507,9 +507,9 @@ def render(
             "<th>value</th><th>message</th></tr>"
         )
         for number, record in enumerate(data.anomalies, 1):
-            anchor = anchors.get((int(record.get("rank", 0)), record["kind"], record["layer"], record["op"] or "norm"))
+            link = anchors.get((int(record.get("rank", 0)), record["kind"], record["layer"], record["op"] or "norm"))
             layer = html.escape(record["layer"])
-            cell = f'<a href="#{anchor}">{layer}</a>' if anchor else layer
+            cell = f'<a href="#{link}">{layer}</a>' if link else layer
             out.append(
                 f'<tr class="anomaly" data-step="{record["step"]}" data-layer="{layer}"><td>{number}</td>'
                 f"<td>{record['step']}</td><td>{record.get('rank', 0)}</td><td>{cell}</td>"

@@ -1,10 +1,10 @@
 """One training run of the tiny MLP under a monitor, for tests/monitor/test_side_by_side.py: msprobe's own
 TrainerMon (run in msprobe's venv) or ours, on the same model, data, seed and config.
 
-    python side_by_side_run.py {msprobe|ours} CONFIG OUTPUT_DIR STEPS [main_grad]
+    python side_by_side_run.py {msprobe|ours} CONFIG OUTPUT_DIR STEPS [main_grad] [lr@STEP]
 
 Writes the monitor's output under OUTPUT_DIR ($MONITOR_OUTPUT_DIR) and prints one JSON line: the parameters'
-names, and the error the run raised, if any.
+names, the error the run raised, if any, and (ours) every anomaly record made.
 """
 
 import json
@@ -12,7 +12,9 @@ import os
 import sys
 
 which, config, output, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-main_grad = len(sys.argv) > 5 and sys.argv[5] == "main_grad"
+main_grad = "main_grad" in sys.argv[5:]
+# lr@STEP: the learning rate x1000 from that step (tests/monitor/test_anomalies.py's fault)
+spike = next((int(arg[3:]) for arg in sys.argv[5:] if arg.startswith("lr@")), None)
 os.environ["MONITOR_OUTPUT_DIR"] = output
 if which == "msprobe":
     # msprobe patches megatron's gradient buckets when megatron imports (optimizer_collect.py patch_grad_sync)
@@ -46,9 +48,14 @@ monitor.set_monitor(model, optimizer)
 error = None
 try:
     for step in range(steps):
+        if step == spike:
+            for group in optimizer.param_groups:
+                group["lr"] *= 1000.0
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(model(data), target).backward()
         optimizer.step()
 except Exception as raised:  # reported, not raised: the test compares what each monitor does
     error = f"{type(raised).__name__}: {raised}"
-print(json.dumps({"params": [name for name, _ in model.named_parameters()], "error": error}))
+# ours keeps every record in memory (the file gets the earliest 8 of each step): the records made, as msprobe's
+records = [dict(item) for item in getattr(monitor, "anomalies", [])] if which == "ours" else None
+print(json.dumps({"params": [name for name, _ in model.named_parameters()], "error": error, "anomalies": records}))

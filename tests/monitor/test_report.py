@@ -146,9 +146,9 @@ def test_a_clean_run_reports_nothing(train):
     ]
 
 
-def _write_run(folder, layers, steps, value, kinds=("grad_reduced",)):
+def _write_run(folder, layers, steps, value, kinds=("grad_reduced",), rank_id=0):
     """Hand-made monitor CSV files, one per step and kind: ``value(layer, step)`` -> the norm."""
-    rank = folder / "Dec05_10-00-00-rank0-abcdef12"
+    rank = folder / f"Dec05_10-00-00-rank{rank_id}-abcdef1{rank_id}"
     rank.mkdir(parents=True)
     for kind in kinds:
         for step in range(steps):
@@ -180,6 +180,23 @@ def test_hundreds_of_layers_downsampled_with_the_spike_kept(tmp_path, capsys):
     assert [d["data-op"] for d in page.details if d.get("class") == "op"] == ["norm", "max"]
     assert _summary_layers(out)[:2] == ["0:layers.42.weight", "0:layers.123.weight"]
     assert "step 250" in out and "step 301" in out
+
+
+def test_ranks_are_told_apart(tmp_path, capsys):
+    # the same layer names on two ranks: rank 1's fc grows at step 5, rank 0's at step 6
+    _write_run(tmp_path, layers=2, steps=8, value=lambda layer, step: 40.0 if layer == 1 and step >= 6 else 1.0)
+    _write_run(tmp_path, 2, 8, lambda layer, step: 40.0 if layer == 1 and step >= 5 else 1.0, rank_id=1)
+    assert cli.main(["monitor-report", str(tmp_path), "--ops", "norm"]) == 0
+    out = capsys.readouterr().out
+    page = Page((tmp_path / "monitor_report.html").read_text(encoding="utf-8"))
+    assert sorted((p["data-rank"], p["data-layer"]) for p in page.plots) == [
+        (rank, f"0:layers.{layer}.weight") for rank in "01" for layer in range(2)
+    ]
+    assert [line.split()[1:4] for line in out.splitlines()[2:]] == [
+        ["rank1", "0:layers.1.weight", "step"],
+        ["rank0", "0:layers.1.weight", "step"],
+    ]
+    assert "step 5" in out.splitlines()[2] and "step 6" in out.splitlines()[3]
 
 
 def test_downsample_keeps_each_bucket_extremes():

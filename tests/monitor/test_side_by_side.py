@@ -17,13 +17,14 @@ error is relative to the elements, not to itself. Written with ``ndigits`` 12 so
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from msprobe_rewrite import cli
+from msprobe_rewrite import cli, monitor_report
 
 pytestmark = pytest.mark.slow  # each run starts a Python with torch (msprobe's imports take seconds)
 
@@ -52,14 +53,14 @@ def _env():
     return dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
 
 
-def _run(python, which, folder, *extra):
+def _run(python, which, folder, *extra, config=None, steps=STEPS):
     """One monitored run -> (the rank folder, the runner's JSON line, its log: stdout and stderr)."""
     folder.mkdir(parents=True)
-    config = folder / "config.json"
-    config.write_text(json.dumps(CONFIG))
+    config_path = folder / "config.json"
+    config_path.write_text(json.dumps(CONFIG if config is None else config))
     output = folder / "monitor_output"
     done = subprocess.run(
-        [python, str(RUNNER), which, str(config), str(output), str(STEPS), *extra],
+        [python, str(RUNNER), which, str(config_path), str(output), str(steps), *extra],
         capture_output=True,
         text=True,
         env=_env(),
@@ -204,3 +205,58 @@ def test_our_report_reads_msprobe_output(runs, capsys):
     our_page = (ours.parent.parent / "ours.html").read_text(encoding="utf-8")
     assert their_page.count('<svg class="plot"') == 6 * 6 * len(OPS)  # 6 kinds x 6 layers x 6 ops
     assert our_page.count('<svg class="plot"') == 8 * 6 * len(OPS)  # and adam_update, adam_ratio
+
+
+ALERT_CONFIG = {
+    "targets": {},
+    "wg_distribution": True,
+    "param_distribution": True,
+    "mv_distribution": True,
+    "ops": ["min", "max", "norm", "zeros", "nans"],
+    "format": "csv",
+    "alert": {
+        "rules": [{"rule_name": "AnomalyNan"}, {"rule_name": "AnomalyTurbulence", "args": {"threshold": 0.5}}],
+        "dump": True,
+    },
+}
+MESSAGE = re.compile(
+    r"Rule (\w+) reports anomaly signal in \('([^']+)', '(\w+)'\) at step (\d+), current value (\S+), "
+    r"history mean (\S+)\.$"
+)
+
+
+def test_the_same_anomalies_with_the_learning_rate_x1000(msprobe_python, tmp_path):
+    """Both monitors' alert rules on one run whose learning rate is x1000 from step 7: the same records (rule,
+    tensor, op, step), figures within float32 rounding. By design (docs/monitor.md): our anomaly.json keeps the
+    earliest 8 of each step (anomaly_analyse's default), msprobe's every record; msprobe gives the weights' rows
+    call id -1 (it registers none for them), ours their call order."""
+    theirs, _, _ = _run(msprobe_python, "msprobe", tmp_path / "msprobe", "lr@7", config=ALERT_CONFIG, steps=10)
+    ours, our_result, _ = _run(sys.executable, "ours", tmp_path / "ours", "lr@7", config=ALERT_CONFIG, steps=10)
+    their_file = json.loads((theirs.parent / "anomaly_detected" / "rank0" / "anomaly.json").read_text())
+    our_file = json.loads((ours.parent / "anomaly_detected" / "rank0" / "anomaly.json").read_text())
+    their_records = list(their_file.values())
+    made = our_result["anomalies"]
+    assert {item["step"] for item in made} >= {7, 8, 9}  # the spike's steps (and msprobe's moment turbulence)
+    by_tag = {(item["step"], item["tag_name"]): item for item in their_records}
+    assert sorted(by_tag) == sorted((item["step"], item["tag_name"]) for item in made)  # the same records
+    for item in made:
+        theirs_item = by_tag[(item["step"], item["tag_name"])]
+        their_parts = MESSAGE.match(theirs_item["message"]).groups()
+        our_parts = MESSAGE.match(item["message"]).groups()
+        assert our_parts[:4] == their_parts[:4]  # rule, tensor, op, step
+        for their_text, our_text in zip(their_parts[4:], our_parts[4:]):  # value, history mean
+            assert float(our_text) == pytest.approx(float(their_text), rel=REL)
+        if item["tag_name"].endswith(("/param_origin", "/param_updated")):
+            assert theirs_item["call_id"] == -1 and item["call_id"] >= 0
+        else:
+            assert theirs_item["call_id"] == item["call_id"]
+        assert {key: item[key] for key in item if key not in ("message", "call_id")} == {
+            key: theirs_item[key] for key in theirs_item if key not in ("message", "call_id")
+        }
+    # the file: msprobe's holds every record, ours the earliest 8 of each step, in msprobe's execution order (its
+    # ties, the weights' rows at call -1, in msprobe's own order)
+    assert len(their_file) == len(made) > len(our_file)
+    for step in {item["step"] for item in made}:
+        earliest = sorted((item for item in their_records if item["step"] == step), key=monitor_report.execution_order)
+        kept = [item["tag_name"] for item in our_file.values() if item["step"] == step]
+        assert kept == [item["tag_name"] for item in earliest[:8]], step
