@@ -80,6 +80,7 @@ MESSAGE_VALUE = re.compile(r"current value (?P<value>\S+?),")
 
 MIN_HISTORY = 3  # earlier steps a median needs before a finite norm can count as growth
 WIDTH, HEIGHT, PAD_LEFT, PAD_RIGHT, PAD_TOP, PAD_BOTTOM = 300, 120, 58, 8, 10, 18
+MAX_TABLE_ROWS = 1000  # the anomaly table's rows; every anomaly is still marked on its plot
 LONG_WORK_S = 2.0  # past this, progress lines on stderr
 
 
@@ -387,10 +388,9 @@ def _svg(entry: Series, op: str, marks: List[Dict[str, Any]], cap: int, anchor: 
     ]
     # one polyline per run of finite points: a NaN step breaks the line rather than joining across it
     runs: List[List[Tuple[int, float]]] = [[]]
-    bad_set = set(bad)
     previous = None
     for step, value in kept:
-        if previous is not None and any(previous < b < step for b in bad_set):
+        if previous is not None and bisect.bisect_right(bad, previous) < bisect.bisect_left(bad, step):
             runs.append([])
         runs[-1].append((step, value))
         previous = step
@@ -401,11 +401,21 @@ def _svg(entry: Series, op: str, marks: List[Dict[str, Any]], cap: int, anchor: 
         elif run:
             coordinates = " ".join(f"{x_of(step):.1f},{y_of(value):.1f}" for step, value in run)
             parts.append(f'<polyline class="line" points="{coordinates}"/>')
+    # one mark per run of consecutive NaN/Inf steps (a NaN that stays for 10,000 steps is one band, not 10,000)
+    index_of = {step: index for index, (step, _) in enumerate(points)}
+    spans: List[List[int]] = []
     for step in bad:
-        x = x_of(step)
+        if spans and index_of[step] == index_of[spans[-1][1]] + 1:
+            spans[-1][1] = step
+        else:
+            spans.append([step, step])
+    for first, last in spans:
+        left, right = x_of(first) - 3, x_of(last) + 3
+        what = sorted({str(values[step]) for step in (first, last)})
         parts.append(
-            f'<path class="nonfinite" data-step="{step}" d="M{x - 3:.1f},{PAD_TOP - 1} L{x + 3:.1f},{PAD_TOP - 1} '
-            f'L{x:.1f},{PAD_TOP + 5}Z"><title>step {step}: {values[step]}</title></path>'
+            f'<path class="nonfinite" data-step="{first}" data-last="{last}" d="M{left:.1f},{PAD_TOP - 1} '
+            f'L{right:.1f},{PAD_TOP - 1} L{right - 3:.1f},{PAD_TOP + 5} L{left + 3:.1f},{PAD_TOP + 5}Z"><title>'
+            f"steps {first}-{last}: {'/'.join(what)}</title></path>"
         )
     for mark in marks:
         step = int(mark["step"])
@@ -506,7 +516,7 @@ def render(
             '<table class="anomalies"><tr><th>#</th><th>step</th><th>rank</th><th>layer</th><th>kind</th><th>op</th>'
             "<th>value</th><th>message</th></tr>"
         )
-        for number, record in enumerate(data.anomalies, 1):
+        for number, record in enumerate(data.anomalies[:MAX_TABLE_ROWS], 1):
             link = anchors.get((int(record.get("rank", 0)), record["kind"], record["layer"], record["op"] or "norm"))
             layer = html.escape(record["layer"])
             cell = f'<a href="#{link}">{layer}</a>' if link else layer
@@ -517,6 +527,8 @@ def render(
                 f"<td>{_fmt(record['value'])}</td><td>{html.escape(str(record.get('message', '')))}</td></tr>"
             )
         out.append("</table>")
+        if len(data.anomalies) > MAX_TABLE_ROWS:
+            out.append(f"<p>... and {len(data.anomalies) - MAX_TABLE_ROWS} more (marked on the plots).</p>")
     else:
         out.append("<p>None recorded (no anomaly_detected/rank*/anomaly.json, or no rule fired).</p>")
     out.append(f"<h2>Gradient norms that grew first ({len(onsets)})</h2>")

@@ -41,7 +41,7 @@ class Page(HTMLParser):
         elif tag == "circle" and self._plot is not None and attrs.get("class") == "pt":
             self._plot["polyline"].append((float(attrs["cx"]), float(attrs["cy"])))
         elif tag == "path" and self._plot is not None and attrs.get("class") == "nonfinite":
-            self._plot["nonfinite"].append(int(attrs["data-step"]))
+            self._plot["nonfinite"].append((int(attrs["data-step"]), int(attrs["data-last"])))
         elif tag == "circle" and self._plot is not None and attrs.get("class") == "anomaly":
             self._plot["anomalies"].append(int(attrs["data-step"]))
         elif tag == "tr" and attrs.get("class") == "anomaly":
@@ -92,11 +92,11 @@ def test_a_nan_in_one_weight_is_plotted_listed_and_named_first(train):
     # the weight's own plots carry the anomaly mark at step 7, and its NaN from step 7 on
     marked = page.plot("param_origin", "min", "0:fc2.weight")
     assert marked["anomalies"][0] == 7  # and every step after: the NaN stays in the weight
-    assert marked["nonfinite"] == list(range(7, 12))
+    assert marked["nonfinite"] == [(7, 11)]  # one band over the steps 7-11
     assert len(marked["polyline"]) == 7  # steps 0-6 finite: the line stops where the NaN starts
     # fc1's weight is finite at step 7, spoiled by step 7's update
-    assert page.plot("param_origin", "min", "0:fc1.weight")["nonfinite"] == list(range(8, 12))
-    assert page.plot("grad_reduced", "norm", "0:head.weight")["nonfinite"] == list(range(7, 12))
+    assert page.plot("param_origin", "min", "0:fc1.weight")["nonfinite"] == [(8, 11)]
+    assert page.plot("grad_reduced", "norm", "0:head.weight")["nonfinite"] == [(7, 11)]
     # the table lists the anomalies in execution order: the weight before the gradients it spoiled
     assert page.anomaly_rows[0] == (7, "0:fc2.weight")
     assert all(step >= 7 for step, _ in page.anomaly_rows)
@@ -165,8 +165,10 @@ def test_hundreds_of_layers_downsampled_with_the_spike_kept(tmp_path, capsys):
         base = 1.0 + 0.01 * ((layer * 7 + step * 13) % 10)
         if layer == 123 and step == 301:  # a one-step spike, on a step no bucket boundary favours
             return 500.0
-        if layer == 42 and step >= 250:  # grows first, and stays up
+        if layer == 42 and step >= 250:  # grows, and stays up
             return 50.0
+        if layer == 7 and (100 <= step <= 350 or step == 390):  # NaN for 251 steps, then once more
+            return math.nan
         return base
 
     _write_run(tmp_path, layers=150, steps=400, value=value)
@@ -178,8 +180,9 @@ def test_hundreds_of_layers_downsampled_with_the_spike_kept(tmp_path, capsys):
     spike = page.plot("grad_reduced", "norm", "0:layers.123.weight")
     assert min(y for _, y in spike["polyline"]) == monitor_report.PAD_TOP  # the spike is the top of its plot
     assert [d["data-op"] for d in page.details if d.get("class") == "op"] == ["norm", "max"]
-    assert _summary_layers(out)[:2] == ["0:layers.42.weight", "0:layers.123.weight"]
-    assert "step 250" in out and "step 301" in out
+    assert _summary_layers(out) == ["0:layers.7.weight", "0:layers.42.weight", "0:layers.123.weight"]
+    assert "step 100" in out and "step 250" in out and "step 301" in out
+    assert page.plot("grad_reduced", "norm", "0:layers.7.weight")["nonfinite"] == [(100, 350), (390, 390)]
 
 
 def test_ranks_are_told_apart(tmp_path, capsys):
@@ -294,3 +297,22 @@ def test_the_report_imports_no_torch():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO)] + sys.path))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert done.stdout.strip() == "False", done.stderr
+
+
+def test_the_anomaly_table_is_capped_the_marks_are_not(tmp_path, monkeypatch):
+    monkeypatch.setattr(monitor_report, "MAX_TABLE_ROWS", 5)
+    _write_run(tmp_path, layers=1, steps=8, value=lambda layer, step: 1.0)
+    detected = tmp_path / "anomaly_detected" / "rank0"
+    detected.mkdir(parents=True)
+    tag = "0:layers.0.weight/rank0/post_grad"
+    records = {
+        f"r{step}": {"rank": 0, "step": step, "call_id": 0, "tag_name": tag, "message": f"in ('{tag}', 'max') at step"}
+        for step in range(8)
+    }
+    (detected / "anomaly.json").write_text(__import__("json").dumps(records))
+    assert cli.main(["monitor-report", str(tmp_path), "-q"]) == 0
+    text = (tmp_path / "monitor_report.html").read_text(encoding="utf-8")
+    page = Page(text)
+    assert [step for step, _ in page.anomaly_rows] == [0, 1, 2, 3, 4]
+    assert "... and 3 more (marked on the plots)" in text
+    assert page.plot("grad_reduced", "max", "0:layers.0.weight")["anomalies"] == list(range(8))
