@@ -402,7 +402,7 @@ def _svg(entry: Series, op: str, marks: List[Dict[str, Any]], cap: int, anchor: 
             coordinates = " ".join(f"{x_of(step):.1f},{y_of(value):.1f}" for step, value in run)
             parts.append(f'<polyline class="line" points="{coordinates}"/>')
     # one mark per run of consecutive NaN/Inf steps (a NaN that stays for 10,000 steps is one band, not 10,000)
-    index_of = {step: index for index, (step, _) in enumerate(points)}
+    index_of = {step: index for index, (step, _) in enumerate(points)} if bad else {}
     spans: List[List[int]] = []
     for step in bad:
         if spans and index_of[step] == index_of[spans[-1][1]] + 1:
