@@ -63,6 +63,8 @@ class DeviceRules:
         fired_before = torch.zeros_like(values, dtype=torch.bool)
         turbulence_columns, ruled_columns = self._masks(values.device)
         for index, rule in enumerate(self.rules):
+            if rule.name == "AnomalySpike":
+                continue  # ours, on the loss and the global gradient norm: spike.py
             if rule.name == "AnomalyTurbulence":
                 assert rule.threshold is not None  # config.parse refuses an AnomalyTurbulence without one
                 fired = magnitude > history * (1 + rule.threshold)

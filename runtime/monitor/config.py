@@ -20,6 +20,10 @@ from ..config import INACTIVE, OURS, REFUSED, SUPPORTED, ConfigError, Key
 # msprobe's MonitorConst (core/common/const.py)
 OP_LIST = ("norm", "min", "max", "zeros", "nans", "id", "mean", "shape", "dtype")
 RULE_NAMES = ("AnomalyTurbulence", "AnomalyNan")
+OUR_RULE_NAMES = ("AnomalySpike",)  # ours: msprobe has no such rule (docs/monitor.md, "Flight recorder ...")
+SPIKE_ARGS = {"k": 6.0, "window": 50, "warmup": 10}  # AnomalySpike's arguments and their defaults
+CAPTURE_LEVELS = ("mix", "L0", "L1")
+CAPTURE_SCOPES = ("anomalous", "all")
 SA_ORDERS = ("s,b,h,d", "b,s,h,d")
 FORMATS = ("csv", "tensorboard")
 MAX_NDIGITS = 20
@@ -118,10 +122,34 @@ KEYS = {
 }
 
 
+# ours, not msprobe's: read only here (KEYS stays msprobe's snapshot, which tests/monitor/test_config.py checks)
+OUR_KEYS = {
+    "flight_recorder": Key(
+        OURS, "{'steps': K}: the last K collected steps' figures, written beside anomaly.json when a rule fires"
+    ),
+    "on_anomaly": Key(
+        OURS,
+        "{'level': 'mix', 'scope': 'anomalous', 'steps': 1}: a PrecisionDebugger dump of the next steps "
+        "(and of the replay), limited to the modules the rule named",
+    ),
+}
+
+
 @dataclass
 class Rule:
     name: str
     threshold: float | None = None
+    k: float | None = None  # AnomalySpike: standard deviations above the window's mean
+    window: int | None = None  # AnomalySpike: values kept
+    warmup: int | None = None  # AnomalySpike: values seen before it may fire
+
+
+@dataclass
+class OnAnomaly:
+    level: str = "mix"
+    scope: str = "anomalous"
+    steps: int = 1
+    times: int = 1  # captures (and replays) per run: a NaN that stays fires every step after
 
 
 @dataclass
@@ -144,6 +172,8 @@ class MonitorConfig:
     anomaly_dump: bool = False
     step_count_per_record: int = 1
     squash_name: bool = False
+    flight_recorder_steps: int = 0  # ours: 0 = no flight recorder
+    on_anomaly: OnAnomaly | None = None  # ours: no deep capture when None
 
     @property
     def numeric_ops(self) -> list[str]:
@@ -209,11 +239,15 @@ def _rules(alert: Any) -> tuple[list[Rule], bool]:
             if key not in ("rule_name", "args"):
                 _refuse(f"{path}.{key}", f"not a rule key{_nearest(str(key), ('rule_name', 'args'))}")
         name = spec.get("rule_name")
-        if name not in RULE_NAMES:
-            _refuse(f"{path}.rule_name", f"{name!r} is not a rule{_nearest(str(name), RULE_NAMES, 0.5)}")
+        if name not in RULE_NAMES + OUR_RULE_NAMES:
+            known = RULE_NAMES + OUR_RULE_NAMES
+            _refuse(f"{path}.rule_name", f"{name!r} is not a rule{_nearest(str(name), known, 0.5)}")
         args = spec.get("args") or {}
         if not isinstance(args, dict):
             _refuse(f"{path}.args", f"expected a dict, got {args!r}")
+        if name == "AnomalySpike":
+            rules.append(_spike_rule(args, f"{path}.args"))
+            continue
         for key in args:
             if key != "threshold":
                 _refuse(f"{path}.args.{key}", f"not a rule argument{_nearest(str(key), ('threshold',))}")
@@ -228,14 +262,57 @@ def _rules(alert: Any) -> tuple[list[Rule], bool]:
     return rules, _bool(dump, "alert.dump")
 
 
+def _spike_rule(args: dict[str, Any], path: str) -> Rule:
+    for key in args:
+        if key not in SPIKE_ARGS:
+            _refuse(f"{path}.{key}", f"not an AnomalySpike argument{_nearest(str(key), SPIKE_ARGS)}")
+    k = args.get("k", SPIKE_ARGS["k"])
+    if type(k) not in (int, float) or not 0 < k < float("inf"):
+        _refuse(f"{path}.k", f"expected a number > 0 (standard deviations), got {k!r}")
+    window = _int(args.get("window", SPIKE_ARGS["window"]), f"{path}.window", 2, 100000)
+    warmup = _int(args.get("warmup", min(int(SPIKE_ARGS["warmup"]), window)), f"{path}.warmup", 2, window)
+    return Rule("AnomalySpike", k=float(k), window=window, warmup=warmup)
+
+
+def _flight_recorder(value: Any) -> int:
+    if not isinstance(value, dict):
+        _refuse("flight_recorder", f"expected {{'steps': K}}, got {value!r}")
+    for key in value:
+        if key != "steps":
+            _refuse(f"flight_recorder.{key}", f"not a flight_recorder key{_nearest(str(key), ('steps',))}")
+    return _int(value.get("steps", 16), "flight_recorder.steps", 1, 100000)
+
+
+def _on_anomaly(value: Any) -> OnAnomaly:
+    if not isinstance(value, dict):
+        _refuse("on_anomaly", f"expected {{'level': 'mix', 'scope': 'anomalous', 'steps': 1}}, got {value!r}")
+    known = ("level", "scope", "steps", "times")
+    for key in value:
+        if key not in known:
+            _refuse(f"on_anomaly.{key}", f"not an on_anomaly key{_nearest(str(key), known)}")
+    out = OnAnomaly()
+    out.level = value.get("level", out.level)
+    if out.level not in CAPTURE_LEVELS:
+        _refuse("on_anomaly.level", f"{out.level!r} is not one of {', '.join(CAPTURE_LEVELS)}")
+    out.scope = value.get("scope", out.scope)
+    if out.scope not in CAPTURE_SCOPES:
+        _refuse("on_anomaly.scope", f"{out.scope!r} is not one of {', '.join(CAPTURE_SCOPES)}")
+    if out.level == "L1" and out.scope == "anomalous":
+        # the dump names modules only at L0 and mix; at L1 a module list selects nothing (runtime/selection.py)
+        _refuse("on_anomaly.scope", "'anomalous' limits the dump to modules, which level L1 does not record; use mix")
+    out.steps = _int(value.get("steps", out.steps), "on_anomaly.steps", 0, 1000)
+    out.times = _int(value.get("times", out.times), "on_anomaly.times", 1, 1000)
+    return out
+
+
 def parse(raw: Any) -> MonitorConfig:
     """A MonitorConfig from the config file's dict; ConfigError names the first key it cannot honour."""
     if not isinstance(raw, dict):
         _refuse("", f"expected a JSON object, got {type(raw).__name__}")
     for key, value in raw.items():
-        spec = KEYS.get(key)
+        spec = KEYS.get(key) or OUR_KEYS.get(key)
         if spec is None:
-            _refuse(key, f"not a monitor config key{_nearest(str(key), KEYS)}")
+            _refuse(key, f"not a monitor config key{_nearest(str(key), {**KEYS, **OUR_KEYS})}")
         if spec.status == REFUSED and not any(type(value) is type(n) and value == n for n in spec.neutral):
             if key == "cc_distribution" and isinstance(value, dict) and value.get("enable", False) is False:
                 continue
@@ -280,6 +357,10 @@ def parse(raw: Any) -> MonitorConfig:
     config.format = fmt
     config.rules, config.anomaly_dump = _rules(raw.get("alert", {}))
     config.step_count_per_record = _int(raw.get("step_count_per_record", 1), "step_count_per_record", 1, 10**6)
+    if "flight_recorder" in raw:
+        config.flight_recorder_steps = _flight_recorder(raw["flight_recorder"])
+    if "on_anomaly" in raw:
+        config.on_anomaly = _on_anomaly(raw["on_anomaly"])
     return config
 
 

@@ -27,7 +27,7 @@ import torch
 
 from ..config import ConfigError
 from ..foreign import instance_attribute
-from . import anomalies, metrics
+from . import anomalies, deep_capture, metrics
 from . import config as monitor_config
 from . import writer as writers
 
@@ -127,6 +127,14 @@ class TrainerMon:
         self._failed: set[str] = set()
         self._dropped = False
         self._warned_main_grad = False
+        # ours (deep_capture.py): the spike rule, the flight recorder, on_anomaly's capture and the replay
+        self.param_paths: dict[str, tuple[int, str]] = {}  # monitor name -> (chunk index, parameter name)
+        self.chunks: list[Any] = []
+        self.chunked = False  # set_monitor got a list of model chunks: the dump names modules Module.{i}....
+        self._quiet: Any = None  # the capture's own_work while it collects: our hooks' ops are not recorded
+        self.responder: deep_capture.Responder | None = deep_capture.Responder(self)
+        if not self.responder.wanted:
+            self.responder = None
 
     # ------------------------------------------------------------------ msprobe's entry points
 
@@ -155,6 +163,7 @@ class TrainerMon:
         self.micro_batch_number = grad_acc_steps
         self.step = start_iteration
         chunks = model if type(model) is list else [model]
+        self.chunks, self.chunked = chunks, type(model) is list
         self._register_params(chunks)
         self.optimizer = optimizer
         if not self.monitoring:
@@ -186,8 +195,30 @@ class TrainerMon:
     def set_wrapped_optimizer(self, optimizer: Any) -> None:
         self.optimizer_trans: Any = optimizer
 
+    def observe_loss(self, loss: Any) -> None:
+        """Ours: the step's loss (a 0-d tensor, kept on the device, detached: no sync) for the AnomalySpike rule
+        and the flight recorder; call it after backward, before the optimizer step (several calls in a step, one
+        per microbatch, are averaged)."""
+        if self.responder is not None and (self._collect_now or self.responder.replaying):
+            try:
+                self.responder.observe_loss(loss)
+            except Exception as error:  # never into the training loop
+                logger.warning("monitor: observe_loss failed (%s: %s); ignored", type(error).__name__, error)
+
+    def set_replay(self, closure: Callable[[], Any] | None) -> None:
+        """Ours: ``closure()`` reruns the forward and backward of the current batch (and may return the loss);
+        when a rule fires, it runs once more under the deep capture and says whether the anomaly came back
+        (docs/monitor.md). None removes it."""
+        if closure is not None and not callable(closure):
+            raise ConfigError(f"set_replay: expected a callable or None, got {type(closure).__name__}")
+        if self.responder is None:
+            self.responder = deep_capture.Responder(self)
+        self.responder.replay = closure
+
     def close(self) -> None:
         """Remove the hooks and close the writer (msprobe does this in ``__del__``)."""
+        if self.responder is not None:
+            self.responder.close()
         self._remove_hooks()
         if self.summary_writer is not None:
             self.summary_writer.close()
@@ -226,6 +257,7 @@ class TrainerMon:
                 name = full if squashed in seen else squashed
                 seen.add(name)
                 self.params.append((name, param))
+                self.param_paths[name] = (stage, param_name)
 
     def _wants(self, step: int) -> bool:
         cfg = self.config
@@ -278,7 +310,14 @@ class TrainerMon:
 
     def _guarded(self, where: str, work: Callable[..., object], *args: Any) -> None:
         try:
-            work(*args)
+            if self.responder is not None and self.responder.replaying:
+                return  # the replay's backward (deep_capture.py) is not a step of training
+            quiet = self._quiet
+            if quiet is None:
+                work(*args)
+            else:
+                with quiet:
+                    work(*args)
         except Exception as error:  # an error of ours never reaches the training loop: log once, drop the step
             if where not in self._failed:
                 self._failed.add(where)
@@ -372,8 +411,11 @@ class TrainerMon:
             self._add("adam_ratio", name, ratio)
 
     def _post_step(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        step = self.step
         self._guarded("optimizer post-step hook", self._finish_step)
         self._dropped = False  # a failure here drops this step, never the next
+        if self.responder is not None:
+            self.responder.end_step(step)
 
     def _finish_step(self) -> None:
         try:
@@ -405,18 +447,24 @@ class TrainerMon:
         width = len(self.ops)
         parts: list[torch.Tensor] = []
         layout: list[tuple[str, list[DeviceRow]]] = []
+        stacks: dict[str, torch.Tensor] = {}
         with torch.no_grad():
             for prefix, rows in groups.items():
                 stacked = torch.stack([values.to(device) for _, values, _, _ in rows])
+                stacks[prefix] = stacked
                 parts.append(stacked.reshape(-1))
                 if self.rules is not None:
                     averages, rule_codes = self.rules.evaluate(prefix, tuple(tag for tag, _, _, _ in rows), stacked)
                     parts.extend((averages.reshape(-1), rule_codes.reshape(-1)))
                 layout.append((prefix, rows))
+            if self.responder is not None:  # the spike rule's figures travel in the same copy
+                parts.extend(part.to(device) for part in self.responder.device_parts(stacks, device))
             host = torch.cat(parts).tolist()  # the one device-to-host copy of the step
         position = 0
         call_id = 0
         found = []
+        fired: list[tuple[dict[str, Any], Any, str, float, float]] = []  # (record, rule, op, value, history)
+        written: list[tuple[str, list[Any]]] = []  # (prefix, rows as written), for the flight recorder
         for prefix, rows in layout:
             count = len(rows) * width
             figures = host[position : position + count]
@@ -438,10 +486,22 @@ class TrainerMon:
                                 rule, tag, self.ops[column], step, values[column], history[row * width + column]
                             )
                             found.append(anomalies.record(self.rank, step, call_id, tag, text, [self.rank]))
+                            fired.append(
+                                (
+                                    found[-1],
+                                    self.config.rules[code - 1],
+                                    self.ops[column],
+                                    values[column],
+                                    history[row * width + column],
+                                )
+                            )
                             break  # msprobe's record key is the tag, step and call: one record per tag
                 call_id += 1
             assert self.summary_writer is not None  # set whenever the hooks are (__init__, self.collects)
             self.summary_writer.write(prefix, step, out)
+            written.append((prefix, out))
+        if self.responder is not None:
+            found.extend(self.responder.spike_records(step, host[position:], call_id))
         if found:
             found.sort(key=anomalies.execution_order)
             self.anomalies.extend(found)
@@ -450,3 +510,5 @@ class TrainerMon:
             )
             if self.anomaly_file is not None:
                 self.anomaly_file.add(found[: anomalies.RECORDS_PER_STEP])
+        if self.responder is not None:
+            self.responder.after_flush(step, written, found, fired)
