@@ -32,7 +32,6 @@ from . import anomalies, flight_recorder, metrics, spike
 
 if TYPE_CHECKING:
     from .config import Rule
-    from .trainer_mon import TrainerMon
 
 logger = logging.getLogger("msprobe_runtime")
 
@@ -56,7 +55,7 @@ def dump_list_entry(module_path: str, chunk: int | None) -> str:
 class Responder:
     """The spike rule's windows, the flight recorder, the deep capture and the replay of one TrainerMon."""
 
-    def __init__(self, monitor: TrainerMon) -> None:
+    def __init__(self, monitor: Any) -> None:  # the TrainerMon (not imported: trainer_mon imports this module)
         self.monitor = monitor
         cfg = monitor.config
         self.spike_rules: list[tuple[int, Rule]] = [
@@ -255,9 +254,12 @@ class Responder:
         try:
             entry = target[1] if cfg.scope == "anomalous" else None
             section: dict[str, Any] = {"list": [entry]} if entry is not None else {}
-            dump_path = os.path.join(folder, f"capture_step{step}")
+            name = f"capture_step{step}"
+            if os.path.lexists(os.path.join(folder, name)):  # an earlier job's, in the same output folder
+                name += f"-{self.monitor.unique_id}"
+            dump_path = os.path.join(folder, name)
             config = {"task": "statistics", "dump_path": dump_path, "level": cfg.level, "statistics": section}
-            config_path = flight_recorder.write_json(folder, f"capture_step{step}.config.json", config)
+            config_path = flight_recorder.write_json(folder, f"{name}.config.json", config)
             before = PrecisionDebugger._instance
             try:
                 debugger = PrecisionDebugger(config_path=config_path)

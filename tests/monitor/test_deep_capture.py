@@ -161,3 +161,47 @@ def test_a_replay_closure_must_be_callable(tmp_path, monkeypatch):
     mon = TrainerMon(str(path), params_have_main_grad=False)
     with pytest.raises(ConfigError, match="set_replay"):
         mon.set_replay(42)
+
+
+@pytest.mark.slow
+def test_megatron_gpt_training_loop_nan_is_captured_in_that_layer(tmp_path, megatron_copy):
+    """fixtures/megatron_gpt/monitor_loop.py: the tiny GPT of megatron-core (rewritten), DDP chunk list with
+    main_grad, get_forward_backward_func over 2 microbatches, AdamW; a NaN in layer 1's linear_fc1 at step 7."""
+    import subprocess
+    import sys
+
+    from fixtures.reproducible_env import training_env
+
+    runtime_parent = os.path.dirname(
+        importlib.util.find_spec("msprobe_runtime").submodule_search_locations[0]
+    )  # this checkout's runtime, not an installed one
+    config = tmp_path / "monitor.json"
+    # the NaN rule alone: msprobe's turbulence rule fires in this GPT's first steps (dropout, 2 microbatches)
+    config.write_text(json.dumps({**CAPTURE, "alert": {"rules": RULES[:1], "dump": True}}))
+    env = training_env(
+        os.pathsep.join([str(megatron_copy), runtime_parent]),
+        PYTHONWARNINGS="ignore",
+        MONITOR_OUTPUT_DIR=str(tmp_path / "monitor_output"),
+    )
+    env.pop("MASTER_PORT", None)
+    script = os.path.join(ROOT, "fixtures", "megatron_gpt", "monitor_loop.py")
+    command = [sys.executable, script, "--config", str(config), "--steps", "9", "--nan-step", "7", "--replay"]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    result = json.loads(done.stdout.split("RESULT ", 1)[1])
+    param = "0:module.decoder.layers.1.mlp.linear_fc1.weight"
+    assert result["anomalies"][0]["step"] == 7
+    assert result["anomalies"][0]["tag_name"] == f"{param}/rank0/param_origin"
+    assert all(item["step"] >= 7 for item in result["anomalies"])
+    module = "Module.0.module.decoder.layers.1.mlp.linear_fc1."
+    for step in (7, 8):
+        data = _dump(tmp_path, 7, step)
+        modules = {name for name in data if name.startswith("Module.")}
+        assert f"{module}ColumnParallelLinear.forward.0" in modules
+        assert f"{module}ColumnParallelLinear.backward.0" in modules
+        assert all(name.startswith(module) for name in modules)  # no other layer, no attention
+        assert any(name.startswith("Torch.matmul.") for name in data)  # the APIs inside linear_fc1
+    replay = json.loads((_rank_folder(tmp_path) / "replay_step7.json").read_text())
+    assert replay["verdict"] == "reproducible"
+    recorder = json.loads((_rank_folder(tmp_path) / "flight_recorder_step7.json").read_text())
+    assert [item["step"] for item in recorder["steps"]] == [3, 4, 5, 6, 7]
