@@ -361,6 +361,9 @@ def parse(raw: Any) -> MonitorConfig:
         config.flight_recorder_steps = _flight_recorder(raw["flight_recorder"])
     if "on_anomaly" in raw:
         config.on_anomaly = _on_anomaly(raw["on_anomaly"])
+    for key in ("flight_recorder", "on_anomaly"):
+        if key in raw and not config.rules:  # both act when a rule fires: without one they would never act
+            _refuse(key, "acts when an alert rule fires; add alert.rules (AnomalyNan, AnomalySpike, ...)")
     return config
 
 

@@ -359,11 +359,14 @@ class Responder:
                 outcome["error"] = f"{type(error).__name__}: {error}"
             if "error" not in outcome:
                 quiet = self._own_work()  # our figures are not the user's calls, under the dump
-                if quiet is None:
-                    outcome.update(self._verdict(first, fired, returned))
-                else:
-                    with quiet:
+                try:
+                    if quiet is None:
                         outcome.update(self._verdict(first, fired, returned))
+                    else:
+                        with quiet:
+                            outcome.update(self._verdict(first, fired, returned))
+                except Exception as error:  # ours: said in the file and the log, never raised
+                    outcome["error"] = f"the verdict failed ({type(error).__name__}: {error})"
         finally:
             for p, grad in zip(params, grads):
                 p.grad = grad

@@ -177,14 +177,17 @@ def test_links_planted_in_the_output_are_not_written_through(tmp_path, monkeypat
         ({"on_anomaly": {"scope": "layer"}}, "on_anomaly.scope"),
         ({"on_anomaly": {"steps": -1}}, "on_anomaly.steps"),
         ({"on_anomaly": {"stpes": 1}}, "did you mean 'steps'"),
+        ({"flight_recorder": {"steps": 4}, "alert": {}}, "flight_recorder: acts when an alert rule fires"),
+        ({"on_anomaly": {}, "alert": {"rules": []}}, "on_anomaly: acts when an alert rule fires"),
     ],
 )
 def test_bad_values_of_our_keys_are_refused(patch, message):
     from msprobe_runtime.config import ConfigError
     from msprobe_runtime.monitor import config as monitor_config
 
+    raw = {"wg_distribution": True, "alert": {"rules": [NAN]}, **patch}
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
-        monitor_config.parse({"wg_distribution": True, **patch})
+        monitor_config.parse(raw)
 
 
 def test_our_keys_parse():
