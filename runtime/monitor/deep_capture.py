@@ -233,13 +233,14 @@ class Responder:
         rows = dict(groups).get("grad_reduced") or []
         before: dict[str, Any] = {}
         if self.recorder is not None and len(self.recorder.kept) >= 2:
-            before = self.recorder.kept[-2]["figures"].get("grad_reduced", {})
+            earlier_rows = dict(self.recorder.kept[-2]["groups"]).get("grad_reduced") or []
+            before = {tag: values for tag, values, _, _ in earlier_rows}
         best, best_score = None, -1.0
         for tag, values, _, _ in rows:
             value = values[column]
             earlier = before.get(tag)
             previous = earlier[column] if earlier else None
-            score = value / previous if type(previous) is float and previous > 0 else value
+            score = value / previous if previous is not None and previous > 0 else value
             if score == score and score > best_score:  # NaN scores lose
                 best, best_score = tag.split("/")[0], score
         return best

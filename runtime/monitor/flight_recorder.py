@@ -25,7 +25,7 @@ import logging
 import math
 import os
 import stat
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from ..json_files import atomic_write_text
 
@@ -76,18 +76,20 @@ class FlightRecorder:
     def add(
         self,
         step: int,
-        groups: Iterable[tuple[str, Sequence[tuple[str, Sequence[float], Any, Any]]]],
+        groups: Sequence[tuple[str, Sequence[tuple[str, Sequence[float], Any, Any]]]],
         loss: float | None,
         grad_norm: float | None,
     ) -> None:
-        """One collected step's figures, as the flush read them: (prefix, [(tag, figures, shape, dtype)])."""
-        figures = {
+        """One collected step's figures, as the flush read them: (prefix, [(tag, figures, shape, dtype)]). The
+        flush's own lists are kept, not copied: made into JSON only when written (``figures``)."""
+        self.kept.append({"step": step, "loss": loss, "grad_norm": grad_norm, "groups": groups})
+
+    @staticmethod
+    def figures(entry: dict[str, Any]) -> dict[str, dict[str, list[float | str | None]]]:
+        return {
             prefix: {tag: [plain_number(value) for value in values] for tag, values, _, _ in rows}
-            for prefix, rows in groups
+            for prefix, rows in entry["groups"]
         }
-        self.kept.append(
-            {"step": step, "loss": plain_number(loss), "grad_norm": plain_number(grad_norm), "figures": figures}
-        )
 
     def due(self, step: int) -> bool:
         """Whether a rule firing at ``step`` writes a file: the first time, then once the last file's K steps have
@@ -96,5 +98,14 @@ class FlightRecorder:
 
     def write(self, folder: str, rank: int, step: int, ops: Sequence[str], records: Sequence[dict[str, Any]]) -> str:
         self.last_written = step
-        body = {"rank": rank, "step": step, "ops": list(ops), "anomalies": list(records), "steps": list(self.kept)}
+        steps = [
+            {
+                "step": entry["step"],
+                "loss": plain_number(entry["loss"]),
+                "grad_norm": plain_number(entry["grad_norm"]),
+                "figures": self.figures(entry),
+            }
+            for entry in self.kept
+        ]
+        body = {"rank": rank, "step": step, "ops": list(ops), "anomalies": list(records), "steps": steps}
         return write_json(folder, f"flight_recorder_step{step}.json", body)

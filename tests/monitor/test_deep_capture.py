@@ -132,6 +132,17 @@ def test_a_one_off_fault_replays_transient_and_training_stays_bit_identical(tmp_
 
 
 @pytest.mark.slow
+def test_a_one_off_nan_that_adamw_applied_replays_reproducible(tmp_path, net):
+    """The replay sees the weights after the step's update (docs/monitor.md): a NaN of one forward alone, once
+    AdamW has applied its NaN gradient, is in the weights, and comes back."""
+    run = _run(tmp_path, net, CAPTURE, steps=9, fault=("once", 7, "layers.3", float("nan")), replay=True)
+    assert run["monitor"].anomalies[0]["step"] == 7
+    assert not torch.isfinite(run["weights"][7][0]).all()
+    replay = json.loads((_rank_folder(tmp_path) / "replay_step7.json").read_text())
+    assert replay["verdict"] == "reproducible", replay
+
+
+@pytest.mark.slow
 def test_a_bad_batch_replays_reproducible(tmp_path, net):
     run = _run(tmp_path, net, SPIKE, steps=10, fault=("batch", 7, 100.0), replay=True)
     assert run["monitor"].anomalies[0]["step"] == 7
