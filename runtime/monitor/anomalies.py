@@ -14,6 +14,9 @@ import json
 import os
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
+from ..json_files import atomic_write_text
+from .flight_recorder import safe_folder
+
 if TYPE_CHECKING:  # torch loads at the first evaluate: importing this module imports none
     import torch
 
@@ -128,17 +131,15 @@ class AnomalyFile:
     the monitor starts, then each collected step's records merged in."""
 
     def __init__(self, output_base_dir: str, rank: int) -> None:
-        self.folder = os.path.join(output_base_dir, "anomaly_detected", f"rank{rank}")
+        # no link planted at anomaly_detected/ or rank{R}/ is written through, and the file itself is replaced,
+        # never written through (tests/monitor/test_anomalies.py)
+        self.folder = safe_folder(output_base_dir, "anomaly_detected", f"rank{rank}")
         self.path = os.path.join(self.folder, "anomaly.json")
-        os.makedirs(self.folder, exist_ok=True)
         self._records: dict[str, dict[str, Any]] = {}
         self._save()
 
     def _save(self) -> None:
-        temporary = self.path + ".tmp"
-        with open(temporary, "w", encoding="utf-8") as handle:
-            json.dump(self._records, handle, indent=1)
-        os.replace(temporary, self.path)
+        atomic_write_text(self.path, json.dumps(self._records, indent=1))
 
     def add(self, items: Sequence[dict[str, Any]]) -> None:
         if not items:

@@ -109,7 +109,10 @@ class TrainerMon:
                     self.tensorboard_dir, cfg.ops, cfg.ndigits, cfg.step_count_per_record
                 )
             if cfg.rules and cfg.anomaly_dump:
-                self.anomaly_file = anomalies.AnomalyFile(self.output_base_dir, self.rank)
+                try:
+                    self.anomaly_file = anomalies.AnomalyFile(self.output_base_dir, self.rank)
+                except OSError as error:  # a link planted in the output folder: written nowhere, said once
+                    logger.warning("monitor: anomaly.json is not written (%s)", error)
         self.rules = anomalies.DeviceRules(cfg.rules, self.ops) if cfg.rules else None
         self.monitoring = self.collects and cfg.collect_times > 0
         self.step = 0

@@ -144,11 +144,12 @@ def test_links_planted_in_the_output_are_not_written_through(tmp_path, monkeypat
     elsewhere.mkdir()
     (tmp_path / "monitor_output" / "anomaly_detected").mkdir(parents=True)
     os.symlink(elsewhere, _folder(tmp_path))  # the rank folder is a link
-    config = {**RECORDER, "alert": {"rules": [NAN]}}  # no anomaly.json (msprobe's writer is not ours to change)
+    config = {**RECORDER, "alert": {"rules": [NAN], "dump": True}}
     with caplog.at_level(logging.WARNING, logger="msprobe_runtime"):
         run = loop.train(str(tmp_path), _small, config, steps=9, fault=("nan", 7, "layers.1.fc.weight"))
     assert run["monitor"].anomalies and os.listdir(elsewhere) == []
     assert "writing the flight recorder failed" in caplog.text
+    assert "anomaly.json is not written" in caplog.text
     # a link at the file's own name is replaced, never followed
     os.unlink(_folder(tmp_path))
     _folder(tmp_path).mkdir()
@@ -159,6 +160,13 @@ def test_links_planted_in_the_output_are_not_written_through(tmp_path, monkeypat
     assert victim.read_text() == "keep"
     target = _folder(tmp_path) / "flight_recorder_step7.json"
     assert not target.is_symlink() and json.loads(target.read_text())["step"] == 7
+    # the same for anomaly.json: the link at its name is replaced when the monitor starts
+    os.symlink(victim, _folder(tmp_path) / "anomaly.json.link")
+    os.replace(_folder(tmp_path) / "anomaly.json.link", _folder(tmp_path) / "anomaly.json")
+    run = loop.train(str(tmp_path), _small, config, steps=9, fault=("nan", 7, "layers.1.fc.weight"))
+    assert victim.read_text() == "keep"
+    assert not (_folder(tmp_path) / "anomaly.json").is_symlink()
+    assert json.loads((_folder(tmp_path) / "anomaly.json").read_text())
 
 
 @pytest.mark.parametrize(
