@@ -70,7 +70,8 @@ KEYS = {
     "targets": Key(
         SUPPORTED,
         "a dict whose keys are parameter-name prefixes ('fc1', '0:fc1'); {} = every "
-        "parameter; the values (activation fields for xy_distribution) are not read",
+        "parameter; with xy_distribution the modules whose name is a key (exactly, as msprobe); the values "
+        "(msprobe's input/output fields) are checked to be dicts and not read, as in msprobe 26.2",
     ),
     "wg_distribution": Key(SUPPORTED, "a bool: weight-gradient statistics, grad_unreduced_* and grad_reduced_*"),
     "param_distribution": Key(
@@ -97,15 +98,23 @@ KEYS = {
     ),
     "step_count_per_record": Key(SUPPORTED, "an int >= 1: steps per CSV file (grad_reduced_0-9.csv)"),
     "squash_name": Key(SUPPORTED, "a bool: shorten names to their layers.N... tail, as msprobe does"),
-    "xy_distribution": Key(REFUSED, f"activation statistics are {_NOT_YET}", neutral=(False,)),
-    "all_xy": Key(REFUSED, f"activation statistics are {_NOT_YET}", neutral=(False,)),
-    "forward_only": Key(REFUSED, f"activation statistics are {_NOT_YET}", neutral=(False,)),
-    "backward_only": Key(REFUSED, f"activation statistics are {_NOT_YET}", neutral=(False,)),
+    "xy_distribution": Key(
+        SUPPORTED,
+        "a bool: activation statistics of the targeted modules' inputs and outputs (actv_*) and of their "
+        "gradients (actv_grad_*); modules named exactly by targets' keys, every module if targets is empty",
+    ),
+    "all_xy": Key(SUPPORTED, "a bool: with xy_distribution, every module whatever targets says"),
+    "forward_only": Key(SUPPORTED, "a bool: with xy_distribution, actv_* only"),
+    "backward_only": Key(SUPPORTED, "a bool: with xy_distribution, actv_grad_* only"),
     "mg_direction": Key(
         SUPPORTED,
         "a bool: the share of gradient elements whose sign agrees with Adam's exp_avg, other_* (tag .../mg_direction)",
     ),
-    "cc_distribution": Key(REFUSED, f"communication statistics are {_NOT_YET}; use {{}} or {{'enable': false}}"),
+    "cc_distribution": Key(
+        REFUSED,
+        "communication statistics (cc_distribution) are not yet supported (docs/monitor.md); "
+        "use {} or {'enable': false}",
+    ),
     "print_struct": Key(REFUSED, f"printing the module structure is {_NOT_YET}", neutral=(False,)),
     "stack_info": Key(REFUSED, f"stack_info.csv is {_NOT_YET}", neutral=(False,)),
     "monitor_mbs_grad": Key(REFUSED, f"per-microbatch gradients are {_NOT_YET}", neutral=(False,)),
@@ -174,6 +183,10 @@ class MonitorConfig:
     squash_name: bool = False
     flight_recorder_steps: int = 0  # ours: 0 = no flight recorder
     on_anomaly: OnAnomaly | None = None  # ours: no deep capture when None
+    xy_distribution: bool = False
+    all_xy: bool = False
+    forward_only: bool = False
+    backward_only: bool = False
 
     @property
     def numeric_ops(self) -> list[str]:
@@ -329,9 +342,16 @@ def parse(raw: Any) -> MonitorConfig:
         "ur_distribution",
         "mg_direction",
         "squash_name",
+        "xy_distribution",
+        "all_xy",
+        "forward_only",
+        "backward_only",
     ):
         if name in raw:
             setattr(config, name, _bool(raw[name], name))
+    if config.xy_distribution and config.forward_only and config.backward_only:
+        # msprobe warns and hooks no module: the user would believe activations were collected
+        _refuse("forward_only", "forward_only and backward_only together collect no activation; keep one")
     for name in ("dynamic_on", "mg_distribution"):
         if name in raw:
             _bool(raw[name], name)

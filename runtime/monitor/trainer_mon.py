@@ -27,13 +27,14 @@ import torch
 
 from ..config import ConfigError
 from ..foreign import instance_attribute
+from . import activations as xy
 from . import anomalies, deep_capture, metrics
 from . import config as monitor_config
 from . import writer as writers
 
 if TYPE_CHECKING:
     # one tensor's row as collected: (tag, figures on the device, shape, dtype)
-    DeviceRow = tuple[str, torch.Tensor, tuple[int, ...], torch.dtype]
+    DeviceRow = tuple[str, torch.Tensor, tuple[int, ...] | None, torch.dtype | None]
 
 logger = logging.getLogger("msprobe_runtime")
 
@@ -124,7 +125,7 @@ class TrainerMon:
         # every anomaly record made, in order (the file keeps the earliest of each step)
         self.anomalies: list[dict[str, Any]] = []
         # (prefix, tag) -> (figures, shape, dtype), in call order, for the step being collected
-        self._rows: dict[tuple[str, str], tuple[torch.Tensor, tuple[int, ...], torch.dtype]] = {}
+        self._rows: dict[tuple[str, str], tuple[torch.Tensor, tuple[int, ...] | None, torch.dtype | None]] = {}
         self._micro: list[int] = []
         self._collect_now = False
         self._failed: set[str] = set()
@@ -138,6 +139,7 @@ class TrainerMon:
         self.responder: deep_capture.Responder | None = deep_capture.Responder(self)
         if not self.responder.wanted:
             self.responder = None
+        self.activations: xy.Activations | None = None  # xy_distribution's hooks (activations.py)
 
     # ------------------------------------------------------------------ msprobe's entry points
 
@@ -178,6 +180,9 @@ class TrainerMon:
                 self.handles.append(param.register_post_accumulate_grad_hook(partial(self._on_grad, index)))
         self.handles.append(optimizer.register_step_pre_hook(self._pre_step))
         self.handles.append(optimizer.register_step_post_hook(self._post_step))
+        if cfg.xy_distribution:
+            self.activations = xy.Activations(self)
+            self.handles.extend(self.activations.register(chunks))
         self._collect_now = self._wants(self.step)
 
     def monitor_gnorm_with_ad(
@@ -427,11 +432,15 @@ class TrainerMon:
                     for name, param in self.params:
                         if param.numel():
                             self._add("param_updated", name, param)
+                if self.activations is not None:
+                    self.activations.finish()
                 self._flush(self.step)
                 self.has_collect_times += 1
         finally:  # the step is counted whatever failed, so that the steps written stay the optimizer's
             self._rows = {}
             self._dropped = False
+            if self.activations is not None:
+                self.activations.end_step()
             self.step += 1
             if self.monitoring and self.has_collect_times >= self.config.collect_times:
                 self._remove_hooks()
@@ -480,7 +489,7 @@ class TrainerMon:
             for row, (tag, _, shape, dtype) in enumerate(rows):
                 values = figures[row * width : (row + 1) * width]
                 out.append((tag, values, shape, dtype))
-                if self.rules is not None:
+                if self.rules is not None and shape is not None:  # None: a non-tensor's NaN row (activations.py)
                     for column in range(width):
                         code = int(codes[row * width + column])
                         if code:

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import torch
 
     # one tensor's row: (tag name, figures in the numeric ops' order, shape, dtype)
-    Row = tuple[str, Sequence[float], Sequence[int], torch.dtype]
+    Row = tuple[str, Sequence[float], Sequence[int] | None, torch.dtype | None]
 
 
 def _cell(op: str, value: float, ndigits: int) -> str:
@@ -51,17 +51,18 @@ class CSVWriter:
         fresh = not os.path.exists(path)
         with open(path, "a", encoding="utf-8", newline="") as handle:
             out = csv.writer(handle, lineterminator="\n")
-            if fresh:
-                out.writerow(["vpp_stage", "name", "step"] + self.ops)
+            if fresh:  # activation names carry the micro step (fc1.input:0): msprobe's CSV_HEADER_MICRO_STEP
+                micro = ["micro_step"] if prefix in ("actv", "actv_grad") else []
+                out.writerow(["vpp_stage", "name", "step"] + micro + self.ops)
             for tag, values, shape, dtype in rows:
                 line: list[Any] = tag.split("/")[0].split(":")
                 line.insert(2, step)
                 figures = iter(values)
                 for op in self.ops:
-                    if op == "shape":
-                        line.append(str(list(shape)))
+                    if op == "shape":  # None: a non-tensor activation, all nan as msprobe writes it
+                        line.append(str(list(shape)) if shape is not None else "nan")
                     elif op == "dtype":
-                        line.append(str(dtype))
+                        line.append(str(dtype) if dtype is not None else "nan")
                     else:
                         line.append(_cell(op, next(figures), self.ndigits))
                 out.writerow(line)
