@@ -24,6 +24,10 @@ def __getattr__(name: str) -> object:
         from .monitor.trainer_mon import TrainerMon
 
         return TrainerMon
+    if name == "MonitorCallback":  # imports transformers: on first use only
+        from .monitor.callback import MonitorCallback
+
+        return MonitorCallback
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -4,3 +4,16 @@ anomaly rules evaluated on the device (docs/monitor.md).
 
 Importing this package imports no torch: ``msprobe_runtime.TrainerMon`` loads ``trainer_mon`` on first use.
 """
+
+
+def __getattr__(name: str) -> object:
+    # transformers loads only when the callback is asked for (tests/monitor/test_callback.py)
+    if name == "MonitorCallback":
+        from .callback import MonitorCallback
+
+        return MonitorCallback
+    if name == "TrainerMon":
+        from .trainer_mon import TrainerMon
+
+        return TrainerMon
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
