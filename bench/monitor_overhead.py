@@ -6,7 +6,8 @@ every step, as a ratio to the plain step measured in the same run (variants take
                                      [--ops min,max,norm,zeros,nans,mean]
 
 Variants: plain; wg+param+mv (weight gradients before and after reduction, weights before and after the step,
-Adam's moments: 6 figure kinds, ``--ops`` each); the same with the NaN and turbulence rules; wg alone. Each op is a
+Adam's moments: 6 figure kinds, ``--ops`` each); the same with the NaN and turbulence rules; wg alone; activations
+(xy_distribution, every module's inputs and outputs and their gradients; and forward_only). Each op is a
 pass over every parameter-sized tensor of a kind, so the cost grows with the ops and kinds asked for, and shrinks
 relative to the step as the batch grows (the step's matmuls grow with it, the monitor's passes do not).
 """
@@ -77,6 +78,17 @@ def main():
             ),
             "monitor wg": make_step(
                 args.width, args.layers, args.batch, {"wg_distribution": True, "ops": ops}, configs
+            ),
+            # activations of every module (targets empty: msprobe's all_xy), forward and backward
+            "monitor xy": make_step(
+                args.width, args.layers, args.batch, {"xy_distribution": True, "ops": ops}, configs
+            ),
+            "monitor xy forward_only": make_step(
+                args.width,
+                args.layers,
+                args.batch,
+                {"xy_distribution": True, "forward_only": True, "ops": ops},
+                configs,
             ),
         }
         times = measure_interleaved(variants, args.steps, args.rounds)

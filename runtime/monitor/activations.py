@@ -31,6 +31,7 @@ tensor subclass counts as an item (its NaN row keeps msprobe's numbering) and is
 from __future__ import annotations
 
 import logging
+import weakref
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -101,6 +102,9 @@ class Activations:
         self.calls: list[_Call] = []
         self.arrivals = 0
         self._nan: dict[torch.device, torch.Tensor] = {}
+        # id -> (weak reference, version, figures) of the step's tensors read: one module's output (or its
+        # gradient) is often the next one's input (a chain, a container's own input and output), read once
+        self._seen: dict[int, tuple[Any, int, Figures]] = {}
         self._warned: set[str] = set()
 
     # ------------------------------------------------------------------ setup
@@ -144,6 +148,7 @@ class Activations:
         grad_acc_steps, which is the same where every step makes grad_acc_steps forward calls)."""
         self.calls = []
         self.arrivals = 0
+        self._seen = {}
         for index in range(len(self.names)):
             self.forward_micro[index] = 0
             self.backward_micro[index] = 0
@@ -177,7 +182,7 @@ class Activations:
             rank = self.monitor.rank
             for base, items in ((f"{name}.input", inputs), (f"{name}.output", outputs)):
                 for label, item in zip(_labels(base, len(items)), items):
-                    rows[(ACTV, f"{label}:{micro}/rank{rank}/{ACTV}")] = self._figures(item)
+                    rows[(ACTV, f"{label}:{micro}/rank{rank}/{ACTV}")] = self._cached_figures(item)
         if self.backward:
             self._watch(index, name, positional, outputs, start)
 
@@ -240,7 +245,7 @@ class Activations:
 
     def _output_grad(self, call: _Call, j: int, grad: Any) -> None:
         self._arrived(call)
-        call.outputs[j] = self._figures(grad)
+        call.outputs[j] = self._cached_figures(grad)
 
     def _on_input_grads(self, call: _Call, pairs: list[tuple[int, int]], grad_inputs: Any, grad_outputs: Any) -> None:
         self.monitor._guarded("activation gradient hook", self._input_grads, call, pairs, grad_inputs)
@@ -251,16 +256,20 @@ class Activations:
         for position, i in pairs:
             call.pending[i] -= 1
             grad = grads[position] if position < len(grads) else None
-            if type(grad) in _PLAIN:
-                with torch.no_grad():
-                    so_far = call.sums[i]
-                    if so_far is not None:
-                        so_far.add_(grad)  # our own copy (below)
-                    elif call.pending[i] > 0:
-                        # more edges to come; autograd may later sum into its own buffer in place: keep a copy
-                        call.sums[i] = grad.detach().clone()
-                    else:
-                        call.sums[i] = grad.detach()
+            plain = type(grad) in _PLAIN
+            if call.pending[i] == 0 and call.sums[i] is None:
+                # the only edge (or the last, with none before it): the gradient itself, read through the cache
+                # (one module's input share is often the previous module's output gradient, the same tensor)
+                if plain:
+                    call.inputs[i] = self._cached_figures(grad)
+                continue
+            if plain:  # detached: no graph is made, without the cost of a no_grad context
+                so_far = call.sums[i]
+                if so_far is None:
+                    # more edges to come; autograd may later sum into its own buffer in place: keep a copy
+                    call.sums[i] = grad.detach().clone()
+                else:
+                    so_far.add_(grad.detach())  # our own copy
             if call.pending[i] == 0 and call.sums[i] is not None:
                 call.inputs[i] = self._figures(call.sums[i])
                 call.sums[i] = None
@@ -288,11 +297,21 @@ class Activations:
                     rows[key] = slot if slot is not None else self._figures(None)
         self.calls = []
 
+    def _cached_figures(self, item: Any) -> Figures:
+        if type(item) not in _PLAIN:
+            return self._figures(item)
+        known = self._seen.get(id(item))
+        # the live weak reference proves the id is still this tensor; the version, that it was not written since
+        if known is not None and known[0]() is item and known[1] == item._version:
+            return known[2]
+        found = self._figures(item)
+        self._seen[id(item)] = (weakref.ref(item), item._version, found)
+        return found
+
     def _figures(self, item: Any) -> Figures:
         monitor = self.monitor
-        if type(item) in _PLAIN:
-            with torch.no_grad():
-                return metrics.figures(item, monitor.ops, monitor.config.eps), tuple(item.shape), item.dtype
+        if type(item) in _PLAIN:  # figures() reads item.detach(): no graph, and no no_grad context to pay for
+            return metrics.figures(item.detach(), monitor.ops, monitor.config.eps), tuple(item.shape), item.dtype
         # msprobe's get_metrics: a non-tensor (or here a subclass, not read) gives NaN for every op
         device = torch.device("cpu")
         nan = self._nan.get(device)

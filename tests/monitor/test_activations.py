@@ -279,3 +279,51 @@ def test_plain_tensors_only(tmp_path, monkeypatch):
             found[row["name"]] = row
     assert found[".input_1"]["norm"] == "nan" and found[".output_1"]["norm"] == "nan"
     assert found[".input_0"]["norm"] != "nan" and found["fc.input"]["shape"] == "[2, 4]"
+
+
+def test_csv2tb_parses_our_activation_csv(train, msprobe_root):
+    from .test_output import _csv2tb
+
+    run = train(dict(XY, ops=["norm", "max"]), steps=1, model_class=Residual, grad_acc_steps=2)
+    csv2tb = _csv2tb(msprobe_root)
+    for kind in ("actv", "actv_grad"):
+        parsed = csv2tb["parse_step_fn"](os.path.join(run.monitor.tensorboard_dir, f"{kind}_0-0.csv"))
+        # msprobe's own reading of the micro_step column: one series per module field and micro-batch
+        assert {"vp0:fc1.input:micro0", "vp0:fc1.input:micro1", "vp0:layers.1.norm.output:micro1"} <= set(parsed)
+        assert all(list(per_step) == ["0"] and list(per_step["0"]) == ["norm", "max"] for per_step in parsed.values())
+
+
+class InPlace(torch.nn.Module):
+    """One module's output, changed in place, is the next one's input: read again, not taken from the cache."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(16, 16)
+        self.b = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        y = self.a(x)
+        y.mul_(3.0)
+        return self.b(y)
+
+
+def test_a_tensor_read_twice_is_read_again_after_an_in_place_change(tmp_path, monkeypatch):
+    from msprobe_runtime import TrainerMon
+
+    monkeypatch.setenv("MONITOR_OUTPUT_DIR", str(tmp_path / "out"))
+    (tmp_path / "c.json").write_text(json.dumps(dict(XY, targets={"a": {}, "b": {}})))
+    torch.manual_seed(0)
+    model = InPlace()
+    optimizer = torch.optim.AdamW(model.parameters())
+    mon = TrainerMon(str(tmp_path / "c.json"), params_have_main_grad=False)
+    mon.set_monitor(model, optimizer)
+    x = torch.randn(8, 16)
+    with torch.no_grad():  # the reference, computed without calling the hooked module
+        out = torch.nn.functional.linear(x, model.a.weight, model.a.bias)
+    model(x).sum().backward()
+    optimizer.step()
+    mon.close()
+    with open(os.path.join(mon.tensorboard_dir, "actv_0-0.csv"), newline="", encoding="utf-8") as handle:
+        found = {row["name"]: float(row["norm"]) for row in csv.DictReader(handle)}
+    assert found["a.output"] == pytest.approx(out.double().norm().item(), rel=1e-5)
+    assert found["b.input"] == pytest.approx(3 * out.double().norm().item(), rel=1e-5)
