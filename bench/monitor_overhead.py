@@ -3,7 +3,7 @@
 every step, as a ratio to the plain step measured in the same run (variants take turns, bench/timing.py).
 
     python bench/monitor_overhead.py [--width 512] [--layers 8] [--batch 64] [--steps 10] [--rounds 3]
-                                     [--ops min,max,norm,zeros,nans,mean]
+                                     [--ops min,max,norm,zeros,nans,mean] [--clock wall|process]
 
 Variants: plain; wg+param+mv (weight gradients before and after reduction, weights before and after the step,
 Adam's moments: 6 figure kinds, ``--ops`` each); the same with the NaN and turbulence rules; wg alone; activations
@@ -18,6 +18,7 @@ import logging
 import os
 import sys
 import tempfile
+import time
 
 import torch
 
@@ -60,6 +61,12 @@ def main():
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--ops", default=",".join(OPS), help="msprobe's ops, comma separated")
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "process"),
+        default="wall",
+        help="process: this process's CPU time (one thread), steadier on a shared machine",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     logging.getLogger("msprobe_runtime").setLevel(logging.ERROR)  # the rules' log lines: not what is measured
@@ -91,13 +98,14 @@ def main():
                 configs,
             ),
         }
-        times = measure_interleaved(variants, args.steps, args.rounds)
+        clock = time.process_time if args.clock == "process" else time.perf_counter
+        times = measure_interleaved(variants, args.steps, args.rounds, clock=clock)
     base = times["plain"]
     print(
         f"MLP {args.layers} x Linear({args.width}, {args.width}) + GELU, batch {args.batch}, AdamW, CPU, 1 thread, "
         f"ops {args.ops}"
     )
-    print(f"plain step: {base * 1e3:.2f} ms")
+    print(f"plain step: {base * 1e3:.2f} ms ({args.clock} clock)")
     for name, seconds in times.items():
         print(f"{name:30s} {seconds / base:6.3f}x")
 

@@ -199,15 +199,21 @@ class Activations:
         for j, item in watched:
             item.register_hook(partial(self._on_output_grad, call, j))
         edges: dict[tuple[int, int], int] = {}  # (id of the input's node, output_nr) -> input index
+        # a node's Python object may be made afresh each time it is asked for, and an id reused once it is
+        # freed: every node whose id is compared is held here until the walk ends
+        held = []
         for i, item in enumerate(inputs):
             if type(item) in _PLAIN and item.requires_grad:
                 edge = torch.autograd.graph.get_gradient_edge(item)
+                held.append(edge.node)
                 edges.setdefault((id(edge.node), edge.output_nr), i)
         if edges and start is not None:
             roots = [torch.autograd.graph.get_gradient_edge(item).node for _, item in watched]
-            self._hook_inputs(call, edges, roots, start)
+            self._hook_inputs(call, edges, roots, start, held)
 
-    def _hook_inputs(self, call: _Call, edges: dict[tuple[int, int], int], roots: list[Any], start: int) -> None:
+    def _hook_inputs(
+        self, call: _Call, edges: dict[tuple[int, int], int], roots: list[Any], start: int, held: list[Any]
+    ) -> None:
         inputs = {node_id for node_id, _ in edges}
         found: dict[int, tuple[Any, list[tuple[int, int]]]] = {}  # id(node) -> (node, [(edge index, input)])
         seen: set[int] = set()
@@ -217,7 +223,8 @@ class Activations:
             node = stack.pop()
             if id(node) in seen or id(node) in inputs:
                 continue
-            seen.add(id(node))  # the graph holds every node while the walk runs: ids are not reused
+            seen.add(id(node))
+            held.append(node)  # its id stays its own while the walk runs
             if node._sequence_nr() < start:
                 continue  # made before this call's forward: outside the module
             visited += 1
