@@ -164,6 +164,8 @@ class Activations:
         if not self.monitor._collect_now:
             return
         start = self.starts[index].pop() if self.starts[index] else None
+        if self.monitor._dropped:  # an error of ours earlier in this step: it is not written, nothing to read
+            return
         self.monitor._guarded("activation hook", self._forward, index, module, args, kwargs, output, start)
 
     def _forward(self, index: int, module: Any, args: Any, kwargs: Any, output: Any, start: int | None) -> None:
@@ -248,6 +250,8 @@ class Activations:
             node.register_hook(partial(self._on_input_grads, call, pairs))
 
     def _on_output_grad(self, call: _Call, j: int, grad: Any) -> None:
+        if self.monitor._dropped:
+            return
         self.monitor._guarded("activation gradient hook", self._output_grad, call, j, grad)
 
     def _output_grad(self, call: _Call, j: int, grad: Any) -> None:
@@ -255,6 +259,8 @@ class Activations:
         call.outputs[j] = self._cached_figures(grad)
 
     def _on_input_grads(self, call: _Call, pairs: list[tuple[int, int]], grad_inputs: Any, grad_outputs: Any) -> None:
+        if self.monitor._dropped:
+            return
         self.monitor._guarded("activation gradient hook", self._input_grads, call, pairs, grad_inputs)
 
     def _input_grads(self, call: _Call, pairs: list[tuple[int, int]], grad_inputs: Any) -> None:

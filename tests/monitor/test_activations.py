@@ -327,3 +327,21 @@ def test_a_tensor_read_twice_is_read_again_after_an_in_place_change(tmp_path, mo
         found = {row["name"]: float(row["norm"]) for row in csv.DictReader(handle)}
     assert found["a.output"] == pytest.approx(out.double().norm().item(), rel=1e-5)
     assert found["b.input"] == pytest.approx(3 * out.double().norm().item(), rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    "only, hook", [("forward_only", "activation hook"), ("backward_only", "activation gradient hook")]
+)
+def test_an_error_in_an_activation_hook_never_reaches_the_training_loop(train, monkeypatch, caplog, only, hook):
+    from msprobe_runtime.monitor import metrics
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(metrics, "figures", broken)
+    plain = train(monitor=False, steps=3, model_class=Residual)
+    run = train(dict(XY, **{only: True}), steps=3, model_class=Residual)
+    _same_training(plain, run)
+    # logged once, not once per call; each step dropped whole (the rest of its hooks do no work)
+    assert caplog.text.count("injected") == 1 and f"{hook} failed" in caplog.text
+    assert not [name for name in os.listdir(run.monitor.tensorboard_dir) if name.endswith(".csv")]

@@ -15,6 +15,7 @@ ACCUMULATION = 2
 CONFIG = {
     "targets": {"model.layers.0.mlp": {}},
     "xy_distribution": True,
+    "all_xy": True,  # activations of every module (attention with keyword tensors, a ModelOutput root output)
     "wg_distribution": True,
     "param_distribution": True,
     "mv_distribution": True,
@@ -132,13 +133,21 @@ def test_trainer_with_the_callback_writes_the_layers_and_trains_bit_identically(
         assert {row["name"] for row in found} == mlp, prefix
         assert {int(row["step"]) for row in found} == set(range(STEPS)), prefix
     assert {row["name"] for row in rows("exp_avg")} == mlp
+    layer = {f"model.layers.{i}.{part}" for i in range(2) for part in ("mlp", "self_attn.q_proj", "input_layernorm")}
     for prefix in ("actv", "actv_grad"):
         found = rows(prefix)
-        assert {row["name"] for row in found} == {"model.layers.0.mlp.input", "model.layers.0.mlp.output"}
+        names = {row["name"] for row in found}
+        assert {f"{module}.{field}" for module in layer for field in ("input", "output")} <= names, prefix
         # one row per micro-batch: gradient_accumulation_steps honoured
-        assert sorted({(int(r["step"]), r["micro_step"]) for r in found}) == [
+        mlp_rows = [r for r in found if r["name"] == "model.layers.0.mlp.output"]
+        assert sorted((int(r["step"]), r["micro_step"]) for r in mlp_rows) == [
             (step, str(micro)) for step in range(STEPS) for micro in range(ACCUMULATION)
         ]
+    # q_proj's input is the normed hidden state, shared by q, k and v: its share of the gradient is there
+    shares = [r["norm"] for r in rows("actv_grad") if r["name"] == "model.layers.0.self_attn.q_proj.input"]
+    assert len(shares) == STEPS * ACCUMULATION and "nan" not in shares
+    # the root's output is a ModelOutput (a dict): no output rows, as msprobe's hook makes none
+    assert not any(row["name"].startswith(".output") for row in rows("actv"))
     # the accumulated gradient the monitor read is the one the optimizer used
     names = [name for name, _ in watched.named_parameters()]
     down = names.index("model.layers.0.mlp.down_proj.weight")
