@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from ..config import ConfigError
-from ..foreign import instance_attribute
+from ..foreign import instance_attribute, is_subclass
 from . import activations as xy
-from . import anomalies, deep_capture, metrics
+from . import anomalies, deep_capture, megatron_ddp, metrics, optimizers, sharded
 from . import config as monitor_config
 from . import writer as writers
 
@@ -120,7 +120,7 @@ class TrainerMon:
         self.has_collect_times = 0
         self.micro_batch_number = 1
         self.params: list[tuple[str, torch.nn.Parameter]] = []  # (name, parameter), in named_parameters order
-        self.handles: list[torch.utils.hooks.RemovableHandle] = []
+        self.handles: list[Any] = []  # each with remove(): torch's handles, or optimizers/megatron_ddp wrappers
         self.optimizer: Any = None
         # every anomaly record made, in order (the file keeps the earliest of each step)
         self.anomalies: list[dict[str, Any]] = []
@@ -140,6 +140,12 @@ class TrainerMon:
         if not self.responder.wanted:
             self.responder = None
         self.activations: xy.Activations | None = None  # xy_distribution's hooks (activations.py)
+        # megatron, FSDP2 and the process groups (docs/monitor.md, "Megatron, FSDP2 and process groups")
+        self._view: optimizers.OptimizerView | None = None
+        self._dp_group: Any = None
+        self._duplicate: set[str] = set()  # names whose grad_reduced another rank writes (msprobe's duplicate_param)
+        self._partial: list[tuple[str, str]] = []  # rows holding DTensor partials until the flush reduces them
+        self._nodes: list[Any] = []  # the AccumulateGrad nodes hooked, kept alive as megatron keeps its grad_accs
 
     # ------------------------------------------------------------------ msprobe's entry points
 
@@ -158,11 +164,10 @@ class TrainerMon:
         if type(start_iteration) is not int or start_iteration < 0:
             raise ConfigError(f"set_monitor start_iteration: expected an int >= 0, got {start_iteration!r}")
         for label, group in (("tp_group", tp_group), ("dp_group", dp_group)):
-            if group is not None:
-                raise ConfigError(
-                    f"set_monitor {label}: de-duplicating figures across tensor/data-parallel "
-                    "ranks is not yet supported (docs/monitor.md); pass None"
-                )
+            if group is not None and not (
+                torch.distributed.is_available() and is_subclass(type(group), torch.distributed.ProcessGroup)
+            ):
+                raise ConfigError(f"set_monitor {label}: expected a torch.distributed ProcessGroup or None")
         if self.optimizer is not None:
             raise ConfigError("set_monitor: this TrainerMon already monitors an optimizer")
         self.micro_batch_number = grad_acc_steps
@@ -170,16 +175,19 @@ class TrainerMon:
         chunks = model if type(model) is list else [model]
         self.chunks, self.chunked = chunks, type(model) is list
         self._register_params(chunks)
+        try:
+            self._view = optimizers.OptimizerView(optimizer)
+        except TypeError as error:
+            raise ConfigError(f"set_monitor optimizer: {error}") from None
         self.optimizer = optimizer
+        self._dp_group = dp_group
+        self._mark_duplicates(tp_group, dp_group)
         if not self.monitoring:
             return
         cfg = self.config
         if cfg.wg_distribution:
-            self._micro = [0] * len(self.params)
-            for index, (_, param) in enumerate(self.params):
-                self.handles.append(param.register_post_accumulate_grad_hook(partial(self._on_grad, index)))
-        self.handles.append(optimizer.register_step_pre_hook(self._pre_step))
-        self.handles.append(optimizer.register_step_post_hook(self._post_step))
+            self._hook_gradients(chunks)
+        self.handles.extend(self._view.install(self._pre_step, self._post_step))
         if cfg.xy_distribution:
             self.activations = xy.Activations(self)
             self.handles.extend(self.activations.register(chunks))
@@ -199,6 +207,58 @@ class TrainerMon:
         if optimizer is None:
             raise ConfigError("monitor_gnorm_with_ad: call set_wrapped_optimizer first, or pass the optimizer")
         self.set_monitor(model, optimizer, grad_acc_steps, tp_group, dp_group, start_iteration)
+
+    def _mark_duplicates(self, tp_group: Any, dp_group: Any) -> None:
+        # msprobe's _register_chunk: with tp_group, a parameter that megatron does not mark tensor_model_parallel
+        # is the same on every tensor-parallel rank and only tp rank 0 writes its grad_reduced; with dp_group only
+        # dp rank 0 writes grad_reduced (msprobe's fetch_grad skips the duplicates). A DTensor is reduced instead
+        # (sharded.py) and written on every rank.
+        tp_rank = torch.distributed.get_rank(group=tp_group) if tp_group is not None else 0
+        dp_rank = torch.distributed.get_rank(group=dp_group) if dp_group is not None else 0
+        for name, param in self.params:
+            if sharded.is_dtensor(param):
+                continue
+            if tp_rank != 0 and not instance_attribute(param, "tensor_model_parallel", False):
+                self._duplicate.add(name)
+            if dp_rank != 0:
+                self._duplicate.add(name)
+
+    def _hook_gradients(self, chunks: list[Any]) -> None:
+        # grad_unreduced: main_grad (megatron's DDP) is read after megatron's AccumulateGrad hook has added the
+        # microbatch into it, and before a bucket's reduction starts (megatron_ddp.py); a plain .grad by torch's
+        # post-accumulate-grad hook; a DTensor's gradient is only made after FSDP2's reduce-scatter: not yet
+        self._micro = [0] * len(self.params)
+        main_grad_ids: dict[int, int] = {}
+        for index, (_, param) in enumerate(self.params):
+            if sharded.is_dtensor(param):
+                continue
+            if self.params_have_main_grad and instance_attribute(param, "main_grad") is not None:
+                handle, node = megatron_ddp.hook_accumulator(param, partial(self._on_grad, index, param))
+                self.handles.append(handle)
+                self._nodes.append(node)
+                main_grad_ids[id(param)] = index
+            else:
+                self.handles.append(param.register_post_accumulate_grad_hook(partial(self._on_grad, index)))
+        for group, params in megatron_ddp.bucket_groups(chunks):
+            indices = [main_grad_ids[id(p)] for p in params if id(p) in main_grad_ids]
+            if indices:
+                self.handles.append(megatron_ddp.wrap_start_grad_sync(group, partial(self._on_sync, indices)))
+
+    def _on_sync(self, indices: list[int]) -> None:
+        self._guarded("gradient sync hook", self._collect_before_sync, indices)
+
+    def _collect_before_sync(self, indices: list[int]) -> None:
+        # a bucket group's reduction starts: read the gradients of its parameters that the accumulator hooks have
+        # not read yet (with overlap_grad_reduce, the last one of the group is read here, before the 1/dp scaling)
+        if not self._collect_now:
+            return
+        for index in indices:
+            name, param = self.params[index]
+            if ("grad_unreduced", self._tag("grad_unreduced", name)) in self._rows:
+                continue
+            grad = self._grad_of(param)
+            if grad is not None:
+                self._add("grad_unreduced", name, grad)
 
     def set_wrapped_optimizer(self, optimizer: Any) -> None:
         self.optimizer_trans: Any = optimizer
@@ -247,7 +307,7 @@ class TrainerMon:
         for stage, chunk in enumerate(chunks):
             prefix = f"{stage}:"
             for param_name, param in chunk.named_parameters():
-                if type(param) not in _PLAIN:
+                if type(param) not in _PLAIN and not sharded.is_dtensor(param):
                     # a tensor subclass (DTensor of FSDP2, a float8 weight) runs its own code for every op and
                     # attribute read, collectives included: not yet supported (docs/monitor.md)
                     logger.warning(
@@ -280,6 +340,7 @@ class TrainerMon:
         for handle in self.handles:
             handle.remove()
         self.handles = []
+        self._nodes = []
         self.monitoring = False
         self._collect_now = False
 
@@ -289,6 +350,9 @@ class TrainerMon:
         return f"{name}/rank{self.rank}/{TAG_SUFFIX[prefix]}"
 
     def _add(self, prefix: str, name: str, tensor: torch.Tensor) -> None:
+        if sharded.is_dtensor(tensor):  # torch's own subclass: its local shard, reduced with dp_group (sharded.py)
+            self._add_dtensor(prefix, name, tensor)
+            return
         if type(tensor) not in _PLAIN:  # a gradient or optimizer state that is a subclass: as in _register_params
             if "subclass" not in self._failed:
                 self._failed.add("subclass")
@@ -302,6 +366,26 @@ class TrainerMon:
         with torch.no_grad():
             values = metrics.figures(tensor, self.ops, self.config.eps)
         self._rows[(prefix, self._tag(prefix, name))] = (values, tuple(tensor.shape), tensor.dtype)
+
+    def _add_dtensor(self, prefix: str, name: str, tensor: Any) -> None:
+        with torch.no_grad():
+            local = tensor.to_local()
+            placement = sharded.layout(tensor)
+            key = (prefix, self._tag(prefix, name))
+            if placement == "shard" and self._dp_group is not None:
+                self._rows[key] = (sharded.partials(local, self.config.eps), tuple(tensor.shape), local.dtype)
+                self._partial.append(key)
+                return
+            if placement == "other" and "dtensor layout" not in self._failed:
+                self._failed.add("dtensor layout")
+                logger.warning(
+                    "monitor: %s of %s is a DTensor placed %s: figures of the local shard only (not yet reduced)",
+                    TAG_SUFFIX[prefix],
+                    name,
+                    tuple(tensor.placements),
+                )
+            values = metrics.figures(local, self.ops, self.config.eps)
+        self._rows[key] = (values, tuple(local.shape), local.dtype)
 
     def _grad_of(self, param: torch.nn.Parameter) -> torch.Tensor | None:
         if self.params_have_main_grad:
@@ -333,6 +417,7 @@ class TrainerMon:
                     "monitor: %s failed (%s: %s); this step's figures are dropped", where, type(error).__name__, error
                 )
             self._rows = {}
+            self._partial = []
             self._dropped = True  # a partial step is not written: the post-step hook skips its flush
 
     def _on_grad(self, index: int, param: torch.nn.Parameter) -> None:
@@ -343,10 +428,11 @@ class TrainerMon:
         if self._micro[index] < self.micro_batch_number:
             return
         self._micro[index] = 0
-        if self._collect_now:
-            grad = self._grad_of(param)
+        name = self.params[index][0]
+        if self._collect_now and ("grad_unreduced", self._tag("grad_unreduced", name)) not in self._rows:
+            grad = self._grad_of(param)  # (already read where a bucket's reduction started first: megatron_ddp.py)
             if grad is not None:
-                self._add("grad_unreduced", self.params[index][0], grad)
+                self._add("grad_unreduced", name, grad)
 
     def _pre_step(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self._guarded("optimizer pre-step hook", self._collect_pre, optimizer)
@@ -358,7 +444,9 @@ class TrainerMon:
         if cfg.wg_distribution:
             for name, param in self.params:
                 grad = self._grad_of(param)
-                if grad is not None:
+                if grad is not None and self._view is not None:
+                    grad = self._view.local_grad(param, grad)  # the distributed optimizer's shard of it
+                if grad is not None and name not in self._duplicate:
                     self._add("grad_reduced", name, grad)
         if cfg.mv_distribution or cfg.ur_distribution:
             self._collect_moments(optimizer)
@@ -372,12 +460,15 @@ class TrainerMon:
     def _collect_directions(self, optimizer: Any) -> None:
         # msprobe's mg_direction: the share of a gradient's elements whose sign agrees with Adam's exp_avg before
         # this step's update; 1.0 before the first step; written as other_*.csv, tag .../mg_direction
-        states = {id(param): state for param, state in optimizer.state.items()}
+        assert self._view is not None  # set with the hooks (set_monitor)
+        states, _ = self._view.states()
         for name, param in self.params:
             grad = self._grad_of(param)
+            if grad is not None:
+                grad = self._view.local_grad(param, grad)
             if grad is None:
                 continue
-            exp_avg = (states.get(id(param)) or {}).get("exp_avg")
+            exp_avg = (states.get(id(self._view.main_param(param))) or {}).get("exp_avg")
             with torch.no_grad():
                 if exp_avg is None:
                     ratio = torch.ones((), device=grad.device)
@@ -387,10 +478,11 @@ class TrainerMon:
 
     def _collect_moments(self, optimizer: Any) -> None:
         # the state and groups are looked up by id: a parameter's hash is the user's (runtime/foreign.py)
-        states = {id(param): state for param, state in optimizer.state.items()}
-        groups = {id(param): group for group in optimizer.param_groups for param in group["params"]}
+        assert self._view is not None  # set with the hooks (set_monitor)
+        states, groups = self._view.states()  # megatron's: keyed by the fp32 main parameter (optimizers.py)
         updates = []
-        for name, param in self.params:
+        for name, model_param in self.params:
+            param = self._view.main_param(model_param)
             state = states.get(id(param))
             if not state:
                 continue  # before the first step: msprobe writes no rows either
@@ -438,6 +530,7 @@ class TrainerMon:
                 self.has_collect_times += 1
         finally:  # the step is counted whatever failed, so that the steps written stay the optimizer's
             self._rows = {}
+            self._partial = []
             self._dropped = False
             if self.activations is not None:
                 self.activations.end_step()
@@ -451,6 +544,9 @@ class TrainerMon:
     def _flush(self, step: int) -> None:
         if not self._rows:
             return
+        if self._partial:  # DTensor shards: one all-reduce per kind for all of them, on the device (sharded.py)
+            sharded.finalize(self._rows, self._partial, self.ops, self._dp_group)
+            self._partial = []
         # prefix -> [(tag, figures, shape, dtype)], prefixes in the order of their first row
         groups: dict[str, list[DeviceRow]] = {}
         for (prefix, tag), (on_device, shape, dtype) in self._rows.items():
