@@ -3,10 +3,12 @@
 Where the figures come from, and why there (tests/monitor/test_trainer_mon.py checks each):
 - grad_unreduced: a post-accumulate-grad hook on each parameter, at the last microbatch of the step; the gradient
   is final and nothing is inserted into the autograd graph, so gradients stay bit-identical (msprobe hooks the
-  AccumulateGrad node the same way; module backward hooks would change them).
+  AccumulateGrad node the same way; module backward hooks would change them). Under megatron's DDP the gradient
+  is ``main_grad``, read after megatron's own accumulator hook and before its reduce (megatron_ddp.py).
 - grad_reduced, exp_avg, exp_avg_sq, adam_update, adam_ratio, param_origin: torch's optimizer step pre-hook, with
   the optimizer state as it is before this step's update (msprobe's optimizer_pre_step_hook reads it there too).
-- param_updated: the optimizer step post-hook; then the step's figures are flushed.
+- param_updated: the optimizer step post-hook; then the step's figures are flushed. megatron-core's optimizers
+  have no step hooks: their instance's step is wrapped (optimizers.py). DTensor shards: sharded.py.
 Every figure stays on the device (metrics.py) until the flush, which stacks the step's figures, the rules' running
 averages and codes into one tensor and copies it to the host once (``_flush``): no host sync in forward, backward
 or the optimizer's update. An error of ours is logged once and the step's figures are dropped; it never reaches

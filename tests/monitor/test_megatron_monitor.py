@@ -7,10 +7,11 @@ AdamW over main_grad.
 - figures for every parameter of every layer, each step; grad_unreduced and grad_reduced equal the statistics of
   the step's accumulated main_grad (both microbatches: read after megatron's accumulator hook);
 - the monitor's only host read is one ``tolist`` per collected step;
-- two data-parallel ranks (torchrun): grad_unreduced is each rank's own gradient, read before megatron scales the
-  bucket by 1/dp and all-reduces it (the mean of the two ranks' unreduced means is the reduced mean), including
-  the last parameter of each bucket, whose reduction megatron starts inside its own accumulator hook
-  (runtime/monitor/megatron_ddp.py).
+- two data-parallel ranks (torchrun, megatron's tp and dp groups given to set_monitor): grad_unreduced is each
+  rank's own gradient, read before megatron scales the bucket by 1/dp and all-reduces it (the mean of the two
+  ranks' unreduced means is the reduced mean), including the last parameter of each bucket, whose reduction
+  megatron starts inside its own accumulator hook (runtime/monitor/megatron_ddp.py); grad_reduced is written by
+  dp rank 0 only (msprobe's de-duplication).
 """
 
 import concurrent.futures
@@ -84,7 +85,7 @@ def _train(workdir, flags, monitor, ranks=1):
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("monitor-loop")
     jobs = {(config, monitor, 1): flags for config, flags in CONFIGS.items() for monitor in (False, True)}
-    jobs[("overlap-megatron", True, 2)] = ["--overlap-grad-reduce", "--optimizer", "megatron"]
+    jobs[("overlap-megatron", True, 2)] = ["--overlap-grad-reduce", "--optimizer", "megatron", "--monitor-groups"]
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         futures = {
             key: pool.submit(_train, root / f"{key[0]}-{key[1]}-{key[2]}", flags, key[1], key[2])
@@ -162,10 +163,11 @@ def test_two_data_parallel_ranks_read_unreduced_before_the_reduce(runs):
     ranks = _get(runs, "overlap-megatron", True, 2)
     unreduced = [rows_of(rank["monitor"]["dir"], "grad_unreduced") for rank in ranks]
     reduced = [rows_of(rank["monitor"]["dir"], "grad_reduced") for rank in ranks]
-    assert len(unreduced[0]) == len(unreduced[1]) == PARAMS * STEPS
+    assert len(unreduced[0]) == len(unreduced[1]) == len(reduced[0]) == PARAMS * STEPS
+    # set_monitor(dp_group=...): as msprobe, only dp rank 0 writes the reduced gradient, the same on every rank
+    assert reduced[1] == {}
     differ = 0
     for key, row in reduced[0].items():
-        assert reduced[1][key] == row  # after the all-reduce every rank holds the same gradient
         scale = max(abs(row["max"]), abs(row["min"]))
         # megatron averages over dp: the reduced mean is the mean of the ranks' unreduced means
         assert abs((unreduced[0][key]["mean"] + unreduced[1][key]["mean"]) / 2 - row["mean"]) <= 1e-6 * scale, key
