@@ -163,3 +163,52 @@ def test_an_instance_step_wrapped_by_someone_else_is_put_back():
     assert calls == ["pre", "theirs", "post"]
     handle.remove()
     assert inner.step is mine
+
+
+class Float16OptimizerWithFloat16Params(MegatronOptimizer):
+    """megatron's mixed-precision optimizer in brief: fp32 copies in ``fp32_from_float16_groups``, stepped by the
+    inner torch optimizer, copied back into the model's parameters at the end of megatron's step."""
+
+    def __init__(self, model):
+        self.float16_groups = [list(model.parameters())]
+        self.fp32_from_float16_groups = [[param.detach().clone() for param in model.parameters()]]
+        self.optimizer = torch.optim.Adam(self.fp32_from_float16_groups[0], lr=0.1)
+
+    def step(self):
+        pairs = list(zip(self.float16_groups[0], self.fp32_from_float16_groups[0]))
+        for model_param, main in pairs:
+            main.grad = model_param.main_grad.clone()
+        self.optimizer.step()
+        with torch.no_grad():
+            for model_param, main in pairs:
+                model_param.copy_(main)
+        return True, None, None
+
+
+def test_mixed_precision_optimizer_state_of_the_fp32_copy_and_weights_after_the_copy_back(tmp_path, monkeypatch):
+    from msprobe_runtime import TrainerMon
+
+    monkeypatch.setenv("MONITOR_OUTPUT_DIR", str(tmp_path / "out"))
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 6)
+    _ddp_like(model)
+    optimizer = Float16OptimizerWithFloat16Params(model)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"mv_distribution": True, "param_distribution": True, "ops": ["norm"]}))
+    monitor = TrainerMon(str(config), params_have_main_grad=True)
+    monitor.set_monitor(model, optimizer)
+    updated, moments = [], []
+    for _ in range(2):
+        for param in model.parameters():
+            param.main_grad.zero_()
+        model(torch.randn(5, 4)).square().sum().backward()
+        optimizer.step()
+        updated.append(model.weight.detach().norm().item())
+        moments.append(optimizer.optimizer.state[optimizer.fp32_from_float16_groups[0][0]]["exp_avg"].norm().item())
+    monitor.close()
+    rows = _rows(monitor.tensorboard_dir, "param_updated")
+    # read after megatron's step has copied the fp32 copy back (a hook on the inner optimizer would be too early)
+    assert [float(rows[("weight", step)]["norm"]) for step in (0, 1)] == pytest.approx(updated, rel=1e-6)
+    exp_avg = _rows(monitor.tensorboard_dir, "exp_avg")
+    assert float(exp_avg[("weight", 1)]["norm"]) == pytest.approx(moments[0], rel=1e-6)  # before step 1's update
+    assert exp_avg[("weight", 1)]["shape"] == "[6, 4]"
