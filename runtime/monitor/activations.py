@@ -276,7 +276,7 @@ class Activations:
                 if plain:
                     call.inputs[i] = self._cached_figures(grad)
                 continue
-            if plain:  # detached: no graph is made, without the cost of a no_grad context
+            if plain and grad is not None:  # detached: no graph is made, without the cost of a no_grad context
                 so_far = call.sums[i]
                 if so_far is None:
                     # more edges to come; autograd may later sum into its own buffer in place: keep a copy

@@ -36,7 +36,7 @@ def torch_optimizer(optimizer: Any) -> Any:
     return optimizer
 
 
-class MonitorCallback(TrainerCallback):  # type: ignore[misc]  # transformers is not type-checked here
+class MonitorCallback(TrainerCallback):
     """Runs a ``TrainerMon`` (docs/monitor.md) for the length of ``Trainer.train``; ``self.monitor`` is it."""
 
     def __init__(self, config_file_path: str, params_have_main_grad: bool = False) -> None:

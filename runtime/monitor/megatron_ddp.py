@@ -45,7 +45,10 @@ def hook_accumulator(param: torch.Tensor, hook: Callable[[], None]) -> tuple[Any
     """A post-hook on ``param``'s ``AccumulateGrad`` node (after the hooks already there); ``(handle, node)``:
     the caller keeps the node alive, as megatron keeps its ``grad_accs``."""
     with torch.enable_grad():
-        node = param.expand_as(param).grad_fn.next_functions[0][0]
+        view = param.expand_as(param).grad_fn
+        assert view is not None  # param requires grad (the monitor hooks only those), so its view has a grad_fn
+        node = view.next_functions[0][0]
+    assert node is not None  # a leaf that requires grad has its AccumulateGrad node
     handle = node.register_hook(lambda *unused: hook())
     return handle, node
 
