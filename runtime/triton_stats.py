@@ -27,6 +27,10 @@ present; Mean and Norm rounded to the tensor's dtype, inf past float32's range; 
 dimension read once and counted ``repeat`` times; a transposed or permuted tensor read in memory order; any
 other layout of up to 4 dimensions read through its strides (no copy).
 
+``monitor_figures`` serves msprobe's monitor (runtime/monitor/metrics.py): ``_partials`` with ``ZEROS`` also
+counts |x| < eps into a seventh partial, and ``_figures`` turns one tensor's rows into the monitor's float32
+figures in the order of its ops, on the device (tests/monitor/test_figures_paths.py).
+
 Not yet: several tensors per ``_partials`` launch (a pointer table), so a recorded call costs one launch per
 tensor and each flush one ``_finish`` per arena; the torch-op path's own cost (issue 31).
 """
@@ -121,6 +125,8 @@ def _partials(
     BLOCK: tl.constexpr,
     LOW: tl.constexpr = 0,
     TOP: tl.constexpr = 0.0,
+    ZEROS: tl.constexpr = 0,
+    EPS: tl.constexpr = 0.0,
 ):
     pid = tl.program_id(0)
     lanes = tl.arange(0, BLOCK)
@@ -158,6 +164,8 @@ def _partials(
             full += (tl.abs(v) == TOP).to(tl.int32)  # 0 where masked
         else:
             v = tl.load(ptr, mask=mask, other=0.0).to(mx.dtype)
+            if ZEROS:  # the monitor's |x| < eps count (``monitor_figures``), in the same read
+                zero += (mask & (tl.abs(v) < EPS)).to(tl.int32)
         is_nan = v != v
         is_inf = (v == float("inf")) | (v == float("-inf"))
         ok = mask & (v == v)
@@ -171,6 +179,9 @@ def _partials(
         out = part + (row0 + pid).to(tl.int64) * 8
         tl.store(out + 6, tl.sum(zero, 0).to(tl.float64))
         tl.store(out + 7, tl.sum(full, 0).to(tl.float64))
+    elif ZEROS:
+        out = part + (row0 + pid).to(tl.int64) * 7
+        tl.store(out + 6, tl.sum(zero, 0).to(tl.float64))
     else:
         out = part + (row0 + pid).to(tl.int64) * 6
     tl.store(out + 0, tl.max(mx, 0).to(tl.float64))
@@ -256,6 +267,126 @@ def _finish(part, meta, values, counts, RB: tl.constexpr, LOW: tl.constexpr = 0)
     else:
         tl.store(counts + t * 2 + 0, nans * repeat.to(tl.float64))
         tl.store(counts + t * 2 + 1, tl.sum(inf, 0) * repeat.to(tl.float64))
+
+
+@triton.jit(do_not_specialize=["rows", "n", "repeat", "scalar"])
+def _figures(part, rows, n, repeat, scalar, out, K: tl.constexpr, CODES: tl.constexpr, RB: tl.constexpr):
+    """One tensor's seven-wide partial rows (``_partials`` with ZEROS) combined in row order into msprobe's
+    monitor figures, float32, one per op: op ``k``'s code (runtime/monitor/metrics.py's CODES: 0 min, 1 max,
+    2 norm, 3 mean, 4 zeros, 5 nans, 6 id) is ``CODES``'s ``k``-th group of 3 bits."""
+    lanes = tl.arange(0, RB)
+    mx = tl.full([RB], float("-inf"), tl.float64)
+    mn = tl.full([RB], float("inf"), tl.float64)
+    s = tl.zeros([RB], tl.float64)
+    q = tl.zeros([RB], tl.float64)
+    nan = tl.zeros([RB], tl.float64)
+    zero = tl.zeros([RB], tl.float64)
+    for r in range(0, rows, RB):
+        at = r + lanes
+        mask = at < rows
+        p = part + at * 7
+        mx = tl.maximum(mx, tl.load(p + 0, mask=mask, other=float("-inf")))
+        mn = tl.minimum(mn, tl.load(p + 1, mask=mask, other=float("inf")))
+        s += tl.load(p + 2, mask=mask, other=0.0)
+        q += tl.load(p + 3, mask=mask, other=0.0)
+        nan += tl.load(p + 4, mask=mask, other=0.0)
+        zero += tl.load(p + 6, mask=mask, other=0.0)
+    big = 3.4028234663852886e38  # float32's largest: past it a float accumulator is inf, as torch's is
+    total = tl.sum(s, 0)
+    total = tl.where(total > big, float("inf"), tl.where(total < -big, float("-inf"), total))
+    squares = tl.sum(q, 0)
+    squares = tl.where(squares > big, float("inf"), squares)
+    nans = tl.sum(nan, 0)
+    many = repeat.to(tl.float64)
+    top = tl.where(nans > 0, float("nan"), tl.max(mx, 0)).to(tl.float32)
+    bottom = tl.where(nans > 0, float("nan"), tl.min(mn, 0)).to(tl.float32)
+    norm = tl.sqrt(squares * many).to(tl.float32)
+    mean = (total / n.to(tl.float64)).to(tl.float32)
+    # the torch ops' ``count_nonzero(...) / numel``: both made float32, then divided in float32
+    zeros = (tl.sum(zero, 0) * many).to(tl.float32) / (n.to(tl.float64) * many).to(tl.float32)
+    value = tl.where(scalar != 0, total, float("nan")).to(tl.float32)  # a 0-d tensor's sum is its value
+    for k in tl.static_range(K):
+        code = (CODES >> (3 * k)) & 7
+        if code == 0:
+            tl.store(out + k, bottom)
+        elif code == 1:
+            tl.store(out + k, top)
+        elif code == 2:
+            tl.store(out + k, norm)
+        elif code == 3:
+            tl.store(out + k, mean)
+        elif code == 4:
+            tl.store(out + k, zeros)
+        elif code == 5:
+            tl.store(out + k, (nans * many).to(tl.float32))
+        else:
+            tl.store(out + k, value)
+
+
+_MONITOR_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_bounds: dict = {}  # (eps, dtype) -> eps rounded to the dtype, as a float
+_scratch: dict = {}  # device -> the metadata row ``_partials`` writes and the monitor does not read
+
+
+def monitor_figures(t, codes, eps, dense_view):
+    """msprobe's monitor ops ``codes`` (runtime/monitor/metrics.py's CODES) of a plain strided float32, float16
+    or bfloat16 tensor, in one read of it: a float32 tensor of one figure per code, on its device, nothing read
+    back; None for any other tensor (the torch ops serve it). ``dense_view`` is ``statistics._dense_view``.
+    Two launches: ``_partials`` with the |x| < eps count, then ``_figures``."""
+    if type(t) is not torch.Tensor or t.layout is not torch.strided or t.dtype not in _MONITOR_DTYPES:
+        return None
+    if t.numel() == 0 or len(codes) > 8:
+        return None
+    scalar = t.dim() == 0
+    if t.is_neg():
+        t = t.resolve_neg()
+    t, repeat = dense_view(t)
+    contiguous = t.is_contiguous()
+    if not contiguous and t.dim() > 4:
+        return None
+    bound = _bounds.get((eps, t.dtype))
+    if bound is None:
+        # torch's ``x.abs() < eps`` compares in the tensor's dtype: eps rounded to it (a CPU scalar: no sync)
+        bound = _bounds[(eps, t.dtype)] = float(torch.tensor(float(eps), dtype=torch.float32).to(t.dtype))
+    n = t.numel()
+    iters = max(1, -(-n // (_BLOCK * _MAX_ROWS)))
+    grid = -(-n // (_BLOCK * iters))
+    sizes, strides = [1] * 4, [0] * 4
+    if not contiguous:
+        sizes[4 - t.dim() :] = t.shape
+        strides[4 - t.dim() :] = t.stride()
+    meta = _scratch.get(t.device)
+    if meta is None:
+        meta = _scratch[t.device] = torch.empty((1, _META), dtype=torch.int64, device=t.device)
+    part = torch.empty((grid, 7), dtype=torch.float64, device=t.device)
+    _partials[(grid,)](
+        t,
+        n,
+        iters,
+        part,
+        meta,
+        0,
+        0,
+        grid,
+        repeat,
+        _CODES[t.dtype],
+        sizes[1],
+        sizes[2],
+        sizes[3],
+        *strides,
+        CONTIGUOUS=contiguous,
+        WIDE=False,
+        BLOCK=_BLOCK,
+        ZEROS=1,
+        EPS=bound,
+        enable_fp_fusion=False,
+    )
+    out = torch.empty(len(codes), dtype=torch.float32, device=t.device)
+    packed = 0
+    for k, code in enumerate(codes):
+        packed |= code << (3 * k)
+    _figures[(1,)](part, grid, n, repeat, int(scalar), out, K=len(codes), CODES=packed, RB=_FINISH_BLOCK)
+    return out
 
 
 class _Arena:

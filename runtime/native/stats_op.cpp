@@ -41,6 +41,7 @@ struct Partial {
   float mx, mn;
   double s, q;
   int64_t nan, inf;
+  int64_t zero;  // |v| < eps, counted only by the monitor's pass (ZEROS)
 };
 
 inline float load(const float* p, int64_t i) { return p[i]; }
@@ -81,15 +82,17 @@ constexpr int64_t AHEAD_BYTES = 16384;
 #endif
 
 // ``p``'s first ``n`` elements; ``avail`` (>= n) of them lie inside the tensor, so may be asked for ahead.
-template <typename T>
-Partial reduce_block(const T* p, int64_t n, bool counts, int64_t avail) {
+// ``ZEROS`` (the monitor's ``monitor_figures``) also counts the elements with |v| < ``eps``, in the same loop.
+template <typename T, bool ZEROS = false>
+Partial reduce_block(const T* p, int64_t n, bool counts, int64_t avail, float eps = 0.0f) {
   constexpr int64_t AHEAD = AHEAD_BYTES / static_cast<int64_t>(sizeof(T));
   constexpr int64_t LINE = 64 / static_cast<int64_t>(sizeof(T));  // elements per cache line
   const float INF = std::numeric_limits<float>::infinity();
   float mx[L], mn[L];
   double s[L], q[L];
+  int32_t z[L];  // a block holds at most BLOCK elements: a lane's count fits
   for (int j = 0; j < L; ++j) {
-    mx[j] = -INF; mn[j] = INF; s[j] = 0.0; q[j] = 0.0;
+    mx[j] = -INF; mn[j] = INF; s[j] = 0.0; q[j] = 0.0; z[j] = 0;
   }
   int64_t i = 0;
   for (; i + L <= n; i += L) {
@@ -100,6 +103,7 @@ Partial reduce_block(const T* p, int64_t n, bool counts, int64_t avail) {
       mn[j] = v < mn[j] ? v : mn[j];
       s[j] += static_cast<double>(v);
       q[j] += static_cast<double>(v * v);  // squared in float, as torch does: below its range 0, above it inf
+      if constexpr (ZEROS) z[j] += std::fabs(v) < eps;  // false for NaN, as torch's ``abs(x) < eps``
     }
   }
   for (int j = 0; i < n; ++i, ++j) {  // the tail, into lanes 0..
@@ -108,13 +112,15 @@ Partial reduce_block(const T* p, int64_t n, bool counts, int64_t avail) {
     mn[j] = v < mn[j] ? v : mn[j];
     s[j] += static_cast<double>(v);
     q[j] += static_cast<double>(v * v);
+    if constexpr (ZEROS) z[j] += std::fabs(v) < eps;
   }
-  Partial out{-INF, INF, 0.0, 0.0, 0, 0};
+  Partial out{-INF, INF, 0.0, 0.0, 0, 0, 0};
   for (int j = 0; j < L; ++j) {
     out.mx = mx[j] > out.mx ? mx[j] : out.mx;
     out.mn = mn[j] < out.mn ? mn[j] : out.mn;
     out.s += s[j];
     out.q += q[j];
+    if constexpr (ZEROS) out.zero += z[j];
   }
   // A block's sum of float squares is finite when the block holds no NaN, no Inf and no value whose square
   // passes float's range (|v| > 1.8e19): only then is a second, counting pass skipped.
@@ -131,15 +137,15 @@ Partial reduce_block(const T* p, int64_t n, bool counts, int64_t avail) {
   return out;
 }
 
-template <typename T>
-Partial reduce_all(const T* p, int64_t n, bool counts) {
-  if (n <= BLOCK) return reduce_block<T>(p, n, counts, n);
+template <typename T, bool ZEROS = false>
+Partial reduce_all(const T* p, int64_t n, bool counts, float eps = 0.0f) {
+  if (n <= BLOCK) return reduce_block<T, ZEROS>(p, n, counts, n, eps);
   const int64_t blocks = (n + BLOCK - 1) / BLOCK;
   std::vector<Partial> parts(blocks);
   at::parallel_for(0, blocks, 4, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       const int64_t start = b * BLOCK;
-      parts[b] = reduce_block<T>(p + start, std::min(BLOCK, n - start), counts, n - start);
+      parts[b] = reduce_block<T, ZEROS>(p + start, std::min(BLOCK, n - start), counts, n - start, eps);
     }
   });
   Partial out = parts[0];
@@ -151,6 +157,7 @@ Partial reduce_all(const T* p, int64_t n, bool counts) {
     out.q += x.q;
     out.nan += x.nan;
     out.inf += x.inf;
+    out.zero += x.zero;
   }
   return out;
 }
@@ -238,6 +245,69 @@ std::vector<double> stats(const at::Tensor& input, bool counts) {
   if (type == at::kFloat) return stats_of<float>(t, counts, repeat);
   if (type == at::kBFloat16) return stats_of<c10::BFloat16>(t, counts, repeat);
   return stats_of<c10::Half>(t, counts, repeat);
+}
+
+namespace {
+
+// msprobe's monitor ops, as runtime/monitor/metrics.py numbers them (CODES there)
+enum MonitorCode : int64_t { M_MIN = 0, M_MAX = 1, M_NORM = 2, M_MEAN = 3, M_ZEROS = 4, M_NANS = 5, M_ID = 6 };
+
+template <typename T>
+at::Tensor monitor_of(const at::Tensor& t, const std::vector<int64_t>& codes, double eps, double repeat,
+                      int64_t total, bool scalar) {
+  const T* p = t.data_ptr<T>();
+  const int64_t n = t.numel();
+  bool zeros = false, nans = false;
+  for (int64_t c : codes) {
+    zeros = zeros || c == M_ZEROS;
+    nans = nans || c == M_NANS;
+  }
+  // torch's ``x.abs() < eps`` compares in the tensor's dtype: eps rounded to it (through float, as c10 converts)
+  const float bound = static_cast<float>(static_cast<T>(static_cast<float>(eps)));
+  const Partial r = zeros ? reduce_all<T, true>(p, n, nans, bound) : reduce_all<T, false>(p, n, nans);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const bool has_nan = std::isnan(r.q);
+  at::Tensor out = at::empty({static_cast<int64_t>(codes.size())}, at::TensorOptions().dtype(at::kFloat));
+  float* o = out.data_ptr<float>();
+  for (size_t k = 0; k < codes.size(); ++k) {
+    float v = nan;
+    switch (codes[k]) {
+      case M_MIN: v = has_nan ? nan : r.mn; break;
+      case M_MAX: v = has_nan ? nan : r.mx; break;
+      // Mean and Norm as torch's ``mean``/``vector_norm`` with dtype=float32 give them: float32, inf past its
+      // range (the double sums keep the rounding finer, not the range wider)
+      case M_NORM: v = static_cast<float>(std::sqrt(in_float_range(r.q) * repeat)); break;
+      case M_MEAN: v = static_cast<float>(in_float_range(r.s) / static_cast<double>(n)); break;
+      // the torch-op path's ``count_nonzero(...) / numel``: both made float32, then divided in float32
+      case M_ZEROS: v = static_cast<float>(static_cast<double>(r.zero) * repeat) / static_cast<float>(total); break;
+      case M_NANS: v = static_cast<float>(static_cast<double>(r.nan) * repeat); break;
+      case M_ID: v = scalar ? load(p, 0) : nan; break;
+      default: break;
+    }
+    o[k] = v;
+  }
+  return out;
+}
+
+}  // namespace
+
+// The figures of msprobe's monitor ops ``codes`` (metrics.py's CODES) of a non-empty CPU tensor of float32,
+// float16 or bfloat16, in one read: a float32 tensor of one figure per code, as metrics.py's torch ops give
+// them; an undefined tensor (None) for any other tensor, which the torch ops then serve. The NaN count costs a
+// second read of a block only where its sum of squares is not finite (reduce_block), the |x| < eps count a
+// compare per element, and only where asked for.
+at::Tensor monitor_figures(const at::Tensor& input, const std::vector<int64_t>& codes, double eps) {
+  if (!readable(input) || input.numel() == 0) return at::Tensor();
+  at::NoGradGuard no_grad;
+  double repeat = 1.0;
+  const at::Tensor t = dense_once(input, &repeat);
+  if (t.data_ptr() == nullptr) return at::Tensor();
+  const int64_t total = input.numel();
+  const bool scalar = input.dim() == 0;
+  const at::ScalarType type = t.scalar_type();
+  if (type == at::kFloat) return monitor_of<float>(t, codes, eps, repeat, total, scalar);
+  if (type == at::kBFloat16) return monitor_of<c10::BFloat16>(t, codes, eps, repeat, total, scalar);
+  return monitor_of<c10::Half>(t, codes, eps, repeat, total, scalar);
 }
 
 namespace {
@@ -1271,6 +1341,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #endif
   m.def("consumer_edges", &consumer_edges, "backward._consumer_edges: a module's nodes that consume its inputs");
   m.def("stats", &stats, "Max, Min, Mean, Norm, NaN and Inf counts of a CPU float tensor in one pass");
+  m.def("monitor_figures", &monitor_figures, "msprobe's monitor ops of a CPU float tensor in one pass (metrics.py)");
   m.def("stats_low", &stats_low, "stats, then the zero and largest-magnitude counts, of a CPU float8 tensor");
   py::class_<Recorder, std::shared_ptr<Recorder>>(m, "Recorder")
       .def(py::init<bool, int64_t, size_t, py::object>())
