@@ -30,7 +30,7 @@ import torch
 from ..config import ConfigError
 from ..foreign import instance_attribute, is_subclass
 from . import activations as xy
-from . import anomalies, deep_capture, megatron_ddp, metrics, optimizers, sharded
+from . import anomalies, deep_capture, megatron_ddp, metrics, optimizers, reuse, sharded
 from . import config as monitor_config
 from . import writer as writers
 
@@ -117,6 +117,8 @@ class TrainerMon:
                 except OSError as error:  # a link planted in the output folder: written nowhere, said once
                     logger.warning("monitor: anomaly.json is not written (%s)", error)
         self.rules = anomalies.DeviceRules(cfg.rules, self.ops) if cfg.rules else None
+        # a gradient or weight read again unchanged keeps its figures (reuse.py)
+        self._figures = reuse.Figures(self.ops, cfg.eps)
         self.monitoring = self.collects and cfg.collect_times > 0
         self.step = 0
         self.has_collect_times = 0
@@ -343,6 +345,7 @@ class TrainerMon:
             handle.remove()
         self.handles = []
         self._nodes = []
+        self._figures.clear()
         self.monitoring = False
         self._collect_now = False
 
@@ -366,7 +369,7 @@ class TrainerMon:
                 )
             return
         with torch.no_grad():
-            values = metrics.figures(tensor, self.ops, self.config.eps)
+            values = self._figures.of(prefix, tensor)
         self._rows[(prefix, self._tag(prefix, name))] = (values, tuple(tensor.shape), tensor.dtype)
 
     def _add_dtensor(self, prefix: str, name: str, tensor: Any) -> None:
@@ -533,6 +536,7 @@ class TrainerMon:
         finally:  # the step is counted whatever failed, so that the steps written stay the optimizer's
             self._rows = {}
             self._partial = []
+            self._figures.end_step()
             self._dropped = False
             if self.activations is not None:
                 self.activations.end_step()
