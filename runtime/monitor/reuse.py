@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import sys
-from types import CodeType
+from types import CodeType, FrameType
 
 import torch
 
@@ -60,7 +60,7 @@ def _scaled_step() -> bool:
         from torch.amp.grad_scaler import GradScaler
 
         _scaler_codes.update((GradScaler.step.__code__, GradScaler._maybe_opt_step.__code__))
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     depth = 0
     while frame is not None and depth < 64:
         code = frame.f_code
