@@ -12,7 +12,7 @@ from __future__ import annotations
 import csv
 import math
 import os
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import IO, TYPE_CHECKING, Any, Iterable, Sequence
 
 from ..config import ConfigError
 
@@ -39,6 +39,11 @@ class CSVWriter:
         self.ops = list(ops)
         self.ndigits = ndigits
         self.per_record = step_count_per_record
+        # prefix -> (path, open file, its csv writer): a file stays open while its block of steps is written (an
+        # open per prefix and step was most of the flush's time once the figures took one pass: bench/
+        # monitor_overhead.py); each write is flushed to the file, so that what was written is there if the job
+        # dies
+        self._files: dict[str, tuple[str, IO[str], Any]] = {}
         os.makedirs(folder, exist_ok=True)
 
     def path(self, prefix: str, step: int) -> str:
@@ -48,12 +53,19 @@ class CSVWriter:
     def write(self, prefix: str, step: int, rows: Iterable[Row]) -> None:
         """``rows``: (tag name, figures in the numeric ops' order, shape, dtype) per tensor."""
         path = self.path(prefix, step)
-        fresh = not os.path.exists(path)
-        with open(path, "a", encoding="utf-8", newline="") as handle:
-            out = csv.writer(handle, lineterminator="\n")
+        held = self._files.get(prefix)
+        if held is None or held[0] != path:
+            if held is not None:
+                del self._files[prefix]
+                held[1].close()
+            fresh = not os.path.exists(path)
+            opened: IO[str] = open(path, "a", encoding="utf-8", newline="")
+            held = self._files[prefix] = (path, opened, csv.writer(opened, lineterminator="\n"))
             if fresh:  # activation names carry the micro step (fc1.input:0): msprobe's CSV_HEADER_MICRO_STEP
                 micro = ["micro_step"] if prefix in ("actv", "actv_grad") else []
-                out.writerow(["vpp_stage", "name", "step"] + micro + self.ops)
+                held[2].writerow(["vpp_stage", "name", "step"] + micro + self.ops)
+        handle, out = held[1], held[2]
+        try:
             for tag, values, shape, dtype in rows:
                 line: list[Any] = tag.split("/")[0].split(":")
                 line.insert(2, step)
@@ -66,9 +78,13 @@ class CSVWriter:
                     else:
                         line.append(_cell(op, next(figures), self.ndigits))
                 out.writerow(line)
+        finally:
+            handle.flush()
 
     def close(self) -> None:
-        pass
+        files, self._files = self._files, {}
+        for _, handle, _ in files.values():
+            handle.close()
 
 
 class TensorBoardWriter:
