@@ -46,6 +46,9 @@ each value's type only and leaves anything else to the collector's Python. For t
 more it keeps ``Collector._reuse``'s table and rule itself (the last 4 read; the same tensor or the same block
 of memory, at the same version counter), so a tensor and its views are recorded without a Python step.
 
+The training monitor's figures (``monitor/metrics.py``) come from the same loop through ``monitor_figures``, which
+also counts |x| < eps in its lanes and gives msprobe's monitor ops in the order asked, as one float32 tensor.
+
 float32, float16 and bfloat16 go through the op; the ``Recorder`` also records bool and signed or 8-bit
 unsigned integer CPU tensors (Max and Min, or ``any`` and ``all``, in one pass of its own: their Mean and
 Norm are null); float64 and the other integer types keep the torch ops. CUDA and ROCm tensors go to the Triton

@@ -93,6 +93,8 @@ def triton_figures(tensor: torch.Tensor, ops: Sequence[str], eps: float) -> torc
         return None
     from ..statistics import _dense_view
 
+    if type(tensor) is torch.nn.Parameter:  # the kernels take exact torch.Tensors: a weight as its plain view
+        tensor = tensor.detach()
     return module.monitor_figures(tensor, codes, eps, _dense_view)
 
 

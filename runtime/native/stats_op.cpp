@@ -1,7 +1,8 @@
 // The native statistics op (msprobe_runtime.native_stats, which builds it with torch.utils.cpp_extension.load
-// and describes it): the fused statistics pass, the records made from it (Recorder), the backward hooks that
-// record gradients, the walk of a module's part of the graph and the capture of call stacks. Every file in
-// this folder is part of the build's cache key: an edit here is a new build.
+// and describes it): the fused statistics pass (and the training monitor's figures from it, monitor_figures),
+// the records made from it (Recorder), the backward hooks that record gradients, the walk of a module's part
+// of the graph and the capture of call stacks. Every file in this folder is part of the build's cache key: an
+// edit here is a new build.
 
 #include <torch/extension.h>
 #include <torch/csrc/DynamicTypes.h>

@@ -124,6 +124,13 @@ def test_triton_kernels_agree_with_the_torch_ops(triton_path, case, dtype):
     _assert_agree(metrics.triton_figures(x, OPS, 1e-8), expected, x, (case, dtype))
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_triton_kernels_take_a_parameter(triton_path):
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    weight = torch.nn.Parameter(_case("nan").to(device))
+    _assert_agree(metrics.triton_figures(weight, OPS, 1e-8), metrics.torch_figures(weight, OPS, 1e-8), weight, "w")
+
+
 @pytest.mark.parametrize("eps", [1e-8, 1e-3, 0.5, 1.0])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_the_zero_count_compares_in_the_tensors_dtype(native, triton_path, eps, dtype):
