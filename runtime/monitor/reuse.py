@@ -57,9 +57,16 @@ def _scaled_step() -> bool:
     the gradients in place without a version bump just before) or by a megatron optimizer: the calling frames'
     code objects and file names only."""
     if not _scaler_codes:
-        from torch.amp.grad_scaler import GradScaler
+        _scaler_codes.add(_scaled_step.__code__)  # a placeholder: the set is filled once, found or not
+        try:  # torch's own class: a torch without it (or without these methods) has no scaler to tell
+            from torch.amp.grad_scaler import GradScaler
 
-        _scaler_codes.update((GradScaler.step.__code__, GradScaler._maybe_opt_step.__code__))
+            for name in ("step", "_maybe_opt_step"):
+                code = getattr(getattr(GradScaler, name, None), "__code__", None)
+                if code is not None:
+                    _scaler_codes.add(code)
+        except ImportError:
+            pass
     frame: FrameType | None = sys._getframe(1)
     depth = 0
     while frame is not None and depth < 64:
