@@ -15,7 +15,8 @@ Adam's moments: 6 figure kinds, ``--ops`` each); the same with the NaN and turbu
 (xy_distribution: every module's inputs and outputs and their gradients; and forward_only); wg+param+mv by the
 torch-op path with no reuse (runtime/monitor/metrics.py's fallback: the monitor as it was before the
 one-pass paths, measured in the same run). A CPU tensor's figures are one pass of the native op for all ops
-(torch ops: one pass per op), and a gradient or weight read twice unchanged is read once (reuse.py), so the cost
+(torch ops: one pass per op); with reuse (MSPROBE_MONITOR_REUSE=1, opt-in) a gradient or weight read twice
+unchanged is read once (reuse.py). The cost
 grows with the kinds asked for and shrinks relative to the step as the batch grows (the step's matmuls grow with
 it, the monitor's passes do not). Each variant's step is timed in wall-clock and in CPU time of the training
 thread (the one torch thread: less disturbed by the other jobs of a shared machine), and the CPU time spent inside
@@ -157,6 +158,15 @@ def torch_ops(step):
     return run
 
 
+def reused(make, config, folder):
+    """A variant with MSPROBE_MONITOR_REUSE=1 (runtime/monitor/reuse.py, opt-in): read when the monitor is made."""
+    os.environ["MSPROBE_MONITOR_REUSE"] = "1"
+    try:
+        return make(config, folder)
+    finally:
+        del os.environ["MSPROBE_MONITOR_REUSE"]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--width", type=int, default=512)
@@ -191,6 +201,7 @@ def main():
             "plain": make(None, configs),
             "monitor wg+param+mv": make(figures, configs),
             "monitor wg+param+mv, rules": make(dict(figures, alert={"rules": RULES}), configs),
+            "monitor wg+param+mv, reuse": reused(make, figures, configs),
             "monitor wg": make({"wg_distribution": True, "ops": ops}, configs),
             # activations of every module (targets empty: msprobe's all_xy), forward and backward, and forward only
             "monitor xy": make({"xy_distribution": True, "ops": ops}, configs),

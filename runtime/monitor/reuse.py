@@ -18,9 +18,9 @@ Some writes do not bump it (tests/monitor/test_figures_paths.py shows each), and
   the optimizer's step): no gradient reuse in a step whose optimizer step runs under torch's GradScaler
   (``scaler.step``) or megatron's optimizers (which unscale their own way), told by the code objects of the
   calling frames (``_scaled_step``: no attribute of any object is read);
-- writes through ``.data``: not seen. A run that writes weights or gradients through ``.data`` between two reads
-  (or unscales gradients by hand, not through ``scaler.step``) turns the reuse off with
-  ``MSPROBE_MONITOR_REUSE=0`` (docs/monitor.md).
+- writes through ``.data``: not seen (``p.data.mul_``, ``p.grad.data.clamp_``: older optimizers and clipping
+  code, weight clamping, EMA). Since no check can see them, the reuse is off unless the user turns it on with
+  ``MSPROBE_MONITOR_REUSE=1`` for a loop known to make no such writes (docs/monitor.md).
 
 Gradients are held until the end of the step (``end_step``: a gradient set to None by ``zero_grad`` is then
 freed as before), weights as long as the monitor holds its parameters.
@@ -97,7 +97,9 @@ class Figures:
         self.ops = ops
         self.eps = eps
         self.computed = 0
-        self.enabled = switched_on("MSPROBE_MONITOR_REUSE") and single_process()
+        # opt-in (docs/monitor.md): a write the counter misses would leave a stale figure, in a tool that
+        # exists to see such writes' results
+        self.enabled = switched_on("MSPROBE_MONITOR_REUSE", default="0") and single_process()
         self._scaled: bool | None = None  # this step's optimizer step under a grad scaler: asked once a step
         # id(tensor) -> (tensor, version, figures)
         self._step: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = {}

@@ -204,6 +204,30 @@ class MLP(torch.nn.Module):
         return self.fc2(torch.nn.functional.gelu(self.fc1(x)))
 
 
+@pytest.fixture(autouse=True)
+def _reuse_on(monkeypatch):
+    """The reuse is opt-in (reuse.py): the tests below turn it on, unless they say otherwise."""
+    monkeypatch.setenv("MSPROBE_MONITOR_REUSE", "1")
+
+
+def test_the_reuse_is_off_unless_asked_for(tmp_path, monkeypatch):
+    monkeypatch.delenv("MSPROBE_MONITOR_REUSE")
+    assert not reuse.Figures(["norm"], 1e-8).enabled
+
+    def scale_through_data(model):  # a write the version counter misses: read again, as the reuse is off
+        for param in model.parameters():
+            param.grad.data.mul_(0.5)
+
+    written, grads, _, mon = _monitored(tmp_path, monkeypatch, between=scale_through_data)
+    names = list(written[("grad_reduced", 0)])
+    for step in range(3):
+        reduced, unreduced = written[("grad_reduced", step)], written[("grad_unreduced", step)]
+        for name in names:
+            assert reduced[name][0] == pytest.approx(0.5 * unreduced[name][0], rel=1e-6)
+        _close_rows([reduced[name] for name in names], _fresh(grads[step]))
+    assert mon._figures.computed == 4 * 4 * 3
+
+
 def _monitored(
     tmp_path, monkeypatch, steps=3, between=None, after=None, fused=None, ops=("norm", "max", "min"), stepper=None
 ):
