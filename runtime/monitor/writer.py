@@ -15,6 +15,9 @@ import os
 from typing import IO, TYPE_CHECKING, Any, Iterable, Sequence
 
 from ..config import ConfigError
+from .flight_recorder import safe_folder
+
+_APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 if TYPE_CHECKING:
     import torch
@@ -44,7 +47,7 @@ class CSVWriter:
         # monitor_overhead.py); each write is flushed to the file, so that what was written is there if the job
         # dies
         self._files: dict[str, tuple[str, IO[str], Any]] = {}
-        os.makedirs(folder, exist_ok=True)
+        safe_folder(os.path.dirname(folder) or ".", os.path.basename(folder))  # not a planted link
 
     def path(self, prefix: str, step: int) -> str:
         first = step // self.per_record * self.per_record
@@ -59,7 +62,9 @@ class CSVWriter:
                 del self._files[prefix]
                 held[1].close()
             fresh = not os.path.exists(path)
-            opened: IO[str] = open(path, "a", encoding="utf-8", newline="")
+            # O_NOFOLLOW: a link planted at the file's name is refused, never written through (the flush's
+            # guard logs it and drops the step: tests/monitor/test_output.py)
+            opened: IO[str] = os.fdopen(os.open(path, _APPEND, 0o644), "a", encoding="utf-8", newline="")
             held = self._files[prefix] = (path, opened, csv.writer(opened, lineterminator="\n"))
             if fresh:  # activation names carry the micro step (fc1.input:0): msprobe's CSV_HEADER_MICRO_STEP
                 micro = ["micro_step"] if prefix in ("actv", "actv_grad") else []

@@ -136,3 +136,32 @@ def test_tensorboard_missing_is_a_clear_error(tmp_path, monkeypatch):
     path.write_text(json.dumps({"wg_distribution": True, "format": "tensorboard"}))
     with pytest.raises(ConfigError, match="pip install tensorboard"):
         TrainerMon(str(path))
+
+
+def test_a_link_planted_at_a_csv_name_is_not_written_through(tmp_path):
+    from msprobe_runtime.monitor import writer
+
+    folder = tmp_path / "out" / "Dec05_00-00-00-rank0-abcdef12"
+    csv_writer = writer.CSVWriter(str(folder), ["norm"], 6, 1)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    os.symlink(victim, folder / "grad_reduced_0-0.csv")
+    rows = [("0:fc1.weight/rank0/post_grad", [1.0], (2, 2), "torch.float32")]
+    with pytest.raises(OSError):  # the flush's guard logs it and drops the step (trainer_mon._guarded)
+        csv_writer.write("grad_reduced", 0, rows)
+    assert victim.read_text() == "keep"
+    csv_writer.write("grad_reduced", 1, rows)  # the next block's file is a plain file of its own
+    assert (folder / "grad_reduced_1-1.csv").read_text().splitlines()[1] == "0,fc1.weight,1,1.0"
+    csv_writer.close()
+
+
+def test_a_link_planted_as_the_output_folder_is_refused(tmp_path):
+    from msprobe_runtime.monitor import writer
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "out").mkdir()
+    os.symlink(elsewhere, tmp_path / "out" / "Dec05_00-00-00-rank0-abcdef12")
+    with pytest.raises(OSError):
+        writer.CSVWriter(str(tmp_path / "out" / "Dec05_00-00-00-rank0-abcdef12"), ["norm"], 6, 1)
+    assert os.listdir(elsewhere) == []
