@@ -33,18 +33,34 @@ from __future__ import annotations
 import logging
 import weakref
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import torch
 
 from ..foreign import instance_attribute, is_subclass, mapping_items, sequence_items, type_name
 from . import metrics
+from .names import squash_param_name
 
 if TYPE_CHECKING:
-    from .trainer_mon import TrainerMon
+    from .config import MonitorConfig
 
     # (figures on the device, shape, dtype); shape and dtype None for a non-tensor (written nan)
     Figures = tuple[torch.Tensor, tuple[int, ...] | None, torch.dtype | None]
+
+    class TrainerMon(Protocol):
+        """What this module reads of its ``trainer_mon.TrainerMon`` (importing that module here, even for its
+        type, would make an import cycle: tests/test_import_graph.py)."""
+
+        config: MonitorConfig
+        ops: list[str]
+        rank: int
+        micro_batch_number: int
+        _collect_now: bool
+        _dropped: bool
+        _rows: dict[tuple[str, str], Figures]
+
+        def _guarded(self, where: str, work: Callable[..., object], *args: Any) -> None: ...
+
 
 logger = logging.getLogger("msprobe_runtime")
 
@@ -111,7 +127,6 @@ class Activations:
 
     def register(self, chunks: list[Any]) -> list[Any]:
         """Hook the targeted modules of every chunk; the handles, for TrainerMon to remove."""
-        from .trainer_mon import squash_param_name
 
         cfg = self.monitor.config
         every = cfg.all_xy or not cfg.targets

@@ -20,7 +20,6 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-import re
 import uuid
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
@@ -32,6 +31,7 @@ from ..foreign import instance_attribute, is_subclass
 from . import activations as xy
 from . import anomalies, deep_capture, megatron_ddp, metrics, optimizers, reuse, sharded
 from . import config as monitor_config
+from .names import squash_param_name
 from . import writer as writers
 
 if TYPE_CHECKING:
@@ -56,18 +56,6 @@ TAG_SUFFIX = {
 }
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
-_SQUASH = (r"^.*\.(layers?\..*)", r"^.*\.(embeddings?\..*)", r"^.*\.(final.*)", r"^.*\.(output.*)", r"^.*\.(norm.*)")
-
-
-def squash_param_name(name: str, enable: bool = True) -> str:
-    """msprobe's module_metric.squash_param_name."""
-    if not enable:
-        return name
-    for pattern in _SQUASH:
-        match = re.findall(pattern, name)
-        if match:
-            return match[0]
-    return name
 
 
 class TrainerMon:
