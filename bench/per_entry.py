@@ -16,8 +16,13 @@ output records (metadata, and the statistics by the native op where it serves), 
 ``--depth``, and the backward attachment; "the rest" is the total less the parts (entry dicts, locks,
 ``in_api`` bookkeeping, the shim and the call itself).
 
-    python bench/per_entry.py [--calls 2000] [--rounds 7] [--depth 40] [--json FILE]
+    python bench/per_entry.py [--calls 2000] [--rounds 7] [--depth 40] [--device cpu] [--json FILE]
                               [--before FILE --svg docs/per_entry.svg]
+
+``--device cuda``: the tensors of the calls on that device (the accelerator's host path: the statistics launched
+there, by the Triton kernels or the torch ops, where on the CPU the native op serves); the device is
+synchronised after each timed body, so the time is the host's unless the device falls behind. Run it beside
+``--device cpu`` on the same machine: issue 31 asks the device's per-entry time within 1.5x of the CPU's.
 
 ``--before FILE``: a ``--json`` of another runtime (run with that runtime first on ``PYTHONPATH``), drawn
 beside this run's figures in ``--svg``, each as a multiple of its own run's plain call.
@@ -74,11 +79,13 @@ def finish(debugger):
 """
 
 
-def best_seconds(fn, rounds):
+def best_seconds(fn, rounds, sync=lambda: None):
     best = float("inf")
     for _ in range(rounds):
+        sync()
         start = time.perf_counter()
         fn()
+        sync()
         best = min(best, time.perf_counter() - start)
     return best
 
@@ -88,6 +95,7 @@ def main():
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--depth", type=int, default=40)
+    parser.add_argument("--device", default="cpu", help="where the calls' tensors live (cpu, cuda, ...)")
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--before", help="figures of an earlier runtime (its --json), for --svg")
     parser.add_argument("--svg", help="a bar chart of the added time per entry, beside --before's")
@@ -104,8 +112,10 @@ def main():
     in_module, layer = code["in_module"], code["Layer"]()
     dump = tempfile.mkdtemp(prefix="per-entry-")
     n = args.calls
-    x = torch.randn(16)
-    xg = torch.randn(16, requires_grad=True)
+    x = torch.randn(16, device=args.device)
+    xg = torch.randn(16, device=args.device, requires_grad=True)
+    sync = getattr(torch, torch.device(args.device).type, None)
+    sync = sync.synchronize if args.device != "cpu" and hasattr(sync, "synchronize") else (lambda: None)
 
     def collected(body):
         """Seconds of ``body`` while collecting: a fresh step each round, its files written after."""
@@ -113,8 +123,10 @@ def main():
         def run():
             debugger = PrecisionDebugger(dump_path=tempfile.mkdtemp(dir=dump), task="statistics", level="L1")
             start(debugger)
+            sync()
             began = time.perf_counter()
             body()
+            sync()
             elapsed = time.perf_counter() - began
             finish(debugger)
             debugger.wait()
@@ -129,8 +141,10 @@ def main():
                 debugger = PrecisionDebugger(dump_path=tempfile.mkdtemp(dir=dump), task="statistics", level="L1")
                 start(debugger)
             loss = chain(xg, n)
+            sync()
             began = time.perf_counter()
             loss.backward()
+            sync()
             elapsed = time.perf_counter() - began
             if debugger is not None:
                 finish(debugger)
@@ -140,7 +154,7 @@ def main():
 
         return min(run() for _ in range(args.rounds))
 
-    plain_call = best_seconds(lambda: calls(x, n), args.rounds) / n
+    plain_call = best_seconds(lambda: calls(x, n), args.rounds, sync) / n
     scenarios = {
         "shallow stack": (lambda: calls(x, n), lambda: calls(x, n)),
         f"{args.depth} frames deeper": (lambda: nested(args.depth, x, n), lambda: nested(args.depth, x, n)),
@@ -152,13 +166,13 @@ def main():
     }
     entry = {}
     for name, (plain_body, collected_body) in scenarios.items():
-        plain = best_seconds(plain_body, args.rounds)
+        plain = best_seconds(plain_body, args.rounds, sync)
         entry[name] = (collected(collected_body) - plain) / n
     entry["its backward entry"] = (backward_seconds(True) - backward_seconds(False)) / n
 
     parts = measure_parts(torch, msprobe_runtime, PrecisionDebugger, start, finish, dump, args)
     shutil.rmtree(dump, ignore_errors=True)
-    print(f"one plain call (collection off, shim included): {plain_call * 1e6:.2f} us\n")
+    print(f"on {args.device}: one plain call (collection off, shim included): {plain_call * 1e6:.2f} us\n")
     print(f"{'host time added per recorded entry':40s} {'us':>7s} {'x plain call':>13s}")
     for name, seconds in entry.items():
         print(f"  {name:38s} {seconds * 1e6:7.1f} {seconds / plain_call:13.1f}")
@@ -173,6 +187,7 @@ def main():
         print(f"  {'the rest':38s} {rest * 1e6:7.1f} {rest / plain_call:13.1f}")
         print(f"  {'total':38s} {total * 1e6:7.1f} {total / plain_call:13.1f}")
     figures = {
+        "device": args.device,
         "plain_call_us": plain_call * 1e6,
         "entry_us": {k: v * 1e6 for k, v in entry.items()},
         "parts_us": {k: v * 1e6 for k, v in parts.items()},
@@ -220,7 +235,7 @@ def measure_parts(torch, runtime, PrecisionDebugger, start, finish, dump, args):
     debugger = PrecisionDebugger(dump_path=tempfile.mkdtemp(dir=dump), task="statistics", level="L1")
     start(debugger)
     collector = shims._collector
-    x = torch.randn(16, requires_grad=True)
+    x = torch.randn(16, device=args.device, requires_grad=True)
     y = torch.relu(x)
 
     def deep(depth):

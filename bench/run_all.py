@@ -18,6 +18,7 @@ SMALL = [
     ("compare_dumps.py", ["--entries", "5000"]),
     ("megatron_step.py", ["--steps", "3", "--rounds", "1"]),
     ("llama_step.py", ["--small"]),
+    ("gpu_llama.py", ["--device", "cpu", "--size", "tiny"]),
     ("checksums.py", ["--sizes", "1024,262144", "--steps", "3", "--rounds", "1"]),
     ("statistics_pass.py", []),
     ("statistics_share.py", ["--steps", "5"]),
@@ -30,7 +31,10 @@ SMALL = [
     ("precheck_replay.py", ["--calls", "100", "--tokens", "64", "--hidden", "128"]),
     ("monitor_overhead.py", ["--width", "256", "--steps", "3", "--rounds", "1"]),
 ]
-FULL_OPTIONS = {"rewrite_memory.py": ["--full"]}  # its own default is the small sizes
+FULL_OPTIONS = {
+    "rewrite_memory.py": ["--full"],  # its own default is the small sizes
+    "gpu_llama.py": ["--device", "cpu", "--size", "small"],  # its own default is CUDA
+}
 FULL = [(script, FULL_OPTIONS.get(script, [])) for script, _ in SMALL]
 
 
