@@ -25,9 +25,10 @@ host's own cost where the device waits for it); host syncs in forward and backwa
 (``torch.cuda.set_sync_debug_mode("warn")``, each warning one sync; n/a off CUDA); peak device memory of a step
 (the variant's own parameters and AdamW state plus the step's peak above what was allocated at its start, as
 every variant's model lives in the process; n/a off CUDA); from one step under torch.profiler: kernel launches
-(``cudaLaunchKernel`` and its kin; n/a off CUDA) and ATen ops (outermost ``aten::`` events: the launch count's
-stand-in on the CPU); and, for ours, ATen ops added per recorded tensor ((ops - plain's ops) / tensors in the
-step's dump.json). "grads = plain": a digest of the loss and every gradient of the first step (the bits of each
+(``cudaLaunchKernel`` and its kin; n/a off CUDA), ATen ops (outermost ``aten::`` events) and ATen compute ops
+(the outermost ops that compute: views, allocations and casts to the same dtype left out; the launch count's
+stand-in on the CPU); and, for ours, compute ops added per recorded tensor ((compute ops - plain's) / tensors in
+the step's dump.json). "grads = plain": a digest of the loss and every gradient of the first step (the bits of each
 summed as integers) equal to plain's. On the CPU a variant of ours whose digest differs fails the run (exit 1);
 on a GPU it is reported only (a kernel with atomics may differ run to run).
 """
@@ -88,21 +89,55 @@ def _dump_counts(dump_root):
     return len(data), tensors
 
 
-def _outermost_aten(events):
-    """Outermost ``aten::`` events (an op called inside another op is part of it) and kernel launches."""
+# ATen ops that compute nothing: views, allocations and metadata; and those that compute only where an op
+# under them does (a cast to the tensor's own dtype, a reshape that is a view, a contiguous tensor's contiguous)
+VIEWS = frozenset(
+    "aten::" + name
+    for name in (
+        "empty empty_strided empty_like as_strided view _reshape_alias alias detach unbind select slice narrow "
+        "expand expand_as permute t transpose unsqueeze squeeze _unsafe_view view_as lift_fresh resize_ set_ "
+        "unfold split chunk split_with_sizes result_type"
+    ).split()
+)
+MAYBE = frozenset("aten::" + name for name in "to _to_copy contiguous clone reshape flatten type_as".split())
+
+
+def _count_ops(events):
+    """(outermost ``aten::`` ops, compute ops, kernel launches) of a profile. Compute ops: the outermost ops
+    that compute (neither a view nor an allocation, nor a cast that casts nothing), each standing for about
+    one kernel on a device; what an op does inside (a CPU reduction's fill_, a bool sum's copy to int64) is
+    part of it, as on a device it is one kernel."""
     ops = launches = 0
+    memo = {}
+
+    def computes(event):
+        key = id(event)
+        if key not in memo:
+            name = event.name
+            if not name.startswith("aten::") or name in VIEWS:
+                memo[key] = False
+            elif name in MAYBE:
+                memo[key] = any(computes(child) for child in event.cpu_children)
+            else:
+                memo[key] = True
+        return memo[key]
+
+    compute = 0
     for event in events:
         name = event.name
         if name in LAUNCHES:
             launches += 1
         if not name.startswith("aten::"):
             continue
-        parent = event.cpu_parent
-        while parent is not None and not parent.name.startswith("aten::"):
+        parent, outermost, inside = event.cpu_parent, True, False
+        while parent is not None:
+            if parent.name.startswith("aten::"):
+                outermost = False
+                inside = inside or computes(parent)
             parent = parent.cpu_parent
-        if parent is None:
-            ops += 1
-    return ops, launches
+        ops += outermost
+        compute += not inside and computes(event)
+    return ops, compute, launches
 
 
 def worker(args):
@@ -261,7 +296,7 @@ def worker(args):
         activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
         with torch.profiler.profile(activities=activities) as prof:
             step()
-        row["aten_ops"], row["launches"] = _outermost_aten(prof.events())
+        row["aten_ops"], row["compute_ops"], row["launches"] = _count_ops(prof.events())
         if not cuda:
             row["launches"] = None
     for debugger in debuggers:  # ours write on a thread of their own: the dumps complete before they are counted
@@ -309,17 +344,18 @@ def table(rows, plain):
     """The markdown table of ``rows`` ({variant: row}), ratios to ``plain``'s step."""
     lines = [
         "| variant | step ms | x plain | host ms | host syncs in fwd+bwd | peak device memory | kernel launches "
-        "| ATen ops | ATen ops per recorded tensor | entries / tensors | grads = plain |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| ATen ops | ATen compute ops | compute ops per recorded tensor | entries / tensors | grads = plain |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, row in rows.items():
         if "error" in row:
-            lines.append(f"| {name} | {row['error']} |" + " |" * 10)
+            lines.append(f"| {name} | {row['error']} |" + " |" * 11)
             continue
         lines.append(
             f"| {name} | {row['step_ms']:.1f} | {row['step_ms'] / plain['step_ms']:.2f} | {row['host_ms']:.1f} | "
             f"{_cell(row.get('syncs'), '{}')} | {_cell(row.get('peak_gb'), '{:.2f} GB')} | "
-            f"{_cell(row.get('launches'), '{}')} | {row['aten_ops']} | {_cell(row.get('per_tensor'), '{:.2f}')} | "
+            f"{_cell(row.get('launches'), '{}')} | {row['aten_ops']} | {row['compute_ops']} | "
+            f"{_cell(row.get('per_tensor'), '{:.2f}')} | "
             f"{_cell(row.get('entries'), '{}')} / {_cell(row.get('tensors'), '{}')} | {row['same_grads']} |"
         )
     return "\n".join(lines)
@@ -373,7 +409,7 @@ def main():
             continue
         row["same_grads"] = "yes" if row["digest"] == plain["digest"] else "no"
         if row.get("tensors"):
-            row["per_tensor"] = (row["aten_ops"] - plain["aten_ops"]) / row["tensors"]
+            row["per_tensor"] = (row["compute_ops"] - plain["compute_ops"]) / row["tensors"]
         if cpu and name in OURS and row["same_grads"] != "yes":
             errors.append(f"{name}: gradients of the first step differ from plain's")
     if not has_msprobe:

@@ -1,7 +1,9 @@
 """Per-tensor statistics computed where the tensor lives, with no host sync.
 
-``add`` launches the reductions for one tensor on its device (Max, Min, Mean, Norm as one small stacked
-tensor; NaN and Inf counts as another) and returns a ``Slot``; a small tensor is copied into a staging row
+``add`` launches the reductions for one tensor on its device and returns a ``Slot``: a floating tensor's are
+seven ops (``aminmax`` in its own dtype, a float32 ``sum`` and Norm, two counts), each writing by ``out=`` into
+its row of the flush's buffers (``_Rows``), whose Mean and rounding the writer thread finishes on the host;
+another dtype's are stacked into a small tensor of their own. A small tensor is copied into a staging row
 instead and reduced with the others of its size at the flush. A float32, float16 or bfloat16 CPU tensor is
 read once by the native op of ``native_stats`` (every statistic and both counts in one pass), whose numbers
 are ready when ``add`` returns, so its slots never wait for a flush; the torch ops above are the fallback
@@ -212,6 +214,8 @@ class StatBuffer:
         self._pending = []
         self._stages = {}  # (device, dtype, numel) -> [_Stage], the last one filling
         self._staged_bytes = 0
+        self._rows = {}  # device -> [_Rows], the last one filling: the torch ops' reductions of larger tensors
+        self._rows_off = False  # set when a reduction into rows failed: the stacked ops from then on
 
     def native(self, t):
         """``(kind, row)`` of ``t`` computed by the native op in one pass, or None where it does not serve (no
@@ -277,6 +281,10 @@ class StatBuffer:
             staged = self._stage(t)
             if staged is not None:
                 return staged
+        if kind == KIND_FLOAT and not self._rows_off and type(t) is torch.Tensor and t.device.type != "mps":
+            rows = self._add_rows(t, repeat)
+            if rows is not None:
+                return rows
         if kind == KIND_FLOAT:
             if t.dtype is torch.float32 and t.is_contiguous():
                 flat = t.reshape(-1)
@@ -302,6 +310,35 @@ class StatBuffer:
             if counts is not None:
                 self._pending.append(counts)
         return slot, counts
+
+    def _add_rows(self, t, repeat):
+        """A float tensor's statistics by the torch ops, each written into its place in a buffer of the flush
+        (``_Rows``) by its ``out=``: Max and Min by one ``aminmax`` in the tensor's dtype, the Sum and the Norm
+        by ``sum`` and ``linalg.vector_norm`` with float32 accumulation and output (``dtype=torch.float32``: on
+        CUDA a bfloat16 or float16 tensor is read in its own dtype, no float32 copy of it), the NaN and Inf
+        counts by ``isnan``/``isinf`` and a sum each: seven ops a tensor, no stack, no division, no cast. Mean
+        (Sum / elements) and the rounding of Mean and Norm to the tensor's dtype are done for the whole flush on
+        the host, by the writer thread (``_Rows.finish``): the numbers the stacked ops gave, within the
+        rounding of the dtype (tests/runtime/test_native_stats.py compares them with the native op's). None
+        where the buffers cannot be used (inference mode: a buffer made in it could not be written outside)."""
+        import torch
+
+        if torch.is_inference_mode_enabled():
+            return None
+        with self._lock:  # launched under the lock, so that a flush never takes rows still being written
+            arenas = self._rows.setdefault(t.device, [])
+            arena = arenas[-1] if arenas else None
+            if arena is None or arena.count == arena.capacity:
+                arena = _Rows(t.device, self.nan_inf_count, 2 * arena.capacity if arena else _ROWS_FIRST)
+                arenas.append(arena)
+            try:
+                return arena.add(t, repeat)
+            except Exception as error:  # an op this backend lacks: the stacked ops serve from now on
+                import logging
+
+                self._rows_off = True
+                logging.getLogger("msprobe_runtime").debug("msprobe_runtime: no statistics rows (%s)", error)
+                return None
 
     def _fused_add(self, t, kind):
         """``add`` by the Triton kernels (``triton_stats``), or None where they do not serve this tensor, are
@@ -455,6 +492,7 @@ class StatBuffer:
         with self._lock:
             pending, self._pending = self._pending, []
             stages, self._stages = self._stages, {}
+            rows, self._rows = self._rows, {}
         groups, kept = self._reduce_stages(stages)  # torch ops, outside the lock
         pending.extend(groups)
         if self._fused:
@@ -471,6 +509,10 @@ class StatBuffer:
                 for stage in stages
             )
         on_host = True
+        for arenas in rows.values():
+            for arena in arenas:
+                if arena.count and not arena.take():
+                    on_host = False
         by_device = {}
         for slot in pending:
             # an int64 Max or Min keeps its type, in a batch of its own: through float64 an extreme past 2**53
@@ -482,6 +524,128 @@ class StatBuffer:
             if not _launch(device, by_dtype, target):
                 on_host = False
         return on_host
+
+
+_ROWS_FIRST = 64  # tensors of a device's first rows buffer in a flush; each next one holds twice as many
+_ROWS_MAX = 1 << 14
+
+
+class _Rows:
+    """The buffers one flush's float tensors of one device are reduced into by ``StatBuffer._add_rows``: Min and
+    Max in a buffer of the tensor's dtype, Sum and Norm in a float32 one, the two counts in an int64 one, one
+    row per tensor; at the flush one cast and concatenation per buffer, one copy to the host, and the writer
+    thread makes the slots' numbers of the whole flush at once (``finish``)."""
+
+    __slots__ = ("device", "counting", "capacity", "count", "sums", "counts", "extremes", "used", "entries", "views")
+
+    def __init__(self, device, counting, capacity):
+        import torch
+
+        self.device = device
+        self.counting = counting
+        self.capacity = min(capacity, _ROWS_MAX)
+        self.count = 0
+        self.sums = torch.empty((self.capacity, 2), dtype=torch.float32, device=device)
+        self.counts = torch.empty((self.capacity, 2), dtype=torch.int64, device=device) if counting else None
+        self.extremes = {}  # dtype -> (capacity, 2) of that dtype: Min, Max
+        self.used = {}  # dtype -> rows of extremes used
+        # every number's place as a 0-d view, made by one unbind per buffer: no select per tensor
+        self.views = {"sums": self.sums.view(-1).unbind(0)}
+        if counting:
+            self.views["counts"] = self.counts.view(-1).unbind(0)
+        self.entries = []  # (slot, counts slot, dtype, elements, repeat, row of extremes, Norm squared)
+
+    def add(self, t, repeat):
+        import torch
+
+        dtype = t.dtype
+        extremes = self.extremes.get(dtype)
+        if extremes is None:
+            extremes = self.extremes[dtype] = torch.empty((self.capacity, 2), dtype=dtype, device=self.device)
+            self.used[dtype] = 0
+            self.views[dtype] = extremes.view(-1).unbind(0)
+        row, at = self.count, self.used[dtype]
+        dims = tuple(range(t.dim()))
+        views, sums = self.views[dtype], self.views["sums"]
+        torch.aminmax(t, out=(views[2 * at], views[2 * at + 1]))
+        torch.sum(t, dims, dtype=torch.float32, out=sums[2 * row])
+        squared = dtype is torch.float32 and t.is_contiguous()
+        if squared:  # BLAS: one fast pass, and closer than the CPU's float32 vector_norm (1 ulp, not 10)
+            flat = t.reshape(-1)
+            torch.dot(flat, flat, out=sums[2 * row + 1])  # the sum of squares: its root taken on the host
+        else:
+            torch.linalg.vector_norm(t, dtype=torch.float32, out=sums[2 * row + 1])
+        counts = None
+        if self.counting:
+            counted = self.views["counts"]
+            torch.sum(torch.isnan(t), dims, out=counted[2 * row])
+            torch.sum(torch.isinf(t), dims, out=counted[2 * row + 1])
+            counts = Slot(None, 2)
+        slot = Slot(None, 4)
+        self.count += 1
+        self.used[dtype] = at + 1
+        self.entries.append((slot, counts, dtype, t.numel(), repeat, at, squared))
+        return slot, counts
+
+    def take(self):
+        """Start the copy of the used rows to the host as one Batch that ``finish`` reads; whether it is there
+        already (the CPU)."""
+        import torch
+
+        n = self.count
+        parts, base = [], {}
+        offset = 0
+        for dtype, extremes in self.extremes.items():
+            used = self.used[dtype]
+            parts.append(extremes[:used].reshape(-1).to(torch.float64))
+            base[dtype] = offset
+            offset += 2 * used
+        parts.append(self.sums[:n].reshape(-1).to(torch.float64))
+        if self.counting:
+            parts.append(self.counts[:n].reshape(-1).to(torch.float64))
+        flat = torch.cat(parts)
+        if self.device.type == "cpu":
+            host, event = flat, None
+        else:
+            host = flat.to("cpu", non_blocking=True)
+            event = record_event(self.device)
+        entries, counting = self.entries, self.counting
+        batch = Batch(host, event, read=lambda host: _finish_rows(host, entries, base, offset, counting))
+        for index, (slot, counts, *_rest) in enumerate(entries):
+            slot.batch, slot.offset = batch, 4 * index
+            if counts is not None:
+                counts.batch, counts.offset = batch, 4 * n + 2 * index
+        return event is None
+
+
+def _finish_rows(host, entries, base, sums_at, counting):
+    """The numbers of a ``_Rows`` flush (writer thread, on the host): each tensor's Max, Min, Mean and Norm,
+    then every tensor's two counts, Mean and Norm rounded to the tensor's dtype (by way of float32, as the
+    native op rounds them)."""
+    import torch
+
+    n = len(entries)
+    flat = host.contiguous()
+    at = torch.tensor([base[e[2]] + 2 * e[5] for e in entries], dtype=torch.int64)
+    elements = torch.tensor([e[3] for e in entries], dtype=torch.float64)
+    repeats = torch.tensor([e[4] for e in entries], dtype=torch.float64)
+    sums = flat[sums_at : sums_at + 2 * n].view(n, 2)
+    mean = sums[:, 0] / elements  # the Sum of the dense view: repeat copies of each value, repeat times the elements
+    squared = torch.tensor([e[6] for e in entries], dtype=torch.bool)
+    # a float32 sum of squares (dot) rooted in float64 and rounded to float32 below: the float32 root's bits
+    norm = torch.where(squared, sums[:, 1].sqrt(), sums[:, 1]) * repeats.sqrt()
+    by_dtype: dict = {}
+    for index, entry in enumerate(entries):
+        by_dtype.setdefault(entry[2], []).append(index)
+    for dtype, indices in by_dtype.items():
+        index = torch.tensor(indices, dtype=torch.int64)
+        for column in (mean, norm):
+            column[index] = column[index].to(torch.float32).to(dtype).to(torch.float64)
+    rows = torch.stack((flat[at + 1], flat[at], mean, norm), 1).reshape(-1)
+    if counting:
+        counts = flat[sums_at + 2 * n : sums_at + 4 * n].view(n, 2) * repeats[:, None]
+        rows = torch.cat((rows, counts.reshape(-1)))
+    return host_rows(rows)
 
 
 def _fused_stats(nan_inf_count):
