@@ -101,7 +101,7 @@ class _Observer:
         if (token is not None and collector.step.token is not token) or not collector.collecting:
             return None
         try:
-            with collector.own_work:
+            with collector.own_work, collector.stats.one_launch():  # a device's gradients here: one launch
                 self.observe(collector, *self.bound, *args)
         except Exception as error:
             collector.log_error(self.where, error)

@@ -687,9 +687,10 @@ class Collector:
             entry = {}
             if self.plan.want_input:
                 prefix = self.file_stem(forward_name, "input") if self.plan.tensor_task else None
-                entry["input_args"] = self.describe_seq(record_args, prefix)
-                # kwargs is the dict Python packed for the call (or fold_keywords' copy): ours to test
-                entry["input_kwargs"] = self.describe_map(record_kwargs, prefix) if record_kwargs else {}
+                with self.stats.one_launch():  # a device's tensors of the call read in one launch
+                    entry["input_args"] = self.describe_seq(record_args, prefix)
+                    # kwargs is the dict Python packed for the call (or fold_keywords' copy): ours to test
+                    entry["input_kwargs"] = self.describe_map(record_kwargs, prefix) if record_kwargs else {}
         return make(ApiCall, (name, forward_name, entry, backward))
 
     def _finish_api(self, begun, result, frame):
@@ -697,9 +698,10 @@ class Collector:
         plan, step = self.plan, self.step
         if entry is not None:
             if plan.want_output:
-                entry["output"] = self.describe_output(
-                    result, self.file_stem(forward, "output") if plan.tensor_task else None
-                )
+                with self.stats.one_launch():
+                    entry["output"] = self.describe_output(
+                        result, self.file_stem(forward, "output") if plan.tensor_task else None
+                    )
             if self._arrivals:
                 self.take_arrivals()
             with self._lock:
@@ -874,26 +876,30 @@ class Collector:
         if self.module_stack and self.module_stack[-1] == name:
             self.module_stack.pop()
         if entry is not None:
-            if self.plan.want_input and kwargs:
-                entry["input_kwargs"] = self.describe_map(
-                    kwargs, self.file_stem(name, "input") if self.plan.tensor_task else None
-                )
-            if self.plan.want_output:
-                entry["output"] = self.describe_output(
-                    result, self.file_stem(name, "output") if self.plan.tensor_task else None
-                )
-            listed = self.hooked_parameters.get(id(module))
-            own = listed.own if listed is not None and listed.module is module else own_parameters(module)
-            if own:
-                if self.plan.tensor_task:
-                    entry["parameters"] = {
-                        param_name: self.describe(param, self.file_stem(name, "parameters", param_name))
-                        for param_name, param in own
-                    }
-                else:
-                    entry["parameters"] = dict(
-                        zip([param_name for param_name, _ in own], self.describe_seq([param for _, param in own], None))
+            with self.stats.one_launch():  # a device's tensors of the module's records: one launch
+                if self.plan.want_input and kwargs:
+                    entry["input_kwargs"] = self.describe_map(
+                        kwargs, self.file_stem(name, "input") if self.plan.tensor_task else None
                     )
+                if self.plan.want_output:
+                    entry["output"] = self.describe_output(
+                        result, self.file_stem(name, "output") if self.plan.tensor_task else None
+                    )
+                listed = self.hooked_parameters.get(id(module))
+                own = listed.own if listed is not None and listed.module is module else own_parameters(module)
+                if own:
+                    if self.plan.tensor_task:
+                        entry["parameters"] = {
+                            param_name: self.describe(param, self.file_stem(name, "parameters", param_name))
+                            for param_name, param in own
+                        }
+                    else:
+                        entry["parameters"] = dict(
+                            zip(
+                                [param_name for param_name, _ in own],
+                                self.describe_seq([param for _, param in own], None),
+                            )
+                        )
             if self._arrivals:
                 self.take_arrivals()
             with self._lock:

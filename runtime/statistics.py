@@ -311,6 +311,13 @@ class StatBuffer:
                 self._pending.append(counts)
         return slot, counts
 
+    def one_launch(self):
+        """A context for the records of one call: the Triton kernels read its contiguous tensors in one launch
+        per dtype as it exits, before any user code runs (``TritonStats.begin``); a shared no-op where they do
+        not serve."""
+        fused = self._fused
+        return _Batching(self, fused) if fused else _NO_BATCH
+
     def _add_rows(self, t, repeat):
         """A float tensor's statistics by the torch ops, each written into its place in a buffer of the flush
         (``_Rows``) by its ``out=``: Max and Min by one ``aminmax`` in the tensor's dtype, the Sum and the Norm
@@ -526,6 +533,35 @@ class StatBuffer:
         return on_host
 
 
+class _Batching:
+    __slots__ = ("stats", "fused")
+
+    def __init__(self, stats, fused):
+        self.stats, self.fused = stats, fused
+
+    def __enter__(self):
+        self.fused.begin()
+
+    def __exit__(self, *exc):
+        try:
+            self.fused.end()
+        except Exception as error:  # the slots it queued stay unfilled: null statistics, the records kept
+            self.stats._fused_devices = ()
+            _fused_failed(error)
+        return False
+
+
+class _NoBatch:
+    __slots__ = ()
+
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NO_BATCH = _NoBatch()
 _ROWS_FIRST = 64  # tensors of a device's first rows buffer in a flush; each next one holds twice as many
 _ROWS_MAX = 1 << 14
 

@@ -31,8 +31,14 @@ other layout of up to 4 dimensions read through its strides (no copy).
 counts |x| < eps into a seventh partial, and ``_figures`` turns one tensor's rows into the monitor's float32
 figures in the order of its ops, on the device (tests/monitor/test_figures_paths.py).
 
-Not yet: several tensors per ``_partials`` launch (a pointer table), so a recorded call costs one launch per
-tensor and each flush one ``_finish`` per arena; the torch-op path's own cost (issue 31).
+Several tensors per launch: within ``begin``/``end`` (``StatBuffer.one_launch``, around the records of one call:
+its inputs, its output, a module's keyword inputs, output and parameters) the contiguous float32, float16 and
+bfloat16 tensors are queued with their rows taken, and read by one ``_partials_many`` per arena and dtype when
+the records are made, before any user code runs: each program finds its tensor's address, chunk and row in a
+table copied from pinned memory, and reduces the chunk ``_partials`` would, into the same row (the same bits:
+tests/runtime/test_triton_stats.py). Other layouts, float64 and float8 keep a launch of their own. Not yet: the
+tensors of a whole flush in one launch (a tensor must be read at its call; holding it to the flush would keep
+activations alive), nor a call's inputs with its output (the call runs between them).
 """
 
 from __future__ import annotations
@@ -197,6 +203,64 @@ def _partials(
         tl.store(m + 2, n.to(tl.int64))
         tl.store(m + 3, repeat.to(tl.int64))
         tl.store(m + 4, code.to(tl.int64))
+
+
+_TABLE = 10  # a program's row in a batched launch: address, elements, first element, blocks, its partial row,
+# then its tensor's metadata (tensor, first partial row, rows, repeat, dtype code)
+
+
+@triton.jit
+def _partials_many(table, part, meta, DT: tl.constexpr, BLOCK: tl.constexpr):
+    """``_partials`` of several contiguous tensors of one dtype (``DT``: 0 float32, 1 float16, 2 bfloat16) in one
+    launch: each program reads its row of ``table`` (``_TABLE``), the tensor's address among them, and reduces
+    the same chunk into the same partial row as ``_partials`` would (so the numbers are the same bits)."""
+    pid = tl.program_id(0)
+    r = table + pid.to(tl.int64) * 10
+    address = tl.load(r + 0)
+    n = tl.load(r + 1)
+    start = tl.load(r + 2)
+    iters = tl.load(r + 3)
+    row = tl.load(r + 4)
+    if DT == 2:
+        x = address.to(tl.pointer_type(tl.bfloat16))
+    elif DT == 1:
+        x = address.to(tl.pointer_type(tl.float16))
+    else:
+        x = address.to(tl.pointer_type(tl.float32))
+    lanes = tl.arange(0, BLOCK)
+    mx = tl.full([BLOCK], float("-inf"), tl.float32)
+    mn = tl.full([BLOCK], float("inf"), tl.float32)
+    s = tl.zeros([BLOCK], tl.float32)
+    q = tl.zeros([BLOCK], tl.float32)
+    nan = tl.zeros([BLOCK], tl.int32)
+    inf = tl.zeros([BLOCK], tl.int32)
+    for i in range(0, iters):
+        idx = start + i * BLOCK + lanes
+        mask = idx < n
+        v = tl.load(x + idx, mask=mask, other=0.0).to(tl.float32)
+        is_nan = v != v
+        is_inf = (v == float("inf")) | (v == float("-inf"))
+        ok = mask & (v == v)
+        mx = tl.where(ok & (v > mx), v, mx)
+        mn = tl.where(ok & (v < mn), v, mn)
+        s += v
+        q += v * v  # no fused multiply-add, as ``_partials``
+        nan += is_nan.to(tl.int32)
+        inf += is_inf.to(tl.int32)
+    out = part + row * 6
+    tl.store(out + 0, tl.max(mx, 0).to(tl.float64))
+    tl.store(out + 1, tl.min(mn, 0).to(tl.float64))
+    tl.store(out + 2, tl.sum(s, 0).to(tl.float64))
+    tl.store(out + 3, tl.sum(q, 0).to(tl.float64))
+    tl.store(out + 4, tl.sum(nan, 0).to(tl.float64))
+    tl.store(out + 5, tl.sum(inf, 0).to(tl.float64))
+    if start == 0:
+        m = meta + tl.load(r + 5) * 5
+        tl.store(m + 0, tl.load(r + 6))
+        tl.store(m + 1, tl.load(r + 7))
+        tl.store(m + 2, n)
+        tl.store(m + 3, tl.load(r + 8))
+        tl.store(m + 4, tl.load(r + 9))
 
 
 @triton.jit
@@ -389,6 +453,18 @@ def monitor_figures(t, codes, eps, dense_view):
     return out
 
 
+def _forget(pending):
+    """The queued tensors of ``pending`` (lists of queue items) whose rows a failed launch never wrote: their
+    slots are left out of the finish (null statistics), and their metadata says no rows, so ``_finish`` reads
+    none."""
+    for items in pending:
+        for item in items:
+            arena, tensor = item[8], item[5]
+            arena.slots[tensor] = arena.counts[tensor] = None
+            arena.meta[tensor].fill_(0)
+            arena.meta[tensor, 2].fill_(1)
+
+
 class _Arena:
     """The partial rows and metadata of the tensors of one device and slot width, until the flush."""
 
@@ -415,6 +491,10 @@ class TritonStats:
         self._lock = threading.Lock()
         self._arenas = {}  # (device, width) -> the _Arena filling
         self._done = []  # group slots of arenas closed before the flush (full)
+        # the tensors of one call (``begin``/``end``): contiguous float32/16 and bfloat16 ones, their rows taken,
+        # read by one ``_partials_many`` per arena and dtype when the call's records are made
+        self._local = threading.local()
+        self._queue = []
 
     def add(self, t, width):
         """``(slot, counts slot or None)`` of a plain strided tensor of float32, float16 or bfloat16 (``width``
@@ -460,6 +540,12 @@ class TritonStats:
             if arena is None:
                 arena = self._arenas[key] = _Arena(t.device, max(_ARENA_ROWS, grid), 8 if low else 6)
             row0, tensor = arena.rows, len(arena.slots)
+            if contiguous and not low and code != 3 and getattr(self._local, "depth", 0):
+                self._queue.append((t, n, iters, grid, row0, tensor, repeat, code, arena))
+                arena.rows += grid
+                arena.slots.append(slot)
+                arena.counts.append(counts)
+                return slot, counts
             _partials[(grid,)](
                 t,
                 n,
@@ -487,8 +573,83 @@ class TritonStats:
             arena.counts.append(counts)
         return slot, counts
 
+    def begin(self):
+        """The records of one call begin: its contiguous tensors are read together at ``end``, by the time the
+        call's records are made, before any user code runs (so with the values they had at the call)."""
+        self._local.depth = getattr(self._local, "depth", 0) + 1
+
+    def end(self):
+        """The records of the call ``begin`` opened are made: launch what it queued (nested: the outermost)."""
+        depth = self._local.depth = self._local.depth - 1
+        if depth == 0 and self._queue:
+            with self._lock:
+                self._launch_queue()
+
+    def _launch_queue(self):
+        """One ``_partials_many`` per arena and dtype over the queued tensors (the lock held), their table of
+        programs made on the host and copied to the device from pinned memory, without waiting."""
+        queue, self._queue = self._queue, []
+        groups: dict = {}
+        for item in queue:
+            groups.setdefault((id(item[8]), item[7]), []).append(item)
+        pending = list(groups.values())
+        while pending:
+            items = pending[0]
+            arena, code = items[0][8], items[0][7]
+            if len(items) == 1:  # one tensor: its own launch, no table to copy
+                t, n, iters, grid, row0, tensor, repeat, _code, _arena = items[0]
+                pending.pop(0)
+                try:
+                    _partials[(grid,)](
+                        t,
+                        n,
+                        iters,
+                        arena.part,
+                        arena.meta,
+                        tensor,
+                        row0,
+                        grid,
+                        repeat,
+                        code,
+                        1,
+                        1,
+                        1,
+                        0,
+                        0,
+                        0,
+                        0,
+                        CONTIGUOUS=True,
+                        WIDE=False,
+                        BLOCK=_BLOCK,
+                        enable_fp_fusion=False,
+                    )
+                except Exception:
+                    pending.insert(0, items)
+                    _forget(pending)
+                    raise
+                continue
+            table = []
+            for t, n, iters, grid, row0, tensor, repeat, _code, _arena in items:
+                address, step = t.data_ptr(), iters * _BLOCK
+                for program in range(grid):
+                    table.append((address, n, program * step, iters, row0 + program, tensor, row0, grid, repeat, code))
+            try:
+                rows = torch.tensor(table, dtype=torch.int64)
+                device = arena.part.device
+                if device.type != "cpu":
+                    rows = rows.pin_memory().to(device, non_blocking=True)
+                _partials_many[(len(table),)](
+                    rows, arena.part, arena.meta, DT=code, BLOCK=_BLOCK, enable_fp_fusion=False
+                )
+            except Exception:
+                _forget(pending)
+                raise
+            pending.pop(0)
+
     def _close(self, arena, width, low):
         """Launch ``_finish`` over ``arena``'s tensors; their group slots (the lock held)."""
+        if self._queue:  # the partials it combines launched first
+            self._launch_queue()
         count = len(arena.slots)
         device = arena.part.device
         values = torch.empty((count, 4), dtype=torch.float64, device=device)

@@ -44,6 +44,12 @@ for low in (0, 1):
     source = ASTSource(triton_stats._finish, signature, constexprs={"RB": triton_stats._FINISH_BLOCK, "LOW": low})
     kernel = triton.compile(source, target=target, options=options)
     out.append(["finish" + (" low" if low else ""), "cubin" in kernel.asm, kernel.asm["ptx"].count("fma.rn")])
+# several tensors per launch: their addresses read from a table (int64 to a pointer of the dtype DT)
+for dt in (0, 1, 2):
+    signature = {"table": "*i64", "part": "*fp64", "meta": "*i64", "DT": "constexpr", "BLOCK": "constexpr"}
+    source = ASTSource(triton_stats._partials_many, signature, constexprs={"DT": dt, "BLOCK": triton_stats._BLOCK})
+    kernel = triton.compile(source, target=target, options=options)
+    out.append([f"many {dt}", "cubin" in kernel.asm, kernel.asm["ptx"].count("fma.rn")])
 print(json.dumps(out))
 """
 
@@ -66,4 +72,7 @@ def test_the_kernels_compile_for_a_gpu():
         ["*u8 low 4", True, 0],
         ["finish", True, 0],
         ["finish low", True, 0],
+        ["many 0", True, 0],
+        ["many 1", True, 0],
+        ["many 2", True, 0],
     ]

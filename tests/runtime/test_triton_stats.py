@@ -7,6 +7,7 @@ before Triton is imported); with one, on CUDA tensors, compiled. Skipped where T
 import importlib
 import math
 import os
+import struct
 import sys
 
 import pytest
@@ -522,3 +523,179 @@ def test_float8_when_the_kernel_fails_the_torch_ops(monkeypatch, triton_stats, c
     assert buffer._fused_devices == ()
     expected = statistics_of(StatBuffer(native=False), tensors)
     assert repr(fused) == repr(expected)  # the torch ops' numbers, bit for bit (repr: NaN equal to NaN)
+
+
+# ------------------------------------------------------------------ several tensors per launch (issue 31)
+
+
+class Launches:
+    """Counts the launches of a kernel of the module, then launches it."""
+
+    def __init__(self, kernel):
+        self.kernel, self.count = kernel, 0
+
+    def __getitem__(self, grid):
+        self.count += 1
+        return self.kernel[grid]
+
+
+def exact(results):
+    """Each number's bits (a NaN equal to a NaN)."""
+    return [[None if v is None else [struct.pack("<d", x) for x in v] for v in pair] for pair in results]
+
+
+def with_kind(t):
+    return t, tensor_kind(t)
+
+
+def prime(buffer):
+    """A first tensor through ``buffer``: its kernels made (``one_launch`` is a no-op before)."""
+    return buffer.add(*with_kind(on_device(torch.ones(3))))
+
+
+def batched_statistics(tensors, counts=True):
+    """Each tensor's (numbers, counts) recorded within one ``one_launch`` (after a first tensor, which makes
+    the buffer's kernels), flushed, read."""
+    buffer = fused_buffer(counts)
+    first = prime(buffer)
+    with buffer.one_launch():
+        slots = [buffer.add(t, tensor_kind(t)) for t in tensors]
+    buffer.take()
+    return [(slot.values(), None if c is None else c.values()) for slot, c in [first] + slots][1:]
+
+
+def mixed_tensors(seed):
+    g = torch.Generator().manual_seed(seed)
+    tensors = [
+        on_device((torch.randn(n, generator=g) * 3 + 0.5).to(dtype))
+        for n in (1, 7, 1025, 70001, 300_000)
+        for dtype in (torch.float32, torch.float16, torch.bfloat16)
+    ]
+    tensors[4][3] = float("nan")
+    tensors[5][2] = float("-inf")
+    tensors += [
+        on_device(torch.randn(5, 9, generator=g).to(torch.bfloat16)).t(),  # permuted: its dense view, batched
+        on_device(torch.randn(6, 10, generator=g))[:, ::3],  # strided: a launch of its own
+        on_device(torch.randn(1, 40, generator=g).to(torch.float16)).expand(5, 40),  # broadcast: counted five times
+        on_device(torch.randn(100, generator=g).double()),  # float64: a launch of its own
+        on_device(torch.tensor(-2.5, dtype=torch.bfloat16)),  # 0-d
+        on_device((torch.randn(700, generator=g) * 9).to(FP8[0])),  # float8: a launch of its own
+    ]
+    return tensors
+
+
+def test_the_tensors_of_a_call_in_one_launch_per_dtype(monkeypatch, triton_stats):
+    """Within ``one_launch`` the contiguous float32, float16 and bfloat16 tensors are read by one
+    ``_partials_many`` per dtype and slot width; the numbers are the bits each tensor gets alone (the same
+    chunks into the same rows), and the torch ops' numbers."""
+    tensors = mixed_tensors(11)
+    alone = statistics_of(fused_buffer(), tensors)
+    many = Launches(triton_stats._partials_many)
+    one = Launches(triton_stats._partials)
+    monkeypatch.setattr(triton_stats, "_partials_many", many)
+    monkeypatch.setattr(triton_stats, "_partials", one)
+    together = batched_statistics(tensors)
+    assert exact(together) == exact(alone)  # bit for bit
+    assert many.count == 3  # float32, float16, bfloat16 of width 4
+    # the buffer's first tensor; the strided, float64 and float8 ones; the 0-d one, alone in its batch (width 1)
+    assert one.count == 1 + 3 + 1
+    torch_ops = statistics_of(StatBuffer(nan_inf_count=True, native=False), tensors[:-1])
+    for index, (t, (values, tally), (expected, expected_tally)) in enumerate(zip(tensors, together, torch_ops)):
+        same(t.dtype, t, values, expected, f"tensor {index}")
+        assert tally == expected_tally, index
+
+
+def test_batched_without_counts_and_nested(triton_stats):
+    tensors = mixed_tensors(12)[:15]
+    buffer = fused_buffer(False)
+    prime(buffer)
+    with buffer.one_launch():
+        slots = [buffer.add(t, tensor_kind(t)) for t in tensors[:5]]
+        with buffer.one_launch():  # a call's records inside another's: launched when the outermost exits
+            slots += [buffer.add(t, tensor_kind(t)) for t in tensors[5:]]
+        assert len(buffer._fused._queue) == 15
+    assert buffer._fused._queue == []
+    buffer.take()
+    assert exact([(slot.values(), counts) for slot, counts in slots]) == exact(
+        statistics_of(fused_buffer(False), tensors)
+    )
+
+
+def test_batched_values_are_those_at_the_call(triton_stats):
+    """The queue is launched as the call's records are made: a change in place after them is not seen."""
+    t = on_device(torch.ones(5000, dtype=torch.bfloat16))
+    buffer = fused_buffer()
+    prime(buffer)
+    with buffer.one_launch():
+        slot, counts = buffer.add(t, tensor_kind(t))
+    t.fill_(float("nan"))
+    buffer.take()
+    assert slot.values()[:3] == [1.0, 1.0, 1.0] and counts.values() == [0.0, 0.0]
+    assert slot.values()[3] == float(torch.tensor(math.sqrt(5000.0)).to(torch.bfloat16))
+
+
+def test_an_arena_closed_in_a_call_launches_its_queue_first(monkeypatch, triton_stats):
+    """An arena filled up inside ``one_launch`` is combined (``_finish``) only after its queued partials."""
+    monkeypatch.setattr(triton_stats, "_ARENA_TENSORS", 3)
+    monkeypatch.setattr(triton_stats, "_ARENA_ROWS", 4)
+    g = torch.Generator().manual_seed(13)
+    tensors = [on_device(torch.randn(n, generator=g).to(torch.bfloat16)) for n in (5, 3000, 9000, 1, 20000, 7, 64)]
+    assert exact(batched_statistics(tensors)) == exact(statistics_of(fused_buffer(), tensors))
+
+
+def test_a_failed_batched_launch_leaves_the_torch_ops(monkeypatch, triton_stats, caplog):
+    """A batched launch that fails: its tensors get null statistics (their records kept), the next the torch
+    ops', with one warning."""
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no launch here")
+
+    monkeypatch.setattr(triton_stats, "_partials_many", {(1,): broken, (2,): broken})
+    buffer = fused_buffer()
+    prime(buffer)
+    with caplog.at_level("WARNING", logger="msprobe_runtime"):
+        with buffer.one_launch():
+            queued = buffer.add(*with_kind(on_device(torch.randn(10))))
+            also = buffer.add(*with_kind(on_device(torch.randn(10))))
+    assert "Triton statistics kernels failed" in caplog.text
+    after = buffer.add(*with_kind(on_device(torch.randn(10))))  # the torch ops from now on
+    buffer.take()
+    for slot, counts in (queued, also):  # their rows never written: null, not garbage
+        assert slot.values() is None and counts.values() is None
+    assert after[0].values() is not None and after[1].values() == [0.0, 0.0]
+
+
+def test_a_recorded_call_reads_its_inputs_in_one_launch(tmp_path, monkeypatch):
+    """Through the collector: a call of three tensors in and one out costs two launches (its inputs', its
+    output's) where it cost four, and writes the numbers of the torch ops' run (to their rounding)."""
+    from msprobe_runtime import collector
+
+    g = torch.Generator().manual_seed(14)
+    inputs = [[on_device(torch.randn(2000, generator=g).to(torch.bfloat16)) for _ in range(3)] for _ in range(4)]
+
+    def calls(rt):
+        for a, b, c in inputs:
+            rt.call("Torch.addcmul", torch.addcmul, a, b, c)
+
+    kernels = triton_stats_module()
+    many, one = Launches(kernels._partials_many), Launches(kernels._partials)
+    monkeypatch.setattr(kernels, "_partials_many", many)
+    monkeypatch.setattr(kernels, "_partials", one)
+    monkeypatch.setattr(collector, "StatBuffer", lambda counts: StatBuffer(counts, native=False, triton_cpu=True))
+    fused = _dump(tmp_path, "fused", calls)
+    monkeypatch.setattr(collector, "StatBuffer", lambda counts: StatBuffer(counts, native=False))
+    torch_ops = _dump(tmp_path, "torch_ops", calls)
+    # the first call's inputs launched one by one (the first of them makes the kernels); then two launches a
+    # call: its three inputs together, its output alone (no table for one tensor)
+    assert (one.count, many.count) == (3 + len(inputs), len(inputs) - 1)
+    assert sorted(fused) == sorted(torch_ops) and len(fused) == len(inputs)
+    for name, entry in torch_ops.items():
+        records = fused[name]["input_args"] + fused[name]["output"]
+        for index, (mine, theirs) in enumerate(zip(records, entry["input_args"] + entry["output"])):
+            assert {k: mine[k] for k in ("Max", "Min", "type", "shape")} == {
+                k: theirs[k] for k in ("Max", "Min", "type", "shape")
+            }
+            t = inputs[int(name.split(".")[2])][index] if index < 3 else None
+            if t is not None:
+                keys = ("Max", "Min", "Mean", "Norm")
+                same(t.dtype, t, [mine[k] for k in keys], [theirs[k] for k in keys], name)
