@@ -101,8 +101,15 @@ class _Observer:
         if (token is not None and collector.step.token is not token) or not collector.collecting:
             return None
         try:
-            with collector.own_work, collector.stats.one_launch():  # a device's gradients here: one launch
-                self.observe(collector, *self.bound, *args)
+            with collector.own_work:
+                fused = collector.stats._fused  # the Triton kernels: a device's gradients here in one launch
+                if fused:
+                    fused.begin()
+                try:
+                    self.observe(collector, *self.bound, *args)
+                finally:
+                    if fused:
+                        collector.stats.end_call(fused)
         except Exception as error:
             collector.log_error(self.where, error)
         return None

@@ -687,10 +687,16 @@ class Collector:
             entry = {}
             if self.plan.want_input:
                 prefix = self.file_stem(forward_name, "input") if self.plan.tensor_task else None
-                with self.stats.one_launch():  # a device's tensors of the call read in one launch
+                fused = self.stats._fused  # the Triton kernels: a device's tensors of the call in one launch
+                if fused:
+                    fused.begin()
+                try:
                     entry["input_args"] = self.describe_seq(record_args, prefix)
                     # kwargs is the dict Python packed for the call (or fold_keywords' copy): ours to test
                     entry["input_kwargs"] = self.describe_map(record_kwargs, prefix) if record_kwargs else {}
+                finally:
+                    if fused:
+                        self.stats.end_call(fused)
         return make(ApiCall, (name, forward_name, entry, backward))
 
     def _finish_api(self, begun, result, frame):
@@ -698,10 +704,16 @@ class Collector:
         plan, step = self.plan, self.step
         if entry is not None:
             if plan.want_output:
-                with self.stats.one_launch():
+                fused = self.stats._fused
+                if fused:
+                    fused.begin()
+                try:
                     entry["output"] = self.describe_output(
                         result, self.file_stem(forward, "output") if plan.tensor_task else None
                     )
+                finally:
+                    if fused:
+                        self.stats.end_call(fused)
             if self._arrivals:
                 self.take_arrivals()
             with self._lock:

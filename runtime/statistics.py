@@ -314,9 +314,18 @@ class StatBuffer:
     def one_launch(self):
         """A context for the records of one call: the Triton kernels read its contiguous tensors in one launch
         per dtype as it exits, before any user code runs (``TritonStats.begin``); a shared no-op where they do
-        not serve."""
+        not serve. The collector's hot paths open it by hand instead (``_fused``, ``fused.begin()``, then
+        ``end_call``): no call at all on the CPU path."""
         fused = self._fused
         return _Batching(self, fused) if fused else _NO_BATCH
+
+    def end_call(self, fused):
+        """Close what ``fused.begin()`` opened: launch the tensors it queued."""
+        try:
+            fused.end()
+        except Exception as error:  # the slots it queued stay unfilled: null statistics, the records kept
+            self._fused_devices = ()
+            _fused_failed(error)
 
     def _add_rows(self, t, repeat):
         """A float tensor's statistics by the torch ops, each written into its place in a buffer of the flush
@@ -543,11 +552,7 @@ class _Batching:
         self.fused.begin()
 
     def __exit__(self, *exc):
-        try:
-            self.fused.end()
-        except Exception as error:  # the slots it queued stay unfilled: null statistics, the records kept
-            self.stats._fused_devices = ()
-            _fused_failed(error)
+        self.stats.end_call(self.fused)
         return False
 
 
