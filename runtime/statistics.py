@@ -266,7 +266,7 @@ class StatBuffer:
             # first, so that a view of a tensor's elements (a transpose) is reduced as that tensor is, the same
             # ops in the same order: its statistics served again for the view are the bits it would get read
             # afresh (tests/runtime/test_statistics_reuse.py)
-            t, repeat = _dense_view(t)
+            t, repeat = dense_view(t)
         # staging copies into a plain buffer: not for tensor subclasses (a DTensor cannot be copied into one)
         # nor inference tensors (a buffer made in inference mode could not be written outside it)
         if (
@@ -410,7 +410,7 @@ class StatBuffer:
             n, repeat = raw.numel(), 1
             extra = (factor.amax(), factor.amin())
         else:
-            t, repeat = _dense_view(t)
+            t, repeat = dense_view(t)
             flat = t.reshape(-1)  # a dense view as it is; another layout copied at one byte an element
             one = factor.reshape(()) if factor is not None else None
             chunks = ((decode(flat[start : start + _LOW_CHUNK]), None) for start in range(0, flat.numel(), _LOW_CHUNK))
@@ -703,7 +703,7 @@ def _fused_stats(nan_inf_count):
 
         logging.getLogger("msprobe_runtime").debug("msprobe_runtime: no Triton statistics (%s)", error)
         return None
-    return triton_stats.TritonStats(nan_inf_count, Slot, _dense_view)
+    return triton_stats.TritonStats(nan_inf_count, Slot, dense_view)
 
 
 def _fused_failed(error):
@@ -776,7 +776,7 @@ def _float4_values(chunk):
     return table[codes.long()]
 
 
-def _dense_view(t):
+def dense_view(t):
     """The same multiset of values in a cheaper layout: a permuted one (a transposed matrix: Linear's weight
     gradient) is reduced in memory order, as the tensor it is a view of, and a broadcast (stride-0) dimension
     once, with ``repeat`` copies of each value. Every statistic here is independent of element order."""

@@ -395,7 +395,7 @@ _scratch: dict = {}  # device -> the metadata row ``_partials`` writes and the m
 def monitor_figures(t, codes, eps, dense_view):
     """msprobe's monitor ops ``codes`` (runtime/monitor/metrics.py's CODES) of a plain strided float32, float16
     or bfloat16 tensor, in one read of it: a float32 tensor of one figure per code, on its device, nothing read
-    back; None for any other tensor (the torch ops serve it). ``dense_view`` is ``statistics._dense_view``.
+    back; None for any other tensor (the torch ops serve it). ``dense_view`` is ``statistics.dense_view``.
     Two launches: ``_partials`` with the |x| < eps count, then ``_figures``."""
     if type(t) is not torch.Tensor or t.layout is not torch.strided or t.dtype not in _MONITOR_DTYPES:
         return None
@@ -482,7 +482,7 @@ class TritonStats:
     """``StatBuffer``'s kernels: ``add`` launches a tensor's partials and gives its slots, ``finish`` (at the
     flush) launches the combining kernel of every arena and gives their group slots. ``slot(pending, width,
     members=None)`` makes a slot and ``dense_view(t)`` gives ``(t, repeat)`` (``statistics.Slot`` and
-    ``statistics._dense_view``: passed in, so that this module imports nothing of the runtime)."""
+    ``statistics.dense_view``: passed in, so that this module imports nothing of the runtime)."""
 
     def __init__(self, nan_inf_count, slot, dense_view):
         self.nan_inf_count = nan_inf_count

@@ -91,11 +91,11 @@ def triton_figures(tensor: torch.Tensor, ops: Sequence[str], eps: float) -> torc
     codes = _codes_of(ops)
     if module is False or codes is None:
         return None
-    from ..statistics import _dense_view
+    from ..statistics import dense_view
 
     if type(tensor) is torch.nn.Parameter:  # the kernels take exact torch.Tensors: a weight as its plain view
         tensor = tensor.detach()
-    return module.monitor_figures(tensor, codes, eps, _dense_view)
+    return module.monitor_figures(tensor, codes, eps, dense_view)
 
 
 def figures(tensor: torch.Tensor, ops: Sequence[str], eps: float) -> torch.Tensor:

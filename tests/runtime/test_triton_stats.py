@@ -43,7 +43,7 @@ def triton_stats():
         module = importlib.reload(module)
     if DEVICE == "cpu":
         try:
-            probe = module.TritonStats(True, statistics.Slot, statistics._dense_view)  # raises, where StatBuffer
+            probe = module.TritonStats(True, statistics.Slot, statistics.dense_view)  # raises, where StatBuffer
             probe.add(torch.ones(3), 4)  # would fall back
             probe.finish()
         except triton.runtime.errors.InterpreterError as error:
@@ -232,7 +232,7 @@ def test_identical_runs_give_identical_bits():
 
 
 def test_the_kernels_serve_what_they_read_and_nothing_else(triton_stats):
-    fused = triton_stats.TritonStats(True, statistics.Slot, statistics._dense_view)
+    fused = triton_stats.TritonStats(True, statistics.Slot, statistics.dense_view)
     assert fused.add(on_device(torch.empty(0)), 4) is None
     assert fused.add(on_device(torch.arange(5)), 2) is None
     assert fused.add(on_device(torch.ones(3, dtype=torch.bool)), 2) is None
