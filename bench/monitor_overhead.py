@@ -113,6 +113,10 @@ def attach(model, optimizer, config, folder):
     for name in ("_on_grad", "_pre_step", "_post_step"):
         setattr(monitor, name, timed(getattr(monitor, name), clock, name == "_post_step"))
     monitor.set_monitor(model, optimizer)
+    activations = getattr(monitor, "activations", None)
+    if activations is not None:  # xy_distribution: its hooks look these up at each call (activations.py)
+        for name in ("_forward", "_output_grad", "_input_grads"):
+            setattr(activations, name, timed(getattr(activations, name), clock, False))
     return monitor, clock
 
 

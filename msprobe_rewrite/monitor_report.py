@@ -36,6 +36,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from msprobe_runtime.monitor.names import TAG_SUFFIX
+
 PROG = "msprobe-rewrite monitor-report"
 EXIT_OK = 0
 EXIT_ERROR = 2
@@ -44,21 +46,8 @@ EXIT_ERROR = 2
 RANK_FOLDER = re.compile(r"([\w-]{0,20})-rank(\d{1,5})-")
 CSV_NAME = re.compile(r"^(?P<kind>.+)_(?P<first>\d+)-(?P<last>\d+)\.csv$")
 NOT_OPS = ("vpp_stage", "name", "step", "shape", "dtype")
-# the last part of msprobe's tag name -> the CSV kind (runtime/monitor/trainer_mon.py TAG_SUFFIX, reversed;
-# msprobe's name2tag)
-KIND_OF_TAG = {
-    "acc_grad": "grad_unreduced",
-    "post_grad": "grad_reduced",
-    "exp_avg": "exp_avg",
-    "exp_avg_sq": "exp_avg_sq",
-    "param_origin": "param_origin",
-    "param_updated": "param_updated",
-    "adam_update": "adam_update",
-    "adam_ratio": "adam_ratio",
-    "mg_direction": "other",
-    "actv": "actv",
-    "actv_grad": "actv_grad",
-}
+# the last part of msprobe's tag name -> the CSV kind (msprobe's name2tag, reversed)
+KIND_OF_TAG = {suffix: kind for kind, suffix in TAG_SUFFIX.items()} | {"actv": "actv", "actv_grad": "actv_grad"}
 # the kinds in the page's order: gradients first, as the summary reads them
 KIND_ORDER = (
     "grad_reduced",

@@ -18,3 +18,17 @@ def squash_param_name(name: str, enable: bool = True) -> str:
         if match:
             return match[0]
     return name
+
+
+# CSV prefix -> the last part of msprobe's tag for those rows (name2tag, get_summary_writer_tag_name)
+TAG_SUFFIX = {
+    "grad_unreduced": "acc_grad",
+    "grad_reduced": "post_grad",
+    "exp_avg": "exp_avg",
+    "exp_avg_sq": "exp_avg_sq",
+    "param_origin": "param_origin",
+    "param_updated": "param_updated",
+    "adam_update": "adam_update",
+    "adam_ratio": "adam_ratio",
+    "other": "mg_direction",
+}

@@ -31,7 +31,7 @@ from ..foreign import instance_attribute, is_subclass
 from . import activations as xy
 from . import anomalies, deep_capture, megatron_ddp, metrics, optimizers, reuse, sharded
 from . import config as monitor_config
-from .names import squash_param_name
+from .names import TAG_SUFFIX, squash_param_name
 from . import writer as writers
 
 if TYPE_CHECKING:
@@ -42,18 +42,6 @@ logger = logging.getLogger("msprobe_runtime")
 
 _TZ = datetime.timezone(datetime.timedelta(hours=8))  # msprobe names its folders in Asia/Shanghai time
 
-# CSV prefix -> the last part of msprobe's tag for those rows (name2tag, get_summary_writer_tag_name)
-TAG_SUFFIX = {
-    "grad_unreduced": "acc_grad",
-    "grad_reduced": "post_grad",
-    "exp_avg": "exp_avg",
-    "exp_avg_sq": "exp_avg_sq",
-    "param_origin": "param_origin",
-    "param_updated": "param_updated",
-    "adam_update": "adam_update",
-    "adam_ratio": "adam_ratio",
-    "other": "mg_direction",
-}
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
