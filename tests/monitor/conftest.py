@@ -2,6 +2,9 @@
 
 import importlib.util
 import json
+import os
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -117,3 +120,33 @@ def train(tmp_path, monkeypatch):
         )
 
     return run
+
+
+HOST_READS = ("item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__")
+
+
+@pytest.fixture
+def host_reads(monkeypatch):
+    """Every host read of a tensor (as tests/runtime/test_host_sync.py spies on them) made under the monitor's code,
+    torch code it called included: ``host_reads.calls`` gets (read, the monitor's function, ``host_reads.window[0]``),
+    the window being a flag a training loop may set around its forward, backward and step."""
+    import msprobe_runtime.monitor as package
+
+    monitor_dir = os.path.dirname(os.path.abspath(package.__file__))
+    reads = types.SimpleNamespace(calls=[], window=[False])
+
+    def spy(name, original):
+        def wrapper(self, *args, **kwargs):
+            frame = sys._getframe(1)
+            while frame is not None:  # a read made by torch code that the monitor called counts too
+                if frame.f_code.co_filename.startswith(monitor_dir):
+                    reads.calls.append((name, frame.f_code.co_name, reads.window[0]))
+                    break
+                frame = frame.f_back
+            return original(self, *args, **kwargs)
+
+        return wrapper
+
+    for name in HOST_READS:
+        monkeypatch.setattr(torch.Tensor, name, spy(name, getattr(torch.Tensor, name)))
+    return reads

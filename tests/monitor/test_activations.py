@@ -7,12 +7,10 @@ import csv
 import glob
 import json
 import os
-import sys
 
 import pytest
 import torch
 
-from .test_trainer_mon import HOST_READS
 
 OPS = ["norm", "min", "max", "mean", "zeros", "nans"]
 XY = {"xy_distribution": True, "ops": OPS, "ndigits": 12}
@@ -213,31 +211,12 @@ def test_a_nan_activation_is_named(train):
 
 
 @pytest.mark.slow
-def test_no_host_sync_in_the_step(train, monkeypatch):
+def test_no_host_sync_in_the_step(train, host_reads):
     """As tests/monitor/test_trainer_mon.py: every host read of a tensor made under the monitor's code is spied
     on; with activations on, the only one is still the flush's ``tolist`` per collected step."""
-    import msprobe_runtime.monitor as package
-
-    monitor_dir = os.path.dirname(os.path.abspath(package.__file__))
-    calls = []
-
-    def spy(name, original):
-        def wrapper(self, *args, **kwargs):
-            frame = sys._getframe(1)
-            while frame is not None:  # a read made by torch code that the monitor called counts too
-                if frame.f_code.co_filename.startswith(monitor_dir):
-                    calls.append((name, frame.f_code.co_name))
-                    break
-                frame = frame.f_back
-            return original(self, *args, **kwargs)
-
-        return wrapper
-
-    for name in HOST_READS:
-        monkeypatch.setattr(torch.Tensor, name, spy(name, getattr(torch.Tensor, name)))
     run = train(dict(XY, step_interval=3), steps=9, model_class=Residual, grad_acc_steps=2)
     assert run.monitor.has_collect_times == 3
-    assert calls == [("tolist", "_flush")] * 3
+    assert [call[:2] for call in host_reads.calls] == [("tolist", "_flush")] * 3
 
 
 def test_plain_tensors_only(tmp_path, monkeypatch):

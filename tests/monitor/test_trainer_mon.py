@@ -3,7 +3,6 @@ step selection, and no host sync in forward, backward or the optimizer's update.
 
 import csv
 import os
-import sys
 
 import pytest
 import torch
@@ -155,38 +154,15 @@ def test_targets_select_parameters_by_prefix(train):
     assert {name for name, _ in rows_of(run.monitor.tensorboard_dir, "grad_reduced")} == {"fc2.weight", "fc2.bias"}
 
 
-HOST_READS = ("item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__")
-
-
-def test_no_host_sync_in_the_step_only_one_batched_read_per_flush(train, monkeypatch):
-    """Every host read of a tensor is spied on (as tests/runtime/test_host_sync.py does): none during forward,
-    backward and the optimizer step may come from the monitor's hooks; the monitor's only read is the flush's one
-    ``tolist`` per collected step."""
-    import msprobe_runtime.monitor as package
-
-    monitor_dir = os.path.dirname(os.path.abspath(package.__file__))
-    window = [False]
-    calls = []
-
-    def spy(name, original):
-        def wrapper(self, *args, **kwargs):
-            frame = sys._getframe(1)
-            while frame is not None:  # a read made by torch code that the monitor called counts too
-                if frame.f_code.co_filename.startswith(monitor_dir):
-                    calls.append((name, frame.f_code.co_name, window[0]))
-                    break
-                frame = frame.f_back
-            return original(self, *args, **kwargs)
-
-        return wrapper
-
-    for name in HOST_READS:
-        monkeypatch.setattr(torch.Tensor, name, spy(name, getattr(torch.Tensor, name)))
+def test_no_host_sync_in_the_step_only_one_batched_read_per_flush(train, host_reads):
+    """Every host read of a tensor is spied on (conftest's ``host_reads``): none during forward, backward and the
+    optimizer step may come from the monitor's hooks; the monitor's only read is the flush's one ``tolist`` per
+    collected step."""
     rules = [{"rule_name": "AnomalyNan"}, {"rule_name": "AnomalyTurbulence", "args": {"threshold": 0.5}}]
     config = dict(ALL, step_interval=3, alert={"rules": rules})
-    run = train(config, steps=30, window=window)
-    flushes = [call for call in calls if call[1] == "_flush"]
-    assert [call for call in calls if call[1] != "_flush"] == []
+    run = train(config, steps=30, window=host_reads.window)
+    flushes = [call for call in host_reads.calls if call[1] == "_flush"]
+    assert [call for call in host_reads.calls if call[1] != "_flush"] == []
     assert len(flushes) == 10 and all(name == "tolist" for name, _, _ in flushes)
     assert run.monitor.has_collect_times == 10
 
