@@ -178,10 +178,8 @@ def test_a_replay_closure_must_be_callable(tmp_path, monkeypatch):
         mon.set_replay(42)
 
 
-@pytest.mark.slow
-def test_megatron_gpt_training_loop_nan_is_captured_in_that_layer(tmp_path, megatron_copy):
-    """fixtures/megatron_gpt/monitor_loop.py: the tiny GPT of megatron-core (rewritten), DDP chunk list with
-    main_grad, get_forward_backward_func over 2 microbatches, AdamW; a NaN in layer 1's linear_fc1 at step 7."""
+def _megatron(tmp_path, megatron_copy, config, *flags):
+    """fixtures/megatron_gpt/monitor_loop.py with ``config`` and ``flags``, in a fresh interpreter -> its RESULT."""
     import subprocess
     import sys
 
@@ -190,9 +188,8 @@ def test_megatron_gpt_training_loop_nan_is_captured_in_that_layer(tmp_path, mega
     runtime_parent = os.path.dirname(
         importlib.util.find_spec("msprobe_runtime").submodule_search_locations[0]
     )  # this checkout's runtime, not an installed one
-    config = tmp_path / "monitor.json"
-    # the NaN rule alone: msprobe's turbulence rule fires in this GPT's first steps (dropout, 2 microbatches)
-    config.write_text(json.dumps({**CAPTURE, "alert": {"rules": RULES[:1], "dump": True}}))
+    path = tmp_path / "monitor.json"
+    path.write_text(json.dumps(config))
     env = training_env(
         os.pathsep.join([str(megatron_copy), runtime_parent]),
         PYTHONWARNINGS="ignore",
@@ -200,10 +197,22 @@ def test_megatron_gpt_training_loop_nan_is_captured_in_that_layer(tmp_path, mega
     )
     env.pop("MASTER_PORT", None)
     script = os.path.join(ROOT, "fixtures", "megatron_gpt", "monitor_loop.py")
-    command = [sys.executable, script, "--config", str(config), "--steps", "9", "--nan-step", "7", "--replay"]
+    command = [sys.executable, script, "--config", str(path), *flags]
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     result = json.loads(done.stdout.split("RESULT ", 1)[1])
+    result["stderr"] = done.stderr
+    return result
+
+
+@pytest.mark.slow
+def test_megatron_gpt_training_loop_nan_is_captured_in_that_layer(tmp_path, megatron_copy):
+    """fixtures/megatron_gpt/monitor_loop.py: the tiny GPT of megatron-core (rewritten), DDP chunk list with
+    main_grad, get_forward_backward_func over 2 microbatches, AdamW; a NaN in layer 1's linear_fc1 at step 7."""
+    # the NaN rule alone: msprobe's turbulence rule on the weights fires from step 1 on those megatron initialises
+    # to zero (the biases: a running average of 0; MEGATRON_TURBULENCE below)
+    config = {**CAPTURE, "alert": {"rules": RULES[:1], "dump": True}}
+    result = _megatron(tmp_path, megatron_copy, config, "--steps", "9", "--nan-step", "7", "--replay")
     param = "0:module.decoder.layers.1.mlp.linear_fc1.weight"
     assert result["anomalies"][0]["step"] == 7
     assert result["anomalies"][0]["tag_name"] == f"{param}/rank0/param_origin"
@@ -220,3 +229,58 @@ def test_megatron_gpt_training_loop_nan_is_captured_in_that_layer(tmp_path, mega
     assert replay["verdict"] == "reproducible"
     recorder = json.loads((_rank_folder(tmp_path) / "flight_recorder_step7.json").read_text())
     assert [item["step"] for item in recorder["steps"]] == [3, 4, 5, 6, 7]
+
+
+# The learning rate x1000 on megatron's GPT: gradients only (wg_distribution), since megatron initialises its
+# biases and LayerNorm biases to zero and msprobe's turbulence rule on a weight norm whose running average starts
+# at 0 fires at every step of clean training (no parameter rows then). Threshold 3: with fresh batches and dropout
+# the clean gradient norms swing by about half their running average, within a hair of the 0.5 the 12-layer model
+# uses; the x1000 jump is many times the average.
+MEGATRON_TURBULENCE = {
+    "wg_distribution": True,
+    "ops": OPS,
+    "alert": {
+        "rules": [{"rule_name": "AnomalyNan"}, {"rule_name": "AnomalyTurbulence", "args": {"threshold": 3.0}}],
+        "dump": True,
+    },
+    "flight_recorder": {"steps": 5},
+    "on_anomaly": {"level": "mix", "scope": "anomalous", "steps": 1},
+}
+
+
+@pytest.mark.slow
+def test_megatron_gpt_learning_rate_x1000_is_captured_in_the_layer_named(tmp_path, megatron_copy):
+    """The learning rate x1000 from step 7 on megatron-core's tiny GPT, gradients monitored: the anomaly is at
+    step 8, not 7. Step 7's gradients were computed before its update and are sane; the weights the update threw
+    off give step 8's gradients, which jump. The earliest record in msprobe's execution order (backward stage,
+    the gradient hooks' order) names the first gradient that jumps, and the capture dumps its module in step 9."""
+    result = _megatron(tmp_path, megatron_copy, MEGATRON_TURBULENCE, "--steps", "10", "--lr-step", "7")
+    anomalies = result["anomalies"]
+    assert anomalies and all(item["step"] >= 8 for item in anomalies)
+    first = anomalies[0]
+    assert first["step"] == 8 and first["message"].startswith("Rule AnomalyTurbulence")
+    assert first["tag_name"].endswith("/rank0/acc_grad")
+    param = first["tag_name"].split("/")[0].split(":", 1)[1]
+    # the output layer's gradient is the first the backward computes, and the weights thrown off by step 7's
+    # update make it jump
+    assert param == "module.output_layer.weight" and first["call_id"] == 0
+    module = f"Module.0.{param.rpartition('.')[0]}."
+    config = json.loads((_rank_folder(tmp_path) / "capture_step8.config.json").read_text())
+    assert config["statistics"] == {"list": [module]}
+    data = _dump(tmp_path, 8, 9)  # no replay: the capture is the next step
+    modules = {name for name in data if name.startswith("Module.")}
+    for micro in range(2):
+        assert f"{module}ColumnParallelLinear.forward.{micro}" in modules, sorted(modules)
+        assert f"{module}ColumnParallelLinear.backward.{micro}" in modules, sorted(modules)
+    assert all(name.startswith(module) for name in modules), sorted(modules)
+    assert any(name.startswith("Torch.matmul.") for name in data)  # the API inside it
+    assert sorted(os.listdir(_rank_folder(tmp_path) / "capture_step8")) == ["step9"]
+
+
+@pytest.mark.slow
+def test_megatron_gpt_clean_run_of_30_steps_raises_nothing(tmp_path, megatron_copy):
+    result = _megatron(tmp_path, megatron_copy, MEGATRON_TURBULENCE, "--steps", "30")
+    assert len(result["losses"]) == 30
+    assert result["anomalies"] == []
+    assert sorted(os.listdir(_rank_folder(tmp_path))) == ["anomaly.json"]
+    assert "anomal" not in result["stderr"] and "capture" not in result["stderr"]
