@@ -180,6 +180,9 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--ops", default=",".join(OPS), help="msprobe's ops, comma separated")
     parser.add_argument("--model", default="mlp", choices=("mlp", "megatron-wide"))
+    parser.add_argument(
+        "--only", default="", help="variants to run besides plain, comma separated (e.g. 'xy,xy forward_only')"
+    )
     args = parser.parse_args()
     if args.batch is None:
         args.batch = 64 if args.model == "mlp" else 4
@@ -201,19 +204,25 @@ def main():
         os.makedirs(configs)
         ops = args.ops.split(",")
         figures = {"wg_distribution": True, "param_distribution": True, "mv_distribution": True, "ops": ops}
-        variants = {
-            "plain": make(None, configs),
-            "monitor wg+param+mv": make(figures, configs),
-            "monitor wg+param+mv, rules": make(dict(figures, alert={"rules": RULES}), configs),
-            "monitor wg+param+mv, reuse": reused(make, figures, configs),
-            "monitor wg": make({"wg_distribution": True, "ops": ops}, configs),
+        makers = {
+            "plain": lambda: make(None, configs),
+            "monitor wg+param+mv": lambda: make(figures, configs),
+            "monitor wg+param+mv, rules": lambda: make(dict(figures, alert={"rules": RULES}), configs),
+            "monitor wg+param+mv, reuse": lambda: reused(make, figures, configs),
+            "monitor wg": lambda: make({"wg_distribution": True, "ops": ops}, configs),
             # activations of every module (targets empty: msprobe's all_xy), forward and backward, and forward only
-            "monitor xy": make({"xy_distribution": True, "ops": ops}, configs),
-            "monitor xy forward_only": make({"xy_distribution": True, "forward_only": True, "ops": ops}, configs),
+            "monitor xy": lambda: make({"xy_distribution": True, "ops": ops}, configs),
+            "monitor xy forward_only": lambda: make(
+                {"xy_distribution": True, "forward_only": True, "ops": ops}, configs
+            ),
+            "monitor wg+param+mv, torch ops": lambda: torch_ops(make(figures, configs)),
         }
-        torch_path = make(figures, configs)
-        if hasattr(torch_path.monitor, "_figures"):  # a runtime before the one-pass paths has no other path
-            variants["monitor wg+param+mv, torch ops"] = torch_ops(torch_path)
+        only = [part.strip() for part in args.only.split(",") if part.strip()]
+        variants = {
+            name: maker()
+            for name, maker in makers.items()
+            if name == "plain" or not only or any(part == name.removeprefix("monitor ") for part in only)
+        }
         cpu = {name: [] for name in variants}
         variants = {name: cpu_timed(step, cpu[name]) for name, step in variants.items()}
         warmup = 5
