@@ -26,6 +26,7 @@ CAPTURE_LEVELS = ("mix", "L0", "L1")
 CAPTURE_SCOPES = ("anomalous", "all")
 SA_ORDERS = ("s,b,h,d", "b,s,h,d")
 FORMATS = ("csv", "tensorboard")
+FLUSH_MODES = ("auto", "async", "sync")  # ours: how the flush's copy reaches the host (transfer.py)
 MAX_NDIGITS = 20
 L2_HOOKS = ("linear_hook", "attention_hook", "moe_router_weight_hook", "moe_router_logit_hook")
 
@@ -141,6 +142,11 @@ OUR_KEYS = {
         "{'level': 'mix', 'scope': 'anomalous', 'steps': 1}: a PrecisionDebugger dump of the next steps "
         "(and of the replay), limited to the modules the rule named",
     ),
+    "flush": Key(
+        OURS,
+        "auto, async or sync: async reads a collected step's figures on the host one collected step later (no "
+        "host sync); auto = async for figures on CUDA or an NPU unless on_anomaly or a replay is set, else sync",
+    ),
 }
 
 
@@ -183,6 +189,7 @@ class MonitorConfig:
     squash_name: bool = False
     flight_recorder_steps: int = 0  # ours: 0 = no flight recorder
     on_anomaly: OnAnomaly | None = None  # ours: no deep capture when None
+    flush: str = "auto"  # ours: FLUSH_MODES
     xy_distribution: bool = False
     all_xy: bool = False
     forward_only: bool = False
@@ -381,6 +388,10 @@ def parse(raw: Any) -> MonitorConfig:
         config.flight_recorder_steps = _flight_recorder(raw["flight_recorder"])
     if "on_anomaly" in raw:
         config.on_anomaly = _on_anomaly(raw["on_anomaly"])
+    flush = raw.get("flush", config.flush)
+    if flush not in FLUSH_MODES:
+        _refuse("flush", f"{flush!r} is not one of {', '.join(FLUSH_MODES)}{_nearest(str(flush), FLUSH_MODES, 0.3)}")
+    config.flush = flush
     for key in ("flight_recorder", "on_anomaly"):
         if key in raw and not config.rules:  # both act when a rule fires: without one they would never act
             _refuse(key, "acts when an alert rule fires; add alert.rules (AnomalyNan, AnomalySpike, ...)")

@@ -77,7 +77,7 @@ class Responder:
         self.loss_sum: torch.Tensor | None = None
         self.loss_count = 0
         self.last: dict[str, float | None] = {"loss": None, "grad_norm": None}
-        self._series_layout: list[tuple[int, str]] = []
+        self.series_layout: list[tuple[int, str]] = []  # (rule index, series) of device_parts' last parts
         self._failed: set[str] = set()
         self.finished: list[Any] = []  # debuggers whose capture ended: close() waits for their files
         self.fired_spikes: list[tuple[dict[str, Any], Rule, str, float, float, float]] = []
@@ -114,7 +114,7 @@ class Responder:
 
     def device_parts(self, stacked: dict[str, torch.Tensor], device: torch.device) -> list[torch.Tensor]:
         """The spike rule's figures for the flush's one copy: [value, mean, std, fired] per rule and series."""
-        self._series_layout = []
+        self.series_layout = []
         if not self.spike_rules:
             self.loss_sum, self.loss_count = None, 0
             return []
@@ -129,19 +129,19 @@ class Responder:
         for index, _ in self.spike_rules:
             for name, value in series.items():
                 parts.append(self.windows[(index, name)].evaluate(value))
-                self._series_layout.append((index, name))
+                self.series_layout.append((index, name))
         return parts
 
-    @property
-    def width(self) -> int:
-        return len(self._series_layout) * spike.WIDTH
-
-    def spike_records(self, step: int, host: Sequence[float], first_call_id: int) -> list[dict[str, Any]]:
-        """Records of the spikes in the host copy's tail (``width`` numbers)."""
+    def spike_records(
+        self, step: int, host: Sequence[float], first_call_id: int, series: Sequence[tuple[int, str]]
+    ) -> list[dict[str, Any]]:
+        """Records of the spikes in the host copy's tail: ``spike.WIDTH`` numbers per entry of ``series``, the
+        ``series_layout`` of that step's ``device_parts`` (kept with the copy: the asynchronous flush reads it
+        after the next step's device part has run)."""
         found = []
         self.last = {"loss": None, "grad_norm": None}
         self.fired_spikes = []
-        for offset, (index, name) in enumerate(self._series_layout):
+        for offset, (index, name) in enumerate(series):
             value, mean, std, fired = host[offset * spike.WIDTH : (offset + 1) * spike.WIDTH]
             self.last[name] = value
             if fired:
@@ -167,8 +167,13 @@ class Responder:
         groups: list[tuple[str, list[Any]]],
         found: list[dict[str, Any]],
         fired: list[tuple[dict[str, Any], Rule, str, float, float]],
+        now: int | None = None,
     ) -> None:
-        """The step's figures (host), its records earliest first and what fired them: record, write, capture."""
+        """The step's figures (host), its records earliest first and what fired them: record, write, capture.
+        ``now``: the optimizer step whose post-step hook runs, ``step`` itself unless the flush is asynchronous
+        (then a later one: the capture records the steps after ``now``, and the replay, whose batch is gone, is
+        not run)."""
+        now = step if now is None else now
         if self.recorder is not None:
             self.recorder.add(step, groups, self.last.get("loss"), self.last.get("grad_norm"))
         if not found:
@@ -187,19 +192,24 @@ class Responder:
             self._once("recorder", f"writing the flight recorder failed ({type(error).__name__}: {error})")
         if folder is None or self.times_left <= 0 or self.debugger is not None:
             return
-        if self.on_anomaly is None and self.replay is None:
+        replay = self.replay if now == step else None
+        if self.replay is not None and replay is None:
+            # the flush was asynchronous when the closure was set (trainer_mon._asynchronous): step N's batch is
+            # no longer the current one, and a rerun of another batch would give a wrong verdict
+            self._once("replay late", f"step {step}: read at step {now}, after its batch: not replayed")
+        if self.on_anomaly is None and replay is None:
             return
         self.times_left -= 1
         target = self._target(found, groups)
         if self.on_anomaly is not None:
-            self._start_capture(folder, step, target)
-        if self.replay is not None:
+            self._start_capture(folder, step, target, now, replay is not None)
+        if replay is not None:
             self._replay(folder, step, found[0], fired, target)
         if self.debugger is not None:
             if self.on_anomaly is not None and self.on_anomaly.steps > 0:
                 self.capture_left = self.on_anomaly.steps
-                self.capture_started = step
-                if self.replay is not None:
+                self.capture_started = now
+                if replay is not None:
                     self.debugger.step()  # the replay is step N of the dump; the next optimizer step N + 1
                 self.monitor._quiet = self._own_work()
             else:
@@ -247,7 +257,7 @@ class Responder:
 
     # ------------------------------------------------------------------ the capture
 
-    def _start_capture(self, folder: str, step: int, target: tuple[str, str | None]) -> None:
+    def _start_capture(self, folder: str, step: int, target: tuple[str, str | None], now: int, replayed: bool) -> None:
         from ..debugger import PrecisionDebugger
 
         cfg = self.on_anomaly
@@ -267,7 +277,7 @@ class Responder:
             finally:
                 # the user's class-level calls (PrecisionDebugger.step()) keep reaching the user's debugger
                 PrecisionDebugger._instance = before
-            first = step if self.replay is not None else step + 1
+            first = step if replayed else now + 1
             debugger.set_init_step(first)
             model = self.monitor.chunks if self.monitor.chunked else self.monitor.chunks[0]
             debugger.start(model)
@@ -280,7 +290,7 @@ class Responder:
                 step,
                 cfg.level,
                 f"list {entry}" if entry else "the whole model",
-                "the replay and " * (self.replay is not None) + f"{cfg.steps} next step(s)",
+                "the replay and " * replayed + f"{cfg.steps} step(s) from step {now + 1}",
                 dump_path,
             )
         except Exception as error:

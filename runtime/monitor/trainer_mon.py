@@ -17,10 +17,13 @@ the training loop.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import logging
+import multiprocessing.util
 import os
 import uuid
+import weakref
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -29,7 +32,7 @@ import torch
 from ..config import ConfigError
 from ..foreign import instance_attribute, is_subclass
 from . import activations as xy
-from . import anomalies, deep_capture, megatron_ddp, metrics, optimizers, reuse, sharded
+from . import anomalies, deep_capture, megatron_ddp, metrics, optimizers, reuse, sharded, transfer
 from . import config as monitor_config
 from .names import TAG_SUFFIX, squash_param_name
 from . import writer as writers
@@ -37,6 +40,8 @@ from . import writer as writers
 if TYPE_CHECKING:
     # one tensor's row as collected: (tag, figures on the device, shape, dtype)
     DeviceRow = tuple[str, torch.Tensor, tuple[int, ...] | None, torch.dtype | None]
+    # the same row once the figures are on their way to the host: (tag, shape, dtype)
+    HostRow = tuple[str, tuple[int, ...] | None, torch.dtype | None]
 
 logger = logging.getLogger("msprobe_runtime")
 
@@ -126,6 +131,13 @@ class TrainerMon:
         self._duplicate: set[str] = set()  # names whose grad_reduced another rank writes (msprobe's duplicate_param)
         self._partial: list[tuple[str, str]] = []  # rows holding DTensor partials until the flush reduces them
         self._nodes: list[Any] = []  # the AccumulateGrad nodes hooked, kept alive as megatron keeps its grad_accs
+        # the asynchronous flush (transfer.py): the collected step whose figures are on their way to the host
+        self._pending: transfer.InFlight | None = None
+        # an exit with a step in flight (an exception out of the loop, no close) still writes it: held weakly, as
+        # the debugger's exit hook (runtime/debugger.py), so that the hook keeps no monitor alive; mp.spawn's
+        # children leave through os._exit, which skips atexit and runs multiprocessing's finalizers
+        atexit.register(_at_exit, weakref.ref(self))
+        multiprocessing.util.Finalize(None, _at_exit, args=(weakref.ref(self),), exitpriority=10)
 
     # ------------------------------------------------------------------ msprobe's entry points
 
@@ -259,12 +271,20 @@ class TrainerMon:
         (docs/monitor.md). None removes it."""
         if closure is not None and not callable(closure):
             raise ConfigError(f"set_replay: expected a callable or None, got {type(closure).__name__}")
+        if closure is not None and self.config.flush == "async":
+            # the asynchronous flush reads step N's rules at step N + 1, when N's batch is gone (docs/monitor.md)
+            raise ConfigError(
+                'set_replay: the replay needs the step\'s verdict before the next batch; "flush": '
+                '"async" reads it a step later: use "auto" or "sync"'
+            )
         if self.responder is None:
             self.responder = deep_capture.Responder(self)
         self.responder.replay = closure
 
     def close(self) -> None:
-        """Remove the hooks and close the writer (msprobe does this in ``__del__``)."""
+        """Write the step still in flight, remove the hooks and close the writer (msprobe does this in
+        ``__del__``)."""
+        self._drain_at_end()
         if self.responder is not None:
             self.responder.close()
         self._remove_hooks()
@@ -274,10 +294,22 @@ class TrainerMon:
     def __del__(self) -> None:
         # msprobe closes its writer here; at interpreter exit the writer may be half torn down: nothing to raise
         try:
+            self._drain_at_end()
             if self.summary_writer is not None:
                 self.summary_writer.close()
         except Exception:
             pass
+
+    def _drain_at_end(self) -> None:
+        """The step in flight, read and written now (close, ``__del__``, the interpreter's exit)."""
+        if getattr(self, "_pending", None) is None:  # (a constructor that raised left none)
+            return
+        quiet = self._quiet  # a capture still running: our reads are not the user's calls
+        if quiet is None:
+            self._drain(self.step, wait=True)
+        else:
+            with quiet:
+                self._drain(self.step, wait=True)
 
     # ------------------------------------------------------------------ setup
 
@@ -494,6 +526,9 @@ class TrainerMon:
     def _post_step(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         step = self.step
         self._guarded("optimizer post-step hook", self._finish_step)
+        if self._pending is not None and self._pending.step < step:
+            # an earlier step's copy (this step not collected, or dropped): read if done, without waiting
+            self._guarded("optimizer post-step hook", self._drain, step, False)
         self._dropped = False  # a failure here drops this step, never the next
         if self.responder is not None:
             self.responder.end_step(step)
@@ -518,12 +553,26 @@ class TrainerMon:
                 self.activations.end_step()
             self.step += 1
             if self.monitoring and self.has_collect_times >= self.config.collect_times:
+                self._drain(self.step - 1, wait=True)  # no later flush will read it
                 self._remove_hooks()
             self._collect_now = self._wants(self.step)
 
     # ------------------------------------------------------------------ the flush, once per collected step
 
+    def _asynchronous(self, backend: transfer.Backend) -> bool:
+        """Whether this flush's copy is read at the next collected step (docs/monitor.md, "The asynchronous
+        flush"): a replay closure needs the step's verdict while its batch is the current one, so it keeps the
+        flush synchronous; ``auto`` keeps it for on_anomaly too, whose capture then records the very next step."""
+        mode = self.config.flush
+        if mode == "sync" or (self.responder is not None and self.responder.replay is not None):
+            return False
+        if mode == "async":
+            return True
+        return backend.accelerated and self.config.on_anomaly is None
+
     def _flush(self, step: int) -> None:
+        # the previous collected step's figures first, so that the host handles the steps in order
+        self._drain(step, wait=True)
         if not self._rows:
             return
         if self._partial:  # DTensor shards: one all-reduce per kind for all of them, on the device (sharded.py)
@@ -534,11 +583,12 @@ class TrainerMon:
         for (prefix, tag), (on_device, shape, dtype) in self._rows.items():
             groups.setdefault(prefix, []).append((tag, on_device, shape, dtype))
         device = next(iter(self._rows.values()))[0].device
-        width = len(self.ops)
         parts: list[torch.Tensor] = []
-        layout: list[tuple[str, list[DeviceRow]]] = []
+        layout: list[tuple[str, list[HostRow]]] = []
         stacks: dict[str, torch.Tensor] = {}
         with torch.no_grad():
+            # the rules' running averages and the spike windows are updated here, on the device, whichever way
+            # the figures then travel: the host never feeds them back (tests/monitor/test_async_flush.py)
             for prefix, rows in groups.items():
                 stacked = torch.stack([values.to(device) for _, values, _, _ in rows])
                 stacks[prefix] = stacked
@@ -546,10 +596,53 @@ class TrainerMon:
                 if self.rules is not None:
                     averages, rule_codes = self.rules.evaluate(prefix, tuple(tag for tag, _, _, _ in rows), stacked)
                     parts.extend((averages.reshape(-1), rule_codes.reshape(-1)))
-                layout.append((prefix, rows))
+                layout.append((prefix, [(tag, shape, dtype) for tag, _, shape, dtype in rows]))
+            series: list[tuple[int, str]] = []
             if self.responder is not None:  # the spike rule's figures travel in the same copy
                 parts.extend(part.to(device) for part in self.responder.device_parts(stacks, device))
-            host = torch.cat(parts).tolist()  # the one device-to-host copy of the step
+                series = list(self.responder.series_layout)
+            flat = torch.cat(parts)
+            backend = transfer.backend_for(device.type)
+            if self._asynchronous(backend):
+                buffer, event = backend.start(flat)  # read at the next collected step's flush (_drain)
+                self._pending = transfer.InFlight(step, buffer, event, (layout, series), flat)
+                return
+            host = flat.tolist()  # the one device-to-host copy of the step, read now
+        # outside no_grad: the replay (deep_capture.py) runs the user's forward and backward from here
+        self._write(step, host, layout, series, step)
+
+    def _drain(self, now: int, wait: bool) -> None:
+        """The host part of the step whose copy is in flight, if any: at once if the copy is done, else only with
+        ``wait`` (the next flush, the last collected step, close). ``now``: the optimizer step whose post-step hook
+        runs (the deep capture starts after it). An error here drops that step alone, said once."""
+        pending = self._pending
+        if pending is None or not (wait or pending.ready()):
+            return
+        self._pending = None
+        try:
+            layout, series = pending.layout
+            self._write(pending.step, pending.values(), layout, series, now)
+        except Exception as error:  # never into the training loop; the step being collected is kept
+            if "host part" not in self._failed:
+                self._failed.add("host part")
+                logger.warning(
+                    "monitor: writing step %d's figures failed (%s: %s); that step is dropped",
+                    pending.step,
+                    type(error).__name__,
+                    error,
+                )
+
+    def _write(
+        self,
+        step: int,
+        host: list[float],
+        layout: list[tuple[str, list[HostRow]]],
+        series: list[tuple[int, str]],
+        now: int,
+    ) -> None:
+        """Everything the host does with step ``step``'s figures: the CSV or TensorBoard rows, the anomaly records,
+        anomaly.json, the log line, the flight recorder, the spike rule's records and the deep capture."""
+        width = len(self.ops)
         position = 0
         call_id = 0
         found = []
@@ -564,7 +657,7 @@ class TrainerMon:
                 codes = host[position + count : position + 2 * count]
                 position += 2 * count
             out = []
-            for row, (tag, _, shape, dtype) in enumerate(rows):
+            for row, (tag, shape, dtype) in enumerate(rows):
                 values = figures[row * width : (row + 1) * width]
                 out.append((tag, values, shape, dtype))
                 if self.rules is not None and shape is not None:  # None: a non-tensor's NaN row (activations.py)
@@ -591,7 +684,7 @@ class TrainerMon:
             self.summary_writer.write(prefix, step, out)
             written.append((prefix, out))
         if self.responder is not None:
-            found.extend(self.responder.spike_records(step, host[position:], call_id))
+            found.extend(self.responder.spike_records(step, host[position:], call_id, series))
         if found:
             found.sort(key=anomalies.execution_order)
             self.anomalies.extend(found)
@@ -601,4 +694,15 @@ class TrainerMon:
             if self.anomaly_file is not None:
                 self.anomaly_file.add(found[: anomalies.RECORDS_PER_STEP])
         if self.responder is not None:
-            self.responder.after_flush(step, written, found, fired)
+            self.responder.after_flush(step, written, found, fired, now)
+
+
+def _at_exit(monitor_ref: weakref.ref[TrainerMon]) -> None:
+    """At the interpreter's exit (an uncaught exception included): the step whose copy is in flight is written."""
+    monitor = monitor_ref()
+    if monitor is None:
+        return
+    try:
+        monitor._drain_at_end()
+    except Exception as error:  # at exit the user's own traceback must stay the last word
+        logger.error("monitor: writing the last step at exit failed: %s", error)

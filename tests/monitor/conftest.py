@@ -129,11 +129,12 @@ HOST_READS = ("item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int_
 def host_reads(monkeypatch):
     """Every host read of a tensor (as tests/runtime/test_host_sync.py spies on them) made under the monitor's code,
     torch code it called included: ``host_reads.calls`` gets (read, the monitor's function, ``host_reads.window[0]``),
-    the window being a flag a training loop may set around its forward, backward and step."""
+    the window being a flag a training loop may set around its forward, backward and step; ``host_reads.tensors``
+    the tensor read by each call, in the same order."""
     import msprobe_runtime.monitor as package
 
     monitor_dir = os.path.dirname(os.path.abspath(package.__file__))
-    reads = types.SimpleNamespace(calls=[], window=[False])
+    reads = types.SimpleNamespace(calls=[], window=[False], tensors=[])
 
     def spy(name, original):
         def wrapper(self, *args, **kwargs):
@@ -141,6 +142,7 @@ def host_reads(monkeypatch):
             while frame is not None:  # a read made by torch code that the monitor called counts too
                 if frame.f_code.co_filename.startswith(monitor_dir):
                     reads.calls.append((name, frame.f_code.co_name, reads.window[0]))
+                    reads.tensors.append(self)
                     break
                 frame = frame.f_back
             return original(self, *args, **kwargs)
