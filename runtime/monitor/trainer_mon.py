@@ -11,8 +11,9 @@ Where the figures come from, and why there (tests/monitor/test_trainer_mon.py ch
   have no step hooks: their instance's step is wrapped (optimizers.py). DTensor shards: sharded.py.
 Every figure stays on the device (metrics.py) until the flush, which stacks the step's figures, the rules' running
 averages and codes into one tensor and copies it to the host once (``_flush``): no host sync in forward, backward
-or the optimizer's update. An error of ours is logged once and the step's figures are dropped; it never reaches
-the training loop.
+or the optimizer's update. On an accelerator the copy does not block: it is read one collected step later
+(``_drain``, transfer.py; docs/monitor.md, "The asynchronous flush"). An error of ours is logged once and the
+step's figures are dropped; it never reaches the training loop.
 """
 
 from __future__ import annotations

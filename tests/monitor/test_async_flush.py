@@ -261,6 +261,29 @@ def test_which_flush_auto_picks(tmp_path, monkeypatch, fake_device):
     assert not transfer.backend_for("npu").accelerated  # no torch_npu: no event known
 
 
+def test_a_replay_set_mid_run_turns_auto_synchronous_and_skips_the_step_in_flight(
+    tmp_path, monkeypatch, fake_device, caplog
+):
+    monkeypatch.setenv("MONITOR_OUTPUT_DIR", str(tmp_path / "out"))
+    fake_device("cuda")
+    config = {"wg_distribution": True, "param_distribution": True, "alert": {"rules": RULES[:1]}}
+
+    def after(step, mon):
+        if step == 2:  # step 2's copy is in flight (auto, async on the 'accelerator')
+            mon.set_replay(lambda: None)
+        if step == 1:
+            with torch.no_grad():
+                mon.params[0][1].view(-1)[0] = float("nan")  # before step 2: NaN from step 2 on
+
+    mon = _loop(tmp_path, config, 4, after)
+    mon.close()
+    assert sorted({record["step"] for record in mon.anomalies}) == [2, 3]
+    assert "step 2: read at step 3, after its batch: not replayed" in caplog.text
+    folder = tmp_path / "out" / "anomaly_detected" / "rank0"
+    assert (folder / "replay_step3.json").exists() and not (folder / "replay_step2.json").exists()
+    assert [entry[0] for entry in FakeEvent.log].count("record") == 3  # steps 0-2 copied; step 3 synchronous
+
+
 def test_the_flush_key_is_checked():
     assert monitor_config.parse({}).flush == "auto"
     assert monitor_config.parse({"flush": "sync"}).flush == "sync"
