@@ -11,6 +11,7 @@ import pytest
 import torch
 
 MSPROBE_SOURCE = Path("/tmp/msp/msp26/msprobe")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def msprobe_source():
@@ -152,3 +153,18 @@ def host_reads(monkeypatch):
     for name in HOST_READS:
         monkeypatch.setattr(torch.Tensor, name, spy(name, getattr(torch.Tensor, name)))
     return reads
+
+
+@pytest.fixture
+def net(tmp_path, monkeypatch):
+    """fixtures/monitor_capture/model.py's ``Net``, rewritten by the compiler (a dump records calls in
+    instrumented code only: tests/monitor/test_deep_capture.py), with the monitor's output under ``tmp_path``."""
+    from msprobe_rewrite.api import rewrite_source
+
+    monkeypatch.setenv("MONITOR_OUTPUT_DIR", str(tmp_path / "monitor_output"))
+    path = tmp_path / "capture_model.py"
+    path.write_bytes(rewrite_source((ROOT / "fixtures" / "monitor_capture" / "model.py").read_bytes()))
+    spec = importlib.util.spec_from_file_location("capture_model", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.Net

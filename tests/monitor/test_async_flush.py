@@ -4,7 +4,6 @@ anomaly.json and flight recorder as the synchronous flush; nothing is lost at cl
 paths run here with fake events (no GPU on this machine)."""
 
 import gc
-import importlib.util
 import json
 import logging
 import os
@@ -388,21 +387,6 @@ def test_a_job_that_dies_still_writes_the_step_in_flight(tmp_path):
     [run_folder] = [p for p in (tmp_path / "out").iterdir() if p.name != "anomaly_detected"]
     text = (run_folder / "grad_reduced_3-3.csv").read_text()
     assert ",3," in text
-
-
-@pytest.fixture
-def net(tmp_path, monkeypatch):
-    """tests/monitor/test_deep_capture.py's model, rewritten by the compiler."""
-    from msprobe_rewrite.api import rewrite_source
-
-    monkeypatch.setenv("MONITOR_OUTPUT_DIR", str(tmp_path / "monitor_output"))
-    path = tmp_path / "capture_model.py"
-    with open(os.path.join(ROOT, "fixtures", "monitor_capture", "model.py"), "rb") as handle:
-        path.write_bytes(rewrite_source(handle.read()))
-    spec = importlib.util.spec_from_file_location("capture_model_async", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.Net
 
 
 @pytest.mark.slow

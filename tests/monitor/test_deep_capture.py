@@ -36,21 +36,6 @@ SPIKE = {
 }
 
 
-@pytest.fixture
-def net(tmp_path, monkeypatch):
-    """The fixture model, rewritten by the compiler (the dump records calls in instrumented code only)."""
-    from msprobe_rewrite.api import rewrite_source
-
-    monkeypatch.setenv("MONITOR_OUTPUT_DIR", str(tmp_path / "monitor_output"))
-    path = tmp_path / "capture_model.py"
-    with open(os.path.join(ROOT, "fixtures", "monitor_capture", "model.py"), "rb") as handle:
-        path.write_bytes(rewrite_source(handle.read()))
-    spec = importlib.util.spec_from_file_location("capture_model_rt", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.Net
-
-
 def _run(tmp_path, net, config, **options):
     return loop.train(str(tmp_path), net, config, **options)
 
