@@ -27,17 +27,20 @@ if "nvidia" not in backends:
     raise SystemExit
 target, options, out = GPUTarget("cuda", 90, 32), {"enable_fp_fusion": False}, []
 names = ["x", "n", "iters", "part", "meta", "tensor", "row0", "rows", "repeat", "code",
-         "d1", "d2", "d3", "s0", "s1", "s2", "s3", "CONTIGUOUS", "WIDE", "BLOCK", "LOW", "TOP"]
-# float8 (LOW 1 to 4): its bytes (*u8), decoded in the kernel
-for x, contiguous, low in (("*bf16", True, 0), ("*fp64", False, 0), ("*u8", True, 1), ("*u8", False, 2),
-                           ("*u8", True, 3), ("*u8", True, 4)):
+         "d1", "d2", "d3", "s0", "s1", "s2", "s3", "CONTIGUOUS", "WIDE", "BLOCK", "LOW", "TOP", "ZEROS", "EPS"]
+# float8 (LOW 1 to 4): its bytes (*u8), decoded in the kernel; ZEROS: the monitor's |x| < eps count
+for x, contiguous, low, zeros in (("*bf16", True, 0, 0), ("*fp64", False, 0, 0), ("*u8", True, 1, 0),
+                                  ("*u8", False, 2, 0), ("*u8", True, 3, 0), ("*u8", True, 4, 0),
+                                  ("*fp32", True, 0, 1), ("*bf16", False, 0, 1)):
     types = {"x": x, "part": "*fp64", "meta": "*i64", **{name: "i64" for name in triton_stats._INTS}}
     signature = {name: types.get(name, "constexpr") for name in names}
     source = ASTSource(triton_stats._partials, signature,
                        constexprs={"CONTIGUOUS": contiguous, "WIDE": x == "*fp64", "BLOCK": triton_stats._BLOCK,
-                                   "LOW": low, "TOP": 448.0 if low else 0.0})
+                                   "LOW": low, "TOP": 448.0 if low else 0.0, "ZEROS": zeros,
+                                   "EPS": 1e-8 if zeros else 0.0})
     kernel = triton.compile(source, target=target, options=options)
-    out.append([x + (f" low {low}" if low else ""), "cubin" in kernel.asm, kernel.asm["ptx"].count("fma.rn")])
+    label = x + (f" low {low}" if low else "") + (" zeros" if zeros else "")
+    out.append([label, "cubin" in kernel.asm, kernel.asm["ptx"].count("fma.rn")])
 for low in (0, 1):
     signature = {"part": "*fp64", "meta": "*i64", "values": "*fp64", "counts": "*fp64", "RB": "constexpr",
                  "LOW": "constexpr"}
@@ -50,6 +53,14 @@ for dt in (0, 1, 2):
     source = ASTSource(triton_stats._partials_many, signature, constexprs={"DT": dt, "BLOCK": triton_stats._BLOCK})
     kernel = triton.compile(source, target=target, options=options)
     out.append([f"many {dt}", "cubin" in kernel.asm, kernel.asm["ptx"].count("fma.rn")])
+# the monitor's figures from its seven-wide partial rows (runtime/monitor/metrics.py's ops, 3 bits each)
+signature = {"part": "*fp64", "rows": "i64", "n": "i64", "repeat": "i64", "scalar": "i64", "out": "*fp32",
+             "K": "constexpr", "CODES": "constexpr", "RB": "constexpr"}
+codes = sum(code << (3 * k) for k, code in enumerate(range(7)))
+source = ASTSource(triton_stats._figures, signature, constexprs={"K": 7, "CODES": codes,
+                                                                  "RB": triton_stats._FINISH_BLOCK})
+kernel = triton.compile(source, target=target, options=options)
+out.append(["figures", "cubin" in kernel.asm, kernel.asm["ptx"].count("fma.rn")])
 print(json.dumps(out))
 """
 
@@ -70,9 +81,12 @@ def test_the_kernels_compile_for_a_gpu():
         ["*u8 low 2", True, 0],
         ["*u8 low 3", True, 0],
         ["*u8 low 4", True, 0],
+        ["*fp32 zeros", True, 0],
+        ["*bf16 zeros", True, 0],
         ["finish", True, 0],
         ["finish low", True, 0],
         ["many 0", True, 0],
         ["many 1", True, 0],
         ["many 2", True, 0],
+        ["figures", True, 0],
     ]
