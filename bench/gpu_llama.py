@@ -57,13 +57,9 @@ SIZES = {
 }
 OURS = ("rewritten, off", "ours L1", "ours mix", "ours L1 fingerprint")
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "hipLaunchKernel")
-ENV = {
-    "PYTHONWARNINGS": "ignore",
-    "TORCHDYNAMO_DISABLE": "1",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "TRANSFORMERS_VERBOSITY": "error",
-}
+# the worker processes' environment, bench/llama_step.py's (eager, as msprobe and the do-it-yourself mode run
+# beside us; the compiled step is bench/compiled_step.py)
+from llama_step import ENV  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------- worker side

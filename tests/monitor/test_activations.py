@@ -11,6 +11,8 @@ import os
 import pytest
 import torch
 
+from .test_trainer_mon import Tagged  # counts the torch functions run on it
+
 
 OPS = ["norm", "min", "max", "mean", "zeros", "nans"]
 XY = {"xy_distribution": True, "ops": OPS, "ndigits": 12}
@@ -223,14 +225,6 @@ def test_plain_tensors_only(tmp_path, monkeypatch):
     """A tensor subclass among a module's inputs is counted (msprobe's numbering) and never read: its row is nan."""
     from msprobe_runtime import TrainerMon
 
-    class Marked(torch.Tensor):
-        reads = 0
-
-        @classmethod
-        def __torch_function__(cls, func, types, args=(), kwargs=None):
-            Marked.reads += 1
-            return super().__torch_function__(func, types, args, kwargs or {})
-
     class Pair(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -245,10 +239,10 @@ def test_plain_tensors_only(tmp_path, monkeypatch):
     optimizer = torch.optim.AdamW(model.parameters())
     mon = TrainerMon(str(tmp_path / "c.json"), params_have_main_grad=False)
     mon.set_monitor(model, optimizer)
-    extra = torch.zeros(3).as_subclass(Marked)
-    Marked.reads = 0
+    extra = torch.zeros(3).as_subclass(Tagged)
+    Tagged.calls = 0
     out, _ = model(torch.randn(2, 4), extra)
-    assert Marked.reads == 0
+    assert Tagged.calls == 0
     out.sum().backward()
     optimizer.step()
     mon.close()
