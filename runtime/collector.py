@@ -46,6 +46,7 @@ from .records import TensorRecord, describe_builtin
 from .selection import Selection
 from .contract import RUNTIME_MODULE
 from .shims import FOREIGN_CALL, MODULE_CALL, NOT_ROUTED
+from .call_effects import CallEffects
 from .checksums import checksum_of
 from .statistics import KIND_EMPTY, LATER, StatBuffer, float8_scaling, float8_view, low_precision_dtypes, tensor_kind
 from .step_state import StepState
@@ -70,6 +71,7 @@ _TENSOR = torch.Tensor
 # whether a class from ``type()`` is a tensor's: one C call that asks the class nothing (foreign.subclass_test)
 _is_tensor_type = subclass_test(_TENSOR)
 _PARAMETER = torch.nn.Parameter
+_inference_mode = torch.is_inference_mode_enabled
 _SIZE = torch.Size
 _DTYPE = torch.dtype
 _DEVICE = torch.device
@@ -134,6 +136,7 @@ class Collector:
         self.operator_names = operators.dump_names(tensor_methods)  # entry -> (left name, reflected name)
         self.truth_name = tensor_methods.get("__bool__")  # a truth test's dump name (Tensor.__bool__)
         self.stats = stats or StatBuffer(config.nan_inf_count)
+        self.effects = CallEffects()  # which calls may have their inputs read after them (call_effects)
         # a call's arguments and outputs described in one native call where it serves (describe_seq)
         self._reuse_min = _reuse_min()
         # the native op's Recorder, None where it does not serve (also backward.hook_module_backward's hooks)
@@ -688,14 +691,23 @@ class Collector:
             if self.plan.want_input:
                 prefix = self.file_stem(forward_name, "input") if self.plan.tensor_task else None
                 fused = self.stats._fused  # the Triton kernels: a device's tensors of the call in one launch
+                after = False
                 if fused:
-                    fused.begin()
+                    # inputs the call leaves as they are: read after it, with its output (call_effects)
+                    after = (
+                        self.plan.want_output
+                        and self.effects.reads_inputs_after(api_name, record_args, record_kwargs)
+                        and not _inference_mode()
+                    )
+                    fused.begin(api_name if after else None)
                 try:
                     entry["input_args"] = self.describe_seq(record_args, prefix)
                     # kwargs is the dict Python packed for the call (or fold_keywords' copy): ours to test
                     entry["input_kwargs"] = self.describe_map(record_kwargs, prefix) if record_kwargs else {}
                 finally:
-                    if fused:
+                    if after:
+                        fused.hold()
+                    elif fused:
                         self.stats.end_call(fused)
         return make(ApiCall, (name, forward_name, entry, backward))
 
@@ -714,6 +726,8 @@ class Collector:
                 finally:
                     if fused:
                         self.stats.end_call(fused)
+                        if fused.changed:
+                            self._inputs_changed(fused)
             if self._arrivals:
                 self.take_arrivals()
             with self._lock:
@@ -746,6 +760,20 @@ class Collector:
                 self.recorder.hook_api(outputs, len(table) - 1)
             else:
                 bw.hook_api_backward(self, backward, outputs)
+
+    def _inputs_changed(self, fused):
+        """Calls that changed an input read after them (``TritonStats.changed``): its statistics are null; each
+        API is said once, and has its inputs read before it from now on."""
+        with self._lock:
+            names, fused.changed[:] = list(fused.changed), []
+        for api_name in names:
+            if api_name not in self.effects.mutating:
+                logger.warning(
+                    "msprobe_runtime: %s changed an input in place; that input's statistics in this call are null, "
+                    "and its inputs are read before it from now on",
+                    api_name,
+                )
+            self.effects.learn(api_name)
 
     def take_arrivals(self):
         """The backward entries of the hooks that the native op ran, made in the order the hooks ran: an API's

@@ -36,9 +36,10 @@ its inputs, its output, a module's keyword inputs, output and parameters) the co
 bfloat16 tensors are queued with their rows taken, and read by one ``_partials_many`` per arena and dtype when
 the records are made, before any user code runs: each program finds its tensor's address, chunk and row in a
 table copied from pinned memory, and reduces the chunk ``_partials`` would, into the same row (the same bits:
-tests/runtime/test_triton_stats.py). Other layouts, float64 and float8 keep a launch of their own. Not yet: the
-tensors of a whole flush in one launch (a tensor must be read at its call; holding it to the flush would keep
-activations alive), nor a call's inputs with its output (the call runs between them).
+tests/runtime/test_triton_stats.py). Other layouts, float64 and float8 keep a launch of their own. The inputs of
+a call that leaves them as they are (``call_effects``) are queued by ``begin(watch)`` and ``hold`` and read with
+its output, after it, each checked against its version counter at the launch. Not yet: the tensors of a whole
+flush in one launch (a tensor must be read at its call; holding it to the flush would keep activations alive).
 """
 
 from __future__ import annotations
@@ -465,6 +466,23 @@ def _forget(pending):
             arena.meta[tensor, 2].fill_(1)
 
 
+def _version(t):
+    """``t``'s version counter; -1 for an inference tensor, which has none (and which nothing outside inference
+    mode may change in place; the collector reads no input after its call inside it)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return -1
+
+
+class _CallState(threading.local):
+    """Per thread: the depth of the calls whose records are being made (``begin``), and the API whose inputs
+    are being queued to be read after it (``begin(watch)``)."""
+
+    depth = 0
+    watch = None
+
+
 class _Arena:
     """The partial rows and metadata of the tensors of one device and slot width, until the flush."""
 
@@ -493,8 +511,11 @@ class TritonStats:
         self._done = []  # group slots of arenas closed before the flush (full)
         # the tensors of one call (``begin``/``end``): contiguous float32/16 and bfloat16 ones, their rows taken,
         # read by one ``_partials_many`` per arena and dtype when the call's records are made
-        self._local = threading.local()
+        self._local = _CallState()
         self._queue = []
+        # API names whose input, read after the call (``begin(watch)``, ``hold``), had moved by the launch: their
+        # statistics left null (call_effects); the collector takes them (``Collector._inputs_changed``)
+        self.changed = []
 
     def add(self, t, width):
         """``(slot, counts slot or None)`` of a plain strided tensor of float32, float16 or bfloat16 (``width``
@@ -540,8 +561,12 @@ class TritonStats:
             if arena is None:
                 arena = self._arenas[key] = _Arena(t.device, max(_ARENA_ROWS, grid), 8 if low else 6)
             row0, tensor = arena.rows, len(arena.slots)
-            if contiguous and not low and code != 3 and getattr(self._local, "depth", 0):
-                self._queue.append((t, n, iters, grid, row0, tensor, repeat, code, arena))
+            local = self._local
+            if contiguous and not low and code != 3 and local.depth:
+                # a tensor read after its call (begin's watch) keeps its version counter as it was at the call
+                watch = local.watch
+                version = _version(t) if watch is not None else None
+                self._queue.append((t, n, iters, grid, row0, tensor, repeat, code, arena, version, watch))
                 arena.rows += grid
                 arena.slots.append(slot)
                 arena.counts.append(counts)
@@ -573,22 +598,43 @@ class TritonStats:
             arena.counts.append(counts)
         return slot, counts
 
-    def begin(self):
+    def begin(self, watch=None):
         """The records of one call begin: its contiguous tensors are read together at ``end``, by the time the
-        call's records are made, before any user code runs (so with the values they had at the call)."""
-        self._local.depth = getattr(self._local, "depth", 0) + 1
+        call's records are made, before any user code runs (so with the values they had at the call).
+        ``watch`` (an API name): these are the inputs of a call that leaves them as they are (call_effects),
+        closed by ``hold``: they wait for the call's output and are read with it, in one launch, and each
+        keeps its version counter, so that one the call changed after all is left null, not read."""
+        local = self._local
+        local.depth += 1
+        if watch is not None:
+            local.watch = watch
+
+    def hold(self):
+        """Close what ``begin(watch)`` opened without launching it: the next ``end`` (the call's output's, or
+        any record's, or the flush) launches it."""
+        local = self._local
+        local.watch = None
+        local.depth -= 1
 
     def end(self):
         """The records of the call ``begin`` opened are made: launch what it queued (nested: the outermost)."""
-        depth = self._local.depth = self._local.depth - 1
-        if depth == 0 and self._queue:
-            with self._lock:
-                self._launch_queue()
+        local = self._local
+        depth = local.depth = local.depth - 1
+        if depth == 0:
+            local.watch = None
+            if self._queue:
+                with self._lock:
+                    self._launch_queue()
 
     def _launch_queue(self):
         """One ``_partials_many`` per arena and dtype over the queued tensors (the lock held), their table of
         programs made on the host and copied to the device from pinned memory, without waiting."""
         queue, self._queue = self._queue, []
+        moved = [item for item in queue if item[9] is not None and item[9] != _version(item[0])]
+        if moved:  # changed by a call thought to leave it alone: null, never the values after the call
+            _forget([moved])
+            self.changed.extend(item[10] for item in moved)
+            queue = [item for item in queue if item[9] is None or item[9] == _version(item[0])]
         groups: dict = {}
         for item in queue:
             groups.setdefault((id(item[8]), item[7]), []).append(item)
@@ -597,7 +643,7 @@ class TritonStats:
             items = pending[0]
             arena, code = items[0][8], items[0][7]
             if len(items) == 1:  # one tensor: its own launch, no table to copy
-                t, n, iters, grid, row0, tensor, repeat, _code, _arena = items[0]
+                t, n, iters, grid, row0, tensor, repeat = items[0][:7]
                 pending.pop(0)
                 try:
                     _partials[(grid,)](
@@ -629,7 +675,7 @@ class TritonStats:
                     raise
                 continue
             table = []
-            for t, n, iters, grid, row0, tensor, repeat, _code, _arena in items:
+            for t, n, iters, grid, row0, tensor, repeat, *_rest in items:
                 address, step = t.data_ptr(), iters * _BLOCK
                 for program in range(grid):
                     table.append((address, n, program * step, iters, row0 + program, tensor, row0, grid, repeat, code))

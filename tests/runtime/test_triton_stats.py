@@ -666,8 +666,9 @@ def test_a_failed_batched_launch_leaves_the_torch_ops(monkeypatch, triton_stats,
 
 
 def test_a_recorded_call_reads_its_inputs_in_one_launch(tmp_path, monkeypatch):
-    """Through the collector: a call of three tensors in and one out costs two launches (its inputs', its
-    output's) where it cost four, and writes the numbers of the torch ops' run (to their rounding)."""
+    """Through the collector: a call of three tensors in and one out that leaves its inputs alone
+    (runtime/call_effects.py) costs one launch, its inputs read after it with its output, where it cost four,
+    and writes the numbers of the torch ops' run (to their rounding), which read the inputs before the call."""
     from msprobe_runtime import collector
 
     g = torch.Generator().manual_seed(14)
@@ -685,9 +686,9 @@ def test_a_recorded_call_reads_its_inputs_in_one_launch(tmp_path, monkeypatch):
     fused = _dump(tmp_path, "fused", calls)
     monkeypatch.setattr(collector, "StatBuffer", lambda counts: StatBuffer(counts, native=False))
     torch_ops = _dump(tmp_path, "torch_ops", calls)
-    # the first call's inputs launched one by one (the first of them makes the kernels); then two launches a
-    # call: its three inputs together, its output alone (no table for one tensor)
-    assert (one.count, many.count) == (3 + len(inputs), len(inputs) - 1)
+    # the first call's inputs launched one by one (the first of them makes the kernels), its output alone; then
+    # one launch a call: its three inputs and its output together
+    assert (one.count, many.count) == (3 + 1, len(inputs) - 1)
     assert sorted(fused) == sorted(torch_ops) and len(fused) == len(inputs)
     for name, entry in torch_ops.items():
         records = fused[name]["input_args"] + fused[name]["output"]
@@ -699,3 +700,82 @@ def test_a_recorded_call_reads_its_inputs_in_one_launch(tmp_path, monkeypatch):
             if t is not None:
                 keys = ("Max", "Min", "Mean", "Norm")
                 same(t.dtype, t, [mine[k] for k in keys], [theirs[k] for k in keys], name)
+
+
+def _recorded(tmp_path, monkeypatch, name, calls):
+    """The dump of ``calls`` through the kernels, and the launches it made (``_partials``, ``_partials_many``)."""
+    from msprobe_runtime import collector
+
+    kernels = triton_stats_module()
+    many, one = Launches(kernels._partials_many), Launches(kernels._partials)
+    monkeypatch.setattr(kernels, "_partials_many", many)
+    monkeypatch.setattr(kernels, "_partials", one)
+    monkeypatch.setattr(collector, "StatBuffer", lambda counts: StatBuffer(counts, native=False, triton_cpu=True))
+    data = _dump(tmp_path, name, calls)
+    return data, one.count + many.count
+
+
+def test_an_in_place_call_has_its_inputs_read_before_it(tmp_path, monkeypatch):
+    """``Tensor.add_`` changes its first input: that input's record holds the values before the call, read by a
+    launch of their own, and the output's the values after (two launches a call, as before call_effects)."""
+    g = torch.Generator().manual_seed(15)
+    pairs = [[on_device(torch.rand(3000, generator=g)) for _ in range(2)] for _ in range(3)]
+    before = [a.max().item() for a, _ in pairs]
+
+    def calls(rt):
+        rt.call("Torch.mul", torch.mul, pairs[0][0], 1.0)  # makes the kernels: every call below is batched
+        for a, b in pairs:
+            rt.call("Tensor.add_", torch.Tensor.add_, a, b)
+
+    data, launches = _recorded(tmp_path, monkeypatch, "in_place", calls)
+    for index, (a, _) in enumerate(pairs):
+        entry = data[f"Tensor.add_.{index}.forward"]
+        assert entry["input_args"][0]["Max"] == pytest.approx(before[index], rel=1e-6)
+        assert entry["output"][0]["Max"] == pytest.approx(a.max().item(), rel=1e-6)
+        assert entry["output"][0]["Max"] > entry["input_args"][0]["Max"]
+    assert launches == 2 + 2 * len(pairs)  # mul: its input alone, its output; then inputs and output apart
+
+
+def test_a_call_that_changes_an_input_after_all_leaves_it_null(tmp_path, monkeypatch, caplog):
+    """A call taken to leave its inputs alone (a Torch name, no ``_``) that changes one in place anyway: the
+    version counter tells at the launch, so that input's statistics are null, never the values after the call;
+    said once, and the API's inputs are read before it from then on (its next call records them right)."""
+    g = torch.Generator().manual_seed(16)
+    tensors = [on_device(torch.rand(3000, generator=g)) for _ in range(3)]
+    before = [t.max().item() for t in tensors]
+
+    def doubles_in_place(x):
+        x.mul_(2)  # inside the recorded call: not a record of its own, but a new version of x
+        return x + 1
+
+    def calls(rt):
+        rt.call("Torch.mul", torch.mul, on_device(torch.ones(3000)), 1.0)  # makes the kernels
+        for t in tensors:
+            rt.call("Torch.doubles_in_place", doubles_in_place, t)
+
+    with caplog.at_level("WARNING", logger="msprobe_runtime"):
+        data, _ = _recorded(tmp_path, monkeypatch, "changed", calls)
+    first = data["Torch.doubles_in_place.0.forward"]
+    assert first["input_args"][0]["Max"] is None and first["input_args"][0]["shape"] == [3000]
+    assert first["output"][0]["Max"] == pytest.approx(2 * before[0] + 1, rel=1e-6)
+    for index in (1, 2):  # read before the call now: the values it was called with
+        entry = data[f"Torch.doubles_in_place.{index}.forward"]
+        assert entry["input_args"][0]["Max"] == pytest.approx(before[index], rel=1e-6)
+    assert caplog.text.count("Torch.doubles_in_place changed an input in place") == 1
+
+
+def test_no_input_is_read_after_its_call_in_inference_mode(tmp_path, monkeypatch):
+    """Inference tensors have no version counter to check: inside inference mode each call's inputs are read
+    before it (two launches a call, not one)."""
+    g = torch.Generator().manual_seed(17)
+    tensors = [on_device(torch.rand(3000, generator=g)) for _ in range(4)]
+
+    def calls(rt):
+        with torch.inference_mode():
+            for t in tensors:
+                rt.call("Torch.exp", torch.exp, t)
+
+    data, launches = _recorded(tmp_path, monkeypatch, "inference", calls)
+    assert launches == 2 * len(tensors)
+    for index, t in enumerate(tensors):
+        assert data[f"Torch.exp.{index}.forward"]["input_args"][0]["Max"] == pytest.approx(t.max().item(), rel=1e-6)
