@@ -31,15 +31,15 @@ other layout of up to 4 dimensions read through its strides (no copy).
 counts |x| < eps into a seventh partial, and ``_figures`` turns one tensor's rows into the monitor's float32
 figures in the order of its ops, on the device (tests/monitor/test_figures_paths.py).
 
-Several tensors per launch: within ``begin``/``end`` (``StatBuffer.one_launch``, around the records of one call:
-its inputs, its output, a module's keyword inputs, output and parameters) the contiguous float32, float16 and
-bfloat16 tensors are queued with their rows taken, and read by one ``_partials_many`` per arena and dtype when
-the records are made, before any user code runs: each program finds its tensor's address, chunk and row in a
-table copied from pinned memory, and reduces the chunk ``_partials`` would, into the same row (the same bits:
-tests/runtime/test_triton_stats.py). Other layouts, float64 and float8 keep a launch of their own. The inputs of
-a call that leaves them as they are (``call_effects``) are queued by ``begin(watch)`` and ``hold`` and read with
-its output, after it, each checked against its version counter at the launch. Not yet: the tensors of a whole
-flush in one launch (a tensor must be read at its call; holding it to the flush would keep activations alive).
+Several tensors per launch: within ``begin``/``end`` (``StatBuffer.one_launch``, around the records of one call: its
+inputs, its output, a module's keyword inputs, output and parameters) the contiguous float32, float16 and bfloat16
+tensors are queued with their rows taken, and read by one ``_partials_many`` per arena and dtype when the records
+are made, before any user code runs: each program finds its tensor's address and first row in a table of a row per
+tensor copied from pinned memory, and reduces the chunk ``_partials`` would, into the same row (the same bits:
+tests/runtime/test_triton_stats.py). Other layouts, float64 and float8 keep a launch of their own. The inputs of a
+call that leaves them as they are (``call_effects``) are queued by ``begin(watch)`` and ``hold`` and read with its
+output, after it, each checked against its version counter at the launch. Not yet: the tensors of a whole flush in
+one launch (a tensor must be read at its call; holding it to the flush would keep activations alive).
 """
 
 from __future__ import annotations
@@ -206,22 +206,30 @@ def _partials(
         tl.store(m + 4, code.to(tl.int64))
 
 
-_TABLE = 10  # a program's row in a batched launch: address, elements, first element, blocks, its partial row,
-# then its tensor's metadata (tensor, first partial row, rows, repeat, dtype code)
+_TABLE = 10  # a tensor's row in a batched launch: address, elements, blocks a program reads, its first program, its
+# programs (= partial rows), its first partial row, its index in the arena, repeat, dtype code, and one unused
+_MANY_MAX = 64  # tensors of one batched launch at most (the table's rows each program looks through)
 
 
-@triton.jit
-def _partials_many(table, part, meta, DT: tl.constexpr, BLOCK: tl.constexpr):
-    """``_partials`` of several contiguous tensors of one dtype (``DT``: 0 float32, 1 float16, 2 bfloat16) in one
-    launch: each program reads its row of ``table`` (``_TABLE``), the tensor's address among them, and reduces
-    the same chunk into the same partial row as ``_partials`` would (so the numbers are the same bits)."""
-    pid = tl.program_id(0)
-    r = table + pid.to(tl.int64) * 10
+@triton.jit(do_not_specialize=["count"])
+def _partials_many(table, part, meta, count, DT: tl.constexpr, BLOCK: tl.constexpr, T: tl.constexpr):
+    """``_partials`` of ``count`` contiguous tensors of one dtype (``DT``: 0 float32, 1 float16, 2 bfloat16) in
+    one launch: ``table`` holds a row per tensor (``_TABLE``: its address among them, and its first program);
+    each program finds its tensor as the last whose first program it has reached (``T``, a power of two of at
+    least ``count``, rows looked at at once), and reduces the chunk ``_partials`` would into the same partial
+    row (so the numbers are the same bits). A row per tensor, not per program: the host writes a handful of
+    numbers per call, whatever the tensors' sizes."""
+    pid = tl.program_id(0).to(tl.int64)
+    k = tl.arange(0, T)
+    firsts = tl.load(table + k * 10 + 3, mask=k < count, other=1 << 62)
+    index = tl.sum((firsts <= pid).to(tl.int32), 0) - 1
+    r = table + index.to(tl.int64) * 10
     address = tl.load(r + 0)
     n = tl.load(r + 1)
-    start = tl.load(r + 2)
-    iters = tl.load(r + 3)
-    row = tl.load(r + 4)
+    iters = tl.load(r + 2)
+    local = pid - tl.load(r + 3)
+    start = local * iters * BLOCK
+    row = tl.load(r + 5) + local
     if DT == 2:
         x = address.to(tl.pointer_type(tl.bfloat16))
     elif DT == 1:
@@ -255,13 +263,13 @@ def _partials_many(table, part, meta, DT: tl.constexpr, BLOCK: tl.constexpr):
     tl.store(out + 3, tl.sum(q, 0).to(tl.float64))
     tl.store(out + 4, tl.sum(nan, 0).to(tl.float64))
     tl.store(out + 5, tl.sum(inf, 0).to(tl.float64))
-    if start == 0:
-        m = meta + tl.load(r + 5) * 5
-        tl.store(m + 0, tl.load(r + 6))
-        tl.store(m + 1, tl.load(r + 7))
+    if local == 0:
+        m = meta + tl.load(r + 6) * 5
+        tl.store(m + 0, tl.load(r + 5))
+        tl.store(m + 1, tl.load(r + 4))
         tl.store(m + 2, n)
-        tl.store(m + 3, tl.load(r + 8))
-        tl.store(m + 4, tl.load(r + 9))
+        tl.store(m + 3, tl.load(r + 7))
+        tl.store(m + 4, tl.load(r + 8))
 
 
 @triton.jit
@@ -674,18 +682,27 @@ class TritonStats:
                     _forget(pending)
                     raise
                 continue
-            table = []
+            if len(items) > _MANY_MAX:  # the rest in launches of their own
+                pending[0:1] = [items[:_MANY_MAX], items[_MANY_MAX:]]
+                items = pending[0]
+            table, first = [], 0
             for t, n, iters, grid, row0, tensor, repeat, *_rest in items:
-                address, step = t.data_ptr(), iters * _BLOCK
-                for program in range(grid):
-                    table.append((address, n, program * step, iters, row0 + program, tensor, row0, grid, repeat, code))
+                table.append((t.data_ptr(), n, iters, first, grid, row0, tensor, repeat, code, 0))
+                first += grid
             try:
                 rows = torch.tensor(table, dtype=torch.int64)
                 device = arena.part.device
                 if device.type != "cpu":
                     rows = rows.pin_memory().to(device, non_blocking=True)
-                _partials_many[(len(table),)](
-                    rows, arena.part, arena.meta, DT=code, BLOCK=_BLOCK, enable_fp_fusion=False
+                _partials_many[(first,)](
+                    rows,
+                    arena.part,
+                    arena.meta,
+                    len(table),
+                    DT=code,
+                    BLOCK=_BLOCK,
+                    T=max(4, 1 << (len(table) - 1).bit_length()),
+                    enable_fp_fusion=False,
                 )
             except Exception:
                 _forget(pending)

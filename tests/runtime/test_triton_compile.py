@@ -49,8 +49,10 @@ for low in (0, 1):
     out.append(["finish" + (" low" if low else ""), "cubin" in kernel.asm, kernel.asm["ptx"].count("fma.rn")])
 # several tensors per launch: their addresses read from a table (int64 to a pointer of the dtype DT)
 for dt in (0, 1, 2):
-    signature = {"table": "*i64", "part": "*fp64", "meta": "*i64", "DT": "constexpr", "BLOCK": "constexpr"}
-    source = ASTSource(triton_stats._partials_many, signature, constexprs={"DT": dt, "BLOCK": triton_stats._BLOCK})
+    signature = {"table": "*i64", "part": "*fp64", "meta": "*i64", "count": "i64", "DT": "constexpr",
+                 "BLOCK": "constexpr", "T": "constexpr"}
+    source = ASTSource(triton_stats._partials_many, signature,
+                       constexprs={"DT": dt, "BLOCK": triton_stats._BLOCK, "T": 8})
     kernel = triton.compile(source, target=target, options=options)
     out.append([f"many {dt}", "cubin" in kernel.asm, kernel.asm["ptx"].count("fma.rn")])
 # the monitor's figures from its seven-wide partial rows (runtime/monitor/metrics.py's ops, 3 bits each)

@@ -605,6 +605,20 @@ def test_the_tensors_of_a_call_in_one_launch_per_dtype(monkeypatch, triton_stats
         assert tally == expected_tally, index
 
 
+def test_more_tensors_than_a_table_holds_take_several_launches(monkeypatch, triton_stats):
+    """A batch of more than ``_MANY_MAX`` tensors of a dtype is launched ``_MANY_MAX`` at a time (a table's rows
+    are what every program looks through), the last one alone by ``_partials``: the same bits."""
+    monkeypatch.setattr(triton_stats, "_MANY_MAX", 2)
+    g = torch.Generator().manual_seed(18)
+    tensors = [on_device(torch.randn(n, generator=g).to(torch.bfloat16)) for n in (3, 2000, 300_000, 9, 70001)]
+    alone = statistics_of(fused_buffer(), tensors)
+    many, one = Launches(triton_stats._partials_many), Launches(triton_stats._partials)
+    monkeypatch.setattr(triton_stats, "_partials_many", many)
+    monkeypatch.setattr(triton_stats, "_partials", one)
+    assert exact(batched_statistics(tensors)) == exact(alone)
+    assert (many.count, one.count) == (2, 1 + 1)  # 2 + 2 + 1, after the buffer's first tensor
+
+
 def test_batched_without_counts_and_nested(triton_stats):
     tensors = mixed_tensors(12)[:15]
     buffer = fused_buffer(False)
