@@ -9,11 +9,19 @@ the user may change the tensor in place); the writer thread waits for the copy a
 copy to the host and no sync. It is two polynomial hashes modulo primes below 2**31,
 ``H = sum((b[k] + 1) * g**k) mod p`` over the bytes ``b`` in memory order of the contiguous tensor, with
 (p, g) = (2**31 - 1, 48271) and (2**31 - 19, 40007), both g primitive roots. Every product and every partial
-sum fits an int64 (see ``_BLOCK``), so the value is exact and the same for the same bits on any device and in
-any layout. A change confined to one byte, so any single flipped bit, always changes it: the byte's term
-moves by ``d * g**k`` with ``0 < |d| < 256 < p``, which is never 0 mod p. For changes unrelated to the bases
-the chance of an equal fingerprint is about ``1 / (p1 * p2)``, 2**-62; the worst case over crafted changes of
-an n-byte tensor is bounded by ``(n / p1) * (n / p2)``. The 16 hex digits are the two hashes, 8 each.
+sum fits an int64 (see ``_BLOCK``, and ``triton_fingerprint``), so the value is exact and the same for the
+same bits on any device and in any layout. A change confined to one byte, so any single flipped bit, always
+changes it: the byte's term moves by ``d * g**k`` with ``0 < |d| < 256 < p``, which is never 0 mod p. For
+changes unrelated to the bases the chance of an equal fingerprint is about ``1 / (p1 * p2)``, 2**-62; the worst
+case over crafted changes of an n-byte tensor is bounded by ``(n / p1) * (n / p2)``. The 16 hex digits are the
+two hashes, 8 each.
+
+Two paths, the same digits for the same bits (tests/runtime/test_triton_fingerprint.py). Where the Triton
+statistics serve (a CUDA or ROCm tensor, ``MSPROBE_TRITON`` on: ``StatBuffer.fused_fingerprint``), a Triton
+kernel (``triton_fingerprint``) reads the bytes once, as uint8 from the tensor's memory, both hashes in the
+same read, with no copy of a contiguous tensor. Elsewhere (the CPU, an NPU, no Triton, a kernel that failed
+here) ``fingerprint_parts`` below serves with torch ops: the bytes widened to int64 a block at a time, reduced
+once per hash against tables of powers.
 
 Statistics slots carry the fingerprint to the host as four 16-bit parts, exact in any float type the flush
 uses.
@@ -62,7 +70,9 @@ def fingerprint_parts(t):
     read); ``t`` must hold data (not meta, sparse or nested) and at least one element."""
     import torch
 
-    flat = t.detach().contiguous().reshape(-1)  # logical order: a copy only where the layout is not dense
+    # logical order: a copy only where the layout is not dense; a negative or conjugate view (whose memory holds
+    # other values, and which ``view`` refuses) resolved into its values
+    flat = t.detach().contiguous().resolve_conj().resolve_neg().reshape(-1)
     raw = flat.view(torch.uint8) if flat.dtype is not torch.uint8 else flat
     n = raw.numel()
     rows = (n + _ROW - 1) // _ROW
@@ -180,7 +190,10 @@ def checksum_of(t, mode, readable, stats):
         return Fixed(FINGERPRINT_KEY, None)
     if t.numel() == 0:
         return Fixed(FINGERPRINT_KEY, EMPTY_FINGERPRINT)
-    return Fingerprint(stats.add_values(fingerprint_parts(t), 4))
+    parts = stats.fused_fingerprint(t)  # one read of the bytes by a Triton kernel, where it serves
+    if parts is None:
+        parts = fingerprint_parts(t)
+    return Fingerprint(stats.add_values(parts, 4))
 
 
 def start_host_copy(t):

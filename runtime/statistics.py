@@ -195,6 +195,9 @@ class StatBuffer:
         # they do not serve; ``triton_cpu`` gives them CPU tensors too (tests, under TRITON_INTERPRET=1)
         self._fused = None
         self._fused_devices = ("cuda", "cpu") if triton_cpu else ("cuda",)
+        # the fingerprint kernel (``triton_fingerprint``) serves these devices' tensors: where the statistics
+        # kernels do, until it fails once
+        self._fingerprint_devices = self._fused_devices
         # the fused op, built or loaded here (the first start() of a run), so one run uses one path throughout
         if native is None:
             from . import native_stats
@@ -370,6 +373,35 @@ class StatBuffer:
         except Exception as error:  # a kernel that does not compile or launch here: the torch ops from now on
             self._fused_devices = ()  # (the tensors it took already are still finished at the flush)
             _fused_failed(error)
+            return None
+
+    def fused_fingerprint(self, t):
+        """The fingerprint parts of ``t`` (readable, at least one element) by the Triton kernel in one read of its
+        bytes (``triton_fingerprint``), launched, not read; None where it does not serve (another device or type,
+        ``MSPROBE_TRITON=0``, no Triton, a kernel that failed here once): ``checksums.fingerprint_parts``'s torch
+        ops serve then, with the same digits (tests/runtime/test_triton_fingerprint.py)."""
+        import torch
+
+        device = t.device.type
+        if device not in self._fingerprint_devices or device not in self._fused_devices:
+            return None  # the CPU path, or the kernels failed here (the statistics': Triton does not serve)
+        t = t.detach()
+        if type(t) is not torch.Tensor:  # a subclass's memory may not be its values: the torch ops serve it
+            return None
+        fused = self._fused
+        if fused is None:
+            fused = self._fused = _fused_stats(self.nan_inf_count) or False
+        if not fused:
+            return None
+        try:
+            from . import triton_fingerprint
+
+            # a layout that is not dense is copied first, as the torch ops do; a negative or conjugate view
+            # resolved into its values (the bytes of the values, as ``checksums.fingerprint_parts``)
+            return triton_fingerprint.fingerprint_parts(t.contiguous().resolve_conj().resolve_neg())
+        except Exception as error:  # a kernel that does not compile or launch here: the torch ops from now on
+            self._fingerprint_devices = ()
+            _fused_failed(error, "fingerprint kernel", "fingerprints")
             return None
 
     def _add_low(self, t, scaling=None):
@@ -706,14 +738,16 @@ def _fused_stats(nan_inf_count):
     return triton_stats.TritonStats(nan_inf_count, Slot, dense_view)
 
 
-def _fused_failed(error):
+def _fused_failed(error, what="statistics kernels", which="statistics"):
     import logging
 
     lines = str(error).strip().splitlines()
     logging.getLogger("msprobe_runtime").warning(
-        "msprobe_runtime: the Triton statistics kernels failed here (%s: %s); statistics use torch ops",
+        "msprobe_runtime: the Triton %s failed here (%s: %s); %s use torch ops",
+        what,
         type(error).__name__,
         lines[0][:200] if lines else "",
+        which,
     )
 
 

@@ -1,8 +1,9 @@
-"""The Triton statistics kernels (runtime/triton_stats.py) compile for a GPU without one: the interpreter of
-tests/runtime/test_triton_stats.py runs what the compiler may refuse (a type it cannot lower, a loop bound it
-cannot take). Compiled for an H100/H200 (sm_90) by the ptxas that ships with Triton, in a fresh interpreter
-without ``TRITON_INTERPRET``, and with no fused multiply-add (``enable_fp_fusion=False``: a square is rounded
-before it is added, as torch does)."""
+"""The Triton statistics kernels (runtime/triton_stats.py) and the fingerprint's (runtime/triton_fingerprint.py)
+compile for a GPU without one: the interpreter of tests/runtime/test_triton_stats.py runs what the compiler may
+refuse (a type it cannot lower, a loop bound it cannot take). Compiled for an H100/H200 (sm_90) by the ptxas
+that ships with Triton, in a fresh interpreter without ``TRITON_INTERPRET``, and with no fused multiply-add
+(``enable_fp_fusion=False``: a square is rounded before it is added, as torch does); the fingerprint's whole
+blocks by 16-byte vector loads where the tensor is aligned."""
 
 import json
 import os
@@ -63,6 +64,22 @@ source = ASTSource(triton_stats._figures, signature, constexprs={"K": 7, "CODES"
                                                                   "RB": triton_stats._FINISH_BLOCK})
 kernel = triton.compile(source, target=target, options=options)
 out.append(["figures", "cubin" in kernel.asm, kernel.asm["ptx"].count("fma.rn")])
+# the fingerprint (runtime/triton_fingerprint.py): a 16-byte-aligned tensor's whole blocks read by vector loads
+from msprobe_runtime import triton_fingerprint as fp
+for single in (True, False):
+    signature = {"x": "*u8", "n": "i64", "iters": "i64", "programs": "i64", "part": "*i64", "out": "*i64",
+                 "ones1": "i64", "ones2": "i64",
+                 **{name: "constexpr" for name in ("P1", "G1", "P2", "G2", "BLOCK", "LOG", "BITS", "SINGLE")}}
+    constexprs = {"P1": fp._P1, "G1": fp._G1, "P2": fp._P2, "G2": fp._G2, "BLOCK": fp._BLOCK,
+                  "LOG": fp._BLOCK.bit_length() - 1, "BITS": fp._BITS, "SINGLE": single}
+    source = ASTSource(fp._hash, signature, constexprs=constexprs, attrs={(0,): [["tt.divisibility", 16]]})
+    kernel = triton.compile(source, target=target, options={**options, "num_warps": fp._WARPS})
+    out.append(["hash" + (" single" if single else ""), "cubin" in kernel.asm, "ld.global.v4" in kernel.asm["ptx"]])
+signature = {"part": "*i64", "programs": "i64", "out": "*i64", "ones1": "i64", "ones2": "i64",
+             "P1": "constexpr", "P2": "constexpr", "RB": "constexpr"}
+source = ASTSource(fp._hash_finish, signature, constexprs={"P1": fp._P1, "P2": fp._P2, "RB": fp._FINISH_BLOCK})
+kernel = triton.compile(source, target=target, options=options)
+out.append(["hash finish", "cubin" in kernel.asm, 0])
 print(json.dumps(out))
 """
 
@@ -91,4 +108,7 @@ def test_the_kernels_compile_for_a_gpu():
         ["many 1", True, 0],
         ["many 2", True, 0],
         ["figures", True, 0],
+        ["hash single", True, True],
+        ["hash", True, True],
+        ["hash finish", True, 0],
     ]

@@ -1,0 +1,383 @@
+"""The fingerprint kernel (runtime/triton_fingerprint.py) gives the digits of the fingerprint's specification
+(``checksums.fingerprint_reference``) and of the torch-op path (``checksums.fingerprint_parts``) on every dtype,
+odd sizes, sizes of several blocks and programs, 0-d tensors, views, strides and offsets, NaN and Inf bit
+patterns; one read of the bytes (one launch, and one small finishing launch past one program's chunk, no
+int64 copy); and the collector's dump is the same through it as through the torch ops. Without a GPU the
+kernels run on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``, as tests/runtime/
+test_triton_stats.py sets it); with one, on CUDA tensors, compiled. Skipped where Triton is not installed."""
+
+import importlib
+import os
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton's first import (tests/conftest.py)
+triton = pytest.importorskip("triton")
+
+from msprobe_runtime import checksums  # noqa: E402
+from msprobe_runtime.statistics import StatBuffer  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+DTYPES = [
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.float64,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+    torch.bool,
+    torch.complex64,
+] + [getattr(torch, name) for name in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, name)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel():
+    """The kernel's module; imported afresh on a CPU-only machine where an earlier import defined its kernels
+    outside the interpreter. Skipped where this Triton's interpreter cannot run a loop of runtime length."""
+    name = "msprobe_runtime.triton_fingerprint"
+    module = sys.modules.get(name)
+    if module is None:
+        module = importlib.import_module(name)
+    elif DEVICE == "cpu":
+        module = importlib.reload(module)
+    if DEVICE == "cpu":
+        try:
+            module.fingerprint_parts(torch.ones(3))
+        except triton.runtime.errors.InterpreterError as error:
+            if "0-dimensional" in str(error):
+                pytest.skip(f"this Triton's interpreter ({triton.__version__}) cannot run the kernels' loops here")
+            if "outside of the scope of a kernel" in str(error):
+                pytest.skip("Triton was imported before TRITON_INTERPRET was set: run with TRITON_INTERPRET=1")
+            raise
+    return module
+
+
+@pytest.fixture(autouse=True)
+def triton_on(monkeypatch):
+    monkeypatch.delenv("MSPROBE_TRITON", raising=False)
+
+
+@pytest.fixture
+def small_blocks(monkeypatch, kernel):
+    """Blocks of 16 bytes, at most 4 programs, 2 blocks in one program's launch, partials summed 2 at a time:
+    every path of the kernels (several blocks a program, several programs, the finishing loop) on tensors of
+    a few hundred bytes, which the interpreter and the pure-Python specification take quickly."""
+    monkeypatch.setattr(kernel, "_BLOCK", 16)
+    monkeypatch.setattr(kernel, "_MAX_PROGRAMS", 4)
+    monkeypatch.setattr(kernel, "_ONE_PROGRAM", 2)
+    monkeypatch.setattr(kernel, "_FINISH_BLOCK", 2)
+    return kernel
+
+
+def on_device(t):
+    return t.to(DEVICE)
+
+
+def raw_bytes(t):
+    flat = t.detach().cpu().contiguous().resolve_conj().resolve_neg().reshape(-1)
+    return bytes(flat.view(torch.uint8).tolist()) if flat.numel() else b""
+
+
+def sample(dtype, shape, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    if dtype is torch.bool:
+        return torch.randint(0, 2, shape, generator=generator).bool()
+    if dtype is torch.uint8:
+        return torch.randint(0, 256, shape, generator=generator, dtype=torch.uint8)
+    if dtype.is_floating_point or dtype.is_complex:
+        return (torch.randn(shape, generator=generator, dtype=torch.float64) * 3).to(dtype)
+    info = torch.iinfo(dtype)
+    return torch.randint(max(info.min, -1000), min(info.max, 1000), shape, generator=generator, dtype=dtype)
+
+
+def fused_buffer():
+    return StatBuffer(nan_inf_count=False, native=False, triton_cpu=DEVICE == "cpu")
+
+
+def by_kernel(t):
+    """The kernel's digits for ``t`` through ``StatBuffer.fused_fingerprint`` (None where it did not serve)."""
+    parts = fused_buffer().fused_fingerprint(t)
+    return None if parts is None else checksums.fingerprint_hex(parts.tolist())
+
+
+def by_torch_ops(t):
+    return checksums.fingerprint_hex(checksums.fingerprint_parts(t).tolist())
+
+
+def check(t):
+    """The kernel's digits are the specification's and the torch ops'; returned."""
+    mine = by_kernel(t)
+    assert mine is not None
+    expected = checksums.fingerprint_reference(raw_bytes(t))
+    assert mine == expected, (t.dtype, tuple(t.shape), t.stride())
+    assert by_torch_ops(t) == expected
+    return mine
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(), (1,), (3,), (1023,), (1025,), (3, 5, 7)], ids=str)
+def test_every_dtype_is_the_specification(dtype, shape):
+    check(on_device(sample(dtype, shape)))
+
+
+@pytest.mark.parametrize("numel", [1, 3, 1023, 1025, 4096, 4097])
+def test_odd_sizes_of_bytes(numel):
+    check(on_device(sample(torch.uint8, (numel,), seed=numel)))
+
+
+def test_past_one_program(kernel):
+    """Past ``_ONE_PROGRAM`` blocks at the real block size: several programs, their partials finished."""
+    n = kernel._BLOCK * kernel._ONE_PROGRAM + 5
+    assert kernel.plan(n)[1] > 1
+    check(on_device(sample(torch.uint8, (n,), seed=1)))
+    check(on_device(sample(torch.bfloat16, (n // 2 + 1,), seed=2)))
+
+
+@pytest.mark.parametrize("numel", [1, 15, 16, 17, 32, 33, 64, 65, 127, 128, 129, 200, 517])
+def test_sizes_over_blocks_and_programs(small_blocks, numel):
+    iters, programs = small_blocks.plan(numel)
+    assert programs <= small_blocks._MAX_PROGRAMS and iters * programs * 16 >= numel
+    check(on_device(sample(torch.uint8, (numel,), seed=numel)))
+
+
+def test_more_programs_where_a_program_would_hash_too_many_blocks(small_blocks, monkeypatch):
+    """A program hashes at most ``_MAX_ITERS`` blocks (its int64 accumulators' bound): more programs then,
+    past ``_MAX_PROGRAMS``, and past one round of the finishing loop."""
+    monkeypatch.setattr(small_blocks, "_MAX_ITERS", 2)
+    assert small_blocks.plan(300) == (2, 10)
+    check(on_device(sample(torch.uint8, (300,), seed=3)))
+    check(on_device(sample(torch.float32, (77,), seed=4)))
+
+
+def test_views_strides_and_offsets():
+    base = on_device(sample(torch.float32, (6, 10, 9), seed=5))
+    half = on_device(sample(torch.bfloat16, (33,), seed=6))
+    bytes_ = on_device(sample(torch.uint8, (101,), seed=7))
+    views = [
+        base.transpose(0, 2),  # permuted
+        base[:, ::3, 1:],  # strided slice
+        base[2],  # offset view
+        base[:, 4, :].unsqueeze(1).expand(6, 5, 9),  # broadcast
+        base.unfold(1, 4, 3),  # overlapping windows
+        half[1:],  # an offset of one 2-byte element
+        bytes_[3:],  # an address that is no multiple of anything
+        bytes_[1::2],
+        torch._neg_view(base),  # its memory holds the values negated: the values' bytes
+        on_device(sample(torch.complex64, (4, 3), seed=8)).conj(),  # likewise, conjugated
+        on_device(sample(torch.int64, (5, 6), seed=9)).t(),
+    ]
+    seen = [check(view) for view in views]
+    assert check(base.transpose(0, 2).contiguous()) == seen[0]  # the same bits in any layout
+    assert seen[8] != check(base)
+
+
+def test_zero_dim_and_empty(monkeypatch, kernel):
+    for value, dtype in ((2.5, torch.float32), (-0.0, torch.float16), (7, torch.int64), (True, torch.bool)):
+        check(on_device(torch.tensor(value, dtype=dtype)))
+    launched = Launches(kernel._hash)
+    monkeypatch.setattr(kernel, "_hash", launched)
+    for empty in (torch.zeros(0), torch.zeros(0, 3, dtype=torch.bfloat16)):
+        record = checksums.checksum_of(on_device(empty), "fingerprint", True, fused_buffer())
+        assert record.value() == checksums.EMPTY_FINGERPRINT
+    assert launched.count == 0
+
+
+def test_nan_and_inf_bit_patterns():
+    patterns = [0x7FC00000, 0xFFC00000, 0x7F800001, 0x7FFFFFFF, 0x7F800000, 0xFF800000, 0x00000001, 0x80000000]
+    words = torch.tensor([p - (1 << 32) if p >= 1 << 31 else p for p in patterns], dtype=torch.int32)
+    floats = on_device(words.view(torch.float32))
+    check(floats)
+    digits = {check(floats[k : k + 1]) for k in range(len(patterns))}
+    assert len(digits) == len(patterns)  # NaNs of other payloads or signs differ: bits, not values
+    check(on_device(torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0], dtype=torch.bfloat16)))
+
+
+def test_every_single_bit_flip_changes_it():
+    t = on_device(sample(torch.float16, (3,), seed=10))
+    original = check(t)
+    seen = {original}
+    words = t.view(torch.int16)
+    for element in range(3):
+        for bit in range(16):
+            changed = words.clone()
+            changed[element] ^= torch.tensor(1 << bit if bit < 15 else -(1 << 15), dtype=torch.int16)
+            value = by_kernel(changed.view(torch.float16))
+            assert value != original, (element, bit)
+            seen.add(value)
+    assert len(seen) == 1 + 3 * 16
+
+
+class Launches:
+    """Counts the launches of a kernel of the module, then launches it; ``inside``: whether one is running (the
+    interpreter copies its arguments, which is none of the runtime's doing)."""
+
+    inside = False
+
+    def __init__(self, kernel):
+        self.kernel, self.count = kernel, 0
+
+    def __getitem__(self, grid):
+        self.count += 1
+        launch = self.kernel[grid]
+
+        def run(*args, **kwargs):
+            Launches.inside = True
+            try:
+                return launch(*args, **kwargs)
+            finally:
+                Launches.inside = False
+
+        return run
+
+
+def test_one_read_of_the_bytes(monkeypatch, kernel):
+    """A tensor's fingerprint is one launch of ``_hash`` (and one ``_hash_finish`` past one program's chunk):
+    the torch ops (which widen the bytes to int64) are never called, and no tensor is converted (``to``) outside
+    the kernels' launches."""
+    hashed, finished = Launches(kernel._hash), Launches(kernel._hash_finish)
+    monkeypatch.setattr(kernel, "_hash", hashed)
+    monkeypatch.setattr(kernel, "_hash_finish", finished)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the torch ops' fingerprint was called")
+
+    converted = []
+    original_to = torch.Tensor.to
+
+    def to(self, *args, **kwargs):
+        if not Launches.inside:
+            converted.append((self.numel(), args, kwargs))
+        return original_to(self, *args, **kwargs)
+
+    small = on_device(sample(torch.bfloat16, (1000,), seed=11))
+    large = on_device(sample(torch.uint8, (kernel._BLOCK * kernel._ONE_PROGRAM + 1,), seed=12))
+    buffer = fused_buffer()
+    monkeypatch.setattr(checksums, "fingerprint_parts", refused)
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    records = [checksums.checksum_of(t, "fingerprint", True, buffer) for t in (small, large)]
+    assert (hashed.count, finished.count) == (2, 1)
+    assert converted == []
+    monkeypatch.undo()
+    buffer.take()
+    assert [r.value() for r in records] == [checksums.fingerprint_reference(raw_bytes(t)) for t in (small, large)]
+
+
+def test_no_host_sync_and_the_values_at_record_time():
+    synced = []
+    t = on_device(sample(torch.float32, (5000,), seed=13))
+    before = raw_bytes(t)
+    buffer = fused_buffer()
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__"):
+            original = getattr(torch.Tensor, name)
+            patch.setattr(
+                torch.Tensor, name, lambda self, *a, _n=name, _o=original, **k: synced.append(_n) or _o(self, *a, **k)
+            )
+        record = checksums.checksum_of(t, "fingerprint", True, buffer)
+    assert synced == []
+    t.add_(1.0)  # changed in place before the flush
+    buffer.take()
+    assert record.value() == checksums.fingerprint_reference(before)
+
+
+def test_a_kernel_that_fails_here_leaves_the_torch_ops(monkeypatch, kernel, caplog):
+    """Said once; the torch ops' digits from then on (the same digits), not nulls."""
+
+    class Broken:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                raise RuntimeError("PTX .version 9.9 does not support .target sm_999")
+
+            return launch
+
+    monkeypatch.setattr(kernel, "_hash", Broken())
+    buffer = fused_buffer()
+    tensors = [on_device(sample(torch.float32, (n,), seed=n)) for n in (10, 300)]
+    with caplog.at_level("WARNING", logger="msprobe_runtime"):
+        records = [checksums.checksum_of(t, "fingerprint", True, buffer) for t in tensors]
+    warnings = [r.getMessage() for r in caplog.records if "Triton" in r.getMessage()]
+    assert len(warnings) == 1 and "fingerprint" in warnings[0] and "sm_999" in warnings[0], warnings
+    buffer.take()
+    assert [r.value() for r in records] == [checksums.fingerprint_reference(raw_bytes(t)) for t in tensors]
+    assert buffer._fingerprint_devices == () and buffer._fused  # the statistics kernels still serve
+
+
+def test_where_triton_does_not_serve_the_torch_ops(monkeypatch, kernel):
+    launched = Launches(kernel._hash)
+    monkeypatch.setattr(kernel, "_hash", launched)
+    t = on_device(sample(torch.float32, (20,)))
+    assert StatBuffer(native=False).fused_fingerprint(torch.ones(3)) is None  # the CPU path: never Triton
+    monkeypatch.setenv("MSPROBE_TRITON", "0")
+    buffer = fused_buffer()
+    assert buffer.fused_fingerprint(t) is None and buffer._fused is False
+    record = checksums.checksum_of(t, "fingerprint", True, buffer)
+    buffer.take()
+    assert record.value() == checksums.fingerprint_reference(raw_bytes(t))
+    assert launched.count == 0
+
+
+def _dump(tmp_path, name, calls):
+    import glob
+    import json
+
+    import msprobe_runtime as rt
+    from msprobe_runtime import PrecisionDebugger
+
+    config = tmp_path / f"{name}.json"
+    config.write_text(
+        json.dumps({"dump_path": str(tmp_path / name), "level": "L1", "statistics": {"summary_mode": "fingerprint"}})
+    )
+    debugger = PrecisionDebugger(config_path=str(config))
+    debugger.start()
+    try:
+        calls(rt)
+    finally:
+        debugger.stop()
+        debugger.wait()
+    [path] = glob.glob(os.path.join(glob.escape(str(tmp_path / name)), "step0", "*", "dump.json"))
+    with open(path) as handle:
+        return json.load(handle)["data"]
+
+
+def test_the_dump_through_the_kernel(tmp_path, monkeypatch, kernel):
+    """A recorded run with summary_mode fingerprint writes the same fingerprints through the kernel as through
+    the torch ops: each the specification's digits of the bytes the call saw."""
+    from msprobe_runtime import collector
+
+    tensors = [
+        on_device(t)
+        for t in (
+            sample(torch.bfloat16, (3000,), seed=14),
+            sample(torch.float32, (5, 7), seed=15).t(),
+            torch.tensor(2.5, dtype=torch.float16),
+            sample(torch.int64, (40,), seed=16),
+            torch.tensor([1.0, float("nan"), float("inf")]),
+            torch.zeros(0),
+        )
+    ]
+
+    def calls(rt):
+        for t in tensors:
+            rt.call("Torch.clone", torch.clone, t)
+
+    launched = Launches(kernel._hash)
+    monkeypatch.setattr(kernel, "_hash", launched)
+    monkeypatch.setattr(collector, "StatBuffer", lambda counts: StatBuffer(counts, native=False, triton_cpu=True))
+    fused = _dump(tmp_path, "fused", calls)
+    monkeypatch.setattr(collector, "StatBuffer", lambda counts: StatBuffer(counts, native=False))
+    torch_ops = _dump(tmp_path, "torch_ops", calls)
+    assert launched.count == 2 * (len(tensors) - 1)  # each call's input and output; none for the empty one
+    assert sorted(fused) == sorted(torch_ops) and len(fused) == len(tensors)
+    for index, t in enumerate(tensors):
+        name = f"Torch.clone.{index}.forward"
+        for field in ("input_args", "output"):
+            mine, theirs = fused[name][field][0], torch_ops[name][field][0]
+            assert mine["fingerprint"] == theirs["fingerprint"] == checksums.fingerprint_reference(raw_bytes(t))
