@@ -102,12 +102,12 @@ def fingerprint_parts(t):
             total = (row_sums * multipliers[lane][first_row : first_row + count] % p).sum() % p
             sums[lane] = total if sums[lane] is None else (sums[lane] + total) % p
     # the "+ 1" of every byte, summed in closed form: sum of g**k for k < n
-    sums = [(total + _geometric(g, n, p)) % p for total, (p, g) in zip(sums, LANES)]
+    sums = [(total + geometric_sum(g, n, p)) % p for total, (p, g) in zip(sums, LANES)]
     h1, h2 = sums
     return torch.stack((h1 >> 16, h1 & 0xFFFF, h2 >> 16, h2 & 0xFFFF))
 
 
-def _geometric(g, n, p):
+def geometric_sum(g, n, p):
     """``sum(g**k for k < n) mod p``."""
     return (pow(g, n, p) - 1) * pow(g - 1, -1, p) % p
 

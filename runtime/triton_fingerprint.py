@@ -13,7 +13,7 @@ lane ``j`` of a block accumulates ``b * G``, ``G = g**(block offset) mod p`` a s
 lanes are weighted by ``g**j`` at the end and the chunk's sum by ``g**(chunk start)`` (square-and-multiply in
 the kernel). Whole blocks are loaded without a mask (16-byte vector loads where the tensor's address allows);
 the last, partial block by the last program, masked. The "+ 1" of every byte is a closed form of ``n``
-(``checksums._geometric``, a host int), added at the end. A tensor of at most ``_ONE_PROGRAM`` blocks is one
+(``checksums.geometric_sum``, a host int), added at the end. A tensor of at most ``_ONE_PROGRAM`` blocks is one
 program, which writes the four 16-bit parts itself: one launch. A larger one writes one partial per program
 and lane, and ``_hash_finish`` (one program) sums them mod p: two launches. No atomics: the same bits give
 the same digits whatever the scheduling.
@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .checksums import LANES, _geometric
+from .checksums import LANES, geometric_sum
 
 _BLOCK = 4096  # bytes a program loads at once (a power of two; tests make it small)
 _MAX_PROGRAMS = 1024  # programs of a large tensor: each then hashes several blocks
@@ -155,7 +155,7 @@ def fingerprint_parts(t):
     raw = t.reshape(-1).view(torch.uint8)  # its memory as bytes: no copy
     n = raw.numel()
     iters, programs = plan(n)
-    ones1, ones2 = _geometric(_G1, n, _P1), _geometric(_G2, n, _P2)
+    ones1, ones2 = geometric_sum(_G1, n, _P1), geometric_sum(_G2, n, _P2)
     single = programs == 1
     buffer = torch.empty(4 if single else 4 + 2 * programs, dtype=torch.int64, device=raw.device)
     out = buffer[:4]
