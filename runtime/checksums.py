@@ -32,7 +32,8 @@ from __future__ import annotations
 import threading
 import zlib
 
-LANES = ((2147483647, 48271), (2147483629, 40007))
+from .fingerprint_lanes import LANES, geometric_sum
+
 # bytes per row of the power table: a row sums at most 2**20 products below 2**8 * 2**31 (< 2**60)
 _ROW = 1 << 20
 _BLOCK = 16 * _ROW  # bytes widened to int64 at a time: 128 MiB of temporaries, whatever the tensor's size
@@ -105,11 +106,6 @@ def fingerprint_parts(t):
     sums = [(total + geometric_sum(g, n, p)) % p for total, (p, g) in zip(sums, LANES)]
     h1, h2 = sums
     return torch.stack((h1 >> 16, h1 & 0xFFFF, h2 >> 16, h2 & 0xFFFF))
-
-
-def geometric_sum(g, n, p):
-    """``sum(g**k for k < n) mod p``."""
-    return (pow(g, n, p) - 1) * pow(g - 1, -1, p) % p
 
 
 def fingerprint_hex(parts):

@@ -13,7 +13,7 @@ lane ``j`` of a block accumulates ``b * G``, ``G = g**(block offset) mod p`` a s
 lanes are weighted by ``g**j`` at the end and the chunk's sum by ``g**(chunk start)`` (square-and-multiply in
 the kernel). Whole blocks are loaded without a mask (16-byte vector loads where the tensor's address allows);
 the last, partial block by the last program, masked. The "+ 1" of every byte is a closed form of ``n``
-(``checksums.geometric_sum``, a host int), added at the end. A tensor of at most ``_ONE_PROGRAM`` blocks is one
+(``fingerprint_lanes.geometric_sum``, a host int), added at the end. A tensor of at most ``_ONE_PROGRAM`` blocks is one
 program, which writes the four 16-bit parts itself: one launch. A larger one writes one partial per program
 and lane, and ``_hash_finish`` (one program) sums them mod p: two launches. No atomics: the same bits give
 the same digits whatever the scheduling.
@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .checksums import LANES, geometric_sum
+from .fingerprint_lanes import LANES, geometric_sum
 
 _BLOCK = 4096  # bytes a program loads at once (a power of two; tests make it small)
 _MAX_PROGRAMS = 1024  # programs of a large tensor: each then hashes several blocks
