@@ -19,6 +19,7 @@ SMALL = [
     ("megatron_step.py", ["--steps", "3", "--rounds", "1"]),
     ("llama_step.py", ["--small"]),
     ("gpu_llama.py", ["--device", "cpu", "--size", "tiny"]),
+    ("triton_launches.py", ["--hidden", "64", "--steps", "2"]),
     ("checksums.py", ["--sizes", "1024,262144", "--steps", "3", "--rounds", "1"]),
     ("statistics_pass.py", []),
     ("statistics_share.py", ["--steps", "5"]),
@@ -34,6 +35,7 @@ SMALL = [
 FULL_OPTIONS = {
     "rewrite_memory.py": ["--full"],  # its own default is the small sizes
     "gpu_llama.py": ["--device", "cpu", "--size", "small"],  # its own default is CUDA
+    "triton_launches.py": ["--hidden", "128", "--steps", "3"],
 }
 FULL = [(script, FULL_OPTIONS.get(script, [])) for script, _ in SMALL]
 
