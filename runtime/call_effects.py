@@ -7,14 +7,14 @@ call, which is what msprobe's pre-hook reads. A call may change its inputs when 
 ``__iadd__``, ``__setitem__``), writes an ``out=`` tensor, has an ``inplace`` switch (torch.nn.functional's
 activations and dropouts), updates running statistics (the batch and instance norms), renormalises its weight
 (``embedding``'s ``max_norm``), runs other recorded code (``backward``), or is not one of torch's own functions
-(NPU, distributed, MindSpeed, compiled code): those have their inputs read before the call, as every call did
-before.
+(NPU, distributed, MindSpeed, compiled code, a name in torch's namespaces that torch does not have): those have
+their inputs read before the call, as every call did before.
 
 torch bumps a tensor's version counter at every in-place write made through its dispatcher, so a call that changes a
 deferred input anyway is caught when the launch is made (``TritonStats``): that input's statistics are null, never
-the values after the call, and ``learn`` keeps the API's inputs read before it for the rest of the run. A write
-that bypasses the dispatcher (an extension's kernel writing through a pointer) moves no counter: that is why only
-torch's own functions are read after.
+the values after the call, and ``learn`` keeps the API's inputs read before it for the rest of the run. A write that
+bypasses the dispatcher (an extension's kernel writing through a pointer) moves no counter: that is why only torch's
+own functions are read after.
 """
 
 from __future__ import annotations
@@ -81,7 +81,20 @@ def _decide(api_name):
         return None
     if api_name.startswith("Functional."):
         return _inplace_position(method)
-    return -1
+    # a name a user's catalogue gave a function of its own (``custom``) is not torch's: nothing known of it
+    return -1 if _torch_attribute(api_name.startswith("Tensor."), method) is not None else None
+
+
+def _torch_attribute(of_tensor, dotted):
+    """torch's (or torch.Tensor's) attribute ``dotted`` (``linalg.norm``), or None where torch has none."""
+    import torch
+
+    found = torch.Tensor if of_tensor else torch
+    for part in dotted.split("."):
+        found = getattr(found, part, None)
+        if found is None:
+            return None
+    return found
 
 
 def _inplace_position(name):

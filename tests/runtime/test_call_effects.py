@@ -23,6 +23,7 @@ from msprobe_runtime.call_effects import CallEffects  # noqa: E402
         ("Functional.dropout", (1, 0.1, True), {}),
         ("Functional.embedding", (1, 2, 0), {"max_norm": None}),
         ("Torch.layer_norm", (1, (4,)), {}),
+        ("Torch.linalg.vector_norm", (1,), {}),
     ],
 )
 def test_calls_that_leave_their_inputs_alone(api_name, args, kwargs):
@@ -52,6 +53,8 @@ def test_calls_that_leave_their_inputs_alone(api_name, args, kwargs):
         ("MindSpeed.npu_rotary_position_embedding", (1,), {}),
         ("Compiled.step", (1,), {}),
         ("Functional.not_in_torch", (1,), {}),  # nothing known of it
+        ("Torch.not_in_torch", (1,), {}),  # a user's catalogue names its own function so: not torch's
+        ("Tensor.not_a_method", (1,), {}),
     ],
 )
 def test_calls_that_may_change_an_input_read_it_first(api_name, args, kwargs):
@@ -60,10 +63,10 @@ def test_calls_that_may_change_an_input_read_it_first(api_name, args, kwargs):
 
 def test_an_api_seen_changing_an_input_is_read_first_from_then_on():
     effects = CallEffects()
-    assert effects.reads_inputs_after("Torch.custom_looking_pure", (1,), {})
-    effects.learn("Torch.custom_looking_pure")
-    assert not effects.reads_inputs_after("Torch.custom_looking_pure", (1,), {})
-    assert effects.mutating == {"Torch.custom_looking_pure"}
+    assert effects.reads_inputs_after("Torch.exp", (1,), {})
+    effects.learn("Torch.exp")
+    assert not effects.reads_inputs_after("Torch.exp", (1,), {})
+    assert effects.mutating == {"Torch.exp"}
     assert effects.reads_inputs_after("Torch.matmul", (1, 2), {})
 
 

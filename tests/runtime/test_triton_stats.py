@@ -751,9 +751,10 @@ def test_an_in_place_call_has_its_inputs_read_before_it(tmp_path, monkeypatch):
 
 
 def test_a_call_that_changes_an_input_after_all_leaves_it_null(tmp_path, monkeypatch, caplog):
-    """A call taken to leave its inputs alone (a Torch name, no ``_``) that changes one in place anyway: the
-    version counter tells at the launch, so that input's statistics are null, never the values after the call;
-    said once, and the API's inputs are read before it from then on (its next call records them right)."""
+    """A call taken to leave its inputs alone (recorded as ``Torch.exp``, torch's own name, no ``_``) that
+    changes one in place anyway: the version counter tells at the launch, so that input's statistics are null,
+    never the values after the call; said once, and the API's inputs are read before it from then on (its next
+    call records them right)."""
     g = torch.Generator().manual_seed(16)
     tensors = [on_device(torch.rand(3000, generator=g)) for _ in range(3)]
     before = [t.max().item() for t in tensors]
@@ -765,17 +766,17 @@ def test_a_call_that_changes_an_input_after_all_leaves_it_null(tmp_path, monkeyp
     def calls(rt):
         rt.call("Torch.mul", torch.mul, on_device(torch.ones(3000)), 1.0)  # makes the kernels
         for t in tensors:
-            rt.call("Torch.doubles_in_place", doubles_in_place, t)
+            rt.call("Torch.exp", doubles_in_place, t)
 
     with caplog.at_level("WARNING", logger="msprobe_runtime"):
         data, _ = _recorded(tmp_path, monkeypatch, "changed", calls)
-    first = data["Torch.doubles_in_place.0.forward"]
+    first = data["Torch.exp.0.forward"]
     assert first["input_args"][0]["Max"] is None and first["input_args"][0]["shape"] == [3000]
     assert first["output"][0]["Max"] == pytest.approx(2 * before[0] + 1, rel=1e-6)
     for index in (1, 2):  # read before the call now: the values it was called with
-        entry = data[f"Torch.doubles_in_place.{index}.forward"]
+        entry = data[f"Torch.exp.{index}.forward"]
         assert entry["input_args"][0]["Max"] == pytest.approx(before[index], rel=1e-6)
-    assert caplog.text.count("Torch.doubles_in_place changed an input in place") == 1
+    assert caplog.text.count("Torch.exp changed an input in place") == 1
 
 
 def test_no_input_is_read_after_its_call_in_inference_mode(tmp_path, monkeypatch):
