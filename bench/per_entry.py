@@ -17,12 +17,22 @@ output records (metadata, and the statistics by the native op where it serves), 
 ``in_api`` bookkeeping, the shim and the call itself).
 
     python bench/per_entry.py [--calls 2000] [--rounds 7] [--depth 40] [--device cpu] [--json FILE]
-                              [--before FILE --svg docs/per_entry.svg]
+                              [--stats {default,torch-ops,triton-stub}] [--before FILE --svg docs/per_entry.svg]
 
 ``--device cuda``: the tensors of the calls on that device (the accelerator's host path: the statistics launched
 there, by the Triton kernels or the torch ops, where on the CPU the native op serves); the device is
 synchronised after each timed body, so the time is the host's unless the device falls behind. Run it beside
 ``--device cpu`` on the same machine: issue 31 asks the device's per-entry time within 1.5x of the CPU's.
+
+``--stats``: which statistics path the collector's ``StatBuffer`` takes. ``default``: as a run would (the native op
+on CPU tensors where it builds). ``torch-ops``: the torch ops only (``native=False``), the path of an NPU or of a
+device without Triton. ``triton-stub``: the Python host work of the device path (``triton_stats``) measured on the
+CPU, where no GPU is: ``TRITON_INTERPRET=1`` is set before Triton's import, the StatBuffer serves CPU tensors by the
+Triton path (``triton_cpu=True``), and its kernels (``_partials``, ``_partials_few`` where the runtime has it,
+``_partials_many``, ``_finish``) are replaced by stubs that launch nothing, so what remains is our host work per
+tensor and per call. Not in it: the Triton launcher's own cost per launch (binding and specialising its
+arguments, the driver's launch), nor a pinned host-to-device copy's (``_partials_many``'s table); measure those
+with ``--device cuda`` where a GPU is. Requires ``--device cpu``.
 
 ``--before FILE``: a ``--json`` of another runtime (run with that runtime first on ``PYTHONPATH``), drawn
 beside this run's figures in ``--svg``, each as a multiple of its own run's plain call.
@@ -79,6 +89,37 @@ def finish(debugger):
 """
 
 
+def choose_stats(which):
+    """Make the collector's StatBuffer take the statistics path ``which`` (``--stats``)."""
+    if which == "default":
+        return
+    from msprobe_runtime import collector, statistics
+
+    if which == "torch-ops":
+        collector.StatBuffer = lambda counts: statistics.StatBuffer(counts, native=False)
+        return
+    from msprobe_runtime import triton_stats
+
+    class Stub:
+        """A kernel that launches nothing: ``kernel[grid](...)`` returns None."""
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: None
+
+    class Finish:
+        """``_finish`` stubbed: zeros for its numbers (written at the flush, outside the timed bodies), so that
+        the dump is written as a run's, without the garbage of arenas no kernel filled."""
+
+        def __getitem__(self, grid):
+            return lambda part, meta, values, counts, **kwargs: (values.zero_(), counts.zero_())
+
+    for name in ("_partials", "_partials_few", "_partials_many"):  # those of this runtime (an older has fewer)
+        if hasattr(triton_stats, name):
+            setattr(triton_stats, name, Stub())
+    triton_stats._finish = Finish()
+    collector.StatBuffer = lambda counts: statistics.StatBuffer(counts, native=False, triton_cpu=True)
+
+
 def best_seconds(fn, rounds, sync=lambda: None):
     best = float("inf")
     for _ in range(rounds):
@@ -96,14 +137,27 @@ def main():
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--depth", type=int, default=40)
     parser.add_argument("--device", default="cpu", help="where the calls' tensors live (cpu, cuda, ...)")
+    parser.add_argument(
+        "--stats",
+        choices=("default", "torch-ops", "triton-stub"),
+        default="default",
+        help="the statistics path: as a run takes it, the torch ops only, or the Triton host path with its kernels "
+        "stubbed (on CPU tensors)",
+    )
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--before", help="figures of an earlier runtime (its --json), for --svg")
     parser.add_argument("--svg", help="a bar chart of the added time per entry, beside --before's")
     args = parser.parse_args()
+    if args.stats == "triton-stub":
+        if args.device != "cpu":
+            parser.error("--stats triton-stub runs on CPU tensors (--device cpu)")
+        os.environ["TRITON_INTERPRET"] = "1"  # read when triton is imported: before msprobe_runtime imports it
     import torch
 
     import msprobe_runtime
     from msprobe_runtime import PrecisionDebugger
+
+    choose_stats(args.stats)
 
     torch.set_num_threads(1)
     code = {"__msprobe__": msprobe_runtime, "torch": torch}
@@ -172,7 +226,8 @@ def main():
 
     parts = measure_parts(torch, msprobe_runtime, PrecisionDebugger, start, finish, dump, args)
     shutil.rmtree(dump, ignore_errors=True)
-    print(f"on {args.device}: one plain call (collection off, shim included): {plain_call * 1e6:.2f} us\n")
+    print(f"on {args.device}, statistics {args.stats}: one plain call (collection off, shim included): ", end="")
+    print(f"{plain_call * 1e6:.2f} us\n")
     print(f"{'host time added per recorded entry':40s} {'us':>7s} {'x plain call':>13s}")
     for name, seconds in entry.items():
         print(f"  {name:38s} {seconds * 1e6:7.1f} {seconds / plain_call:13.1f}")
@@ -188,6 +243,7 @@ def main():
         print(f"  {'total':38s} {total * 1e6:7.1f} {total / plain_call:13.1f}")
     figures = {
         "device": args.device,
+        "stats": args.stats,
         "plain_call_us": plain_call * 1e6,
         "entry_us": {k: v * 1e6 for k, v in entry.items()},
         "parts_us": {k: v * 1e6 for k, v in parts.items()},

@@ -1174,7 +1174,8 @@ class Collector:
         has_values = kind != KIND_EMPTY
         if kind != KIND_EMPTY:
             try:
-                slot, counts = self._slots(t, kind)
+                # statistics slots (``StatBuffer.add``), shared with an earlier record of the same tensor
+                slot, counts = self._reuse(t, self.step.recent, self.stats.add, kind)
             except Exception as error:  # a statistic torch cannot compute for this dtype: null, the record kept
                 self._no_statistics(t, error)
                 kind = KIND_EMPTY  # null statistics; its values are still saved (task tensor) and hashed
@@ -1233,10 +1234,6 @@ class Collector:
                 type(error).__name__,
                 lines[0][:200] if lines else "",
             )
-
-    def _slots(self, t, kind):
-        """Statistics slots of ``t`` (``StatBuffer.add``), shared with an earlier record of the same tensor."""
-        return self._reuse(t, self.step.recent, self.stats.add, kind)
 
     def _reuse(self, t, recent, compute, *args):
         """``compute(t, *args)``, or its result for an earlier record of the same unchanged tensor.

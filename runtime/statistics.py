@@ -91,25 +91,35 @@ def has_counts(kind, dtype, enabled):
     return enabled and kind != KIND_EMPTY and kind != KIND_BOOL and dtype.is_floating_point
 
 
-def tensor_kind(t):
-    """The null-rule kind of ``t``; metadata only, so no sync."""
+_DTYPE_KINDS: dict = {}  # dtype -> the kind of its tensors of at least one dimension and one element
+
+
+def _dtype_kind(dtype):
     import torch
 
-    if t.numel() == 0:
-        return KIND_EMPTY
-    dtype = t.dtype
     if dtype is torch.bool:
         return KIND_BOOL
-    if dtype.itemsize == 1 and dtype.is_floating_point:  # float8 and packed float4: 0-d ones too
-        if dtype in low_precision_dtypes()[0]:
-            return KIND_LOW
-    if t.dim() == 0:
-        return KIND_SCALAR
+    if dtype.itemsize == 1 and dtype.is_floating_point and dtype in low_precision_dtypes()[0]:
+        return KIND_LOW
     if dtype.is_complex:
         return KIND_EMPTY
     if dtype.is_floating_point and dtype is not torch.float64:
         return KIND_FLOAT
     return KIND_NO_MEAN
+
+
+def tensor_kind(t):
+    """The null-rule kind of ``t``; metadata only, so no sync. The dtype's part is decided once per dtype."""
+    if t.numel() == 0:
+        return KIND_EMPTY
+    dtype = t.dtype
+    kind = _DTYPE_KINDS.get(dtype)
+    if kind is None:
+        kind = _DTYPE_KINDS[dtype] = _dtype_kind(dtype)
+    if kind == KIND_FLOAT or kind == KIND_NO_MEAN or kind == KIND_EMPTY:  # bool, float8 and float4: 0-d ones too
+        if t.dim() == 0:
+            return KIND_SCALAR  # a complex 0-d tensor too, as before
+    return kind
 
 
 class Batch:
@@ -186,10 +196,17 @@ _STAGE_FIRST_ROWS = 32
 LATER = object()  # an item the native Recorder left for the caller to describe (StatBuffer.native_recorder)
 
 
+_TENSOR = _PARAMETER = None  # torch.Tensor and torch.nn.Parameter, set by the first StatBuffer (no torch import here)
+
+
 class StatBuffer:
     """Pending slots of the current step, handed over as one device buffer per device at each flush."""
 
     def __init__(self, nan_inf_count=True, native=None, triton_cpu=False):
+        global _TENSOR, _PARAMETER
+        import torch
+
+        _TENSOR, _PARAMETER = torch.Tensor, torch.nn.Parameter
         self.nan_inf_count = nan_inf_count
         # the Triton kernels of ``triton_stats`` for device tensors: None until the first one asks, False where
         # they do not serve; ``triton_cpu`` gives them CPU tensors too (tests, under TRITON_INTERPRET=1)
@@ -204,6 +221,8 @@ class StatBuffer:
 
             native = native_stats.load()
         self._native = native or None  # native=False: the torch ops only
+        # ``add``'s device fast path takes CPU tensors too (tests), where no native op would serve them first
+        self._fused_cpu = triton_cpu and self._native is None
         self._native_types = ()
         if self._native is not None:
             import torch
@@ -250,6 +269,20 @@ class StatBuffer:
     def add(self, t, kind):
         """Launch the statistics of ``t``; returns ``(slot, count_slot or None)``: ``Slot`` objects that a
         flush fills, or lists of numbers where the native op computed them already."""
+        fused = self._fused
+        if fused and self._fused_devices and (kind == KIND_FLOAT or kind == KIND_SCALAR):
+            # the device path's common case first, before the native op declines it: a plain tensor on a device
+            # the kernels serve, not detached (``TritonStats.add`` detaches what it makes views of)
+            cls = type(t)
+            if (cls is _TENSOR or cls is _PARAMETER) and (t.is_cuda or self._fused_cpu and t.is_cpu):
+                try:
+                    done = fused.add(t, 4 if kind == KIND_FLOAT else 1)
+                except Exception as error:  # as ``_fused_add``: the torch ops from now on
+                    self._fused_devices = ()
+                    _fused_failed(error)
+                    done = None
+                if done is not None:
+                    return done
         if kind == KIND_FLOAT or kind == KIND_SCALAR:
             done = self.native(t)
             if done is not None:  # the row split into the slot's numbers and the count slot's (lists)

@@ -60,6 +60,8 @@ _FINISH_BLOCK = 128  # rows a ``_finish`` program combines at once
 # the dtype code ``_finish`` rounds Mean and Norm to; float64 tensors get Max and Min only (statistics'
 # KIND_NO_MEAN: a slot of width 2), the others Max, Min, Mean and Norm (width 4); a 0-d tensor its value (1)
 _CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3}
+_QUEUED = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # the dtypes a call's batch takes (``add``)
+_TENSOR, _PARAMETER, _STRIDED = torch.Tensor, torch.nn.Parameter, torch.strided
 _META = 5  # a tensor's metadata row: first partial row, rows, elements, repeat, dtype code
 # float8 (statistics' KIND_LOW, a plain tensor: no scale): the format's code for ``_decode``; Mean and Norm
 # rounded to float32 (code 0), as ``StatBuffer._add_low`` gives them, and two more partials (zeros, saturated)
@@ -270,6 +272,126 @@ def _partials_many(table, part, meta, count, DT: tl.constexpr, BLOCK: tl.constex
         tl.store(m + 2, n)
         tl.store(m + 3, tl.load(r + 7))
         tl.store(m + 4, tl.load(r + 8))
+
+
+_FEW = 4  # tensors of a ``_partials_few`` launch at most: their addresses passed as arguments
+# no specialisation on a value (an int of 1, a multiple of 16, an address's alignment): one compile a dtype
+_FEW_INTS = [f"{name}{k}" for name in ("x", "n", "iters", "rows", "row", "index", "repeat") for k in range(_FEW)]
+_FEW_INTS.append("code")
+
+
+@triton.jit
+def _few_pick(pid, first, x, n, iters, rows, row, index, repeat, mine, xk, nk, itk, rowsk, rowk, indexk, repeatk):
+    """Tensor ``k`` of a ``_partials_few`` launch (``xk``: its address, ``nk`` ...) where program ``pid`` is at
+    or past its first program ``first``, else the tensor given; and the first program of the tensor after."""
+    if pid >= first:
+        x = xk
+        n = nk.to(tl.int64)
+        iters = itk.to(tl.int64)
+        rows = rowsk.to(tl.int64)
+        row = rowk.to(tl.int64)
+        index = indexk.to(tl.int64)
+        repeat = repeatk.to(tl.int64)
+        mine = first
+    return x, n, iters, rows, row, index, repeat, mine, first + rowsk.to(tl.int64)
+
+
+@triton.jit(do_not_specialize=_FEW_INTS)
+def _partials_few(
+    part,
+    meta,
+    x0,
+    x1,
+    x2,
+    x3,
+    n0,
+    n1,
+    n2,
+    n3,
+    iters0,
+    iters1,
+    iters2,
+    iters3,
+    rows0,
+    rows1,
+    rows2,
+    rows3,
+    row0,
+    row1,
+    row2,
+    row3,
+    index0,
+    index1,
+    index2,
+    index3,
+    repeat0,
+    repeat1,
+    repeat2,
+    repeat3,
+    code,
+    BLOCK: tl.constexpr,
+):
+    """``_partials`` of two to four contiguous tensors of one dtype in one launch, their addresses passed as
+    arguments (``x0`` to ``x3``; an unused one repeats ``x0`` and has no programs: its ``rows`` 0): no table
+    made on the host nor copied to the device. Tensor ``k``'s ``rowsk`` programs follow those of the tensors
+    before it; it has ``nk`` elements, ``itersk`` blocks a program, partial rows from ``rowk`` and metadata row
+    ``indexk``. Each program reduces the chunk ``_partials`` would into the same partial row: the same bits
+    (tests/runtime/test_triton_stats.py)."""
+    pid = tl.program_id(0).to(tl.int64)
+    x = x0
+    n = n0.to(tl.int64)
+    iters = iters0.to(tl.int64)
+    rows = rows0.to(tl.int64)
+    row = row0.to(tl.int64)
+    index = index0.to(tl.int64)
+    repeat = repeat0.to(tl.int64)
+    mine = pid * 0
+    first = rows
+    x, n, iters, rows, row, index, repeat, mine, first = _few_pick(
+        pid, first, x, n, iters, rows, row, index, repeat, mine, x1, n1, iters1, rows1, row1, index1, repeat1
+    )
+    x, n, iters, rows, row, index, repeat, mine, first = _few_pick(
+        pid, first, x, n, iters, rows, row, index, repeat, mine, x2, n2, iters2, rows2, row2, index2, repeat2
+    )
+    x, n, iters, rows, row, index, repeat, mine, first = _few_pick(
+        pid, first, x, n, iters, rows, row, index, repeat, mine, x3, n3, iters3, rows3, row3, index3, repeat3
+    )
+    local = pid - mine
+    start = local * iters * BLOCK
+    lanes = tl.arange(0, BLOCK)
+    mx = tl.full([BLOCK], float("-inf"), tl.float32)
+    mn = tl.full([BLOCK], float("inf"), tl.float32)
+    s = tl.zeros([BLOCK], tl.float32)
+    q = tl.zeros([BLOCK], tl.float32)
+    nan = tl.zeros([BLOCK], tl.int32)
+    inf = tl.zeros([BLOCK], tl.int32)
+    for i in range(0, iters):
+        idx = start + i * BLOCK + lanes
+        mask = idx < n
+        v = tl.load(x + idx, mask=mask, other=0.0).to(tl.float32)
+        is_nan = v != v
+        is_inf = (v == float("inf")) | (v == float("-inf"))
+        ok = mask & (v == v)
+        mx = tl.where(ok & (v > mx), v, mx)
+        mn = tl.where(ok & (v < mn), v, mn)
+        s += v
+        q += v * v  # no fused multiply-add, as ``_partials``
+        nan += is_nan.to(tl.int32)
+        inf += is_inf.to(tl.int32)
+    out = part + (row + local) * 6
+    tl.store(out + 0, tl.max(mx, 0).to(tl.float64))
+    tl.store(out + 1, tl.min(mn, 0).to(tl.float64))
+    tl.store(out + 2, tl.sum(s, 0).to(tl.float64))
+    tl.store(out + 3, tl.sum(q, 0).to(tl.float64))
+    tl.store(out + 4, tl.sum(nan, 0).to(tl.float64))
+    tl.store(out + 5, tl.sum(inf, 0).to(tl.float64))
+    if local == 0:
+        m = meta + index * 5
+        tl.store(m + 0, row)
+        tl.store(m + 1, rows)
+        tl.store(m + 2, n)
+        tl.store(m + 3, repeat)
+        tl.store(m + 4, code.to(tl.int64))
 
 
 @triton.jit
@@ -483,6 +605,98 @@ def _version(t):
         return -1
 
 
+def _launch(items):
+    """The partials of queue items of one arena and dtype (``TritonStats._launch_queue``), at most ``_MANY_MAX``."""
+    arena, code = items[0][8], items[0][7]
+    count = len(items)
+    if count == 1:  # one tensor: its own launch, no table to copy
+        t, n, iters, grid, row0, tensor, repeat = items[0][:7]
+        _partials[(grid,)](
+            t,
+            n,
+            iters,
+            arena.part,
+            arena.meta,
+            tensor,
+            row0,
+            grid,
+            repeat,
+            code,
+            1,
+            1,
+            1,
+            0,
+            0,
+            0,
+            0,
+            CONTIGUOUS=True,
+            WIDE=False,
+            BLOCK=_BLOCK,
+            enable_fp_fusion=False,
+        )
+        return
+    if count <= _FEW:  # their addresses as arguments: no table to make and copy
+        if count < _FEW:  # the unused places: the first tensor again, with no programs
+            t = items[0][0]
+            items = items + [(t, 1, 1, 0, 0, 0, 1)] * (_FEW - count)
+        (x0, n0, i0, g0, r0, k0, p0), (x1, n1, i1, g1, r1, k1, p1) = items[0][:7], items[1][:7]
+        (x2, n2, i2, g2, r2, k2, p2), (x3, n3, i3, g3, r3, k3, p3) = items[2][:7], items[3][:7]
+        _partials_few[(g0 + g1 + g2 + g3,)](
+            arena.part,
+            arena.meta,
+            x0,
+            x1,
+            x2,
+            x3,
+            n0,
+            n1,
+            n2,
+            n3,
+            i0,
+            i1,
+            i2,
+            i3,
+            g0,
+            g1,
+            g2,
+            g3,
+            r0,
+            r1,
+            r2,
+            r3,
+            k0,
+            k1,
+            k2,
+            k3,
+            p0,
+            p1,
+            p2,
+            p3,
+            code,
+            BLOCK=_BLOCK,
+            enable_fp_fusion=False,
+        )
+        return
+    table, first = [], 0
+    for t, n, iters, grid, row0, tensor, repeat, *_rest in items:
+        table.append((t.data_ptr(), n, iters, first, grid, row0, tensor, repeat, code, 0))
+        first += grid
+    rows = torch.tensor(table, dtype=torch.int64)
+    device = arena.part.device
+    if device.type != "cpu":
+        rows = rows.pin_memory().to(device, non_blocking=True)
+    _partials_many[(first,)](
+        rows,
+        arena.part,
+        arena.meta,
+        count,
+        DT=code,
+        BLOCK=_BLOCK,
+        T=max(4, 1 << (count - 1).bit_length()),
+        enable_fp_fusion=False,
+    )
+
+
 class _CallState(threading.local):
     """Per thread: the depth of the calls whose records are being made (``begin``), and the API whose inputs
     are being queued to be read after it (``begin(watch)``)."""
@@ -530,10 +744,30 @@ class TritonStats:
         4: Max, Min, Mean, Norm), of float64 (2: Max and Min), or a 0-d one of these (1: its value); None for
         any other (the torch ops serve it). A plain float8 tensor (``width`` 4, any dimension: ``_add_low``'s
         slot) gets Max, Min, Mean, Norm of its values and a counts slot of NaN, Inf, zero and saturated counts
-        (zero and saturated only, where NaN/Inf counts are off)."""
+        (zero and saturated only, where NaN/Inf counts are off).
+
+        ``t`` may be a ``torch.nn.Parameter`` or a tensor that requires grad, not detached (``StatBuffer.add``'s
+        fast path): the common case (contiguous float32, float16 or bfloat16 within ``begin``/``end``) only
+        queues it, and the kernel reads its memory, which is the detached tensor's, and its version counter is
+        the detached one's too; every view made of it (``resolve_neg``, ``dense_view``, float8's bytes) is made of
+        a detached tensor, so that no autograd node is recorded."""
+        cls = type(t)
+        if cls is not _TENSOR and cls is not _PARAMETER:
+            return None
+        local = self._local
+        if local.depth and (width == 4 or width == 1):
+            code = _QUEUED.get(t.dtype)
+            # a call's contiguous tensor: queued, read by one launch when its records are made (``end``); the
+            # checks of the general path below, in the order that decides the common case soonest
+            if code is not None and t.layout is _STRIDED and t.is_contiguous() and not t.is_neg():
+                n = t.numel()
+                if n == 0:
+                    return None
+                return self._queued(t, n, width, code, local.watch)
+        t = t.detach()  # the views below (resolve_neg, dense_view, float8's bytes) record no autograd node
         low = _LOW.get(t.dtype, 0)
         code = 0 if low else _CODES.get(t.dtype)
-        if code is None or type(t) is not torch.Tensor or t.layout is not torch.strided:
+        if code is None or t.layout is not torch.strided:
             return None
         if width != 1 and width != (2 if code == 3 else 4) or low and width != 4:
             return None
@@ -561,7 +795,7 @@ class TritonStats:
         else:
             counts = self._slot(None, 2) if self.nan_inf_count else None
         with self._lock:
-            key = (t.device, width, low != 0)
+            key = (t.get_device(), width, low != 0)
             arena = self._arenas.get(key)
             if arena is not None and (arena.rows + grid > arena.part.shape[0] or len(arena.slots) == _ARENA_TENSORS):
                 self._done.extend(self._close(arena, width, low != 0))
@@ -606,6 +840,41 @@ class TritonStats:
             arena.counts.append(counts)
         return slot, counts
 
+    def _queued(self, t, n, width, code, watch):
+        """``add`` of a contiguous float32, float16 or bfloat16 tensor of ``n`` elements inside a call: its
+        slots, its rows taken, queued for ``end``'s launch.
+
+        ``t`` is queued as given, not detached (a detach allocates a tensor a record): no op runs on it, so no
+        autograd node is recorded; the kernel reads its memory by address, the memory a detached alias would
+        have; and a detached alias shares its version counter, so ``_launch_queue``'s check is the same. The
+        queue holds it until ``end`` of the same call's records only (tests/runtime/test_triton_stats.py: a
+        Parameter and a tensor that requires grad, the bits of their detached selves)."""
+        if n <= _BLOCK * _MAX_ROWS:
+            iters, grid = 1, -(-n // _BLOCK)
+        else:
+            iters = -(-n // (_BLOCK * _MAX_ROWS))
+            grid = -(-n // (_BLOCK * iters))
+        slot = self._slot(None, width)
+        counts = self._slot(None, 2) if self.nan_inf_count else None
+        version = None
+        if watch is not None:  # read after its call: its version counter as it is at the call (``_launch_queue``)
+            try:
+                version = t._version
+            except RuntimeError:  # an inference tensor (``_version``)
+                version = -1
+        with self._lock:
+            key = (t.get_device(), width, False)
+            arena = self._arenas.get(key)
+            if arena is None or arena.rows + grid > arena.part.shape[0] or len(arena.slots) == _ARENA_TENSORS:
+                if arena is not None:
+                    self._done.extend(self._close(arena, width, False))
+                arena = self._arenas[key] = _Arena(t.device, max(_ARENA_ROWS, grid), 6)
+            self._queue.append((t, n, iters, grid, arena.rows, len(arena.slots), 1, code, arena, version, watch))
+            arena.rows += grid
+            arena.slots.append(slot)
+            arena.counts.append(counts)
+        return slot, counts
+
     def begin(self, watch=None):
         """The records of one call begin: its contiguous tensors are read together at ``end``, by the time the
         call's records are made, before any user code runs (so with the values they had at the call).
@@ -635,75 +904,40 @@ class TritonStats:
                     self._launch_queue()
 
     def _launch_queue(self):
-        """One ``_partials_many`` per arena and dtype over the queued tensors (the lock held), their table of
-        programs made on the host and copied to the device from pinned memory, without waiting."""
+        """The queued tensors launched (the lock held), without waiting: per arena and dtype, one alone by
+        ``_partials``, two to ``_FEW`` by ``_partials_few`` (their addresses as arguments), more by
+        ``_partials_many`` (a table of a row per tensor made on the host and copied to the device from pinned
+        memory), ``_MANY_MAX`` at a time."""
         queue, self._queue = self._queue, []
-        moved = [item for item in queue if item[9] is not None and item[9] != _version(item[0])]
+        moved = None
+        for item in queue:
+            if item[9] is not None and item[9] != _version(item[0]):
+                moved = [] if moved is None else moved
+                moved.append(item)
         if moved:  # changed by a call thought to leave it alone: null, never the values after the call
             _forget([moved])
             self.changed.extend(item[10] for item in moved)
             queue = [item for item in queue if item[9] is None or item[9] == _version(item[0])]
-        groups: dict = {}
+            if not queue:
+                return
+        first = queue[0]
+        arena, code = first[8], first[7]
         for item in queue:
-            groups.setdefault((id(item[8]), item[7]), []).append(item)
-        pending = list(groups.values())
+            if item[8] is not arena or item[7] != code:  # several arenas or dtypes: a group each
+                groups: dict = {}
+                for item in queue:
+                    groups.setdefault((id(item[8]), item[7]), []).append(item)
+                pending = list(groups.values())
+                break
+        else:
+            pending = [queue]
         while pending:
             items = pending[0]
-            arena, code = items[0][8], items[0][7]
-            if len(items) == 1:  # one tensor: its own launch, no table to copy
-                t, n, iters, grid, row0, tensor, repeat = items[0][:7]
-                pending.pop(0)
-                try:
-                    _partials[(grid,)](
-                        t,
-                        n,
-                        iters,
-                        arena.part,
-                        arena.meta,
-                        tensor,
-                        row0,
-                        grid,
-                        repeat,
-                        code,
-                        1,
-                        1,
-                        1,
-                        0,
-                        0,
-                        0,
-                        0,
-                        CONTIGUOUS=True,
-                        WIDE=False,
-                        BLOCK=_BLOCK,
-                        enable_fp_fusion=False,
-                    )
-                except Exception:
-                    pending.insert(0, items)
-                    _forget(pending)
-                    raise
-                continue
             if len(items) > _MANY_MAX:  # the rest in launches of their own
                 pending[0:1] = [items[:_MANY_MAX], items[_MANY_MAX:]]
                 items = pending[0]
-            table, first = [], 0
-            for t, n, iters, grid, row0, tensor, repeat, *_rest in items:
-                table.append((t.data_ptr(), n, iters, first, grid, row0, tensor, repeat, code, 0))
-                first += grid
             try:
-                rows = torch.tensor(table, dtype=torch.int64)
-                device = arena.part.device
-                if device.type != "cpu":
-                    rows = rows.pin_memory().to(device, non_blocking=True)
-                _partials_many[(first,)](
-                    rows,
-                    arena.part,
-                    arena.meta,
-                    len(table),
-                    DT=code,
-                    BLOCK=_BLOCK,
-                    T=max(4, 1 << (len(table) - 1).bit_length()),
-                    enable_fp_fusion=False,
-                )
+                _launch(items)
             except Exception:
                 _forget(pending)
                 raise

@@ -56,6 +56,13 @@ for dt in (0, 1, 2):
                        constexprs={"DT": dt, "BLOCK": triton_stats._BLOCK, "T": 8})
     kernel = triton.compile(source, target=target, options=options)
     out.append([f"many {dt}", "cubin" in kernel.asm, kernel.asm["ptx"].count("fma.rn")])
+# two to four tensors per launch: their addresses as arguments, the tensor of a program picked by its index
+for x in ("*fp32", "*fp16", "*bf16"):
+    signature = {"part": "*fp64", "meta": "*i64", **{f"x{k}": x for k in range(triton_stats._FEW)},
+                 **{name: "i64" for name in triton_stats._FEW_INTS if not name.startswith("x")}, "BLOCK": "constexpr"}
+    source = ASTSource(triton_stats._partials_few, signature, constexprs={"BLOCK": triton_stats._BLOCK})
+    kernel = triton.compile(source, target=target, options=options)
+    out.append([f"few {x}", "cubin" in kernel.asm, kernel.asm["ptx"].count("fma.rn")])
 # the monitor's figures from its seven-wide partial rows (runtime/monitor/metrics.py's ops, 3 bits each)
 signature = {"part": "*fp64", "rows": "i64", "n": "i64", "repeat": "i64", "scalar": "i64", "out": "*fp32",
              "K": "constexpr", "CODES": "constexpr", "RB": "constexpr"}
@@ -107,6 +114,9 @@ def test_the_kernels_compile_for_a_gpu():
         ["many 0", True, 0],
         ["many 1", True, 0],
         ["many 2", True, 0],
+        ["few *fp32", True, 0],
+        ["few *fp16", True, 0],
+        ["few *bf16", True, 0],
         ["figures", True, 0],
         ["hash single", True, True],
         ["hash", True, True],

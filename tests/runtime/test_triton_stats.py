@@ -528,6 +528,9 @@ def test_float8_when_the_kernel_fails_the_torch_ops(monkeypatch, triton_stats, c
 # ------------------------------------------------------------------ several tensors per launch (issue 31)
 
 
+KERNELS = ("_partials_many", "_partials_few", "_partials")  # the partials' kernels: a table, a few, one tensor
+
+
 class Launches:
     """Counts the launches of a kernel of the module, then launches it."""
 
@@ -608,15 +611,69 @@ def test_the_tensors_of_a_call_in_one_launch_per_dtype(monkeypatch, triton_stats
 def test_more_tensors_than_a_table_holds_take_several_launches(monkeypatch, triton_stats):
     """A batch of more than ``_MANY_MAX`` tensors of a dtype is launched ``_MANY_MAX`` at a time (a table's rows
     are what every program looks through), the last one alone by ``_partials``: the same bits."""
-    monkeypatch.setattr(triton_stats, "_MANY_MAX", 2)
+    monkeypatch.setattr(triton_stats, "_MANY_MAX", 5)
     g = torch.Generator().manual_seed(18)
-    tensors = [on_device(torch.randn(n, generator=g).to(torch.bfloat16)) for n in (3, 2000, 300_000, 9, 70001)]
+    sizes = (3, 2000, 300_000, 9, 70001, 1, 4096, 5000, 1025, 17, 64)
+    tensors = [on_device(torch.randn(n, generator=g).to(torch.bfloat16)) for n in sizes]
     alone = statistics_of(fused_buffer(), tensors)
-    many, one = Launches(triton_stats._partials_many), Launches(triton_stats._partials)
+    many, few, one = (Launches(getattr(triton_stats, name)) for name in KERNELS)
     monkeypatch.setattr(triton_stats, "_partials_many", many)
+    monkeypatch.setattr(triton_stats, "_partials_few", few)
     monkeypatch.setattr(triton_stats, "_partials", one)
     assert exact(batched_statistics(tensors)) == exact(alone)
-    assert (many.count, one.count) == (2, 1 + 1)  # 2 + 2 + 1, after the buffer's first tensor
+    assert (many.count, few.count, one.count) == (2, 0, 1 + 1)  # 5 + 5 + 1, after the buffer's first tensor
+
+
+@pytest.mark.parametrize("count", [2, 3, 4])
+def test_a_few_tensors_by_their_addresses(count, monkeypatch, triton_stats):
+    """Two to ``_FEW`` contiguous tensors of a dtype in a call: one ``_partials_few`` launch, their addresses its
+    arguments (no table to make and copy), and the bits each gets alone: many rows a program (300 000 elements),
+    a dense view counted five times (broadcast), a transposed one, one element, NaN and Inf."""
+    g = torch.Generator().manual_seed(20 + count)
+    pool = [
+        on_device(torch.randn(300_000, generator=g).to(torch.float16)),
+        on_device(torch.randn(1, 40, generator=g).to(torch.float16)).expand(5, 40),
+        on_device(torch.randn(9, 5, generator=g).to(torch.float16)).t(),
+        on_device(torch.tensor([float("nan"), float("-inf"), 2.0], dtype=torch.float16)),
+        on_device(torch.full((1,), 3.5, dtype=torch.float16)),
+        on_device(torch.randn(1025, generator=g).to(torch.float16)),
+    ]
+    tensors = pool[count - 2 : 2 * count - 2]
+    alone = statistics_of(fused_buffer(), tensors)
+    many, few, one = (Launches(getattr(triton_stats, name)) for name in KERNELS)
+    monkeypatch.setattr(triton_stats, "_partials_many", many)
+    monkeypatch.setattr(triton_stats, "_partials_few", few)
+    monkeypatch.setattr(triton_stats, "_partials", one)
+    together = batched_statistics(tensors)
+    assert exact(together) == exact(alone)  # bit for bit
+    assert (many.count, few.count, one.count) == (0, 1, 1)  # the buffer's first tensor alone
+    torch_ops = statistics_of(StatBuffer(nan_inf_count=True, native=False), tensors)
+    for index, (t, (values, tally), (expected, expected_tally)) in enumerate(zip(tensors, together, torch_ops)):
+        same(t.dtype, t, values, expected, f"tensor {index}")
+        assert tally == expected_tally, index
+
+
+def test_a_few_tensors_of_each_dtype_and_a_parameter(monkeypatch, triton_stats):
+    """A call's two float32, three bfloat16 and two float16 tensors (one a Parameter, one requiring grad, queued
+    undetached by ``StatBuffer.add``'s fast path): a ``_partials_few`` launch per dtype, and the bits of each
+    tensor alone."""
+    g = torch.Generator().manual_seed(30)
+    weight = torch.nn.Parameter(on_device(torch.randn(33, 7, generator=g)))
+    grad = on_device(torch.randn(300, generator=g).to(torch.float16)).requires_grad_()
+    tensors = [
+        weight,
+        on_device(torch.randn(2049, generator=g)),
+        on_device(torch.randn(5, generator=g).to(torch.bfloat16)),
+        on_device(torch.randn(70001, generator=g).to(torch.bfloat16)),
+        on_device(torch.randn(1, generator=g).to(torch.bfloat16)),
+        grad,
+        on_device(torch.randn(8, 8, generator=g).to(torch.float16)),
+    ]
+    alone = statistics_of(fused_buffer(), [t.detach() for t in tensors])
+    few = Launches(triton_stats._partials_few)
+    monkeypatch.setattr(triton_stats, "_partials_few", few)
+    assert exact(batched_statistics(tensors)) == exact(alone)
+    assert few.count == 3
 
 
 def test_batched_without_counts_and_nested(triton_stats):
@@ -665,6 +722,7 @@ def test_a_failed_batched_launch_leaves_the_torch_ops(monkeypatch, triton_stats,
         raise RuntimeError("no launch here")
 
     monkeypatch.setattr(triton_stats, "_partials_many", {(1,): broken, (2,): broken})
+    monkeypatch.setattr(triton_stats, "_partials_few", {(1,): broken, (2,): broken})
     buffer = fused_buffer()
     prime(buffer)
     with caplog.at_level("WARNING", logger="msprobe_runtime"):
@@ -693,8 +751,8 @@ def test_a_recorded_call_reads_its_inputs_in_one_launch(tmp_path, monkeypatch):
             rt.call("Torch.addcmul", torch.addcmul, a, b, c)
 
     kernels = triton_stats_module()
-    many, one = Launches(kernels._partials_many), Launches(kernels._partials)
-    monkeypatch.setattr(kernels, "_partials_many", many)
+    few, one = Launches(kernels._partials_few), Launches(kernels._partials)
+    monkeypatch.setattr(kernels, "_partials_few", few)
     monkeypatch.setattr(kernels, "_partials", one)
     monkeypatch.setattr(collector, "StatBuffer", lambda counts: StatBuffer(counts, native=False, triton_cpu=True))
     fused = _dump(tmp_path, "fused", calls)
@@ -702,7 +760,7 @@ def test_a_recorded_call_reads_its_inputs_in_one_launch(tmp_path, monkeypatch):
     torch_ops = _dump(tmp_path, "torch_ops", calls)
     # the first call's inputs launched one by one (the first of them makes the kernels), its output alone; then
     # one launch a call: its three inputs and its output together
-    assert (one.count, many.count) == (3 + 1, len(inputs) - 1)
+    assert (one.count, few.count) == (3 + 1, len(inputs) - 1)
     assert sorted(fused) == sorted(torch_ops) and len(fused) == len(inputs)
     for name, entry in torch_ops.items():
         records = fused[name]["input_args"] + fused[name]["output"]
@@ -717,16 +775,17 @@ def test_a_recorded_call_reads_its_inputs_in_one_launch(tmp_path, monkeypatch):
 
 
 def _recorded(tmp_path, monkeypatch, name, calls):
-    """The dump of ``calls`` through the kernels, and the launches it made (``_partials``, ``_partials_many``)."""
+    """The dump of ``calls`` through the kernels, and the launches it made (``_partials``, ``_partials_few``,
+    ``_partials_many``)."""
     from msprobe_runtime import collector
 
     kernels = triton_stats_module()
-    many, one = Launches(kernels._partials_many), Launches(kernels._partials)
-    monkeypatch.setattr(kernels, "_partials_many", many)
-    monkeypatch.setattr(kernels, "_partials", one)
+    launches = [Launches(getattr(kernels, name)) for name in ("_partials_many", "_partials_few", "_partials")]
+    for name, counted in zip(("_partials_many", "_partials_few", "_partials"), launches):
+        monkeypatch.setattr(kernels, name, counted)
     monkeypatch.setattr(collector, "StatBuffer", lambda counts: StatBuffer(counts, native=False, triton_cpu=True))
     data = _dump(tmp_path, name, calls)
-    return data, one.count + many.count
+    return data, sum(counted.count for counted in launches)
 
 
 def test_an_in_place_call_has_its_inputs_read_before_it(tmp_path, monkeypatch):
