@@ -6,13 +6,13 @@
     python bench/triton_launches.py --json out.json
 
 Without a GPU the kernels run on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``, set here before
-Triton is imported; ``StatBuffer(triton_cpu=True)``, as tests/runtime/test_triton_stats.py runs them): the launches a
-GPU would make, not its time. With one (``--device cuda``), on the device, compiled. A step is forward with labels,
-backward, AdamW (foreach) and zero_grad between ``start`` and ``stop``; the first step is left out (it makes the
-kernels and has no earlier reads to serve again). Counted per launch: ``_partials`` (one tensor), ``_partials_many``
-(several, from a table), ``_finish`` (one per arena at the flush), each under the collector's method that made it.
-Each level runs in its own process, so that one level's state (the kernels made, the tensors remembered) is not the
-next's.
+Triton is imported; ``StatBuffer(triton_cpu=True)``, as tests/runtime/test_triton_stats.py runs them): the launches
+a GPU would make, not its time. With one (``--device cuda``), on the device, compiled. A step is forward with
+labels, backward, AdamW (foreach) and zero_grad between ``start`` and ``stop``; the first step is left out (it makes
+the kernels and has no earlier reads to serve again). Counted per launch: ``_partials`` (one tensor),
+``_partials_few`` (two to four, by their addresses), ``_partials_many`` (more, from a table), ``_finish`` (one per
+arena at the flush), each under the collector's method that made it. Each level runs in its own process, so that one
+level's state (the kernels made, the tensors remembered) is not the next's.
 """
 
 import argparse
@@ -71,8 +71,9 @@ def run_level(args):
                 counted[(self.name, phase())] += 1
             return self.kernel[grid]
 
-    for name in ("_partials", "_partials_many", "_finish"):
-        setattr(kernels, name, Counted(getattr(kernels, name), name))
+    for name in ("_partials", "_partials_few", "_partials_many", "_finish"):
+        if hasattr(kernels, name):  # an older runtime (PYTHONPATH) has fewer kernels
+            setattr(kernels, name, Counted(getattr(kernels, name), name))
     config = transformers.LlamaConfig(
         vocab_size=256,
         hidden_size=args.hidden,
