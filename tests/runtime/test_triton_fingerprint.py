@@ -6,9 +6,7 @@ int64 copy); and the collector's dump is the same through it as through the torc
 kernels run on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``, as tests/runtime/
 test_triton_stats.py sets it); with one, on CUDA tensors, compiled. Skipped where Triton is not installed."""
 
-import importlib
 import os
-import sys
 
 import pytest
 
@@ -18,6 +16,7 @@ if DEVICE == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton's first import (tests/conftest.py)
 triton = pytest.importorskip("triton")
 
+from fixtures.triton_kernels import kernels_module  # noqa: E402
 from msprobe_runtime import checksums  # noqa: E402
 from msprobe_runtime.statistics import StatBuffer  # noqa: E402
 
@@ -40,24 +39,10 @@ DTYPES = [
 
 @pytest.fixture(scope="module", autouse=True)
 def kernel():
-    """The kernel's module; imported afresh on a CPU-only machine where an earlier import defined its kernels
-    outside the interpreter. Skipped where this Triton's interpreter cannot run a loop of runtime length."""
-    name = "msprobe_runtime.triton_fingerprint"
-    module = sys.modules.get(name)
-    if module is None:
-        module = importlib.import_module(name)
-    elif DEVICE == "cpu":
-        module = importlib.reload(module)
-    if DEVICE == "cpu":
-        try:
-            module.fingerprint_parts(torch.ones(3))
-        except triton.runtime.errors.InterpreterError as error:
-            if "0-dimensional" in str(error):
-                pytest.skip(f"this Triton's interpreter ({triton.__version__}) cannot run the kernels' loops here")
-            if "outside of the scope of a kernel" in str(error):
-                pytest.skip("Triton was imported before TRITON_INTERPRET was set: run with TRITON_INTERPRET=1")
-            raise
-    return module
+    """The kernel's module (fixtures/triton_kernels.py: imported afresh under the interpreter where needed)."""
+    return kernels_module(
+        "msprobe_runtime.triton_fingerprint", DEVICE, lambda module: module.fingerprint_parts(torch.ones(3))
+    )
 
 
 @pytest.fixture(autouse=True)

@@ -21,6 +21,7 @@ if DEVICE == "cpu":
 triton = pytest.importorskip("triton")
 tl = triton.language
 
+from fixtures.triton_kernels import kernels_module  # noqa: E402
 from msprobe_runtime import native_stats, statistics  # noqa: E402
 from msprobe_runtime.statistics import StatBuffer, tensor_kind  # noqa: E402
 
@@ -33,28 +34,14 @@ FLOATS = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 
 @pytest.fixture(scope="module", autouse=True)
 def triton_stats():
-    """The kernels' module; imported afresh on a CPU-only machine where an earlier import defined its kernels
-    outside the interpreter."""
-    name = "msprobe_runtime.triton_stats"
-    module = sys.modules.get(name)
-    if module is None:
-        module = importlib.import_module(name)
-    elif DEVICE == "cpu":
-        module = importlib.reload(module)
-    if DEVICE == "cpu":
-        try:
-            probe = module.TritonStats(True, statistics.Slot, statistics.dense_view)  # raises, where StatBuffer
-            probe.add(torch.ones(3), 4)  # would fall back
-            probe.finish()
-        except triton.runtime.errors.InterpreterError as error:
-            # Triton 3.6's interpreter takes int() of a 1-element array for a loop of runtime length, which
-            # numpy 2.3 and later refuse (compiled kernels are not concerned: test_triton_compile.py)
-            if "0-dimensional" in str(error):
-                pytest.skip(f"this Triton's interpreter ({triton.__version__}) cannot run the kernels' loops here")
-            if "outside of the scope of a kernel" in str(error):
-                pytest.skip("Triton was imported before TRITON_INTERPRET was set: run with TRITON_INTERPRET=1")
-            raise
-    return module
+    """The kernels' module (fixtures/triton_kernels.py: imported afresh under the interpreter where needed)."""
+
+    def probe(module):  # raises where StatBuffer would fall back
+        stats = module.TritonStats(True, statistics.Slot, statistics.dense_view)
+        stats.add(torch.ones(3), 4)
+        stats.finish()
+
+    return kernels_module("msprobe_runtime.triton_stats", DEVICE, probe)
 
 
 @pytest.fixture(autouse=True)
