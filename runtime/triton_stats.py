@@ -208,6 +208,39 @@ def _partials(
         tl.store(m + 4, code.to(tl.int64))
 
 
+@triton.jit
+def _dense_chunk(x, n, start, iters, out, BLOCK: tl.constexpr):
+    """The six partials of ``iters`` blocks of a contiguous float32, float16 or bfloat16 tensor ``x`` of ``n``
+    elements from element ``start`` (a batched program's chunk, as ``_partials`` reduces a dense one), stored at
+    ``out``: Max, Min, Sum, sum of squares, NaN and Inf counts, each accumulated in float32."""
+    lanes = tl.arange(0, BLOCK)
+    mx = tl.full([BLOCK], float("-inf"), tl.float32)
+    mn = tl.full([BLOCK], float("inf"), tl.float32)
+    s = tl.zeros([BLOCK], tl.float32)
+    q = tl.zeros([BLOCK], tl.float32)
+    nan = tl.zeros([BLOCK], tl.int32)
+    inf = tl.zeros([BLOCK], tl.int32)
+    for i in range(0, iters):
+        idx = start + i * BLOCK + lanes
+        mask = idx < n
+        v = tl.load(x + idx, mask=mask, other=0.0).to(tl.float32)
+        is_nan = v != v
+        is_inf = (v == float("inf")) | (v == float("-inf"))
+        ok = mask & (v == v)
+        mx = tl.where(ok & (v > mx), v, mx)
+        mn = tl.where(ok & (v < mn), v, mn)
+        s += v
+        q += v * v  # no fused multiply-add, as ``_partials``
+        nan += is_nan.to(tl.int32)
+        inf += is_inf.to(tl.int32)
+    tl.store(out + 0, tl.max(mx, 0).to(tl.float64))
+    tl.store(out + 1, tl.min(mn, 0).to(tl.float64))
+    tl.store(out + 2, tl.sum(s, 0).to(tl.float64))
+    tl.store(out + 3, tl.sum(q, 0).to(tl.float64))
+    tl.store(out + 4, tl.sum(nan, 0).to(tl.float64))
+    tl.store(out + 5, tl.sum(inf, 0).to(tl.float64))
+
+
 _TABLE = 10  # a tensor's row in a batched launch: address, elements, blocks a program reads, its first program, its
 # programs (= partial rows), its first partial row, its index in the arena, repeat, dtype code, and one unused
 _MANY_MAX = 64  # tensors of one batched launch at most (the table's rows each program looks through)
@@ -238,33 +271,7 @@ def _partials_many(table, part, meta, count, DT: tl.constexpr, BLOCK: tl.constex
         x = address.to(tl.pointer_type(tl.float16))
     else:
         x = address.to(tl.pointer_type(tl.float32))
-    lanes = tl.arange(0, BLOCK)
-    mx = tl.full([BLOCK], float("-inf"), tl.float32)
-    mn = tl.full([BLOCK], float("inf"), tl.float32)
-    s = tl.zeros([BLOCK], tl.float32)
-    q = tl.zeros([BLOCK], tl.float32)
-    nan = tl.zeros([BLOCK], tl.int32)
-    inf = tl.zeros([BLOCK], tl.int32)
-    for i in range(0, iters):
-        idx = start + i * BLOCK + lanes
-        mask = idx < n
-        v = tl.load(x + idx, mask=mask, other=0.0).to(tl.float32)
-        is_nan = v != v
-        is_inf = (v == float("inf")) | (v == float("-inf"))
-        ok = mask & (v == v)
-        mx = tl.where(ok & (v > mx), v, mx)
-        mn = tl.where(ok & (v < mn), v, mn)
-        s += v
-        q += v * v  # no fused multiply-add, as ``_partials``
-        nan += is_nan.to(tl.int32)
-        inf += is_inf.to(tl.int32)
-    out = part + row * 6
-    tl.store(out + 0, tl.max(mx, 0).to(tl.float64))
-    tl.store(out + 1, tl.min(mn, 0).to(tl.float64))
-    tl.store(out + 2, tl.sum(s, 0).to(tl.float64))
-    tl.store(out + 3, tl.sum(q, 0).to(tl.float64))
-    tl.store(out + 4, tl.sum(nan, 0).to(tl.float64))
-    tl.store(out + 5, tl.sum(inf, 0).to(tl.float64))
+    _dense_chunk(x, n, start, iters, part + row * 6, BLOCK)
     if local == 0:
         m = meta + tl.load(r + 6) * 5
         tl.store(m + 0, tl.load(r + 5))
@@ -358,33 +365,7 @@ def _partials_few(
     )
     local = pid - mine
     start = local * iters * BLOCK
-    lanes = tl.arange(0, BLOCK)
-    mx = tl.full([BLOCK], float("-inf"), tl.float32)
-    mn = tl.full([BLOCK], float("inf"), tl.float32)
-    s = tl.zeros([BLOCK], tl.float32)
-    q = tl.zeros([BLOCK], tl.float32)
-    nan = tl.zeros([BLOCK], tl.int32)
-    inf = tl.zeros([BLOCK], tl.int32)
-    for i in range(0, iters):
-        idx = start + i * BLOCK + lanes
-        mask = idx < n
-        v = tl.load(x + idx, mask=mask, other=0.0).to(tl.float32)
-        is_nan = v != v
-        is_inf = (v == float("inf")) | (v == float("-inf"))
-        ok = mask & (v == v)
-        mx = tl.where(ok & (v > mx), v, mx)
-        mn = tl.where(ok & (v < mn), v, mn)
-        s += v
-        q += v * v  # no fused multiply-add, as ``_partials``
-        nan += is_nan.to(tl.int32)
-        inf += is_inf.to(tl.int32)
-    out = part + (row + local) * 6
-    tl.store(out + 0, tl.max(mx, 0).to(tl.float64))
-    tl.store(out + 1, tl.min(mn, 0).to(tl.float64))
-    tl.store(out + 2, tl.sum(s, 0).to(tl.float64))
-    tl.store(out + 3, tl.sum(q, 0).to(tl.float64))
-    tl.store(out + 4, tl.sum(nan, 0).to(tl.float64))
-    tl.store(out + 5, tl.sum(inf, 0).to(tl.float64))
+    _dense_chunk(x, n, start, iters, part + (row + local) * 6, BLOCK)
     if local == 0:
         m = meta + index * 5
         tl.store(m + 0, row)
