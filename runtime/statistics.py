@@ -275,12 +275,7 @@ class StatBuffer:
             # the kernels serve, not detached (``TritonStats.add`` detaches what it makes views of)
             cls = type(t)
             if (cls is _TENSOR or cls is _PARAMETER) and (t.is_cuda or self._fused_cpu and t.is_cpu):
-                try:
-                    done = fused.add(t, 4 if kind == KIND_FLOAT else 1)
-                except Exception as error:  # as ``_fused_add``: the torch ops from now on
-                    self._fused_devices = ()
-                    _fused_failed(error)
-                    done = None
+                done = self._fused_add(t, kind)
                 if done is not None:
                     return done
         if kind == KIND_FLOAT or kind == KIND_SCALAR:

@@ -586,35 +586,44 @@ def _version(t):
         return -1
 
 
+_DENSE = ((1, 1, 1, 1), (0, 0, 0, 0))  # a dense tensor's sizes and strides: not read by the kernel
+
+
+def _launch_one(t, n, iters, grid, row0, tensor, repeat, code, arena, layout=_DENSE, dense=True, low=0, top=0.0):
+    """One tensor's ``_partials`` launch into ``arena`` (its rows from ``row0``, its metadata row ``tensor``): a
+    dense one's, or another layout's, ``layout`` the sizes and strides of its last four dimensions."""
+    sizes, strides = layout
+    _partials[(grid,)](
+        t,
+        n,
+        iters,
+        arena.part,
+        arena.meta,
+        tensor,
+        row0,
+        grid,
+        repeat,
+        code,
+        sizes[1],
+        sizes[2],
+        sizes[3],
+        *strides,
+        CONTIGUOUS=dense,
+        WIDE=code == 3,
+        BLOCK=_BLOCK,
+        LOW=low,
+        TOP=top,
+        enable_fp_fusion=False,
+    )
+
+
 def _launch(items):
     """The partials of queue items of one arena and dtype (``TritonStats._launch_queue``), at most ``_MANY_MAX``."""
     arena, code = items[0][8], items[0][7]
     count = len(items)
     if count == 1:  # one tensor: its own launch, no table to copy
         t, n, iters, grid, row0, tensor, repeat = items[0][:7]
-        _partials[(grid,)](
-            t,
-            n,
-            iters,
-            arena.part,
-            arena.meta,
-            tensor,
-            row0,
-            grid,
-            repeat,
-            code,
-            1,
-            1,
-            1,
-            0,
-            0,
-            0,
-            0,
-            CONTIGUOUS=True,
-            WIDE=False,
-            BLOCK=_BLOCK,
-            enable_fp_fusion=False,
-        )
+        _launch_one(t, n, iters, grid, row0, tensor, repeat, code, arena)
         return
     if count <= _FEW:  # their addresses as arguments: no table to make and copy
         if count < _FEW:  # the unused places: the first tensor again, with no programs
@@ -794,28 +803,7 @@ class TritonStats:
                 arena.slots.append(slot)
                 arena.counts.append(counts)
                 return slot, counts
-            _partials[(grid,)](
-                t,
-                n,
-                iters,
-                arena.part,
-                arena.meta,
-                tensor,
-                row0,
-                grid,
-                repeat,
-                code,
-                sizes[1],
-                sizes[2],
-                sizes[3],
-                *strides,
-                CONTIGUOUS=contiguous,
-                WIDE=code == 3,
-                BLOCK=_BLOCK,
-                LOW=low,
-                TOP=top,
-                enable_fp_fusion=False,
-            )
+            _launch_one(t, n, iters, grid, row0, tensor, repeat, code, arena, (sizes, strides), contiguous, low, top)
             arena.rows += grid
             arena.slots.append(slot)
             arena.counts.append(counts)
@@ -890,15 +878,13 @@ class TritonStats:
         ``_partials_many`` (a table of a row per tensor made on the host and copied to the device from pinned
         memory), ``_MANY_MAX`` at a time."""
         queue, self._queue = self._queue, []
-        moved = None
+        kept, moved = [], []
         for item in queue:
-            if item[9] is not None and item[9] != _version(item[0]):
-                moved = [] if moved is None else moved
-                moved.append(item)
+            (kept if item[9] is None or item[9] == _version(item[0]) else moved).append(item)
         if moved:  # changed by a call thought to leave it alone: null, never the values after the call
             _forget([moved])
             self.changed.extend(item[10] for item in moved)
-            queue = [item for item in queue if item[9] is None or item[9] == _version(item[0])]
+            queue = kept
             if not queue:
                 return
         first = queue[0]

@@ -16,7 +16,7 @@ if DEVICE == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton's first import (tests/conftest.py)
 triton = pytest.importorskip("triton")
 
-from fixtures.triton_kernels import kernels_module  # noqa: E402
+from fixtures.triton_kernels import Failing, kernels_module  # noqa: E402
 from msprobe_runtime import checksums  # noqa: E402
 from msprobe_runtime.statistics import StatBuffer  # noqa: E402
 
@@ -276,14 +276,7 @@ def test_no_host_sync_and_the_values_at_record_time():
 def test_a_kernel_that_fails_here_leaves_the_torch_ops(monkeypatch, kernel, caplog):
     """Said once; the torch ops' digits from then on (the same digits), not nulls."""
 
-    class Broken:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                raise RuntimeError("PTX .version 9.9 does not support .target sm_999")
-
-            return launch
-
-    monkeypatch.setattr(kernel, "_hash", Broken())
+    monkeypatch.setattr(kernel, "_hash", Failing("PTX .version 9.9 does not support .target sm_999"))
     buffer = fused_buffer()
     tensors = [on_device(sample(torch.float32, (n,), seed=n)) for n in (10, 300)]
     with caplog.at_level("WARNING", logger="msprobe_runtime"):

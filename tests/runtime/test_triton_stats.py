@@ -21,7 +21,7 @@ if DEVICE == "cpu":
 triton = pytest.importorskip("triton")
 tl = triton.language
 
-from fixtures.triton_kernels import kernels_module  # noqa: E402
+from fixtures.triton_kernels import Failing, kernels_module  # noqa: E402
 from msprobe_runtime import native_stats, statistics  # noqa: E402
 from msprobe_runtime.statistics import StatBuffer, tensor_kind  # noqa: E402
 
@@ -350,14 +350,7 @@ def test_a_kernel_that_fails_here_leaves_the_torch_ops(monkeypatch, triton_stats
     before = on_device(torch.randn(50, generator=g))
     slot_before, _ = buffer.add(before, tensor_kind(before))
 
-    class Broken:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                raise RuntimeError("PTX .version 9.9 does not support .target sm_999")
-
-            return launch
-
-    monkeypatch.setattr(triton_stats, "_partials", Broken())
+    monkeypatch.setattr(triton_stats, "_partials", Failing("PTX .version 9.9 does not support .target sm_999"))
     tensors = [on_device(torch.randn(n, generator=g).to(torch.bfloat16)) for n in (10, 5000)]
     with caplog.at_level("WARNING", logger="msprobe_runtime"):
         fused = statistics_of(buffer, tensors)
@@ -493,14 +486,7 @@ def test_float8_scaled_views_are_the_torch_ops(monkeypatch, triton_stats):
 
 
 def test_float8_when_the_kernel_fails_the_torch_ops(monkeypatch, triton_stats, caplog):
-    class Broken:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                raise RuntimeError("cannot lower uint8 here")
-
-            return launch
-
-    monkeypatch.setattr(triton_stats, "_partials", Broken())
+    monkeypatch.setattr(triton_stats, "_partials", Failing("cannot lower uint8 here"))
     tensors = [on_device(every_encoding(dtype)) for dtype in FP8]
     buffer = fused_buffer()
     with caplog.at_level("WARNING", logger="msprobe_runtime"):
@@ -705,11 +691,8 @@ def test_a_failed_batched_launch_leaves_the_torch_ops(monkeypatch, triton_stats,
     """A batched launch that fails: its tensors get null statistics (their records kept), the next the torch
     ops', with one warning."""
 
-    def broken(*args, **kwargs):
-        raise RuntimeError("no launch here")
-
-    monkeypatch.setattr(triton_stats, "_partials_many", {(1,): broken, (2,): broken})
-    monkeypatch.setattr(triton_stats, "_partials_few", {(1,): broken, (2,): broken})
+    monkeypatch.setattr(triton_stats, "_partials_many", Failing("no launch here"))
+    monkeypatch.setattr(triton_stats, "_partials_few", Failing("no launch here"))
     buffer = fused_buffer()
     prime(buffer)
     with caplog.at_level("WARNING", logger="msprobe_runtime"):
