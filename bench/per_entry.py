@@ -12,27 +12,30 @@ attached); and the backward entry that such a call later records, timed over ``l
 of calls.
 
 Parts (the current runtime's own functions, called alone on a collecting collector): naming, the input and
-output records (metadata, and the statistics by the native op where it serves), the call stack's capture at
+output records (metadata, and the statistics by the native op where it serves; on a device path each record within
+a call's ``begin``/``end``, so with its own launch, where a call's records share one), the call stack's capture at
 ``--depth``, and the backward attachment; "the rest" is the total less the parts (entry dicts, locks,
 ``in_api`` bookkeeping, the shim and the call itself).
 
     python bench/per_entry.py [--calls 2000] [--rounds 7] [--depth 40] [--device cpu] [--json FILE]
-                              [--stats {default,torch-ops,triton-stub}] [--before FILE --svg docs/per_entry.svg]
+                              [--stats {default,torch-ops,triton-stub,triton-stub-python}]
+                              [--before FILE --svg docs/per_entry.svg]
 
 ``--device cuda``: the tensors of the calls on that device (the accelerator's host path: the statistics launched
 there, by the Triton kernels or the torch ops, where on the CPU the native op serves); the device is
 synchronised after each timed body, so the time is the host's unless the device falls behind. Run it beside
 ``--device cpu`` on the same machine: issue 31 asks the device's per-entry time within 1.5x of the CPU's.
 
-``--stats``: which statistics path the collector's ``StatBuffer`` takes. ``default``: as a run would (the native op
-on CPU tensors where it builds). ``torch-ops``: the torch ops only (``native=False``), the path of an NPU or of a
-device without Triton. ``triton-stub``: the Python host work of the device path (``triton_stats``) measured on the
-CPU, where no GPU is: ``TRITON_INTERPRET=1`` is set before Triton's import, the StatBuffer serves CPU tensors by the
-Triton path (``triton_cpu=True``), and its kernels (``_partials``, ``_partials_few`` where the runtime has it,
-``_partials_many``, ``_finish``) are replaced by stubs that launch nothing, so what remains is our host work per
-tensor and per call. Not in it: the Triton launcher's own cost per launch (binding and specialising its
-arguments, the driver's launch), nor a pinned host-to-device copy's (``_partials_many``'s table); measure those
-with ``--device cuda`` where a GPU is. Requires ``--device cpu``.
+``--stats``: which statistics path the collector's ``StatBuffer`` takes. ``default``: as a run would (the native op on
+CPU tensors where it builds). ``torch-ops``: the torch ops only (``native=False``), the path of an NPU or of a device
+without Triton. ``triton-stub``: the host work of the device path measured on the CPU, where no GPU is:
+``TRITON_INTERPRET=1`` is set before Triton's import, CPU tensors are taken as a CUDA tensor is (the native Recorder's
+lane makes their records, ``triton_cpu="lane"``; ``triton-stub-python``: its Python path, as where the native op does
+not build, ``native=False, triton_cpu=True``), and the kernels (``_partials``, ``_partials_few`` where the runtime has
+it, ``_partials_many``, ``_finish``) are replaced by stubs that launch nothing, so what remains is our host work per
+tensor and per call. Not in it: the Triton launcher's own cost per launch (binding and specialising its arguments, the
+driver's launch), nor a pinned host-to-device copy's (``_partials_many``'s table); measure those with ``--device cuda``
+where a GPU is. Requires ``--device cpu``.
 
 ``--before FILE``: a ``--json`` of another runtime (run with that runtime first on ``PYTHONPATH``), drawn
 beside this run's figures in ``--svg``, each as a multiple of its own run's plain call.
@@ -117,7 +120,10 @@ def choose_stats(which):
         if hasattr(triton_stats, name):
             setattr(triton_stats, name, Stub())
     triton_stats._finish = Finish()
-    collector.StatBuffer = lambda counts: statistics.StatBuffer(counts, native=False, triton_cpu=True)
+    if which == "triton-stub":  # as a device's run takes it: the native Recorder's lane where the op builds
+        collector.StatBuffer = lambda counts: statistics.StatBuffer(counts, triton_cpu="lane")
+    else:  # triton-stub-python: the Python path of the records (no native op, as where it fails to build)
+        collector.StatBuffer = lambda counts: statistics.StatBuffer(counts, native=False, triton_cpu=True)
 
 
 def best_seconds(fn, rounds, sync=lambda: None):
@@ -139,7 +145,7 @@ def main():
     parser.add_argument("--device", default="cpu", help="where the calls' tensors live (cpu, cuda, ...)")
     parser.add_argument(
         "--stats",
-        choices=("default", "torch-ops", "triton-stub"),
+        choices=("default", "torch-ops", "triton-stub", "triton-stub-python"),
         default="default",
         help="the statistics path: as a run takes it, the torch ops only, or the Triton host path with its kernels "
         "stubbed (on CPU tensors)",
@@ -148,7 +154,7 @@ def main():
     parser.add_argument("--before", help="figures of an earlier runtime (its --json), for --svg")
     parser.add_argument("--svg", help="a bar chart of the added time per entry, beside --before's")
     args = parser.parse_args()
-    if args.stats == "triton-stub":
+    if args.stats.startswith("triton-stub"):
         if args.device != "cpu":
             parser.error("--stats triton-stub runs on CPU tensors (--device cpu)")
         os.environ["TRITON_INTERPRET"] = "1"  # read when triton is imported: before msprobe_runtime imports it
@@ -309,11 +315,25 @@ def measure_parts(torch, runtime, PrecisionDebugger, start, finish, dump, args):
         else:
             backward.hook_api_backward(collector, "Functional.relu.0.backward", [outputs.pop()])
 
+    stats = collector.stats
+    fused = stats._fused
+
+    def in_call(describe):  # a device path's record: within its call's records, launched at their end
+        if not fused:
+            return describe
+
+        def record():
+            fused.begin()
+            describe()
+            stats.end_call(fused)
+
+        return record
+
     bodies = {
         # counted and named, its entry begun: the input's record, measured next, left out (no arguments)
         "naming": lambda: collector._begin_api("Functional.relu", (), None),
-        "input record": lambda: collector.describe_seq((x,), None),
-        "output record": lambda: collector.describe_output(y, None),
+        "input record": in_call(lambda: collector.describe_seq((x,), None)),
+        "output record": in_call(lambda: collector.describe_output(y, None)),
         "call stack": lambda: capture(frame, None, None, call_stacks.MAX_RAW),
         "call stack (shallow)": lambda: capture(shallow, None, None, call_stacks.MAX_RAW),
         "backward attachment": attach,

@@ -4,15 +4,18 @@
     python bench/triton_launches.py                          # hidden 128, 2 layers, L1 and mix, 3 steps
     python bench/triton_launches.py --hidden 64 --steps 2    # what `make bench` runs
     python bench/triton_launches.py --json out.json
+    python bench/triton_launches.py --path python            # the records made in Python (no native op)
 
-Without a GPU the kernels run on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``, set here before
-Triton is imported; ``StatBuffer(triton_cpu=True)``, as tests/runtime/test_triton_stats.py runs them): the launches
-a GPU would make, not its time. With one (``--device cuda``), on the device, compiled. A step is forward with
-labels, backward, AdamW (foreach) and zero_grad between ``start`` and ``stop``; the first step is left out (it makes
-the kernels and has no earlier reads to serve again). Counted per launch: ``_partials`` (one tensor),
-``_partials_few`` (two to four, by their addresses), ``_partials_many`` (more, from a table), ``_finish`` (one per
-arena at the flush), each under the collector's method that made it. Each level runs in its own process, so that one
-level's state (the kernels made, the tensors remembered) is not the next's.
+Without a GPU the kernels run on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``, set here before Triton
+is imported; CPU tensors taken as a CUDA tensor is, as tests/runtime/test_native_lane.py runs them): the launches a GPU
+would make, not its time. ``--path lane`` (the default): the records of device tensors made by the native op's Recorder
+where it builds, as a GPU run makes them (``triton_cpu="lane"``); ``--path python``: by the runtime's Python path
+(``native=False, triton_cpu=True``), as where the op does not build. With one (``--device cuda``), on the device,
+compiled. A step is forward with labels, backward, AdamW (foreach) and zero_grad between ``start`` and ``stop``; the
+first step is left out (it makes the kernels and has no earlier reads to serve again). Counted per launch: ``_partials``
+(one tensor), ``_partials_few`` (two to four, by their addresses), ``_partials_many`` (more, from a table), ``_finish``
+(one per arena at the flush), each under the collector's method that made it. Each level runs in its own process, so
+that one level's state (the kernels made, the tensors remembered) is not the next's.
 """
 
 import argparse
@@ -34,6 +37,7 @@ PHASES = {
     "record_param_grad": "a parameter's gradient",
     "take": "the flush",
     "end_call": "a backward hook's gradients",
+    "_lane_launch": "a backward hook's gradients (the native lane)",
 }
 
 
@@ -49,8 +53,12 @@ def run_level(args):
     from msprobe_runtime import triton_stats as kernels
 
     torch.set_num_threads(1)
-    if args.device == "cpu":
+    if args.device == "cpu" and args.path == "lane":
+        collector.StatBuffer = lambda counts: statistics.StatBuffer(counts, triton_cpu="lane")
+    elif args.device == "cpu":
         collector.StatBuffer = lambda counts: statistics.StatBuffer(counts, native=False, triton_cpu=True)
+    elif args.path == "python":
+        os.environ["MSPROBE_NATIVE_LANE"] = "0"
     counted = collections.Counter()
     state = {"counting": False}
 
@@ -59,7 +67,7 @@ def run_level(args):
         while frame is not None:
             names.add(frame.f_code.co_name)
             frame = frame.f_back
-        # end_call last: the forward's records close their launches through it too
+        # end_call last but one: the forward's records close their launches through it too
         return next((name for name in PHASES if name in names), "elsewhere (a record outside a batch)")
 
     class Counted:
@@ -130,6 +138,7 @@ def main():
     parser.add_argument("--seq", type=int, default=32)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--levels", default="L1,mix")
+    parser.add_argument("--path", default="lane", choices=("lane", "python"), help="who makes device tensors' records")
     parser.add_argument("--level", help=argparse.SUPPRESS)  # one level, in the worker process
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args()
@@ -144,14 +153,17 @@ def main():
     rows = []
     for level in args.levels.split(","):
         command = [sys.executable, os.path.abspath(__file__), "--level", level]
-        for option in ("device", "hidden", "layers", "seq", "steps"):
+        for option in ("device", "hidden", "layers", "seq", "steps", "path"):
             command += [f"--{option}", str(getattr(args, option))]
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
             sys.stderr.write(done.stderr[-4000:])
             return 1
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    print(f"bf16 Llama, hidden {args.hidden}, {args.layers} layers, sequence {args.seq}, {args.device}")
+    print(
+        f"bf16 Llama, hidden {args.hidden}, {args.layers} layers, sequence {args.seq}, {args.device}, "
+        f"records by the {'native lane' if args.path == 'lane' else 'Python path'}"
+    )
     print("| level | entries a step | forward entries | launches a step | launches per entry |")
     print("|---|---|---|---|---|")
     for row in rows:

@@ -344,6 +344,12 @@ class Collector:
         self.phase = None
         self.forget_reads()
 
+    def lane_reads(self):
+        """Device tensors the native Recorder queued for the Triton kernels this step (``TritonStats.attach``):
+        their records' numbers are resolved by the writer thread, as TensorRecords' are."""
+        recorder = self.recorder
+        return recorder.lane_reads if recorder is not None and hasattr(recorder, "lane_reads") else 0
+
     def forget_reads(self, *_hook_args):
         """The tensors read so far may change from here without moving their version counters (start, stop, an
         optimizer's step: a fused kernel, megatron's copy through ``.data``): each is read afresh at its next
@@ -1296,7 +1302,7 @@ def _api_backward_fallback(owner, index, positions, grad_inputs, grad_outputs):
     try:
         name, width = collector.step.api_backward_hooks[index]
         with collector.own_work:
-            bw.observe_api(collector, name, width, positions, grad_inputs, grad_outputs)
+            _in_one_launch(collector, bw.observe_api, name, width, positions, grad_inputs, grad_outputs)
     except Exception as error:
         collector.log_error("API backward hook", error)
 
@@ -1310,9 +1316,22 @@ def _module_backward_fallback(owner, index, field, slot, grad):
     try:
         wait = collector.step.module_backward_hooks[index]
         with collector.own_work:
-            bw.observe_tensor(collector, wait, bw.FIELDS[field], slot, grad)
+            _in_one_launch(collector, bw.observe_tensor, wait, bw.FIELDS[field], slot, grad)
     except Exception as error:
         collector.log_error("module backward hook", error)
+
+
+def _in_one_launch(collector, observe, *args):
+    """``observe(collector, *args)``, a hook's records, with a device's gradients in one launch (as backward's own
+    hooks make them: ``_PythonHook``)."""
+    fused = collector.stats._fused
+    if fused:
+        fused.begin()
+    try:
+        observe(collector, *args)
+    finally:
+        if fused:
+            collector.stats.end_call(fused)
 
 
 def _compiled_autograd():

@@ -393,7 +393,9 @@ class PrecisionDebugger:
         if dump:
             # not copied (``_detached``): a step prepared at once below is marshalled before any hook can add to it
             data, stacks, construct, tensors = collector.snapshot(handover)
-            plain = collector.step.tensor_records == 0  # read after: a record made meanwhile only counts against
+            # read after: a record made meanwhile only counts against plain; the native lane's device records
+            # are resolved by the writer thread, as TensorRecords are (records.native_resolved)
+            plain = collector.step.tensor_records == 0 and not collector.lane_reads()
         else:
             tensors = collector.take_tensors()
         debug = self._debug.snapshot(handover) if self._debug.dirty else None

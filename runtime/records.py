@@ -7,15 +7,17 @@ A tensor the native op read at record time becomes a plain tuple instead (made b
 ``bytes``, an integer or bool tensor's a tuple), of strings, bytes and numbers only, which the op
 leaves untracked by the garbage collector, so the records a step keeps until its flush are neither walked by
 its young collections nor piled up in its oldest generation, where they brought on full collections. It stays
-a tuple until the writing process makes it into msprobe's record (``json_files.native_json``).
+a tuple until the writing process makes it into msprobe's record (``json_files.native_json``). A device tensor's
+native record (the Recorder's lane onto the Triton kernels) has the row ``(DEVICE_ROW, arena, tensor)`` until the
+writer thread puts its numbers there (``native_resolved``).
 """
 
 from __future__ import annotations
 
 from .foreign import is_subclass, type_name
 from . import dump_names
-from .json_files import convert, copy_records, tensor_json
-from .statistics import KIND_BOOL, KIND_FLOAT, KIND_LOW, KIND_NO_MEAN, KIND_SCALAR, slot_values
+from .json_files import convert, copy_records, native_json, tensor_json
+from .statistics import DEVICE_ROW, KIND_BOOL, KIND_FLOAT, KIND_LOW, KIND_NO_MEAN, KIND_SCALAR, slot_values
 
 MAX_DEPTH = 32
 
@@ -118,7 +120,19 @@ def resolve(obj):
     return convert(obj, _RESOLVE)
 
 
-_RESOLVE = {TensorRecord: TensorRecord.to_json}
+def native_resolved(record):
+    """A native record as it is, or, where its row is a device tensor's in a Triton arena (``DEVICE_ROW``), its
+    JSON form with the numbers the flush brought (null where they never came: a launch that failed)."""
+    row = record[4]
+    if type(row) is not tuple or not row or row[0] is not DEVICE_ROW:
+        return record
+    numbers = row[1].numbers(row[2])
+    if numbers is None:
+        return tensor_json("torch.Tensor", record[0], record[1], record[2], None, None, None, None, None)
+    return native_json(record[:4] + (numbers,))
+
+
+_RESOLVE = {TensorRecord: TensorRecord.to_json, tuple: native_resolved}
 
 
 def describe_builtin(value):

@@ -21,6 +21,7 @@ the float8 data, and its slot one or two numbers longer, the dequantization fact
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 
@@ -196,6 +197,19 @@ _STAGE_FIRST_ROWS = 32
 LATER = object()  # an item the native Recorder left for the caller to describe (StatBuffer.native_recorder)
 
 
+class _DeviceRow:
+    """The mark of a native record whose row is ``(mark, arena, tensor)``: a device tensor's numbers, still in
+    a Triton arena (``TritonStats.attach``); the writer resolves it (records.native_resolved)."""
+
+    __slots__ = ()
+
+    def __repr__(self):
+        return "DEVICE_ROW"
+
+
+DEVICE_ROW = _DeviceRow()
+
+
 _TENSOR = _PARAMETER = None  # torch.Tensor and torch.nn.Parameter, set by the first StatBuffer (no torch import here)
 
 
@@ -221,8 +235,10 @@ class StatBuffer:
 
             native = native_stats.load()
         self._native = native or None  # native=False: the torch ops only
-        # ``add``'s device fast path takes CPU tensors too (tests), where no native op would serve them first
-        self._fused_cpu = triton_cpu and self._native is None
+        # ``add``'s device fast path takes CPU tensors too (tests), where no native op would serve them first;
+        # ``triton_cpu="lane"`` (tests, bench/per_entry.py's triton-stub) gives them to the native op's lane too
+        self._fused_cpu = bool(triton_cpu and self._native is None or triton_cpu == "lane")
+        self._recorder = None  # the native op's Recorder (``native_recorder``)
         self._native_types = ()
         if self._native is not None:
             import torch
@@ -264,7 +280,13 @@ class StatBuffer:
         ``recorder.clear()`` forgets them. See ``native/stats_op.cpp``."""
         if self._native is None:
             return None
-        return self._native.Recorder(self.nan_inf_count, below, keep, LATER)
+        recorder = self._native.Recorder(self.nan_inf_count, below, keep, LATER)
+        self._recorder = recorder  # its lane serves the Triton kernels' device tensors (``_attach``)
+        if self._fused is None and self._fused_cpu:  # CPU tensors are the lane's (tests): no device tensor asks first
+            self._fused = _fused_stats(self.nan_inf_count) or False
+        if self._fused:
+            self._attach(self._fused)
+        return recorder
 
     def add(self, t, kind):
         """Launch the statistics of ``t``; returns ``(slot, count_slot or None)``: ``Slot`` objects that a
@@ -356,6 +378,7 @@ class StatBuffer:
             fused.end()
         except Exception as error:  # the slots it queued stay unfilled: null statistics, the records kept
             self._fused_devices = ()
+            fused.detach()
             _fused_failed(error)
 
     def _add_rows(self, t, repeat):
@@ -393,6 +416,8 @@ class StatBuffer:
         fused = self._fused
         if fused is None:
             fused = self._fused = _fused_stats(self.nan_inf_count) or False
+            if fused and self._recorder is not None:
+                self._attach(fused)
         width = 4 if kind == KIND_LOW else _WIDTH.get(kind) if kind != KIND_BOOL else None
         if not fused or width is None:
             return None
@@ -400,8 +425,28 @@ class StatBuffer:
             return fused.add(t, width)
         except Exception as error:  # a kernel that does not compile or launch here: the torch ops from now on
             self._fused_devices = ()  # (the tensors it took already are still finished at the flush)
+            fused.detach()
             _fused_failed(error)
             return None
+
+    def _attach(self, fused):
+        """The native Recorder's lane onto the Triton kernels (``TritonStats.attach``), unless
+        ``MSPROBE_NATIVE_LANE`` is 0 (the Python path, for a comparison); where it cannot be (an op built from an
+        older source has no lane), the Python path serves, as before."""
+        if os.environ.get("MSPROBE_NATIVE_LANE", "1") == "0":
+            return
+        try:
+            fused.failed = self._lane_failed
+            fused.attach(self._recorder, DEVICE_ROW, cpu=self._fused_cpu)
+        except Exception as error:
+            import logging
+
+            logging.getLogger("msprobe_runtime").debug("msprobe_runtime: no native lane (%s)", error)
+
+    def _lane_failed(self, error):
+        """A launch of the native lane's failed in a backward hook: the torch ops from now on."""
+        self._fused_devices = ()
+        _fused_failed(error)
 
     def fused_fingerprint(self, t):
         """The fingerprint parts of ``t`` (readable, at least one element) by the Triton kernel in one read of its
@@ -571,10 +616,22 @@ class StatBuffer:
             rows, self._rows = self._rows, {}
         groups, kept = self._reduce_stages(stages)  # torch ops, outside the lock
         pending.extend(groups)
+        if self._recorder is not None and hasattr(self._recorder, "take_lane_error"):
+            error = self._recorder.take_lane_error()
+            if error:  # the lane gave itself up: the Python path made its records from then on
+                import logging
+
+                logging.getLogger("msprobe_runtime").warning(
+                    "msprobe_runtime: the native op's records of device tensors stopped (%s); the Python path "
+                    "makes them",
+                    error.splitlines()[0][:200] if error.strip() else "an error",
+                )
         if self._fused:
             try:
                 pending.extend(self._fused.finish())
             except Exception as error:  # the slots it held stay unfilled: null statistics, the records kept
+                self._fused_devices = ()
+                self._fused.detach()
                 _fused_failed(error)
         with self._lock:
             for key, keep in kept.items():
@@ -804,7 +861,7 @@ def _launch(device, by_dtype, target):
         slot.pending = None
         if slot.members is not None:
             for index, member in enumerate(slot.members):
-                if member is not None:
+                if type(member) is Slot:  # None once forgotten, or the native lane's mark (TritonStats.attach)
                     member.batch = batch
                     member.offset = slot.offset + index * member.width
     return event is None

@@ -40,6 +40,10 @@ tests/runtime/test_triton_stats.py). Other layouts, float64 and float8 keep a la
 call that leaves them as they are (``call_effects``) are queued by ``begin(watch)`` and ``hold`` and read with its
 output, after it, each checked against its version counter at the launch. Not yet: the tensors of a whole flush in
 one launch (a tensor must be read at its call; holding it to the flush would keep activations alive).
+
+Where the native op builds, its ``Recorder`` makes the records of a call's contiguous float32, float16 and bfloat16
+tensors itself and queues them here, in the same arenas and queue (``attach``: one native call a record, where the
+Python path made five calls and three objects); their rows are resolved by the writer (records.native_resolved).
 """
 
 from __future__ import annotations
@@ -698,14 +702,35 @@ class _CallState(threading.local):
 class _Arena:
     """The partial rows and metadata of the tensors of one device and slot width, until the flush."""
 
-    __slots__ = ("part", "meta", "rows", "slots", "counts")
+    __slots__ = ("part", "meta", "rows", "capacity", "room", "slots", "counts", "groups")
 
     def __init__(self, device, rows, columns):
         self.part = torch.empty((rows, columns), dtype=torch.float64, device=device)
         self.meta = torch.empty((_ARENA_TENSORS, _META), dtype=torch.int64, device=device)
-        self.rows = 0
-        self.slots = []
+        self.rows = 0  # rows taken (the native lane reads and writes these three too: TritonStats.attach)
+        self.capacity = rows
+        self.room = _ARENA_TENSORS  # tensors it holds at most
+        self.slots = []  # a Slot per tensor; the lane's mark for a native Recorder's record; None once forgotten
         self.counts = []
+        self.groups = None  # the group slots of its numbers, once closed (``TritonStats._close``)
+
+    def numbers(self, tensor):
+        """Max, Min, Mean, Norm, then the NaN and Inf counts where they are on, of tensor ``tensor`` of the
+        arena (a native Recorder's lane record: records.native_resolved, on the writer thread); None where
+        they never came (a launch that failed, an arena never closed)."""
+        groups = self.groups
+        if groups is None or self.slots[tensor] is None:
+            return None
+        values = groups[0].values()
+        if values is None:
+            return None
+        out = tuple(values[4 * tensor : 4 * tensor + 4])
+        if len(groups) > 1:
+            counts = groups[1].values()
+            if counts is None:
+                return None
+            out += tuple(counts[2 * tensor : 2 * tensor + 2])
+        return out
 
 
 class TritonStats:
@@ -728,6 +753,10 @@ class TritonStats:
         # API names whose input, read after the call (``begin(watch)``, ``hold``), had moved by the launch: their
         # statistics left null (call_effects); the collector takes them (``Collector._inputs_changed``)
         self.changed = []
+        self._watched = None  # the API of the last ``begin(watch)``: the native lane's items carry no name
+        self._watching = False  # a ``begin(watch)`` since the last launch: versions to check (``_launch_queue``)
+        # the native op's Recorder, whose lane queues a call's device tensors into ``_queue`` (``attach``)
+        self._recorder = None
 
     def add(self, t, width):
         """``(slot, counts slot or None)`` of a plain strided tensor of float32, float16 or bfloat16 (``width``
@@ -787,7 +816,7 @@ class TritonStats:
         with self._lock:
             key = (t.get_device(), width, low != 0)
             arena = self._arenas.get(key)
-            if arena is not None and (arena.rows + grid > arena.part.shape[0] or len(arena.slots) == _ARENA_TENSORS):
+            if arena is not None and (arena.rows + grid > arena.capacity or len(arena.slots) >= arena.room):
                 self._done.extend(self._close(arena, width, low != 0))
                 arena = None
             if arena is None:
@@ -834,7 +863,7 @@ class TritonStats:
         with self._lock:
             key = (t.get_device(), width, False)
             arena = self._arenas.get(key)
-            if arena is None or arena.rows + grid > arena.part.shape[0] or len(arena.slots) == _ARENA_TENSORS:
+            if arena is None or arena.rows + grid > arena.capacity or len(arena.slots) >= arena.room:
                 if arena is not None:
                     self._done.extend(self._close(arena, width, False))
                 arena = self._arenas[key] = _Arena(t.device, max(_ARENA_ROWS, grid), 6)
@@ -843,6 +872,47 @@ class TritonStats:
             arena.slots.append(slot)
             arena.counts.append(counts)
         return slot, counts
+
+    def attach(self, recorder, mark, cpu=False):
+        """Let the native op's ``recorder`` make the records of a call's contiguous float32, float16 and bfloat16 device
+        tensors (CPU ones too with ``cpu``: tests) and queue them here, as ``_queued`` does, in the same arenas
+        (``_arenas``, read by the op; ``_lane_arena`` where one is full), each record's row ``(mark, arena, tensor)``
+        (records.native_resolved): one native call per record, where the Python path made five calls and three objects.
+        The gradients of its backward hooks too, launched as each hook ends (``_lane_launch``)."""
+        recorder.lane(self._queue, self._arenas, self._lane_arena, self._lane_launch, mark, cpu, _BLOCK, _MAX_ROWS)
+        self._recorder = recorder
+
+    def detach(self):
+        """The lane given up (a launch failed): the native Recorder leaves device tensors to the Python path."""
+        recorder, self._recorder = self._recorder, None
+        if recorder is not None:
+            recorder.lane_off()
+
+    def _lane_launch(self):
+        """Launch what the native lane queued in a backward hook (``attach``): no call's ``end`` follows a hook.
+        A failure goes to ``failed`` (the StatBuffer's: the torch ops from then on); its tensors' numbers null."""
+        try:
+            with self._lock:
+                self._launch_queue()
+        except Exception as error:
+            self.detach()
+            self.failed(error)
+
+    def failed(self, error):
+        """A launch outside any call failed (``_lane_launch``); the StatBuffer sets what follows."""
+
+    def _lane_arena(self, t, rows):
+        """The arena for the native lane on ``t``'s device with room for ``rows`` rows and a tensor: the one
+        filling, or a fresh one, the full one closed first (as ``_queued`` does)."""
+        with self._lock:
+            key = (t.get_device(), 4, False)
+            arena = self._arenas.get(key)
+            if arena is not None and arena.rows + rows <= arena.capacity and len(arena.slots) < arena.room:
+                return arena  # made room by another thread meanwhile
+            if arena is not None:
+                self._done.extend(self._close(arena, 4, False))
+            arena = self._arenas[key] = _Arena(t.device, max(_ARENA_ROWS, rows), 6)
+            return arena
 
     def begin(self, watch=None):
         """The records of one call begin: its contiguous tensors are read together at ``end``, by the time the
@@ -853,7 +923,11 @@ class TritonStats:
         local = self._local
         local.depth += 1
         if watch is not None:
-            local.watch = watch
+            local.watch = self._watched = watch
+            self._watching = True
+        recorder = self._recorder
+        if recorder is not None:
+            recorder.lane_open = True
 
     def hold(self):
         """Close what ``begin(watch)`` opened without launching it: the next ``end`` (the call's output's, or
@@ -861,6 +935,9 @@ class TritonStats:
         local = self._local
         local.watch = None
         local.depth -= 1
+        recorder = self._recorder
+        if recorder is not None and not local.depth:
+            recorder.lane_open = False
 
     def end(self):
         """The records of the call ``begin`` opened are made: launch what it queued (nested: the outermost)."""
@@ -868,6 +945,9 @@ class TritonStats:
         depth = local.depth = local.depth - 1
         if depth == 0:
             local.watch = None
+            recorder = self._recorder
+            if recorder is not None:
+                recorder.lane_open = False
             if self._queue:
                 with self._lock:
                     self._launch_queue()
@@ -877,16 +957,22 @@ class TritonStats:
         ``_partials``, two to ``_FEW`` by ``_partials_few`` (their addresses as arguments), more by
         ``_partials_many`` (a table of a row per tensor made on the host and copied to the device from pinned
         memory), ``_MANY_MAX`` at a time."""
-        queue, self._queue = self._queue, []
-        kept, moved = [], []
-        for item in queue:
-            (kept if item[9] is None or item[9] == _version(item[0]) else moved).append(item)
-        if moved:  # changed by a call thought to leave it alone: null, never the values after the call
-            _forget([moved])
-            self.changed.extend(item[10] for item in moved)
-            queue = kept
-            if not queue:
-                return
+        # the list itself stays: the native lane appends to it (``attach``); what it holds now is taken
+        queue = self._queue[:]
+        if not queue:  # launched already (an arena closed meanwhile launches what its tensors queued)
+            return
+        del self._queue[: len(queue)]
+        if self._watching:  # inputs read after their call are here: each checked against its version counter
+            self._watching = False
+            kept, moved = [], []
+            for item in queue:
+                (kept if item[9] is None or item[9] == _version(item[0]) else moved).append(item)
+            if moved:  # changed by a call thought to leave it alone: null, never the values after the call
+                _forget([moved])
+                self.changed.extend(item[10] or self._watched for item in moved)
+                queue = kept
+                if not queue:
+                    return
         first = queue[0]
         arena, code = first[8], first[7]
         for item in queue:
@@ -927,13 +1013,16 @@ class TritonStats:
             groups.append(self._slot(totals[:, 2:].reshape(-1), 2 * count, arena.counts))
         elif self.nan_inf_count:
             groups.append(self._slot(totals.reshape(-1), totals.shape[1] * count, arena.counts))
+        arena.groups = groups
         return groups
 
     def finish(self):
         """The group slots of every tensor added since the last flush, their numbers launched on the device."""
         with self._lock:
             groups, self._done = self._done, []
-            arenas, self._arenas = self._arenas, {}
+            # emptied in place: the native lane holds this dict (``attach``)
+            arenas = dict(self._arenas)
+            self._arenas.clear()
             for (_, width, low), arena in arenas.items():
                 if arena.slots:
                     groups.extend(self._close(arena, width, low))

@@ -859,6 +859,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   void clear() {  // a new step: it reads afresh, and its hooks, none of the earlier steps', may record
     forget();
     ++generation_;
+    lane_reads_ = 0;
   }
 
   int64_t reads() const { return reads_; }
@@ -884,6 +885,49 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   }
 
   bool collecting = false;
+
+  // The Triton lane (triton_stats.TritonStats.attach): while ``lane_open`` (the records of one call, between its
+  // ``begin`` and ``end``), a contiguous float32, float16 or bfloat16 CUDA tensor (a CPU one too with ``cpu``,
+  // for tests under Triton's interpreter) gets its record here, as a CPU tensor's: its rows taken in the arena
+  // that ``arenas`` holds for its device (``(device index, 4, False)``, the arena ``triton_stats._queued`` fills
+  // too, so that a call's tensors are one launch), ``renew(tensor, rows)`` closing it and giving a fresh one where
+  // it is full, and the tuple ``_queued`` makes appended to ``queue``, which the ``end`` of the call launches. Its
+  // row is ``(mark, arena, tensor)``, resolved by the writer (records.native_resolved). A backward hook's
+  // gradients too, launched by ``launch()`` as the hook ends. The kernels' arguments (``block`` elements a program
+  // loads, ``max_rows`` rows a tensor at most) are triton_stats's.
+  void lane(py::object queue, py::object arenas, py::object renew, py::object launch, py::object mark, bool cpu,
+            int64_t block, int64_t max_rows) {
+    if (!PyList_CheckExact(queue.ptr())) throw py::type_error("queue: a list");
+    if (!PyDict_CheckExact(arenas.ptr())) throw py::type_error("arenas: a dict");
+    if (block <= 0 || max_rows <= 0) throw py::value_error("block and max_rows: positive");
+    lane_queue_ = std::move(queue);
+    lane_arenas_ = std::move(arenas);
+    lane_renew_ = std::move(renew);
+    lane_launch_ = std::move(launch);
+    lane_mark_ = std::move(mark);
+    lane_cpu_ = cpu;
+    block_ = block;
+    max_rows_ = max_rows;
+  }
+
+  void lane_off() {  // the kernels failed, or the lane is given up: the Python path from here
+    lane_open = false;
+    lane_queue_ = py::none();
+    lane_arenas_ = py::none();
+    lane_renew_ = py::none();
+    lane_launch_ = py::none();
+  }
+
+  bool lane_open = false;
+
+  int64_t lane_reads() const { return lane_reads_; }
+
+  // Why the lane was given up (an arena it could not have, a queue it could not append to), once: "" else.
+  std::string take_lane_error() {
+    std::string error = std::move(lane_error_);
+    lane_error_.clear();
+    return error;
+  }
 
   // backward.hook_api_backward, natively: a post-hook on each grad_fn behind ``outputs`` (tensors or None), the
   // outputs grouped by node in order of first appearance. The number of hooks attached.
@@ -1008,6 +1052,11 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   // One module tensor hook's call (or an input's completed sum), with the GIL held.
   void module_gradient(int64_t generation, int64_t index, int64_t field, int64_t slot, const at::Tensor& grad) {
     if (generation != generation_ || !collecting || arrivals_.is_none()) return;
+    module_gradient_record(index, field, slot, grad);
+    lane_launch();
+  }
+
+  void module_gradient_record(int64_t index, int64_t field, int64_t slot, const at::Tensor& grad) {
     try {
       at::NoGradGuard no_grad;
       PyObject* record = gradient_record(grad);
@@ -1049,6 +1098,13 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
                     const torch::autograd::variable_list& grad_inputs,
                     const torch::autograd::variable_list& grad_outputs) {
     if (generation != generation_ || !collecting || arrivals_.is_none()) return;
+    api_backward_records(index, positions, grad_inputs, grad_outputs);
+    lane_launch();
+  }
+
+  void api_backward_records(int64_t index, const std::vector<std::pair<int64_t, int64_t>>& positions,
+                            const torch::autograd::variable_list& grad_inputs,
+                            const torch::autograd::variable_list& grad_outputs) {
     try {
       at::NoGradGuard no_grad;
       py::list received;  // (position, record) of the gradients w.r.t. the API's outputs
@@ -1078,7 +1134,19 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
       Py_INCREF(Py_None);
       return Py_None;
     }
-    return tensor_record(grad);
+    return tensor_record(grad, LANE_HOOK);  // the lane's, launched as the hook ends (``lane_launch``)
+  }
+
+  // What the lane queued in a backward hook, launched by its ``launch`` as the hook ends (no call's ``end``
+  // follows a hook: a gradient held to the next one would keep its memory). An error is the launcher's to report.
+  void lane_launch() {
+    if (lane_hook_queued_ == 0) return;
+    lane_hook_queued_ = 0;
+    try {
+      lane_launch_();
+    } catch (const std::exception&) {
+      PyErr_Clear();
+    }
   }
 
   void fallback(int64_t index, const std::vector<std::pair<int64_t, int64_t>>& positions,
@@ -1118,7 +1186,152 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   py::object module_fallback_ = py::none();
   py::object owner_ = py::none();
   int64_t generation_ = 0;
-  PyObject* read(const at::Tensor& t, py::object* row, bool* scalar) {
+  // Where a record is made: a call's records (the lane's while a call's records are open), a backward hook's.
+  enum LaneUse { LANE_CALL, LANE_HOOK };
+
+  // Whether ``t`` is on a device of the lane (``lane``): a CUDA tensor, or a CPU one with ``cpu``, which is then
+  // never read by the op's own statistics, as a CUDA tensor is not (the Python path, or the lane, serves it).
+  bool lane_device(const at::Tensor& t) const {
+    if (lane_queue_.is_none() || !t.defined()) return false;
+    const c10::Device device = t.device();
+    return device.is_cuda() || (lane_cpu_ && device.is_cpu());
+  }
+
+  // Whether the lane takes ``t``, one of its device's, now: the tensors triton_stats.TritonStats._queued takes.
+  bool lane_takes(const at::Tensor& t) const {
+    const at::ScalarType type = t.scalar_type();
+    if (type != at::kFloat && type != at::kBFloat16 && type != at::kHalf) return false;
+    return own_data(t) && !t.is_neg() && t.is_contiguous() && t.numel() > 0;
+  }
+
+  // A plain strided tensor whose data is its own memory (own_cpu_data's rules, on any device).
+  static bool own_data(const at::Tensor& t) {
+    if (t.layout() != at::kStrided || t.is_quantized() || t.is_nested() || !t.has_storage()) return false;
+    const c10::DispatchKeySet keys = t.key_set();
+    return !(keys.has(c10::DispatchKey::Python) || keys.has(c10::DispatchKey::Functionalize) ||
+             keys.has(c10::DispatchKey::FuncTorchBatched) || keys.has(c10::DispatchKey::FuncTorchGradWrapper) ||
+             keys.has(c10::DispatchKey::ZeroTensor));
+  }
+
+  // An arena's state as the lane reads it (triton_stats._Arena's ``rows``, ``capacity``, ``room``, ``slots``,
+  // ``counts``): its attributes are slots, so reading them runs no Python code.
+  struct ArenaState {
+    py::object slots, counts;
+    int64_t rows = 0, capacity = 0, room = 0;
+  };
+
+  // The attribute names, made once (interned: no string is made per read).
+  static PyObject* name(int which) {
+    static PyObject* names[5] = {PyUnicode_InternFromString("slots"), PyUnicode_InternFromString("counts"),
+                                 PyUnicode_InternFromString("rows"), PyUnicode_InternFromString("capacity"),
+                                 PyUnicode_InternFromString("room")};
+    return names[which];
+  }
+
+  static int64_t int_attr(PyObject* arena, int which) {
+    PyObject* value = PyObject_GetAttr(arena, name(which));
+    if (value == nullptr) throw py::error_already_set();
+    const long long out = PyLong_AsLongLong(value);
+    Py_DECREF(value);
+    if (out == -1 && PyErr_Occurred()) throw py::error_already_set();
+    return static_cast<int64_t>(out);
+  }
+
+  static ArenaState arena_state(PyObject* arena) {
+    ArenaState state;
+    state.slots = py::reinterpret_steal<py::object>(PyObject_GetAttr(arena, name(0)));
+    state.counts = py::reinterpret_steal<py::object>(PyObject_GetAttr(arena, name(1)));
+    if (!state.slots || !state.counts) throw py::error_already_set();
+    if (!PyList_CheckExact(state.slots.ptr()) || !PyList_CheckExact(state.counts.ptr()))
+      throw py::type_error("an arena's slots and counts: lists");
+    state.rows = int_attr(arena, 2);
+    state.capacity = int_attr(arena, 3);
+    state.room = int_attr(arena, 4);
+    return state;
+  }
+
+  // ``t``'s rows taken in the arena filling on its device and its launch queued: its record, its row
+  // ``(mark, arena, tensor)``. The arena is read afresh each time: the Python path fills it too, and a flush or a
+  // full arena replaces it.
+  PyObject* lane_read(const at::Tensor& t, py::object* row, bool* scalar, LaneUse use) {
+    const int64_t n = t.numel();
+    int64_t iters = 1, grid = (n + block_ - 1) / block_;
+    if (n > block_ * max_rows_) {
+      iters = (n + block_ * max_rows_ - 1) / (block_ * max_rows_);
+      grid = (n + block_ * iters - 1) / (block_ * iters);
+    }
+    const c10::Device device = t.device();
+    const int64_t index = device.is_cpu() ? -1 : device.index();
+    auto known = lane_keys_.find(index);
+    if (known == lane_keys_.end()) known = lane_keys_.emplace(index, py::make_tuple(index, 4, false)).first;
+    py::object arena = py::reinterpret_borrow<py::object>(PyDict_GetItemWithError(lane_arenas_.ptr(), known->second.ptr()));
+    if (!arena && PyErr_Occurred()) throw py::error_already_set();
+    ArenaState state;
+    if (arena) state = arena_state(arena.ptr());
+    if (!arena || state.rows + grid > state.capacity || PyList_GET_SIZE(state.slots.ptr()) >= state.room) {
+      py::object wrapped = py::reinterpret_steal<py::object>(THPVariable_Wrap(t));
+      if (!wrapped) throw py::error_already_set();
+      arena = lane_renew_(wrapped, grid);
+      state = arena_state(arena.ptr());
+      if (state.rows + grid > state.capacity || PyList_GET_SIZE(state.slots.ptr()) >= state.room)
+        throw py::value_error("a fresh arena without room");
+    }
+    const int64_t row0 = state.rows, tensor = PyList_GET_SIZE(state.slots.ptr());
+    const int64_t version = t.is_inference() ? -1 : static_cast<int64_t>(t._version());
+    const int64_t code = t.scalar_type() == at::kFloat ? 0 : t.scalar_type() == at::kHalf ? 1 : 2;
+    py::object wrapped = py::reinterpret_steal<py::object>(THPVariable_Wrap(t));
+    if (!wrapped) throw py::error_already_set();
+    PyObject* item = PyTuple_New(11);
+    if (item == nullptr) throw py::error_already_set();
+    py::object held_item = py::reinterpret_steal<py::object>(item);
+    const int64_t numbers[] = {n, iters, grid, row0, tensor, 1, code};
+    PyTuple_SET_ITEM(item, 0, wrapped.release().ptr());
+    for (int k = 0; k < 7; ++k) {
+      PyObject* number = PyLong_FromLongLong(numbers[k]);
+      if (number == nullptr) throw py::error_already_set();
+      PyTuple_SET_ITEM(item, k + 1, number);
+    }
+    Py_INCREF(arena.ptr());
+    PyTuple_SET_ITEM(item, 8, arena.ptr());
+    PyObject* held_version = PyLong_FromLongLong(version);
+    if (held_version == nullptr) throw py::error_already_set();
+    PyTuple_SET_ITEM(item, 9, held_version);
+    Py_INCREF(Py_None);
+    PyTuple_SET_ITEM(item, 10, Py_None);
+    py::object rows = py::reinterpret_steal<py::object>(PyLong_FromLongLong(row0 + grid));
+    if (!rows) throw py::error_already_set();
+    *row = py::make_tuple(lane_mark_, arena, tensor);
+    // the arena changed only once nothing can fail: a tensor in its slots that no launch describes would have
+    // ``_finish`` read a metadata row never written (only a MemoryError fails an append)
+    PyObject* queue = lane_queue_.ptr();
+    if (PyList_Append(queue, item) != 0) throw py::error_already_set();
+    if (PyList_Append(state.slots.ptr(), lane_mark_.ptr()) != 0) {
+      PyList_SetSlice(queue, PyList_GET_SIZE(queue) - 1, PyList_GET_SIZE(queue), nullptr);
+      throw py::error_already_set();
+    }
+    if (PyList_Append(state.counts.ptr(), lane_mark_.ptr()) != 0) {
+      PyList_SetSlice(queue, PyList_GET_SIZE(queue) - 1, PyList_GET_SIZE(queue), nullptr);
+      PyList_SetSlice(state.slots.ptr(), tensor, tensor + 1, nullptr);
+      throw py::error_already_set();
+    }
+    if (PyObject_SetAttr(arena.ptr(), name(2), rows.ptr()) != 0) throw py::error_already_set();
+    ++lane_reads_;
+    if (use == LANE_HOOK) ++lane_hook_queued_;
+    *scalar = t.dim() == 0;
+    return new_record(t, row->ptr(), *scalar);
+  }
+
+  PyObject* read(const at::Tensor& t, py::object* row, bool* scalar, bool lane, LaneUse use) {
+    if (lane) {
+      try {
+        return lane_read(t, row, scalar, use);
+      } catch (const std::exception& error) {  // the lane given up (its error kept for the runtime to say once):
+        lane_error_ = error.what();            // this record and every later one are the Python path's
+        PyErr_Clear();
+        lane_off();
+        return nullptr;
+      }
+    }
     const std::vector<double> values = stats(t, counts_);
     if (values.empty()) return nullptr;
     ++reads_;
@@ -1132,13 +1345,21 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     return new_record(t, row->ptr(), *scalar);
   }
 
-  PyObject* tensor_record(const at::Tensor& t) {
-    if (!readable(t)) return integral_record(t);
+  PyObject* tensor_record(const at::Tensor& t, LaneUse use = LANE_CALL) {
+    bool lane = false, reuse_only = false;
+    if (lane_device(t)) {
+      lane = (use == LANE_HOOK || lane_open) && lane_takes(t);
+      // one it does not take (outside a call, another layout): served again where its elements were read by the
+      // lane (a transpose of an activation), else left to the Python path, which reads it (nullptr)
+      reuse_only = !lane;
+      if (reuse_only && !own_data(t)) return nullptr;
+    }
+    if (!lane && !reuse_only && !readable(t)) return integral_record(t);
     const int64_t n = t.numel();
     if (n == 0) return nullptr;
     py::object row;
     bool scalar = false;
-    if (n < below_ || t.is_inference()) return read(t, &row, &scalar);
+    if (n < below_ || t.is_inference()) return reuse_only ? nullptr : read(t, &row, &scalar, lane, use);
     const int64_t version = t._version();
     Recent* same = nullptr;
     for (Recent& held : recent_) {
@@ -1171,7 +1392,8 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
       scalar = leaf->scalar;
       record = new_record(t, row.ptr(), scalar);
     } else {
-      record = read(t, &row, &scalar);
+      if (reuse_only) return nullptr;
+      record = read(t, &row, &scalar, lane, use);
       if (record == nullptr) return nullptr;
       if (placed && t.is_leaf() && t.requires_grad()) {
         leaves_.insert_or_assign(
@@ -1208,6 +1430,15 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   bool counts_;
   int64_t below_;
   size_t keep_;
+  py::object lane_queue_ = py::none();
+  py::object lane_renew_ = py::none();
+  py::object lane_launch_ = py::none();
+  py::object lane_mark_ = py::none();
+  bool lane_cpu_ = false;
+  int64_t block_ = 1, max_rows_ = 1, lane_reads_ = 0, lane_hook_queued_ = 0;
+  std::string lane_error_;
+  py::object lane_arenas_ = py::none();
+  std::unordered_map<int64_t, py::object> lane_keys_;  // device index -> the arenas' key of its lane
   py::object later_;
   std::vector<Recent> recent_;
   std::unordered_map<const void*, Leaf> leaves_;
@@ -1351,6 +1582,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("hook_module", &Recorder::hook_module, "backward.hook_module_backward's hooks of one module call")
       .def("hooks_on", &Recorder::hooks_on, "this Recorder's hooks on a tensor's grad_fn (for tests)")
       .def_readwrite("collecting", &Recorder::collecting, "Whether the hooks record (the collector's flag)")
+      .def("lane", &Recorder::lane, "Records of a call's device tensors queued for the Triton kernels")
+      .def("lane_off", &Recorder::lane_off, "No more device tensors in the lane")
+      .def_readwrite("lane_open", &Recorder::lane_open, "Whether a call's records are open (TritonStats.begin)")
+      .def_property_readonly("lane_reads", &Recorder::lane_reads, "Device tensors queued by the lane this step")
+      .def("take_lane_error", &Recorder::take_lane_error, "Why the lane was given up, once; empty else")
       .def("records", &Recorder::records, "Records of a call's arguments or outputs: plain tensors, None, builtins")
       .def("clear", &Recorder::clear, "Forget the tensors read (a new step)")
       .def("forget", &Recorder::forget, "Forget the tensors read, not the hooks (start, stop, an optimizer step)")

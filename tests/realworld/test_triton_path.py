@@ -2,7 +2,9 @@
 Triton's interpreter on CPU tensors) writes what the torch-op path writes: the same entries, every statistic of
 every tensor present where the torch ops have one, Max and Min equal, Mean and Norm to the rounding of bfloat16
 and of float32 sums; its inputs read after their call where the call leaves them alone (runtime/call_effects.py)
-are those of the call (no null, no "changed an input" warning); and the losses equal the plain run's.
+are those of the call (no null, no "changed an input" warning); and the losses equal the plain run's. The
+records made by the native op's lane onto the kernels (``TritonStats.attach``, the path of a CUDA tensor where the op
+builds) are those of the Python path, bit for bit.
 
 What it would catch: a batched launch whose table sends a program to the wrong tensor or row (wrong numbers), an
 input of a real model's call read after it and found changed (null statistics, the warning), records lost on the
@@ -38,6 +40,8 @@ from msprobe_runtime import collector, statistics
 path, level, dump = sys.argv[1], sys.argv[2], sys.argv[3]
 if path == "triton":
     collector.StatBuffer = lambda counts: statistics.StatBuffer(counts, native=False, triton_cpu=True)
+elif path == "lane":  # the records made by the native op's Recorder, queued for the kernels, as on a GPU
+    collector.StatBuffer = lambda counts: statistics.StatBuffer(counts, triton_cpu="lane")
 elif path == "torch_ops":
     collector.StatBuffer = lambda counts: statistics.StatBuffer(counts, native=False)
 torch.manual_seed(0)
@@ -127,7 +131,8 @@ def test_the_triton_path_writes_the_torch_op_paths_numbers(tmp_path, level):
     plain, _ = _run(tmp_path, "plain", level)
     triton_losses, triton_dump = _run(tmp_path, "triton", level)
     torch_losses, torch_dump = _run(tmp_path, "torch_ops", level)
-    assert triton_losses == plain and torch_losses == plain
+    lane_losses, lane_dump = _run(tmp_path, "lane", level)
+    assert triton_losses == plain and torch_losses == plain and lane_losses == plain
     for step in range(STEPS):
         mine, theirs = _records(triton_dump, step), _records(torch_dump, step)
         assert sorted(mine) == sorted(theirs)
@@ -139,3 +144,6 @@ def test_the_triton_path_writes_the_torch_op_paths_numbers(tmp_path, level):
             if key in record and not _close(mine[where].get(key), record[key], record, key)
         ]
         assert not wrong, wrong[:10]
+        [lane_file] = (Path(lane_dump) / f"step{step}").glob("*/dump.json")
+        [triton_file] = (Path(triton_dump) / f"step{step}").glob("*/dump.json")
+        assert json.loads(lane_file.read_text())["data"] == json.loads(triton_file.read_text())["data"]

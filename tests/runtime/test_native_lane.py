@@ -1,0 +1,350 @@
+"""The native Recorder's lane onto the Triton kernels (``TritonStats.attach``, native/stats_op.cpp's
+``Recorder.lane``): the records of a call's contiguous float32, float16 and bfloat16 device tensors, and of its
+backward hooks' gradients, made by the op in one native call each and queued for the kernels, write the dump that
+the Python path of the kernels writes, number for number; every other tensor is left to the Python path, as a
+CUDA tensor always was. Without a GPU the lane takes CPU tensors (``StatBuffer(triton_cpu="lane")``) and the
+kernels run under Triton's interpreter."""
+
+import glob
+import json
+import os
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # tests/conftest.py sets it before any import; here for a run alone
+triton = pytest.importorskip("triton")
+
+import msprobe_runtime  # noqa: E402
+from fixtures.triton_kernels import Failing, kernels_module  # noqa: E402
+from msprobe_runtime import PrecisionDebugger, records, statistics  # noqa: E402
+from msprobe_runtime import collector as collector_module  # noqa: E402
+from msprobe_runtime.statistics import DEVICE_ROW, LATER, StatBuffer  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's, in the interpreter: inf and NaN on purpose
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernels():
+    def probe(module):
+        stats = module.TritonStats(True, statistics.Slot, statistics.dense_view)
+        stats.add(torch.ones(3), 4)
+        stats.finish()
+
+    return kernels_module("msprobe_runtime.triton_stats", DEVICE, probe)
+
+
+@pytest.fixture(autouse=True)
+def lane_on(monkeypatch, native):
+    """The native op (skipped where it cannot be built: tests/runtime/conftest.py), Triton and the lane on."""
+    monkeypatch.delenv("MSPROBE_TRITON", raising=False)
+    monkeypatch.delenv("MSPROBE_NATIVE_LANE", raising=False)
+
+
+def lane_buffer(counts=True):
+    """A StatBuffer whose device tensors are the lane's (CPU ones here, without a GPU)."""
+    return StatBuffer(counts, triton_cpu="lane" if DEVICE == "cpu" else False)
+
+
+def python_buffer(counts=True):
+    """The kernels' Python path: no native op, so no lane."""
+    return StatBuffer(counts, native=False, triton_cpu=DEVICE == "cpu")
+
+
+MODEL = """
+import torch
+
+
+class Block(torch.nn.Module):
+    def __init__(self, dtype):
+        super().__init__()
+        self.norm, self.fc = torch.nn.LayerNorm(8).to(dtype), torch.nn.Linear(8, 8).to(dtype)
+
+    def forward(self, x):
+        h = __msprobe__.call("Torch.tanh", torch.tanh, self.fc(x))
+        a, b = __msprobe__.call("Torch.split", torch.split, h, 4, -1)      # views: not contiguous, the Python path
+        wide = __msprobe__.call("Torch.sin", torch.sin, b.double())         # float64: the Python path
+        mean = __msprobe__.call("Torch.mean", torch.mean, h)                # a 0-d output
+        joined = __msprobe__.call("Torch.cat", torch.cat, [a * mean, wide.to(a.dtype)], -1)
+        same = __msprobe__.call("Torch.add", torch.add, joined, joined)     # one tensor twice: read once
+        return self.norm(same + x)
+
+
+class Net(torch.nn.Module):
+    def __init__(self, dtype):
+        super().__init__()
+        self.first, self.second = Block(dtype), torch.nn.Sequential(Block(dtype), torch.nn.ReLU())
+
+    def forward(self, x):
+        return self.second(self.first(x))
+"""
+
+
+def _net(dtype):
+    namespace = {"__msprobe__": msprobe_runtime, "__name__": "native_lane_model"}
+    exec(compile(MODEL, "native_lane_model.py", "exec"), namespace)
+    torch.manual_seed(0)
+    return namespace["Net"](dtype).to(DEVICE)
+
+
+def _run(tmp_path, name, level, dtype, make_buffer, monkeypatch):
+    """Two steps of two microbatches (forward, backward) of the model through ``make_buffer``'s statistics: the
+    files of each step, and the lane's reads of the last."""
+    monkeypatch.setattr(collector_module, "StatBuffer", lambda counts: make_buffer(counts))
+    model = _net(dtype)
+    x = torch.randn(3, 8, device=DEVICE, dtype=dtype, requires_grad=True)
+    debugger = PrecisionDebugger(dump_path=str(tmp_path / name), task="statistics", level=level)
+    reads = []
+    for _ in range(2):
+        debugger.start(model)
+        for micro in range(2):
+            model(x * (1.5 + micro)).float().sum().backward()
+        reads.append(debugger._collector.lane_reads())
+        debugger.stop()
+        debugger.step()
+    debugger.wait()
+    out = {}
+    for step in range(2):
+        [directory] = glob.glob(os.path.join(str(tmp_path / name), f"step{step}", "*"))
+        for file in ("dump.json", "stack.json", "construct.json"):
+            with open(os.path.join(directory, file)) as handle:
+                out[step, file] = json.load(handle)
+    return out, reads
+
+
+@pytest.mark.parametrize("level", ["L1", "mix"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_lane_writes_the_python_paths_dump(tmp_path, monkeypatch, level, dtype, kernels):
+    """Forward and backward, at L1 and mix, in each dtype the lane takes: the same files, entry for entry and bit
+    for bit, as the Python path of the kernels; the lane made most of the records."""
+    queued = []
+    real = kernels.TritonStats._queued
+    monkeypatch.setattr(kernels.TritonStats, "_queued", lambda self, *args: queued.append(1) or real(self, *args))
+    runs, queued_by = {}, {}
+    for name, make_buffer in (("python", python_buffer), ("lane", lane_buffer)):  # one line: the same stacks
+        runs[name] = _run(tmp_path, name, level, dtype, make_buffer, monkeypatch)
+        queued_by[name] = len(queued) - sum(queued_by.values())
+    (python_run, python_reads), (lane_run, lane_reads) = runs["python"], runs["lane"]
+    by_python, by_lane_python = queued_by["python"], queued_by["lane"]
+    assert python_reads == [0, 0]
+    assert all(reads > 0 for reads in lane_reads)
+    assert by_python > 0 and by_lane_python < by_python / 3  # the lane queued the rest itself, in C++
+    assert lane_run == python_run
+    data = lane_run[1, "dump.json"]["data"]
+    assert any(name.endswith("backward") for name in data)
+    record = data["Torch.mean.0.forward"]["output"][0]
+    assert record["shape"] == [] and record["Max"] == record["Min"] == record["Mean"] is not None
+    assert all(v is not None for k, v in data["Torch.tanh.0.forward"]["output"][0].items() if k != "requires_grad")
+
+
+def test_the_lane_takes_plain_contiguous_float_tensors_within_a_call(kernels):
+    """Which tensors the lane takes: within a call's records (``begin``) a contiguous float32, float16 or
+    bfloat16 one, 0-d too; a transposed, negative, float64, integer or empty one is left to the caller (``LATER``),
+    and so is every device tensor outside a call, as a CUDA tensor always was (the op reads CPU ones only)."""
+    buffer = lane_buffer()
+    recorder = buffer.native_recorder(1 << 30, 4)
+    fused = buffer._fused
+    g = torch.Generator().manual_seed(3)
+    base = torch.randn(6, 5, generator=g).to(DEVICE)
+    taken = [base, base.to(torch.bfloat16), base.to(torch.float16), torch.tensor(2.5, device=DEVICE)]
+    left = [
+        base.t(),
+        base._neg_view(),
+        base.double(),
+        base.long(),
+        torch.empty(0, device=DEVICE),
+    ]
+    made, todo = recorder.records(taken)
+    assert todo == len(taken) and all(record is LATER for record in made)  # outside a call
+    fused.begin()
+    made, todo = recorder.records(taken + left + [None, 3])
+    fused.end()
+    assert todo == len(left)
+    assert all(record is LATER for record in made[len(taken) : len(taken) + len(left)])
+    assert made[-2:] == [None, {"type": "int", "value": 3}]
+    assert all(type(record) is tuple and record[4][0] is DEVICE_ROW for record in made[: len(taken)])
+    assert recorder.lane_reads == len(taken)
+    buffer.take()
+    expected = [python_numbers(t) for t in taken]
+    for record, t, numbers in zip(made, taken, expected):
+        resolved = records.native_resolved(record)
+        assert resolved["dtype"] == str(t.dtype) and resolved["shape"] == list(t.shape)
+        assert [resolved[k] for k in ("Max", "Min", "Mean", "Norm", "NaN_count", "Inf_count")] == numbers
+
+
+def python_numbers(t):
+    """Max, Min, Mean, Norm and the counts of ``t`` by the kernels' Python path, as a record writes them."""
+    buffer = python_buffer()
+    buffer.add(torch.ones(3, device=DEVICE), statistics.KIND_FLOAT)  # makes the kernels: ``begin`` queues from here
+    fused = buffer._fused
+    fused.begin()
+    slot, counts = buffer.add(t, statistics.tensor_kind(t))
+    fused.end()
+    buffer.take()
+    values = slot.values()
+    if t.dim() == 0:
+        values = values * 4
+    return list(values) + [int(c) for c in counts.values()]
+
+
+def test_a_tensor_twice_in_a_call_is_read_once(kernels):
+    buffer = lane_buffer()
+    recorder = buffer.native_recorder(1, 4)  # every tensor remembered (``below`` 1)
+    x = torch.randn(2000, device=DEVICE)
+    buffer._fused.begin()
+    made, _ = recorder.records((x, x, x.view(40, 50)))
+    buffer._fused.end()
+    assert recorder.lane_reads == 1
+    assert made[0][4] is made[1][4] is made[2][4]
+    buffer.take()
+    assert records.native_resolved(made[2])["Max"] == x.max().item()
+
+
+def test_full_arenas_are_closed_and_new_ones_taken(monkeypatch, kernels):
+    """More tensors than an arena holds, and a tensor of more rows than its room left: new arenas, the numbers
+    of every tensor right."""
+    monkeypatch.setattr(kernels, "_ARENA_TENSORS", 3)
+    monkeypatch.setattr(kernels, "_ARENA_ROWS", 4)
+    buffer = lane_buffer()
+    recorder = buffer.native_recorder(1 << 30, 4)
+    g = torch.Generator().manual_seed(5)
+    tensors = [torch.randn(n, generator=g).to(DEVICE) for n in (10, 3000, 5000, 7, 9000, 11, 12, 13)]
+    made = []
+    for t in tensors:  # a call each, as the collector makes them
+        buffer._fused.begin()
+        made.extend(recorder.records((t,))[0])
+        buffer._fused.end()
+    assert len({id(record[4][1]) for record in made}) >= 4  # arenas
+    buffer.take()
+    for record, t in zip(made, tensors):
+        resolved = records.native_resolved(record)
+        assert (resolved["Max"], resolved["Min"]) == (t.max().item(), t.min().item())
+
+
+def test_gradients_are_launched_as_their_hook_ends(tmp_path, monkeypatch, kernels):
+    """A backward hook's gradients, recorded by the lane, are launched before the hook returns: nothing is left
+    queued (holding a gradient's memory) when ``backward`` is done."""
+    monkeypatch.setattr(collector_module, "StatBuffer", lambda counts: lane_buffer(counts))
+    debugger = PrecisionDebugger(dump_path=str(tmp_path / "d"), task="statistics", level="L1")
+    x = torch.randn(50, device=DEVICE, requires_grad=True)
+    debugger.start()
+    y = msprobe_runtime.call("Torch.exp", torch.exp, x)
+    before = debugger._collector.lane_reads()
+    y.sum().backward()
+    fused = debugger._collector.stats._fused
+    assert debugger._collector.lane_reads() > before and fused._queue == []
+    debugger.stop()
+    debugger.step()
+    debugger.wait()
+    [path] = glob.glob(str(tmp_path / "d" / "step0" / "*" / "dump.json"))
+    with open(path) as handle:
+        entry = json.load(handle)["data"]["Torch.exp.0.backward"]
+    assert entry["input"][0]["Max"] == entry["input"][0]["Min"] == 1.0
+    assert entry["output"][0]["Max"] == pytest.approx(x.exp().max().item(), rel=1e-6)
+
+
+def test_a_launch_that_fails_leaves_null_statistics_and_the_python_path(monkeypatch, kernels, caplog):
+    """A failed launch: the lane's queued tensors get null statistics (their records kept, never garbage), one
+    warning, and the lane is given up: device tensors go to the Python path (the torch ops) from then on."""
+    buffer = lane_buffer()
+    recorder = buffer.native_recorder(1 << 30, 4)
+    fused = buffer._fused
+    for name in ("_partials", "_partials_few", "_partials_many"):
+        monkeypatch.setattr(kernels, name, Failing("no launch here"))
+    x = torch.randn(100, device=DEVICE)
+    with caplog.at_level("WARNING", logger="msprobe_runtime"):
+        fused.begin()
+        made, _ = recorder.records((x, x + 1))
+        buffer.end_call(fused)
+    assert "Triton statistics kernels failed" in caplog.text
+    reads = recorder.lane_reads
+    fused.begin()
+    after, _ = recorder.records((x * 2,))
+    buffer.end_call(fused)
+    # the lane is off: a CUDA tensor is left to the Python path (LATER), a CPU one here read by the op itself
+    assert recorder.lane_reads == reads
+    assert after[0] is LATER if DEVICE != "cpu" else after[0][4][0] is not DEVICE_ROW
+    buffer.take()
+    for record in made:
+        resolved = records.native_resolved(record)
+        assert resolved["Max"] is None and resolved["shape"] == [100] and "NaN_count" not in resolved
+
+
+def test_a_lane_without_an_arena_gives_itself_up(monkeypatch, kernels, caplog):
+    """An arena it cannot have (a device out of memory): that record and every later one are the Python path's,
+    said once at the flush, and nothing of the lane's is left half made."""
+
+    def no_arena(self, t, rows):
+        raise RuntimeError("out of memory (an arena)")
+
+    monkeypatch.setattr(kernels.TritonStats, "_lane_arena", no_arena)  # before ``attach`` binds it
+    buffer = lane_buffer()
+    recorder = buffer.native_recorder(1 << 30, 4)
+    fused = buffer._fused
+    x = torch.randn(100, device=DEVICE)
+    fused.begin()
+    made, todo = recorder.records((x,))
+    buffer.end_call(fused)
+    assert todo == 1 and made[0] is LATER and recorder.lane_reads == 0 and fused._queue == []
+    with caplog.at_level("WARNING", logger="msprobe_runtime"):
+        buffer.take()
+        buffer.take()
+    assert caplog.text.count("records of device tensors stopped (RuntimeError: out of memory (an arena))") == 1
+    fused.begin()
+    after, _ = recorder.records((x * 2,))
+    buffer.end_call(fused)
+    assert recorder.lane_reads == 0
+    assert after[0] is LATER if DEVICE != "cpu" else after[0][4][0] is not DEVICE_ROW
+
+
+def test_an_input_changed_by_its_call_is_null_and_the_api_learned(tmp_path, monkeypatch, kernels, caplog):
+    """An input read after its call (call_effects) that the call changed anyway: null through the lane too, said
+    once with the API's name, and read before the call from then on."""
+    monkeypatch.setattr(collector_module, "StatBuffer", lambda counts: lane_buffer(counts))
+    g = torch.Generator().manual_seed(16)
+    tensors = [torch.rand(3000, generator=g).to(DEVICE) for _ in range(3)]
+    before = [t.max().item() for t in tensors]
+
+    def doubles_in_place(x):
+        x.mul_(2)
+        return x + 1
+
+    debugger = PrecisionDebugger(dump_path=str(tmp_path / "d"), task="statistics", level="L1")
+    with caplog.at_level("WARNING", logger="msprobe_runtime"):
+        debugger.start()
+        for t in tensors:
+            msprobe_runtime.call("Torch.exp", doubles_in_place, t)
+        reads = debugger._collector.lane_reads()
+        debugger.stop()
+        debugger.step()
+        debugger.wait()
+    assert reads == 2 * len(tensors)
+    [path] = glob.glob(str(tmp_path / "d" / "step0" / "*" / "dump.json"))
+    with open(path) as handle:
+        data = json.load(handle)["data"]
+    assert data["Torch.exp.0.forward"]["input_args"][0]["Max"] is None
+    for index in (1, 2):
+        assert data[f"Torch.exp.{index}.forward"]["input_args"][0]["Max"] == pytest.approx(before[index], rel=1e-6)
+    assert caplog.text.count("Torch.exp changed an input in place") == 1
+
+
+def test_switched_off_the_python_path_serves(tmp_path, monkeypatch, kernels):
+    """``MSPROBE_NATIVE_LANE=0``: no lane; the same entries (on a GPU the Python path of the kernels serves them,
+    the same numbers: the first test; here the op reads the CPU tensors itself, to other roundings)."""
+    monkeypatch.setenv("MSPROBE_NATIVE_LANE", "0")
+    runs = {}
+    for name in ("off", "on"):  # one line: the same stacks
+        runs[name] = _run(tmp_path, name, "L1", torch.bfloat16, lane_buffer, monkeypatch)
+        monkeypatch.delenv("MSPROBE_NATIVE_LANE", raising=False)
+    assert runs["off"][1] == [0, 0] and all(runs["on"][1])
+    for step in range(2):
+        on, off = runs["on"][0][step, "dump.json"]["data"], runs["off"][0][step, "dump.json"]["data"]
+        assert list(on) == list(off) and len(on) > 10
+        assert runs["on"][0][step, "construct.json"] == runs["off"][0][step, "construct.json"]
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
