@@ -19,6 +19,7 @@ import msprobe_runtime  # noqa: E402
 from msprobe_runtime import PrecisionDebugger  # noqa: E402
 from msprobe_runtime import backward as bw  # noqa: E402
 from msprobe_runtime import collector as collector_module  # noqa: E402
+from fixtures.step_files import step_files  # noqa: E402
 
 
 MODEL = """
@@ -87,13 +88,7 @@ def _dump(tmp_path, name, level):
         debugger.stop()
         debugger.step()
     debugger.wait()
-    out = {}
-    for step in range(2):
-        [directory] = glob.glob(os.path.join(str(tmp_path / name), f"step{step}", "*"))
-        for file in ("dump.json", "stack.json", "construct.json"):
-            with open(os.path.join(directory, file)) as handle:
-                out[step, file] = json.load(handle)
-    return out
+    return step_files(tmp_path / name, 2)
 
 
 @pytest.mark.parametrize("level", ["L1", "mix"])

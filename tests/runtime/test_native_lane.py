@@ -18,6 +18,7 @@ if not torch.cuda.is_available():
 triton = pytest.importorskip("triton")
 
 import msprobe_runtime  # noqa: E402
+from fixtures.step_files import step_files  # noqa: E402
 from fixtures.triton_kernels import Failing, kernels_module  # noqa: E402
 from msprobe_runtime import PrecisionDebugger, records, statistics  # noqa: E402
 from msprobe_runtime import collector as collector_module  # noqa: E402
@@ -47,6 +48,17 @@ def lane_on(monkeypatch, native):
 def lane_buffer(counts=True):
     """A StatBuffer whose device tensors are the lane's (CPU ones here, without a GPU)."""
     return StatBuffer(counts, triton_cpu="lane" if DEVICE == "cpu" else False)
+
+
+def lane_parts(below=1 << 30, keep=4):
+    """A lane's StatBuffer, its Recorder (remembering ``keep`` tensors of ``below`` elements or more) and its
+    kernels, attached: on a GPU the kernels are made by a first CUDA tensor's Python record, as in a run."""
+    buffer = lane_buffer()
+    recorder = buffer.native_recorder(below, keep)
+    if buffer._fused is None:
+        buffer.add(torch.ones(3, device=DEVICE), statistics.KIND_FLOAT)
+    assert buffer._fused._recorder is recorder
+    return buffer, recorder, buffer._fused
 
 
 def python_buffer(counts=True):
@@ -106,13 +118,7 @@ def _run(tmp_path, name, level, dtype, make_buffer, monkeypatch):
         debugger.stop()
         debugger.step()
     debugger.wait()
-    out = {}
-    for step in range(2):
-        [directory] = glob.glob(os.path.join(str(tmp_path / name), f"step{step}", "*"))
-        for file in ("dump.json", "stack.json", "construct.json"):
-            with open(os.path.join(directory, file)) as handle:
-                out[step, file] = json.load(handle)
-    return out, reads
+    return step_files(tmp_path / name, 2), reads
 
 
 @pytest.mark.parametrize("level", ["L1", "mix"])
@@ -144,9 +150,7 @@ def test_the_lane_takes_plain_contiguous_float_tensors_within_a_call(kernels):
     """Which tensors the lane takes: within a call's records (``begin``) a contiguous float32, float16 or
     bfloat16 one, 0-d too; a transposed, negative, float64, integer or empty one is left to the caller (``LATER``),
     and so is every device tensor outside a call, as a CUDA tensor always was (the op reads CPU ones only)."""
-    buffer = lane_buffer()
-    recorder = buffer.native_recorder(1 << 30, 4)
-    fused = buffer._fused
+    buffer, recorder, fused = lane_parts()
     g = torch.Generator().manual_seed(3)
     base = torch.randn(6, 5, generator=g).to(DEVICE)
     taken = [base, base.to(torch.bfloat16), base.to(torch.float16), torch.tensor(2.5, device=DEVICE)]
@@ -191,8 +195,7 @@ def python_numbers(t):
 
 
 def test_a_tensor_twice_in_a_call_is_read_once(kernels):
-    buffer = lane_buffer()
-    recorder = buffer.native_recorder(1, 4)  # every tensor remembered (``below`` 1)
+    buffer, recorder, _ = lane_parts(1)  # every tensor remembered (``below`` 1)
     x = torch.randn(2000, device=DEVICE)
     buffer._fused.begin()
     made, _ = recorder.records((x, x, x.view(40, 50)))
@@ -208,8 +211,7 @@ def test_full_arenas_are_closed_and_new_ones_taken(monkeypatch, kernels):
     of every tensor right."""
     monkeypatch.setattr(kernels, "_ARENA_TENSORS", 3)
     monkeypatch.setattr(kernels, "_ARENA_ROWS", 4)
-    buffer = lane_buffer()
-    recorder = buffer.native_recorder(1 << 30, 4)
+    buffer, recorder, _ = lane_parts()
     g = torch.Generator().manual_seed(5)
     tensors = [torch.randn(n, generator=g).to(DEVICE) for n in (10, 3000, 5000, 7, 9000, 11, 12, 13)]
     made = []
@@ -249,9 +251,7 @@ def test_gradients_are_launched_as_their_hook_ends(tmp_path, monkeypatch, kernel
 def test_a_launch_that_fails_leaves_null_statistics_and_the_python_path(monkeypatch, kernels, caplog):
     """A failed launch: the lane's queued tensors get null statistics (their records kept, never garbage), one
     warning, and the lane is given up: device tensors go to the Python path (the torch ops) from then on."""
-    buffer = lane_buffer()
-    recorder = buffer.native_recorder(1 << 30, 4)
-    fused = buffer._fused
+    buffer, recorder, fused = lane_parts()
     for name in ("_partials", "_partials_few", "_partials_many"):
         monkeypatch.setattr(kernels, name, Failing("no launch here"))
     x = torch.randn(100, device=DEVICE)
@@ -281,9 +281,7 @@ def test_a_lane_without_an_arena_gives_itself_up(monkeypatch, kernels, caplog):
         raise RuntimeError("out of memory (an arena)")
 
     monkeypatch.setattr(kernels.TritonStats, "_lane_arena", no_arena)  # before ``attach`` binds it
-    buffer = lane_buffer()
-    recorder = buffer.native_recorder(1 << 30, 4)
-    fused = buffer._fused
+    buffer, recorder, fused = lane_parts()
     x = torch.randn(100, device=DEVICE)
     fused.begin()
     made, todo = recorder.records((x,))

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Issue 31's GPU checks in one run, for a session lent a device machine (its tool's README: one prepared script,
+# run once, read, fix, rerun; a command has 10 minutes at most, a session 15 minutes of device time). Run from the
+# repository root there:
+#
+#     GPU_CHECKS=kernels,per_entry,launches bash tools/gpu_checks.sh    # one call: under 5 minutes
+#     GPU_CHECKS=llama bash tools/gpu_checks.sh                         # a second: under 5 minutes
+#
+# (all four in one call could pass a command's 10 minutes: each check is cut at its own limit below.)
+#
+# The image has torch, Triton and transformers but not libcst (the import hook's rewrite of transformers in
+# bench/gpu_llama.py) nor mindstudio-probe (its msprobe rows): carry them as wheels in `.whl` (the device README says
+# how to download them for Python 3.12), installed here first. Each check writes its log, and its figures where it
+# has any, to $OUT (the device tool's folder that comes back; ./gpu-checks elsewhere): at most 8 files.
+#
+#   kernels    the Triton kernels and the native lane on CUDA tensors, compiled (the CPU runs them interpreted)
+#   per_entry  host time per recorded entry on CUDA beside the CPU path's, same machine (the issue's 1.5x)
+#   launches   launches per recorded entry on a bf16 Llama, counted on the device
+#   llama      the issue's table: plain, DIY mode, ours L1/mix/fingerprint, msprobe where it imports
+set -uo pipefail
+out=${OUT:-gpu-checks}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+checks=${GPU_CHECKS:-kernels,per_entry,launches,llama}
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        || exit 1
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+# the runtime and the compiler from this tree, without their dependencies (libcst comes from .whl where carried)
+python3 -m pip install -q --no-deps --no-build-isolation -e . || exit 1
+nvidia-smi -L
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
+
+run() {  # run NAME SECONDS COMMAND...: its output in $out/NAME.log, cut at SECONDS
+    local name=$1 limit=$2
+    shift 2
+    case ",$checks," in *",$name,"*) ;; *) return 0 ;; esac
+    echo "== $name (at most ${limit}s)"
+    timeout "$limit" "$@" 2>&1 | tee "$out/$name.log"
+    echo "== $name: exit ${PIPESTATUS[0]}"
+}
+
+run kernels 120 python3 -m pytest -q -x -p no:cacheprovider tests/runtime/test_triton_stats.py \
+    tests/runtime/test_native_lane.py tests/runtime/test_triton_fingerprint.py tests/runtime/test_accelerator.py
+run per_entry 120 bash -c "python3 bench/per_entry.py --device cuda --json $out/per_entry_cuda.json \
+    && python3 bench/per_entry.py --device cpu --json $out/per_entry_cpu.json"
+run launches 50 python3 bench/triton_launches.py --device cuda --steps 2 --json "$out/launches.json"
+run llama 290 python3 bench/gpu_llama.py --json "$out/gpu_llama.json"
