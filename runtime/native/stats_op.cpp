@@ -911,14 +911,20 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   }
 
   void lane_off() {  // the kernels failed, or the lane is given up: the Python path from here
-    lane_open = false;
+    lane_open_ = false;
     lane_queue_ = py::none();
     lane_arenas_ = py::none();
     lane_renew_ = py::none();
     lane_launch_ = py::none();
   }
 
-  bool lane_open = false;
+  // Whether a call's records are open (TritonStats.begin), and on which thread: another thread's record (one
+  // made outside any call of its own, which nothing of it launches) is not the lane's.
+  bool lane_open() const { return lane_open_; }
+  void set_lane_open(bool open) {
+    lane_open_ = open;
+    lane_thread_ = open ? PyThread_get_thread_ident() : 0;
+  }
 
   int64_t lane_reads() const { return lane_reads_; }
 
@@ -1348,7 +1354,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   PyObject* tensor_record(const at::Tensor& t, LaneUse use = LANE_CALL) {
     bool lane = false, reuse_only = false;
     if (lane_device(t)) {
-      lane = (use == LANE_HOOK || lane_open) && lane_takes(t);
+      lane = (use == LANE_HOOK || (lane_open_ && PyThread_get_thread_ident() == lane_thread_)) && lane_takes(t);
       // one it does not take (outside a call, another layout): served again where its elements were read by the
       // lane (a transpose of an activation), else left to the Python path, which reads it (nullptr)
       reuse_only = !lane;
@@ -1437,6 +1443,8 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   bool lane_cpu_ = false;
   int64_t block_ = 1, max_rows_ = 1, lane_reads_ = 0, lane_hook_queued_ = 0;
   std::string lane_error_;
+  bool lane_open_ = false;
+  unsigned long lane_thread_ = 0;
   py::object lane_arenas_ = py::none();
   std::unordered_map<int64_t, py::object> lane_keys_;  // device index -> the arenas' key of its lane
   py::object later_;
@@ -1584,7 +1592,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("collecting", &Recorder::collecting, "Whether the hooks record (the collector's flag)")
       .def("lane", &Recorder::lane, "Records of a call's device tensors queued for the Triton kernels")
       .def("lane_off", &Recorder::lane_off, "No more device tensors in the lane")
-      .def_readwrite("lane_open", &Recorder::lane_open, "Whether a call's records are open (TritonStats.begin)")
+      .def_property("lane_open", &Recorder::lane_open, &Recorder::set_lane_open,
+                    "Whether a call's records are open on this thread (TritonStats.begin)")
       .def_property_readonly("lane_reads", &Recorder::lane_reads, "Device tensors queued by the lane this step")
       .def("take_lane_error", &Recorder::take_lane_error, "Why the lane was given up, once; empty else")
       .def("records", &Recorder::records, "Records of a call's arguments or outputs: plain tensors, None, builtins")

@@ -194,6 +194,25 @@ def python_numbers(t):
     return list(values) + [int(c) for c in counts.values()]
 
 
+def test_another_threads_record_outside_a_call_is_not_the_lanes(kernels):
+    """While one thread's call has its records open, another thread's record outside any call of its own (a
+    ``save()``, say) is left to that thread's path: nothing of the other thread's would launch it at its time."""
+    import threading
+
+    buffer, recorder, fused = lane_parts()
+    x, y = torch.randn(100, device=DEVICE), torch.randn(100, device=DEVICE)
+    made = {}
+    fused.begin()
+    worker = threading.Thread(target=lambda: made.update(other=recorder.records((y,))[0][0]))
+    worker.start()
+    worker.join()
+    made["own"] = recorder.records((x,))[0][0]
+    fused.end()
+    assert made["own"][4][0] is DEVICE_ROW and recorder.lane_reads == 1
+    assert made["other"] is LATER  # the Python path's, as a device tensor's record outside a call always was
+    buffer.take()
+
+
 def test_a_tensor_twice_in_a_call_is_read_once(kernels):
     buffer, recorder, _ = lane_parts(1)  # every tensor remembered (``below`` 1)
     x = torch.randn(2000, device=DEVICE)
