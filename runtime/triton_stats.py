@@ -49,6 +49,7 @@ Python path made five calls and three objects); their rows are resolved by the w
 from __future__ import annotations
 
 import threading
+import weakref
 
 import torch
 import triton
@@ -879,7 +880,22 @@ class TritonStats:
         (``_arenas``, read by the op; ``_lane_arena`` where one is full), each record's row ``(mark, arena, tensor)``
         (records.native_resolved): one native call per record, where the Python path made five calls and three objects.
         The gradients of its backward hooks too, launched as each hook ends (``_lane_launch``)."""
-        recorder.lane(self._queue, self._arenas, self._lane_arena, self._lane_launch, mark, cpu, _BLOCK, _MAX_ROWS)
+        # the op holds these callables; through a weak reference, so that it and this object make no cycle, which
+        # the garbage collector could not break (a native object is not traversed): both are freed with the collector
+        ref = weakref.ref(self)
+
+        def renew(t, rows):
+            stats = ref()
+            if stats is None:
+                raise RuntimeError("the Triton kernels' state is gone")
+            return stats._lane_arena(t, rows)
+
+        def launch():
+            stats = ref()
+            if stats is not None:
+                stats._lane_launch()
+
+        recorder.lane(self._queue, self._arenas, renew, launch, mark, cpu, _BLOCK, _MAX_ROWS)
         self._recorder = recorder
 
     def detach(self):

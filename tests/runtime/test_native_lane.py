@@ -348,6 +348,23 @@ def test_an_input_changed_by_its_call_is_null_and_the_api_learned(tmp_path, monk
     assert caplog.text.count("Torch.exp changed an input in place") == 1
 
 
+def test_the_lane_and_its_kernels_are_freed_with_their_buffer(kernels):
+    """The op holds the kernels' callables weakly: no cycle through the native Recorder (which the garbage collector
+    cannot traverse) keeps the kernels' state, and its arenas' device memory, once their StatBuffer is gone."""
+    import gc
+    import weakref
+
+    buffer, recorder, fused = lane_parts()
+    fused.begin()
+    recorder.records((torch.randn(100, device=DEVICE),))
+    fused.end()
+    buffer.take()
+    gone = weakref.ref(fused)
+    del buffer, recorder, fused
+    gc.collect()
+    assert gone() is None
+
+
 def test_switched_off_the_python_path_serves(tmp_path, monkeypatch, kernels):
     """``MSPROBE_NATIVE_LANE=0``: no lane; the same entries (on a GPU the Python path of the kernels serves them,
     the same numbers: the first test; here the op reads the CPU tensors itself, to other roundings)."""
