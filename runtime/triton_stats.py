@@ -815,13 +815,7 @@ class TritonStats:
         else:
             counts = self._slot(None, 2) if self.nan_inf_count else None
         with self._lock:
-            key = (t.get_device(), width, low != 0)
-            arena = self._arenas.get(key)
-            if arena is not None and (arena.rows + grid > arena.capacity or len(arena.slots) >= arena.room):
-                self._done.extend(self._close(arena, width, low != 0))
-                arena = None
-            if arena is None:
-                arena = self._arenas[key] = _Arena(t.device, max(_ARENA_ROWS, grid), 8 if low else 6)
+            arena = self._arena_for((t.get_device(), width, low != 0), t.device, grid, 8 if low else 6)
             row0, tensor = arena.rows, len(arena.slots)
             local = self._local
             if contiguous and not low and code != 3 and local.depth:
@@ -862,12 +856,7 @@ class TritonStats:
             except RuntimeError:  # an inference tensor (``_version``)
                 version = -1
         with self._lock:
-            key = (t.get_device(), width, False)
-            arena = self._arenas.get(key)
-            if arena is None or arena.rows + grid > arena.capacity or len(arena.slots) >= arena.room:
-                if arena is not None:
-                    self._done.extend(self._close(arena, width, False))
-                arena = self._arenas[key] = _Arena(t.device, max(_ARENA_ROWS, grid), 6)
+            arena = self._arena_for((t.get_device(), width, False), t.device, grid)
             self._queue.append((t, n, iters, grid, arena.rows, len(arena.slots), 1, code, arena, version, watch))
             arena.rows += grid
             arena.slots.append(slot)
@@ -918,17 +907,21 @@ class TritonStats:
         """A launch outside any call failed (``_lane_launch``); the StatBuffer sets what follows."""
 
     def _lane_arena(self, t, rows):
-        """The arena for the native lane on ``t``'s device with room for ``rows`` rows and a tensor: the one
-        filling, or a fresh one, the full one closed first (as ``_queued`` does)."""
+        """The arena for the native lane on ``t``'s device with room for ``rows`` rows and a tensor (the op found
+        the one filling full; another thread may have made room meanwhile)."""
         with self._lock:
-            key = (t.get_device(), 4, False)
-            arena = self._arenas.get(key)
-            if arena is not None and arena.rows + rows <= arena.capacity and len(arena.slots) < arena.room:
-                return arena  # made room by another thread meanwhile
-            if arena is not None:
-                self._done.extend(self._close(arena, 4, False))
-            arena = self._arenas[key] = _Arena(t.device, max(_ARENA_ROWS, rows), 6)
-            return arena
+            return self._arena_for((t.get_device(), 4, False), t.device, rows)
+
+    def _arena_for(self, key, device, rows, columns=6):
+        """The arena filling under ``key`` (device index, slot width, float8) with room for ``rows`` rows and a
+        tensor: the one there, or a fresh one, the full one closed first (the lock held)."""
+        arena = self._arenas.get(key)
+        if arena is not None:
+            if arena.rows + rows <= arena.capacity and len(arena.slots) < arena.room:
+                return arena
+            self._done.extend(self._close(arena, key[1], key[2]))
+        arena = self._arenas[key] = _Arena(device, max(_ARENA_ROWS, rows), columns)
+        return arena
 
     def begin(self, watch=None):
         """The records of one call begin: its contiguous tensors are read together at ``end``, by the time the

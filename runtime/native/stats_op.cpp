@@ -196,9 +196,9 @@ std::vector<double> stats_of(const at::Tensor& t, bool counts, double repeat) {
   return out;
 }
 
-bool own_cpu_data(const at::Tensor& t) {
-  if (!t.defined() || t.layout() != at::kStrided || !t.device().is_cpu() || t.is_quantized() || t.is_nested() ||
-      !t.has_storage())
+// A plain strided tensor, on any device, whose data is its own memory.
+bool own_data(const at::Tensor& t) {
+  if (!t.defined() || t.layout() != at::kStrided || t.is_quantized() || t.is_nested() || !t.has_storage())
     return false;
   const c10::DispatchKeySet keys = t.key_set();
   // a tensor whose data is somewhere else (a Python subclass, functionalization, functorch's wrappers)
@@ -206,6 +206,8 @@ bool own_cpu_data(const at::Tensor& t) {
            keys.has(c10::DispatchKey::FuncTorchBatched) || keys.has(c10::DispatchKey::FuncTorchGradWrapper) ||
            keys.has(c10::DispatchKey::ZeroTensor));
 }
+
+bool own_cpu_data(const at::Tensor& t) { return own_data(t) && t.device().is_cpu(); }
 
 bool readable(const at::Tensor& t) {
   if (!own_cpu_data(t)) return false;
@@ -1203,20 +1205,12 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     return device.is_cuda() || (lane_cpu_ && device.is_cpu());
   }
 
-  // Whether the lane takes ``t``, one of its device's, now: the tensors triton_stats.TritonStats._queued takes.
-  bool lane_takes(const at::Tensor& t) const {
+  // Whether the lane takes ``t``, one of its device's whose data is its own: the tensors that
+  // triton_stats.TritonStats._queued takes.
+  static bool lane_takes(const at::Tensor& t) {
     const at::ScalarType type = t.scalar_type();
     if (type != at::kFloat && type != at::kBFloat16 && type != at::kHalf) return false;
-    return own_data(t) && !t.is_neg() && t.is_contiguous() && t.numel() > 0;
-  }
-
-  // A plain strided tensor whose data is its own memory (own_cpu_data's rules, on any device).
-  static bool own_data(const at::Tensor& t) {
-    if (t.layout() != at::kStrided || t.is_quantized() || t.is_nested() || !t.has_storage()) return false;
-    const c10::DispatchKeySet keys = t.key_set();
-    return !(keys.has(c10::DispatchKey::Python) || keys.has(c10::DispatchKey::Functionalize) ||
-             keys.has(c10::DispatchKey::FuncTorchBatched) || keys.has(c10::DispatchKey::FuncTorchGradWrapper) ||
-             keys.has(c10::DispatchKey::ZeroTensor));
+    return !t.is_neg() && t.is_contiguous() && t.numel() > 0;
   }
 
   // An arena's state as the lane reads it (triton_stats._Arena's ``rows``, ``capacity``, ``room``, ``slots``,
@@ -1354,11 +1348,11 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   PyObject* tensor_record(const at::Tensor& t, LaneUse use = LANE_CALL) {
     bool lane = false, reuse_only = false;
     if (lane_device(t)) {
+      if (!own_data(t)) return nullptr;  // a subclass's, say: the Python path's
       lane = (use == LANE_HOOK || (lane_open_ && PyThread_get_thread_ident() == lane_thread_)) && lane_takes(t);
       // one it does not take (outside a call, another layout): served again where its elements were read by the
       // lane (a transpose of an activation), else left to the Python path, which reads it (nullptr)
       reuse_only = !lane;
-      if (reuse_only && !own_data(t)) return nullptr;
     }
     if (!lane && !reuse_only && !readable(t)) return integral_record(t);
     const int64_t n = t.numel();
