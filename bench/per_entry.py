@@ -18,7 +18,7 @@ a call's ``begin``/``end``, so with its own launch, where a call's records share
 ``in_api`` bookkeeping, the shim and the call itself).
 
     python bench/per_entry.py [--calls 2000] [--rounds 7] [--depth 40] [--device cpu] [--json FILE]
-                              [--stats {default,torch-ops,triton-stub,triton-stub-python}]
+                              [--stats {default,torch-ops,triton-stub,triton-stub-python,triton-dispatch}]
                               [--before FILE --svg docs/per_entry.svg]
 
 ``--device cuda``: the tensors of the calls on that device (the accelerator's host path: the statistics launched
@@ -35,7 +35,11 @@ not build, ``native=False, triton_cpu=True``), and the kernels (``_partials``, `
 it, ``_partials_many``, ``_finish``) are replaced by stubs that launch nothing, so what remains is our host work per
 tensor and per call. Not in it: the Triton launcher's own cost per launch (binding and specialising its arguments, the
 driver's launch), nor a pinned host-to-device copy's (``_partials_many``'s table); measure those with ``--device cuda``
-where a GPU is. Requires ``--device cpu``.
+where a GPU is. ``triton-dispatch``: as ``triton-stub``, but the kernels are Triton's ``JITFunction`` objects launched
+as on a GPU, through a fake CUDA driver whose compiled kernels do nothing (fixtures/fake_triton_driver.py): Triton's
+own dispatch per launch is in the figure (its binder, its key, and ``runtime/triton_launch.py``'s direct launches;
+``MSPROBE_TRITON_DIRECT=0`` for Triton's run at every launch), the C launcher and the driver's launch are not. Requires
+``--device cpu``.
 
 ``--before FILE``: a ``--json`` of another runtime (run with that runtime first on ``PYTHONPATH``), drawn
 beside this run's figures in ``--svg``, each as a multiple of its own run's plain call.
@@ -116,11 +120,15 @@ def choose_stats(which):
         def __getitem__(self, grid):
             return lambda part, meta, values, counts, **kwargs: (values.zero_(), counts.zero_())
 
+    saved = {name: getattr(triton_stats, name, None) for name in ("_partials", "_partials_few", "_partials_many")}
     for name in ("_partials", "_partials_few", "_partials_many"):  # those of this runtime (an older has fewer)
         if hasattr(triton_stats, name):
             setattr(triton_stats, name, Stub())
     triton_stats._finish = Finish()
-    if which == "triton-stub":  # as a device's run takes it: the native Recorder's lane where the op builds
+    if which == "triton-dispatch":  # Triton's dispatch kept (a fake driver's no-op kernels), _finish stubbed
+        for name in ("_partials", "_partials_few", "_partials_many"):
+            setattr(triton_stats, name, saved[name])
+    if which in ("triton-stub", "triton-dispatch"):  # as a device's run takes it: the native Recorder's lane
         collector.StatBuffer = lambda counts: statistics.StatBuffer(counts, triton_cpu="lane")
     else:  # triton-stub-python: the Python path of the records (no native op, as where it fails to build)
         collector.StatBuffer = lambda counts: statistics.StatBuffer(counts, native=False, triton_cpu=True)
@@ -145,19 +153,26 @@ def main():
     parser.add_argument("--device", default="cpu", help="where the calls' tensors live (cpu, cuda, ...)")
     parser.add_argument(
         "--stats",
-        choices=("default", "torch-ops", "triton-stub", "triton-stub-python"),
+        choices=("default", "torch-ops", "triton-stub", "triton-stub-python", "triton-dispatch"),
         default="default",
         help="the statistics path: as a run takes it, the torch ops only, or the Triton host path with its kernels "
-        "stubbed (on CPU tensors)",
+        "stubbed, or with Triton's dispatch through a fake driver (both on CPU tensors)",
     )
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--before", help="figures of an earlier runtime (its --json), for --svg")
     parser.add_argument("--svg", help="a bar chart of the added time per entry, beside --before's")
     args = parser.parse_args()
-    if args.stats.startswith("triton-stub"):
+    if args.stats.startswith("triton-"):
         if args.device != "cpu":
-            parser.error("--stats triton-stub runs on CPU tensors (--device cpu)")
+            parser.error(f"--stats {args.stats} runs on CPU tensors (--device cpu)")
+    if args.stats.startswith("triton-stub"):
         os.environ["TRITON_INTERPRET"] = "1"  # read when triton is imported: before msprobe_runtime imports it
+    elif args.stats == "triton-dispatch":  # Triton's JITFunction, launched through a driver that launches nothing
+        os.environ.pop("TRITON_INTERPRET", None)
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        from fixtures.fake_triton_driver import install
+
+        install(keep=False)
     import torch
 
     import msprobe_runtime

@@ -24,6 +24,9 @@ SMALL = [
     ("statistics_pass.py", []),
     ("statistics_share.py", ["--steps", "5"]),
     ("per_entry.py", ["--calls", "300", "--rounds", "3"]),
+    # the device path's host work with Triton's dispatch (a fake driver: no GPU), launched straight where it can
+    ("per_entry.py", ["--calls", "300", "--rounds", "3", "--stats", "triton-dispatch"]),
+    ("triton_dispatch.py", ["--launches", "2000", "--rounds", "3"]),
     ("per_module.py", ["--cells", "10", "--rounds", "10"]),
     ("python_calls.py", ["--warmup", "3"]),
     ("compiled_step.py", ["--steps", "3", "--rounds", "1", "--warmup", "2"]),
@@ -37,7 +40,7 @@ FULL_OPTIONS = {
     "gpu_llama.py": ["--device", "cpu", "--size", "small"],  # its own default is CUDA
     "triton_launches.py": ["--hidden", "128", "--steps", "3"],
 }
-FULL = [(script, FULL_OPTIONS.get(script, [])) for script, _ in SMALL]
+FULL = [(script, FULL_OPTIONS.get(script, [])) for script in dict.fromkeys(script for script, _ in SMALL)]
 
 
 def main() -> int:

@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from .fingerprint_lanes import LANES, geometric_sum
+from .triton_launch import KernelLaunch
 
 _BLOCK = 4096  # bytes a program loads at once (a power of two; tests make it small)
 _MAX_PROGRAMS = 1024  # programs of a large tensor: each then hashes several blocks
@@ -139,6 +140,11 @@ def _hash_finish(part, programs, out, ones1, ones2, P1: tl.constexpr, P2: tl.con
     _parts(out, (tl.sum(s1, 0) % P1 + ones1) % P1, (tl.sum(s2, 0) % P2 + ones2) % P2)
 
 
+# straight to the compiled kernels past each specialisation's first launch (triton_launch)
+_HASH = KernelLaunch(globals(), "_hash", ("P1", "G1", "P2", "G2", "BLOCK", "LOG", "BITS", "SINGLE"), num_warps=_WARPS)
+_HASH_FINISH = KernelLaunch(globals(), "_hash_finish", ("P1", "P2", "RB"))
+
+
 def plan(n):
     """``(iters, programs)`` for ``n`` bytes: blocks a program hashes and programs launched."""
     blocks = -(-n // _BLOCK)
@@ -161,25 +167,11 @@ def fingerprint_parts(t):
     out = buffer[:4]
     part = buffer if single else buffer[4:]
     block = _BLOCK
-    _hash[(programs,)](
-        raw,
-        n,
-        iters,
+    _HASH(
         programs,
-        part,
-        out,
-        ones1,
-        ones2,
-        P1=_P1,
-        G1=_G1,
-        P2=_P2,
-        G2=_G2,
-        BLOCK=block,
-        LOG=block.bit_length() - 1,
-        BITS=_BITS,
-        SINGLE=single,
-        num_warps=_WARPS,
+        (raw, n, iters, programs, part, out, ones1, ones2),
+        (_P1, _G1, _P2, _G2, block, block.bit_length() - 1, _BITS, single),
     )
     if not single:
-        _hash_finish[(1,)](part, programs, out, ones1, ones2, P1=_P1, P2=_P2, RB=_FINISH_BLOCK)
+        _HASH_FINISH(1, (part, programs, out, ones1, ones2), (_P1, _P2, _FINISH_BLOCK))
     return out

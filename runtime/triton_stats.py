@@ -55,6 +55,9 @@ import torch
 import triton
 import triton.language as tl
 
+from . import triton_launch
+from .triton_launch import KNOB_OPTIONS, KernelLaunch, current_device, knob_options
+
 
 _BLOCK = 1024  # elements a program loads at once
 _MAX_ROWS = 256  # partial rows of one tensor at most: a larger tensor's programs each read more blocks
@@ -591,6 +594,12 @@ def _version(t):
         return -1
 
 
+# the kernels' launches, straight to the compiled kernel past each specialisation's first (triton_launch): Triton's
+# own dispatch was the largest host cost of a call's records on a GPU (bench/triton_dispatch.py)
+_PARTIALS = KernelLaunch(globals(), "_partials", ("CONTIGUOUS", "WIDE", "BLOCK", "LOW", "TOP"), enable_fp_fusion=False)
+_PARTIALS_FEW = KernelLaunch(globals(), "_partials_few", ("BLOCK",), enable_fp_fusion=False)
+_PARTIALS_MANY = KernelLaunch(globals(), "_partials_many", ("DT", "BLOCK", "T"), enable_fp_fusion=False)
+_FINISH = KernelLaunch(globals(), "_finish", ("RB", "LOW"), enable_fp_fusion=False)
 _DENSE = ((1, 1, 1, 1), (0, 0, 0, 0))  # a dense tensor's sizes and strides: not read by the kernel
 
 
@@ -598,80 +607,33 @@ def _launch_one(t, n, iters, grid, row0, tensor, repeat, code, arena, layout=_DE
     """One tensor's ``_partials`` launch into ``arena`` (its rows from ``row0``, its metadata row ``tensor``): a
     dense one's, or another layout's, ``layout`` the sizes and strides of its last four dimensions."""
     sizes, strides = layout
-    _partials[(grid,)](
-        t,
-        n,
-        iters,
-        arena.part,
-        arena.meta,
-        tensor,
-        row0,
+    return _PARTIALS(
         grid,
-        repeat,
-        code,
-        sizes[1],
-        sizes[2],
-        sizes[3],
-        *strides,
-        CONTIGUOUS=dense,
-        WIDE=code == 3,
-        BLOCK=_BLOCK,
-        LOW=low,
-        TOP=top,
-        enable_fp_fusion=False,
+        (t, n, iters, arena.part, arena.meta, tensor, row0, grid, repeat, code, sizes[1], sizes[2], sizes[3], *strides),
+        (dense, code == 3, _BLOCK, low, top),
     )
 
 
 def _launch(items):
-    """The partials of queue items of one arena and dtype (``TritonStats._launch_queue``), at most ``_MANY_MAX``."""
+    """The partials of queue items of one arena and dtype (``TritonStats._launch_queue``), at most ``_MANY_MAX``.
+    What the kernel's ``KernelLaunch`` returned, for one to ``_FEW`` tensors (``TritonStats._enter``)."""
     arena, code = items[0][8], items[0][7]
     count = len(items)
     if count == 1:  # one tensor: its own launch, no table to copy
         t, n, iters, grid, row0, tensor, repeat = items[0][:7]
-        _launch_one(t, n, iters, grid, row0, tensor, repeat, code, arena)
-        return
+        return _launch_one(t, n, iters, grid, row0, tensor, repeat, code, arena)
     if count <= _FEW:  # their addresses as arguments: no table to make and copy
         if count < _FEW:  # the unused places: the first tensor again, with no programs
             t = items[0][0]
             items = items + [(t, 1, 1, 0, 0, 0, 1)] * (_FEW - count)
         (x0, n0, i0, g0, r0, k0, p0), (x1, n1, i1, g1, r1, k1, p1) = items[0][:7], items[1][:7]
         (x2, n2, i2, g2, r2, k2, p2), (x3, n3, i3, g3, r3, k3, p3) = items[2][:7], items[3][:7]
-        _partials_few[(g0 + g1 + g2 + g3,)](
-            arena.part,
-            arena.meta,
-            x0,
-            x1,
-            x2,
-            x3,
-            n0,
-            n1,
-            n2,
-            n3,
-            i0,
-            i1,
-            i2,
-            i3,
-            g0,
-            g1,
-            g2,
-            g3,
-            r0,
-            r1,
-            r2,
-            r3,
-            k0,
-            k1,
-            k2,
-            k3,
-            p0,
-            p1,
-            p2,
-            p3,
-            code,
-            BLOCK=_BLOCK,
-            enable_fp_fusion=False,
+        return _PARTIALS_FEW(
+            g0 + g1 + g2 + g3,
+            (arena.part, arena.meta, x0, x1, x2, x3, n0, n1, n2, n3, i0, i1, i2, i3, g0, g1, g2, g3)
+            + (r0, r1, r2, r3, k0, k1, k2, k3, p0, p1, p2, p3, code),
+            (_BLOCK,),
         )
-        return
     table, first = [], 0
     for t, n, iters, grid, row0, tensor, repeat, *_rest in items:
         table.append((t.data_ptr(), n, iters, first, grid, row0, tensor, repeat, code, 0))
@@ -680,16 +642,8 @@ def _launch(items):
     device = arena.part.device
     if device.type != "cpu":
         rows = rows.pin_memory().to(device, non_blocking=True)
-    _partials_many[(first,)](
-        rows,
-        arena.part,
-        arena.meta,
-        count,
-        DT=code,
-        BLOCK=_BLOCK,
-        T=max(4, 1 << (count - 1).bit_length()),
-        enable_fp_fusion=False,
-    )
+    _PARTIALS_MANY(first, (rows, arena.part, arena.meta, count), (code, _BLOCK, max(4, 1 << (count - 1).bit_length())))
+    return None
 
 
 class _CallState(threading.local):
@@ -758,6 +712,9 @@ class TritonStats:
         self._watching = False  # a ``begin(watch)`` since the last launch: versions to check (``_launch_queue``)
         # the native op's Recorder, whose lane queues a call's device tensors into ``_queue`` (``attach``)
         self._recorder = None
+        # the compiled kernels the Recorder launches a queue to directly (``_enter``; the op reads it: changed in place)
+        self._fast = {}
+        self._direct = False  # the Recorder launches from ``_fast`` (``attach``)
 
     def add(self, t, width):
         """``(slot, counts slot or None)`` of a plain strided tensor of float32, float16 or bfloat16 (``width``
@@ -884,11 +841,16 @@ class TritonStats:
             if stats is not None:
                 stats._lane_launch()
 
-        recorder.lane(self._queue, self._arenas, renew, launch, mark, cpu, _BLOCK, _MAX_ROWS)
+        recorder.lane(self._queue, self._arenas, renew, launch, mark, cpu, _BLOCK, _MAX_ROWS, self._local)
         self._recorder = recorder
+        if triton_launch.direct_on() and hasattr(recorder, "lane_direct"):  # an older op's source has none
+            recorder.lane_direct(self._fast, triton_launch.driver, triton_launch.knobs.runtime, KNOB_OPTIONS)
+            self._direct = True
 
     def detach(self):
         """The lane given up (a launch failed): the native Recorder leaves device tensors to the Python path."""
+        self._fast.clear()
+        self._direct = False
         recorder, self._recorder = self._recorder, None
         if recorder is not None:
             recorder.lane_off()
@@ -934,9 +896,6 @@ class TritonStats:
         if watch is not None:
             local.watch = self._watched = watch
             self._watching = True
-        recorder = self._recorder
-        if recorder is not None:
-            recorder.lane_open = True
 
     def hold(self):
         """Close what ``begin(watch)`` opened without launching it: the next ``end`` (the call's output's, or
@@ -944,9 +903,6 @@ class TritonStats:
         local = self._local
         local.watch = None
         local.depth -= 1
-        recorder = self._recorder
-        if recorder is not None and not local.depth:
-            recorder.lane_open = False
 
     def end(self):
         """The records of the call ``begin`` opened are made: launch what it queued (nested: the outermost)."""
@@ -954,9 +910,6 @@ class TritonStats:
         depth = local.depth = local.depth - 1
         if depth == 0:
             local.watch = None
-            recorder = self._recorder
-            if recorder is not None:
-                recorder.lane_open = False
             if self._queue:
                 with self._lock:
                     self._launch_queue()
@@ -966,10 +919,21 @@ class TritonStats:
         ``_partials``, two to ``_FEW`` by ``_partials_few`` (their addresses as arguments), more by
         ``_partials_many`` (a table of a row per tensor made on the host and copied to the device from pinned
         memory), ``_MANY_MAX`` at a time."""
+        if not self._queue:  # launched already (an arena closed meanwhile launches what its tensors queued)
+            return
+        if self._fast:  # the native op launches it straight to the compiled kernel entered for it (``_enter``)
+            try:
+                launched = self._recorder.launch_direct()
+            except Exception:  # the launch failed: the queue's numbers null, as below
+                queue = self._queue[:]
+                del self._queue[: len(queue)]
+                _forget([queue])
+                raise
+            if launched:
+                self._watching = False
+                return
         # the list itself stays: the native lane appends to it (``attach``); what it holds now is taken
         queue = self._queue[:]
-        if not queue:  # launched already (an arena closed meanwhile launches what its tensors queued)
-            return
         del self._queue[: len(queue)]
         if self._watching:  # inputs read after their call are here: each checked against its version counter
             self._watching = False
@@ -999,11 +963,40 @@ class TritonStats:
                 pending[0:1] = [items[:_MANY_MAX], items[_MANY_MAX:]]
                 items = pending[0]
             try:
-                _launch(items)
+                kept = _launch(items)
             except Exception:
                 _forget(pending)
                 raise
+            if kept is not None and self._recorder is not None and len(items) <= _FEW:
+                self._enter(items, kept)
             pending.pop(0)
+
+    def _enter(self, items, kept):
+        """Enter for the native op's ``launch_direct`` (``attach``) the compiled kernel that ``_launch`` launched
+        ``items`` to (``kept``, from its KernelLaunch), under the key the op computes for a queue like it: where
+        that kernel's Triton key is the dtypes and alignments only, so that this key is as fine."""
+        compiled, tail, plain = kept
+        if not plain or not self._direct:
+            return
+        kind = 1 if len(items) == 1 else _FEW
+        arena = items[0][8]
+        tensors = [arena.part, arena.meta] + [item[0] for item in items] + [items[0][0]] * (kind - len(items))
+        mask = 0
+        for k, t in enumerate(tensors):
+            if t.data_ptr() % 16 == 0:
+                mask |= 1 << k
+        name = "_partials" if kind == 1 else "_partials_few"
+        key = (kind, current_device(), items[0][7], mask)
+        self._fast[key] = (
+            compiled.run,
+            compiled.function,
+            compiled.packed_metadata,
+            tail,
+            knob_options(),
+            globals(),
+            name,
+            globals()[name],
+        )
 
     def _close(self, arena, width, low):
         """Launch ``_finish`` over ``arena``'s tensors; their group slots (the lock held)."""
@@ -1013,9 +1006,7 @@ class TritonStats:
         device = arena.part.device
         values = torch.empty((count, 4), dtype=torch.float64, device=device)
         totals = torch.empty((count, 4 if low else 2), dtype=torch.float64, device=device)
-        _finish[(count,)](
-            arena.part, arena.meta, values, totals, RB=_FINISH_BLOCK, LOW=int(low), enable_fp_fusion=False
-        )
+        _FINISH(count, (arena.part, arena.meta, values, totals), (_FINISH_BLOCK, int(low)))
         kept = values if width == 4 else values[:, :width]
         groups = [self._slot(kept.reshape(-1), width * count, arena.slots)]
         if low and not self.nan_inf_count:  # float8's zero and saturated counts only, as ``_add_low``'s

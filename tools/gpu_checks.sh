@@ -14,7 +14,8 @@
 # has any, to $OUT (the device tool's folder that comes back; ./gpu-checks elsewhere): at most 8 files.
 #
 #   kernels    the Triton kernels and the native lane on CUDA tensors, compiled (the CPU runs them interpreted)
-#   per_entry  host time per recorded entry on CUDA beside the CPU path's, same machine (the issue's 1.5x)
+#   per_entry  host time per recorded entry on CUDA beside the CPU path's, same machine (the issue's 1.5x), and
+#              with every launch through Triton's run (MSPROBE_TRITON_DIRECT=0)
 #   launches   launches per recorded entry on a bf16 Llama, counted on the device
 #   llama      the issue's table: plain, DIY mode, ours L1/mix/fingerprint, msprobe where it imports
 set -uo pipefail
@@ -42,9 +43,12 @@ run() {  # run NAME SECONDS COMMAND...: its output in $out/NAME.log, cut at SECO
     echo "== $name: exit ${PIPESTATUS[0]}"
 }
 
-run kernels 120 python3 -m pytest -q -x -p no:cacheprovider tests/runtime/test_triton_stats.py \
-    tests/runtime/test_native_lane.py tests/runtime/test_triton_fingerprint.py tests/runtime/test_accelerator.py
-run per_entry 120 bash -c "python3 bench/per_entry.py --device cuda --json $out/per_entry_cuda.json \
+run kernels 150 python3 -m pytest -q -x -p no:cacheprovider tests/runtime/test_triton_stats.py \
+    tests/runtime/test_native_lane.py tests/runtime/test_triton_fingerprint.py tests/runtime/test_accelerator.py \
+    tests/runtime/test_triton_launch.py
+# launched straight to the compiled kernels (the default), then through Triton's run at every launch
+run per_entry 150 bash -c "python3 bench/per_entry.py --device cuda --json $out/per_entry_cuda.json \
+    && MSPROBE_TRITON_DIRECT=0 python3 bench/per_entry.py --device cuda --json $out/per_entry_cuda_triton_run.json \
     && python3 bench/per_entry.py --device cpu --json $out/per_entry_cpu.json"
 run launches 50 python3 bench/triton_launches.py --device cuda --steps 2 --json "$out/launches.json"
 run llama 290 python3 bench/gpu_llama.py --json "$out/gpu_llama.json"

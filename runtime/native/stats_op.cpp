@@ -898,11 +898,12 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   // gradients too, launched by ``launch()`` as the hook ends. The kernels' arguments (``block`` elements a program
   // loads, ``max_rows`` rows a tensor at most) are triton_stats's.
   void lane(py::object queue, py::object arenas, py::object renew, py::object launch, py::object mark, bool cpu,
-            int64_t block, int64_t max_rows) {
+            int64_t block, int64_t max_rows, py::object calls) {
     if (!PyList_CheckExact(queue.ptr())) throw py::type_error("queue: a list");
     if (!PyDict_CheckExact(arenas.ptr())) throw py::type_error("arenas: a dict");
     if (block <= 0 || max_rows <= 0) throw py::value_error("block and max_rows: positive");
     lane_queue_ = std::move(queue);
+    lane_calls_ = std::move(calls);
     lane_arenas_ = std::move(arenas);
     lane_renew_ = std::move(renew);
     lane_launch_ = std::move(launch);
@@ -912,20 +913,229 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     max_rows_ = max_rows;
   }
 
+  // The lane's direct launches (triton_stats.TritonStats._launch_queue, triton_launch): ``fast`` maps ``(kind,
+  // device, code, aligned)`` to ``(run, function, packed_metadata, tail, options, namespace, name, kernel)``, the
+  // compiled kernel that Triton's run chose for a launch of one queued tensor (kind 1: ``_partials``) or of two to
+  // four of one arena and dtype (kind 4: ``_partials_few``), which the Python path enters after that launch.
+  // ``aligned``: a bit per pointer argument (the arena's part and meta, then each tensor's) whose address is a
+  // multiple of 16; ``code`` the tensors' dtype code. ``driver`` is Triton's ``triton.runtime.driver``,
+  // ``runtime`` its ``knobs.runtime`` (the launch hooks), ``options`` the ``(object, attribute)`` pairs whose
+  // values ``options`` of an entry holds (Triton's run takes them into its key).
+  void lane_direct(py::object fast, py::object driver, py::object runtime, py::object options) {
+    if (!PyDict_CheckExact(fast.ptr())) throw py::type_error("fast: a dict");
+    if (!PyTuple_CheckExact(options.ptr())) throw py::type_error("options: a tuple");
+    direct_fast_ = std::move(fast);
+    direct_driver_ = std::move(driver);
+    direct_runtime_ = std::move(runtime);
+    direct_options_ = std::move(options);
+  }
+
+  // Launch what the lane's queue holds straight to the compiled kernel entered for it, as Triton's run would
+  // (tests/runtime/test_triton_launch.py): one to four tensors of one arena and dtype, each unchanged since it
+  // was queued (its version), its ints within int32, no launch hook set, Triton's options as they were, the
+  // kernel still the one under its name. True: launched, the queue emptied (or it was empty); false: the Python
+  // path's to launch (nothing done). A failed launch raises, the queue left as it was. The caller holds the
+  // kernels' lock (TritonStats._lock), as every taker of the queue does.
+  bool launch_direct() {
+    static PyObject* names[] = {
+        PyUnicode_InternFromString("part"),          PyUnicode_InternFromString("meta"),
+        PyUnicode_InternFromString("launch_enter_hook"), PyUnicode_InternFromString("launch_exit_hook"),
+        PyUnicode_InternFromString("calls"),         PyUnicode_InternFromString("active"),
+        PyUnicode_InternFromString("get_current_device"), PyUnicode_InternFromString("get_current_stream"),
+        PyUnicode_InternFromString("pre_run_hooks")};
+    PyObject* queue = lane_queue_.ptr();
+    if (direct_fast_.is_none() || !PyList_CheckExact(queue)) return false;
+    const Py_ssize_t count = PyList_GET_SIZE(queue);
+    if (count == 0) return true;
+    if (count > 4) return false;
+    PyObject* items[4];
+    PyObject* arena = nullptr;
+    long code = -1;
+    for (Py_ssize_t k = 0; k < count; ++k) {
+      PyObject* item = PyList_GET_ITEM(queue, k);
+      if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 11 || !THPVariable_Check(PyTuple_GET_ITEM(item, 0)))
+        return false;
+      const long item_code = PyLong_AsLong(PyTuple_GET_ITEM(item, 7));
+      if (item_code == -1 && PyErr_Occurred()) throw py::error_already_set();
+      if (k == 0) {
+        arena = PyTuple_GET_ITEM(item, 8);
+        code = item_code;
+      } else if (PyTuple_GET_ITEM(item, 8) != arena || item_code != code) {
+        return false;
+      }
+      const at::Tensor& t = THPVariable_Unpack(PyTuple_GET_ITEM(item, 0));
+      const at::ScalarType dtype = code == 0 ? at::kFloat : code == 1 ? at::kHalf : code == 2 ? at::kBFloat16
+                                                                                                : at::kDouble;
+      if (code < 0 || code > 2 || t.scalar_type() != dtype) return false;
+      PyObject* version = PyTuple_GET_ITEM(item, 9);
+      if (version != Py_None) {  // read after its call: it must be as it was at the call (else the Python path
+        const long long held = PyLong_AsLongLong(version);  // leaves it null, and says so)
+        if (held == -1 && PyErr_Occurred()) throw py::error_already_set();
+        if (held != (t.is_inference() ? -1 : static_cast<long long>(t._version()))) return false;
+      }
+      for (int field = 1; field <= 6; ++field) {  // Triton types an int past int32 int64: its run's
+        const long long value = PyLong_AsLongLong(PyTuple_GET_ITEM(item, field));
+        if (value == -1 && PyErr_Occurred()) throw py::error_already_set();
+        if (value < -(1LL << 31) || value >= (1LL << 31)) return false;
+      }
+      items[k] = item;
+    }
+    const int kind = count == 1 ? 1 : 4;
+    for (Py_ssize_t k = count; k < kind; ++k) items[k] = nullptr;  // a few's unused places: the first tensor again
+    py::object part = py::reinterpret_steal<py::object>(PyObject_GetAttr(arena, names[0]));
+    py::object meta = py::reinterpret_steal<py::object>(PyObject_GetAttr(arena, names[1]));
+    if (!part || !meta) throw py::error_already_set();
+    if (!THPVariable_Check(part.ptr()) || !THPVariable_Check(meta.ptr())) return false;
+    auto aligned = [](PyObject* tensor) {
+      return reinterpret_cast<uintptr_t>(THPVariable_Unpack(tensor).data_ptr()) % 16 == 0;
+    };
+    long mask = (aligned(part.ptr()) ? 1 : 0) | (aligned(meta.ptr()) ? 2 : 0);
+    for (int k = 0; k < kind; ++k) {
+      PyObject* item = items[k] != nullptr ? items[k] : items[0];
+      if (aligned(PyTuple_GET_ITEM(item, 0))) mask |= 4L << k;
+    }
+    for (PyObject* hook : {names[2], names[3]}) {  // a profiler's hook wants Triton's run
+      py::object value = py::reinterpret_steal<py::object>(PyObject_GetAttr(direct_runtime_.ptr(), hook));
+      if (!value) throw py::error_already_set();
+      if (value.is_none()) continue;
+      py::object calls = py::reinterpret_steal<py::object>(PyObject_GetAttr(value.ptr(), names[4]));
+      if (!calls) {
+        PyErr_Clear();
+        return false;
+      }
+      if (!PyList_CheckExact(calls.ptr()) || PyList_GET_SIZE(calls.ptr()) != 0) return false;
+    }
+    py::object active = py::reinterpret_steal<py::object>(PyObject_GetAttr(direct_driver_.ptr(), names[5]));
+    if (!active) throw py::error_already_set();
+    py::object device = py::reinterpret_steal<py::object>(PyObject_CallMethodNoArgs(active.ptr(), names[6]));
+    if (!device) throw py::error_already_set();
+    py::tuple key = py::make_tuple(kind, device, code, mask);
+    PyObject* entry = PyDict_GetItemWithError(direct_fast_.ptr(), key.ptr());
+    if (entry == nullptr) {
+      if (PyErr_Occurred()) throw py::error_already_set();
+      return false;
+    }
+    if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 8) return false;
+    py::object held_entry = py::reinterpret_borrow<py::object>(entry);  // the dict may change under the calls below
+    PyObject* under_name = PyDict_GetItemWithError(PyTuple_GET_ITEM(entry, 5), PyTuple_GET_ITEM(entry, 6));
+    if (under_name != PyTuple_GET_ITEM(entry, 7)) {  // another kernel under the name now (a test's stub)
+      if (PyErr_Occurred()) throw py::error_already_set();
+      return false;
+    }
+    py::object pre = py::reinterpret_steal<py::object>(PyObject_GetAttr(under_name, names[8]));
+    if (!pre) throw py::error_already_set();
+    if (!PyList_CheckExact(pre.ptr()) || PyList_GET_SIZE(pre.ptr()) != 0) return false;
+    PyObject* held_options = PyTuple_GET_ITEM(entry, 4);
+    const Py_ssize_t n_options = PyTuple_GET_SIZE(direct_options_.ptr());
+    if (!PyTuple_CheckExact(held_options) || PyTuple_GET_SIZE(held_options) != n_options) return false;
+    for (Py_ssize_t k = 0; k < n_options; ++k) {
+      PyObject* pair = PyTuple_GET_ITEM(direct_options_.ptr(), k);
+      py::object now = py::reinterpret_steal<py::object>(
+          PyObject_GetAttr(PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1)));
+      if (!now) throw py::error_already_set();
+      const int same = PyObject_RichCompareBool(now.ptr(), PyTuple_GET_ITEM(held_options, k), Py_EQ);
+      if (same < 0) throw py::error_already_set();
+      if (!same) return false;
+    }
+    py::object stream =
+        py::reinterpret_steal<py::object>(PyObject_CallMethodOneArg(active.ptr(), names[7], device.ptr()));
+    if (!stream) throw py::error_already_set();
+    PyObject* tail = PyTuple_GET_ITEM(entry, 3);
+    if (!PyTuple_CheckExact(tail)) return false;
+    std::vector<PyObject*> args;  // borrowed: each held by the queue, the entry or the locals above
+    args.reserve(48);
+    py::object grid;
+    py::object zero = py::reinterpret_steal<py::object>(PyLong_FromLong(0));
+    py::object one = py::reinterpret_steal<py::object>(PyLong_FromLong(1));
+    if (!zero || !one) throw py::error_already_set();
+    if (kind == 1) {
+      PyObject* item = items[0];
+      grid = py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(item, 3));
+      // _partials(x, n, iters, part, meta, tensor, row0, rows, repeat, code, d1, d2, d3, s0, s1, s2, s3)
+      for (PyObject* arg : {PyTuple_GET_ITEM(item, 0), PyTuple_GET_ITEM(item, 1), PyTuple_GET_ITEM(item, 2),
+                            part.ptr(), meta.ptr(), PyTuple_GET_ITEM(item, 5), PyTuple_GET_ITEM(item, 4),
+                            PyTuple_GET_ITEM(item, 3), PyTuple_GET_ITEM(item, 6), PyTuple_GET_ITEM(item, 7),
+                            one.ptr(), one.ptr(), one.ptr(), zero.ptr(), zero.ptr(), zero.ptr(), zero.ptr()})
+        args.push_back(arg);
+    } else {
+      // _partials_few(part, meta, x0..x3, n0..n3, iters0..3, rows0..3, row0..3, index0..3, repeat0..3, code):
+      // an unused place is the first tensor again with no programs, as triton_stats._launch pads it
+      long long programs = 0;
+      args.push_back(part.ptr());
+      args.push_back(meta.ptr());
+      static const int fields[] = {0, 1, 2, 3, 4, 5, 6};
+      for (int field : fields) {
+        for (int k = 0; k < 4; ++k) {
+          PyObject* item = items[k];
+          if (item != nullptr) {
+            args.push_back(PyTuple_GET_ITEM(item, field));
+          } else {
+            args.push_back(field == 0 ? PyTuple_GET_ITEM(items[0], 0) : field <= 2 || field == 6 ? one.ptr() : zero.ptr());
+          }
+        }
+      }
+      for (int k = 0; k < count; ++k) programs += PyLong_AsLongLong(PyTuple_GET_ITEM(items[k], 3));
+      args.push_back(PyTuple_GET_ITEM(items[0], 7));
+      grid = py::reinterpret_steal<py::object>(PyLong_FromLongLong(programs));
+      if (!grid) throw py::error_already_set();
+    }
+    const Py_ssize_t head = 9, n_tail = PyTuple_GET_SIZE(tail);
+    py::object call = py::reinterpret_steal<py::object>(PyTuple_New(head + static_cast<Py_ssize_t>(args.size()) + n_tail));
+    if (!call) throw py::error_already_set();
+    PyObject* front[9] = {grid.ptr(), one.ptr(), one.ptr(), stream.ptr(), PyTuple_GET_ITEM(entry, 1),
+                          PyTuple_GET_ITEM(entry, 2), Py_None, Py_None, Py_None};
+    Py_ssize_t at = 0;
+    for (PyObject* arg : front) {
+      Py_INCREF(arg);
+      PyTuple_SET_ITEM(call.ptr(), at++, arg);
+    }
+    for (PyObject* arg : args) {
+      Py_INCREF(arg);
+      PyTuple_SET_ITEM(call.ptr(), at++, arg);
+    }
+    for (Py_ssize_t k = 0; k < n_tail; ++k) {
+      PyObject* arg = PyTuple_GET_ITEM(tail, k);
+      Py_INCREF(arg);
+      PyTuple_SET_ITEM(call.ptr(), at++, arg);
+    }
+    // taken from the queue before the launch, which may let another thread run (a backward hook's lane appends)
+    py::object taken = py::reinterpret_steal<py::object>(PyList_GetSlice(queue, 0, count));
+    if (!taken || PyList_SetSlice(queue, 0, count, nullptr) != 0) throw py::error_already_set();
+    py::object done = py::reinterpret_steal<py::object>(PyObject_Call(PyTuple_GET_ITEM(entry, 0), call.ptr(), nullptr));
+    if (!done) {  // back at the front of the queue, for the caller to forget (their numbers null)
+      py::error_already_set error;
+      if (PyList_SetSlice(queue, 0, 0, taken.ptr()) != 0) PyErr_Clear();
+      throw error;
+    }
+    ++lane_direct_;
+    return true;
+  }
+
+  int64_t lane_direct_launches() const { return lane_direct_; }
+
   void lane_off() {  // the kernels failed, or the lane is given up: the Python path from here
-    lane_open_ = false;
     lane_queue_ = py::none();
+    lane_calls_ = py::none();
     lane_arenas_ = py::none();
     lane_renew_ = py::none();
     lane_launch_ = py::none();
   }
 
-  // Whether a call's records are open (TritonStats.begin), and on which thread: another thread's record (one
-  // made outside any call of its own, which nothing of it launches) is not the lane's.
-  bool lane_open() const { return lane_open_; }
-  void set_lane_open(bool open) {
-    lane_open_ = open;
-    lane_thread_ = open ? PyThread_get_thread_ident() : 0;
+  // Whether this thread is making a call's records (TritonStats.begin): the depth of ``calls``, the kernels'
+  // per-thread call state (a ``threading.local``), is above 0. Another thread's record (one made outside any call
+  // of its own, which nothing of it launches) is not the lane's.
+  bool lane_open() const {
+    if (lane_calls_.is_none()) return false;
+    static PyObject* depth_name = PyUnicode_InternFromString("depth");
+    PyObject* depth = PyObject_GetAttr(lane_calls_.ptr(), depth_name);
+    if (depth == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    const long value = PyLong_Check(depth) ? PyLong_AsLong(depth) : 0;
+    Py_DECREF(depth);
+    if (value == -1 && PyErr_Occurred()) PyErr_Clear();
+    return value > 0;
   }
 
   int64_t lane_reads() const { return lane_reads_; }
@@ -1349,7 +1559,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     bool lane = false, reuse_only = false;
     if (lane_device(t)) {
       if (!own_data(t)) return nullptr;  // a subclass's, say: the Python path's
-      lane = (use == LANE_HOOK || (lane_open_ && PyThread_get_thread_ident() == lane_thread_)) && lane_takes(t);
+      lane = (use == LANE_HOOK || lane_open()) && lane_takes(t);
       // one it does not take (outside a call, another layout): served again where its elements were read by the
       // lane (a transpose of an activation), else left to the Python path, which reads it (nullptr)
       reuse_only = !lane;
@@ -1437,9 +1647,11 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   bool lane_cpu_ = false;
   int64_t block_ = 1, max_rows_ = 1, lane_reads_ = 0, lane_hook_queued_ = 0;
   std::string lane_error_;
-  bool lane_open_ = false;
-  unsigned long lane_thread_ = 0;
+  py::object lane_calls_ = py::none();
   py::object lane_arenas_ = py::none();
+  py::object direct_fast_ = py::none(), direct_driver_ = py::none(), direct_runtime_ = py::none();
+  py::object direct_options_ = py::none();
+  int64_t lane_direct_ = 0;
   std::unordered_map<int64_t, py::object> lane_keys_;  // device index -> the arenas' key of its lane
   py::object later_;
   std::vector<Recent> recent_;
@@ -1586,8 +1798,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("collecting", &Recorder::collecting, "Whether the hooks record (the collector's flag)")
       .def("lane", &Recorder::lane, "Records of a call's device tensors queued for the Triton kernels")
       .def("lane_off", &Recorder::lane_off, "No more device tensors in the lane")
-      .def_property("lane_open", &Recorder::lane_open, &Recorder::set_lane_open,
-                    "Whether a call's records are open on this thread (TritonStats.begin)")
+      .def("lane_direct", &Recorder::lane_direct, "The compiled kernels the lane's queue may be launched to directly")
+      .def("launch_direct", &Recorder::launch_direct, "Launch the lane's queue straight to its compiled kernel")
+      .def_property_readonly("direct_launches", &Recorder::lane_direct_launches, "Launches made by launch_direct")
+      .def_property_readonly("lane_open", &Recorder::lane_open, "Whether this thread is making a call's records")
       .def_property_readonly("lane_reads", &Recorder::lane_reads, "Device tensors queued by the lane this step")
       .def("take_lane_error", &Recorder::take_lane_error, "Why the lane was given up, once; empty else")
       .def("records", &Recorder::records, "Records of a call's arguments or outputs: plain tensors, None, builtins")

@@ -1,0 +1,271 @@
+"""Launches straight to a compiled Triton kernel (runtime/triton_launch.py): each one lands on the kernel that
+``JITFunction.run`` would have chosen for its arguments, with the arguments that ``run`` would have passed.
+
+Without a GPU, Triton's real binder and cache key run against a fake CUDA driver whose "compiled" kernels record their
+launches (fixtures/fake_triton_driver.py), in a subprocess: the test process runs Triton's interpreter, under which
+a kernel is not a ``JITFunction``."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from fixtures.fake_triton_driver import install, triton_key
+    fake = install()
+    import torch
+    from triton import knobs
+    from msprobe_runtime import triton_launch, triton_stats as ts
+
+    out = {"checked": 0, "wrong": [], "direct": {}}
+
+    def check(launch, kernel, grid, args, names, constants, options):
+        kwargs = dict(zip(names, constants), **options)
+        key, bound = triton_key(kernel, fake.device, args, kwargs)
+        before = launch.direct
+        launch(grid, args, constants)
+        stream = fake.get_current_stream(fake.device)
+        hit = [k for k in kernel.device_caches[fake.device][0].values() if k.launches]
+        landed = [
+            k for k in hit
+            if k.launches[-1][:6] == (grid, 1, 1, stream, k.function, k.packed_metadata) and k.launches[-1][9:] == bound
+        ]
+        for k in hit:
+            k.launches.clear()
+        out["checked"] += 1
+        if len(hit) != 1 or len(landed) != 1 or landed[0].key != key:
+            out["wrong"].append([repr(constants), [a if type(a) is int else str(a.dtype) for a in args]])
+        return launch.direct - before
+
+    part = torch.empty((64, 6), dtype=torch.float64)
+    meta = torch.empty((16, 8), dtype=torch.int64)
+    base = torch.zeros(4096)
+    tensors = {
+        "float32": base[:1024],
+        "float32 off 16 bytes": base[4:1028],
+        "float32 off 4 bytes": base[1:1025],
+        "float16": torch.zeros(1024, dtype=torch.float16),
+        "bfloat16 off 2 bytes": torch.zeros(1025, dtype=torch.bfloat16)[1:],
+        "parameter": torch.nn.Parameter(torch.zeros(1024)),
+    }
+    ns = {"_partials": ts._partials, "_partials_few": ts._partials_few}
+    one = triton_launch.KernelLaunch(ns, "_partials", ("CONTIGUOUS", "WIDE", "BLOCK", "LOW", "TOP"),
+                                     enable_fp_fusion=False)
+    names = ("CONTIGUOUS", "WIDE", "BLOCK", "LOW", "TOP")
+    direct = 0
+    for label, x in tensors.items():
+        for n in (1, 16, 17, 1024, 3 << 20):
+            for ints in ((1, 0, 0, 1), (2, 16, 32, 1), (1, 1, 17, 2)):
+                iters, tensor, row0, repeat = ints
+                for constants in ((True, False, 1024, 0, 0.0), (False, False, 1024, 0, 0.0)):
+                    args = (x, n, iters, part, meta, tensor, row0, 4, repeat, 0, 1, 1, 1, 0, 0, 0, 0)
+                    for _ in range(2):
+                        direct += check(one, ts._partials, 4, args, names, constants, {"enable_fp_fusion": False})
+    out["direct"]["_partials"] = direct
+    # an int past int32: Triton's run, every time
+    big = (tensors["float32"], 1 << 33, 1, part, meta, 0, 0, 4, 1, 0, 1, 1, 1, 0, 0, 0, 0)
+    out["direct"]["int64"] = sum(
+        check(one, ts._partials, 4, big, names, (True, False, 1024, 0, 0.0), {"enable_fp_fusion": False})
+        for _ in range(3))
+    few = triton_launch.KernelLaunch(ns, "_partials_few", ("BLOCK",), enable_fp_fusion=False)
+    direct = 0
+    for label, x in tensors.items():
+        for ns4 in ((1, 1, 1, 1), (16, 17, 1024, 1), (32, 48, 64, 80)):
+            args = (part, meta, x, x, tensors["float32"] if x.dtype == torch.float32 else x, x,
+                    *ns4, 1, 1, 1, 1, 1, 2, 0, 0, 0, 1, 2, 3, 0, 1, 2, 3, 1, 1, 1, 1, 0)
+            for _ in range(2):
+                direct += check(few, ts._partials_few, 4, args, ("BLOCK",), (1024,), {"enable_fp_fusion": False})
+    out["direct"]["_partials_few"] = direct
+    # the fingerprint's kernel: a Triton option (num_warps) besides the constexprs
+    from msprobe_runtime import triton_fingerprint as tf
+    hash_names = ("P1", "G1", "P2", "G2", "BLOCK", "LOG", "BITS", "SINGLE")
+    hashed = triton_launch.KernelLaunch({"_hash": tf._hash}, "_hash", hash_names, num_warps=tf._WARPS)
+    direct = 0
+    for raw in (base.view(torch.uint8), base.view(torch.uint8)[3:]):
+        for single in (True, False):
+            constants = (tf._P1, tf._G1, tf._P2, tf._G2, 4096, 12, tf._BITS, single)
+            args = (raw, raw.numel(), 1, 4, meta, meta, 5, 7)
+            for _ in range(2):
+                direct += check(hashed, tf._hash, 4, args, hash_names, constants, {"num_warps": tf._WARPS})
+    out["direct"]["_hash"] = direct
+    # a launch hook set (a profiler's): Triton's run
+    hook = lambda metadata: None
+    knobs.runtime.launch_enter_hook.add(hook)
+    args = (tensors["float32"], 1024, 1, part, meta, 0, 0, 1, 1, 0, 1, 1, 1, 0, 0, 0, 0)
+    out["direct"]["hooked"] = sum(
+        check(one, ts._partials, 1, args, names, (True, False, 1024, 0, 0.0), {"enable_fp_fusion": False})
+        for _ in range(3))
+    knobs.runtime.launch_enter_hook.remove(hook)
+    # another device: a kernel of its own
+    fake.device = 1
+    out["direct"]["device 1"] = sum(
+        check(one, ts._partials, 1, args, names, (True, False, 1024, 0, 0.0), {"enable_fp_fusion": False})
+        for _ in range(3))
+    fake.device = 0
+    # a stub under the name: called as a kernel, nothing kept
+    calls = []
+
+    class Stub:
+        def __getitem__(self, grid):
+            return lambda *a, **k: calls.append((grid, len(a), sorted(k)))
+
+    ns["_partials"] = Stub()
+    one(3, args, (True, False, 1024, 0, 0.0))
+    out["stub"] = calls
+    json.dump(out, sys.stdout)
+    """
+)
+
+
+# the native Recorder's lane (CPU tensors taken as a device's: ``triton_cpu="lane"``) through the collector: every
+# launch Triton's "compiled" kernels receive, in order, each tensor named by its first appearance
+LANE_SCRIPT = textwrap.dedent(
+    """
+    import json, logging, os, sys, tempfile
+    from fixtures.fake_triton_driver import RecordingKernel, install
+    fake = install()
+    import torch
+    import msprobe_runtime
+    from msprobe_runtime import PrecisionDebugger, collector, shims, statistics
+
+    collector.StatBuffer = lambda counts: statistics.StatBuffer(counts, triton_cpu="lane")
+    log, fail_at = [], int(os.environ.get("FAIL_AT", "0"))
+
+    def run(self, *args):
+        direct = args[7] is None  # Triton's run passes its knobs' hook chains; a direct launch None
+        if direct and fail_at and sum(1 for entry in log if entry[3]) + 1 == fail_at:
+            raise RuntimeError("a launch that failed")
+        log.append((self.key, args[:3], args[9:], direct))
+
+    RecordingKernel.run = run
+    warnings = []
+
+    class Kept(logging.Handler):
+        def emit(self, record):
+            warnings.append(record.getMessage())
+
+    logging.getLogger("msprobe_runtime").addHandler(Kept())
+    code = {"__msprobe__": msprobe_runtime, "torch": torch}
+    exec(
+        '''
+    def body(xs):
+        for x in xs:
+            y = __msprobe__.call("Functional.relu", torch.relu, x)
+            z = __msprobe__.call("Torch.add", torch.add, x, y)
+            w = __msprobe__.call("Torch.cat", torch.cat, [x, y, z])
+            __msprobe__.call("Torch.stack", torch.stack, [x, y, z, w[: x.numel()], x])
+
+    def start(debugger):
+        debugger.start()
+    ''',
+        code,
+    )
+    debugger = PrecisionDebugger(dump_path=tempfile.mkdtemp(), task="statistics", level="L1")
+    code["start"](debugger)
+    xs = [torch.randn(n, dtype=dtype) for n in (16, 17, 1024, 5000) for dtype in (torch.float32, torch.bfloat16)]
+    xs += [torch.nn.Parameter(torch.randn(33)), torch.randn(4096)[1:1025]]  # a Parameter, an unaligned view
+    for _ in range(3):
+        code["body"](xs)
+    recorder = shims._collector.stats._recorder
+    seen = {}
+
+    def name(arg):
+        if isinstance(arg, torch.Tensor):
+            return ["tensor", seen.setdefault((arg.data_ptr(), arg.dtype), len(seen)), str(arg.dtype)]
+        return arg
+
+    launches = [[key, list(head), [name(arg) for arg in args]] for key, head, args, _ in log]
+    json.dump({
+        "launches": launches,
+        "direct": sum(1 for entry in log if entry[3]),
+        "native": None if recorder is None else recorder.direct_launches,
+        "warnings": warnings,
+    }, sys.stdout)
+    """
+)
+
+
+def run(env_extra=None, script=SCRIPT):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+    env.update(env_extra or {})
+    command = [sys.executable, "-c", script]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def launches():
+    from msprobe_runtime import triton_launch
+
+    if not triton_launch._DIRECT:
+        pytest.skip(f"a Triton this was not checked against ({triton_launch.triton.__version__})")
+    return run()
+
+
+def test_each_launch_lands_on_tritons_kernel_with_tritons_arguments(launches):
+    assert launches["checked"] > 400
+    assert launches["wrong"] == []
+
+
+def test_the_second_launch_of_a_specialisation_is_direct(launches):
+    # each specialisation's first launch goes through Triton's run (which compiles it); every later one is direct
+    assert launches["direct"]["_partials"] > 100
+    assert launches["direct"]["_partials_few"] > 10
+    assert launches["direct"]["_hash"] == 4
+    assert launches["direct"]["device 1"] == 2  # its first launch compiled for device 1
+
+
+def test_what_triton_must_see_goes_through_its_run(launches):
+    assert launches["direct"]["int64"] == 0  # an int past int32: Triton's run types it int64
+    assert launches["direct"]["hooked"] == 0  # a launch hook wants its metadata
+    assert launches["stub"] == [[[3], 17, ["BLOCK", "CONTIGUOUS", "LOW", "TOP", "WIDE", "enable_fp_fusion"]]]
+
+
+def test_the_switch_turns_it_off():
+    from msprobe_runtime import triton_launch
+
+    if not triton_launch._DIRECT:
+        pytest.skip("not on for this Triton")
+    out = run({"MSPROBE_TRITON_DIRECT": "0"})
+    assert out["wrong"] == []
+    assert all(count == 0 for count in out["direct"].values())
+
+
+@pytest.fixture(scope="module")
+def native_lane():
+    from msprobe_runtime import native_stats, triton_launch
+
+    if not triton_launch._DIRECT:
+        pytest.skip(f"a Triton this was not checked against ({triton_launch.triton.__version__})")
+    if native_stats.load() is None:
+        pytest.skip("the native op does not build here")
+
+
+def test_the_native_lanes_direct_launches_are_tritons_own(native_lane):
+    # the same calls, launched straight by the native op, and through Triton's run at every launch: the same
+    # kernels (Triton's keys) with the same arguments, in the same order
+    direct = run(script=LANE_SCRIPT)
+    through_triton = run({"MSPROBE_TRITON_DIRECT": "0"}, script=LANE_SCRIPT)
+    assert direct["native"] > 50  # the calls' one to four tensors, past each kernel's first launch
+    assert through_triton["native"] == 0 and through_triton["direct"] == 0
+    assert len(direct["launches"]) == len(through_triton["launches"])
+    assert direct["launches"] == through_triton["launches"]
+    assert direct["warnings"] == through_triton["warnings"] == []
+
+
+def test_a_failed_direct_launch_gives_the_kernels_up_with_one_warning(native_lane):
+    failed = run({"FAIL_AT": "3"}, script=LANE_SCRIPT)
+    assert failed["direct"] == 2  # the two before it; none after: the torch ops serve
+    assert len(failed["warnings"]) == 1 and "a launch that failed" in failed["warnings"][0]
