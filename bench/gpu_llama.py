@@ -305,6 +305,13 @@ def worker(args):
         "instrumented": "__msprobe__" in vars(sys.modules[type(template).__module__]),
         "device": torch.cuda.get_device_name() if cuda else "cpu",
     }
+    kernels = sys.modules.get("msprobe_runtime.triton_stats")
+    if kernels is not None:  # launches made straight to a compiled kernel by Python (runtime/triton_launch.py)
+        info["direct_launches"] = {
+            name: getattr(kernels, name).direct
+            for name in ("_PARTIALS", "_PARTIALS_FEW", "_PARTIALS_MANY", "_FINISH")
+            if hasattr(kernels, name)
+        }
     print(json.dumps({"rows": rows, "info": info, "dumps": dumps, "root": root}))
     return 0
 

@@ -6,7 +6,7 @@ up on each launch; with the statistics' one launch a call, that is the largest h
 once for each specialisation, keeps the compiled kernel that launch returned under a key at least as fine as
 Triton's own, and from then on launches that kernel as ``JITFunction.run`` does, with the same arguments:
 ``kernel.run(grid, 1, 1, stream, kernel.function, kernel.packed_metadata, None, None, None, *the bound arguments)``.
-Inductor's generated launchers call the compiled kernel the same way.
+Inductor's generated launchers call a compiled kernel's ``run`` the same way.
 
 The key, for Triton's specialisation rules (``native_specialize_impl``): the current device (Triton keeps a cache a
 device); the options the run takes from Triton's knobs; the constexpr values; the type of every argument; a tensor's
@@ -155,7 +155,7 @@ class KernelLaunch:
         self._options = options
         self._kernel = None
         self._plans: dict = {}  # argument types -> _Plan, or None where this kernel takes them through Triton's run
-        self._types, self._plan = None, None  # the last launch's argument types and their plan
+        self._last = (None, None)  # the last launch's argument types and their plan: one tuple, read at once
         self._compiled: dict = {}  # key -> what ``__call__`` returns
         self.direct = 0  # launches made straight to a compiled kernel (tests, benches)
 
@@ -168,7 +168,7 @@ class KernelLaunch:
             self._kernel = kernel
             self._plans.clear()
             self._compiled.clear()
-            self._types = self._plan = None
+            self._last = (None, None)
         key = self._key(kernel, args, constants) if _DIRECT and type(kernel) is JITFunction else None
         if key is None:
             kernel[(grid,)](*args, **dict(zip(self._names, constants)), **self._options)
@@ -177,7 +177,7 @@ class KernelLaunch:
         if kept is None:  # the first launch of this specialisation: Triton's run, which compiles it where needed
             compiled = kernel[(grid,)](*args, **dict(zip(self._names, constants)), **self._options)
             if _launchable(compiled):
-                plan = self._plan
+                plan = key[3]  # this launch's, whatever another thread's launch has made the last since
                 kept = self._compiled[key] = (compiled, plan.tail(self._names, constants), plan.special is None)
             return kept
         compiled, tail, _ = kept
@@ -194,13 +194,14 @@ class KernelLaunch:
         if not _unhooked(runtime.launch_enter_hook) or not _unhooked(runtime.launch_exit_hook) or kernel.pre_run_hooks:
             return None
         types = tuple(map(type, args))
-        if types == self._types:  # the common case: the types of the last launch
-            plan = self._plan
+        last = self._last
+        if types == last[0]:  # the common case: the types of the last launch
+            plan = last[1]
         else:
             plan = self._plans.get(types, False)
             if plan is False:
                 plan = self._plans[types] = self._make_plan(kernel, types)
-            self._types, self._plan = types, plan
+            self._last = (types, plan)
         if plan is None:
             return None
         part = plan.key(args)
