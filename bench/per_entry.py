@@ -125,6 +125,21 @@ def choose_stats(which):
         if hasattr(triton_stats, name):
             setattr(triton_stats, name, Stub())
     triton_stats._finish = Finish()
+
+    class HashFinish:
+        """The fingerprints' ``_hash_finish`` stubbed: zeros for their parts (written at the flush)."""
+
+        def __getitem__(self, grid):
+            return lambda part, meta, out, **kwargs: out.zero_()
+
+    try:  # a checksum mode's kernels (runtime/triton_fingerprint.py), as those of the statistics
+        from msprobe_runtime import triton_fingerprint
+    except ImportError:
+        triton_fingerprint = None
+    if hasattr(triton_fingerprint, "_hash_few"):  # an older runtime launched other kernels
+        triton_fingerprint._hash_finish = HashFinish()
+        if which != "triton-dispatch":
+            triton_fingerprint._hash_few = Stub()
     if which == "triton-dispatch":  # Triton's dispatch kept (a fake driver's no-op kernels), _finish stubbed
         for name in ("_partials", "_partials_few", "_partials_many"):
             setattr(triton_stats, name, saved[name])
@@ -132,6 +147,14 @@ def choose_stats(which):
         collector.StatBuffer = lambda counts: statistics.StatBuffer(counts, triton_cpu="lane")
     else:  # triton-stub-python: the Python path of the records (no native op, as where it fails to build)
         collector.StatBuffer = lambda counts: statistics.StatBuffer(counts, native=False, triton_cpu=True)
+
+
+def new_debugger(PrecisionDebugger, dump, args):
+    """A debugger of task statistics at L1 writing under ``dump``, with ``--summary-mode``."""
+    config = tempfile.mktemp(suffix=".json", dir=dump)
+    with open(config, "w") as handle:
+        json.dump({"statistics": {"summary_mode": args.summary_mode}}, handle)
+    return PrecisionDebugger(config_path=config, dump_path=tempfile.mkdtemp(dir=dump), task="statistics", level="L1")
 
 
 def best_seconds(fn, rounds, sync=lambda: None):
@@ -157,6 +180,12 @@ def main():
         default="default",
         help="the statistics path: as a run takes it, the torch ops only, or the Triton host path with its kernels "
         "stubbed, or with Triton's dispatch through a fake driver (both on CPU tensors)",
+    )
+    parser.add_argument(
+        "--summary-mode",
+        default="statistics",
+        help="statistics.summary_mode of the run (statistics, md5, fingerprint...): a checksum mode hashes every "
+        "recorded tensor besides its statistics",
     )
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--before", help="figures of an earlier runtime (its --json), for --svg")
@@ -196,7 +225,7 @@ def main():
         """Seconds of ``body`` while collecting: a fresh step each round, its files written after."""
 
         def run():
-            debugger = PrecisionDebugger(dump_path=tempfile.mkdtemp(dir=dump), task="statistics", level="L1")
+            debugger = new_debugger(PrecisionDebugger, dump, args)
             start(debugger)
             sync()
             began = time.perf_counter()
@@ -213,7 +242,7 @@ def main():
         def run():
             debugger = None
             if collecting:
-                debugger = PrecisionDebugger(dump_path=tempfile.mkdtemp(dir=dump), task="statistics", level="L1")
+                debugger = new_debugger(PrecisionDebugger, dump, args)
                 start(debugger)
             loss = chain(xg, n)
             sync()
@@ -247,7 +276,8 @@ def main():
 
     parts = measure_parts(torch, msprobe_runtime, PrecisionDebugger, start, finish, dump, args)
     shutil.rmtree(dump, ignore_errors=True)
-    print(f"on {args.device}, statistics {args.stats}: one plain call (collection off, shim included): ", end="")
+    print(f"on {args.device}, statistics {args.stats}, summary_mode {args.summary_mode}: ", end="")
+    print("one plain call (collection off, shim included): ", end="")
     print(f"{plain_call * 1e6:.2f} us\n")
     print(f"{'host time added per recorded entry':40s} {'us':>7s} {'x plain call':>13s}")
     for name, seconds in entry.items():
@@ -265,6 +295,7 @@ def main():
     figures = {
         "device": args.device,
         "stats": args.stats,
+        "summary_mode": args.summary_mode,
         "plain_call_us": plain_call * 1e6,
         "entry_us": {k: v * 1e6 for k, v in entry.items()},
         "parts_us": {k: v * 1e6 for k, v in parts.items()},
@@ -309,7 +340,7 @@ def measure_parts(torch, runtime, PrecisionDebugger, start, finish, dump, args):
         return {}
     if os.path.dirname(call_stacks.__file__) != os.path.dirname(runtime.__file__):
         return {}  # an older runtime on PYTHONPATH, whose package has no call_stacks: the installed one answered
-    debugger = PrecisionDebugger(dump_path=tempfile.mkdtemp(dir=dump), task="statistics", level="L1")
+    debugger = new_debugger(PrecisionDebugger, dump, args)
     start(debugger)
     collector = shims._collector
     x = torch.randn(16, device=args.device, requires_grad=True)

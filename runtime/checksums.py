@@ -186,10 +186,10 @@ def checksum_of(t, mode, readable, stats):
         return Fixed(FINGERPRINT_KEY, None)
     if t.numel() == 0:
         return Fixed(FINGERPRINT_KEY, EMPTY_FINGERPRINT)
-    parts = stats.fused_fingerprint(t)  # one read of the bytes by a Triton kernel, where it serves
-    if parts is None:
-        parts = fingerprint_parts(t)
-    return Fingerprint(stats.add_values(parts, 4))
+    slot = stats.fused_fingerprint(t, fingerprint_parts)  # by Triton kernels where they serve: one read
+    if slot is None:
+        slot = stats.add_values(fingerprint_parts(t), 4)
+    return Fingerprint(slot)
 
 
 def start_host_copy(t):

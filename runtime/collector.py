@@ -356,6 +356,7 @@ class Collector:
         record (``_reuse``'s tables, the native Recorder's own)."""
         self.step.recent = {}
         self.step.leaves = {}
+        self.step.recent_checksums = {}
         if self.recorder is not None:
             try:
                 self.recorder.forget()
@@ -1193,7 +1194,7 @@ class Collector:
         if self.plan.checksum_mode is not None:
             if readable is None:  # empty or complex: no statistics, but bytes to hash where there are any
                 readable = t.numel() == 0 or self._has_readable_data(t)
-            checksum = checksum_of(t, self.plan.checksum_mode, readable, self.stats)
+            checksum = self._checksum(t, readable)
         self.step.tensor_records += 1
         return TensorRecord(
             "torch.Tensor", _dtype_name(t.dtype), tuple(t.shape), requires_grad, kind, slot, counts, data_name, checksum
@@ -1240,6 +1241,26 @@ class Collector:
                 type(error).__name__,
                 lines[0][:200] if lines else "",
             )
+
+    def _checksum(self, t, readable):
+        """The checksum record of ``t`` (``checksums.checksum_of``), or the one of an earlier record of the same
+        tensor, unchanged: a call's output is usually the next call's input, and its bytes are hashed once
+        (tests/runtime/test_triton_fingerprint.py). Only the same tensor object at the same version: a view of the
+        same memory (which ``_reuse`` serves for statistics) may order its bytes otherwise."""
+        if t.is_inference():  # no version counter
+            return checksum_of(t, self.plan.checksum_mode, readable, self.stats)
+        recent = self.step.recent_checksums
+        key = id(t)
+        version = t._version
+        known = recent.get(key)
+        if known is not None and known[0] is t and known[1] == version:
+            return known[2]
+        checksum = checksum_of(t, self.plan.checksum_mode, readable, self.stats)
+        with self._lock:  # another thread may be trimming the same table
+            recent[key] = (t, version, checksum)
+            if len(recent) > _RECENT:
+                del recent[next(iter(recent))]
+        return checksum
 
     def _reuse(self, t, recent, compute, *args):
         """``compute(t, *args)``, or its result for an earlier record of the same unchanged tensor.

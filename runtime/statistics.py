@@ -229,6 +229,7 @@ class StatBuffer:
         # the fingerprint kernel (``triton_fingerprint``) serves these devices' tensors: where the statistics
         # kernels do, until it fails once
         self._fingerprint_devices = self._fused_devices
+        self._fingerprints = None  # their triton_fingerprint.Fingerprints, made by the first fingerprint asked
         # the fused op, built or loaded here (the first start() of a run), so one run uses one path throughout
         if native is None:
             from . import native_stats
@@ -448,11 +449,13 @@ class StatBuffer:
         self._fused_devices = ()
         _fused_failed(error)
 
-    def fused_fingerprint(self, t):
-        """The fingerprint parts of ``t`` (readable, at least one element) by the Triton kernel in one read of its
-        bytes (``triton_fingerprint``), launched, not read; None where it does not serve (another device or type,
-        ``MSPROBE_TRITON=0``, no Triton, a kernel that failed here once): ``checksums.fingerprint_parts``'s torch
-        ops serve then, with the same digits (tests/runtime/test_triton_fingerprint.py)."""
+    def fused_fingerprint(self, t, by_torch_ops):
+        """The slot of the fingerprint's four parts of ``t`` (readable, at least one element) by the Triton kernels
+        in one read of its bytes (``triton_fingerprint.Fingerprints``: a call's tensors in one launch), launched, not
+        read; None where they do not serve (another device or type, ``MSPROBE_TRITON=0``, no Triton, a kernel that
+        failed here once): ``by_torch_ops`` (``checksums.fingerprint_parts``, passed in: this module does not import
+        ``checksums``, which imports it) serves then, with the same digits, and for the tensors of a launch that
+        failed (tests/runtime/test_triton_fingerprint.py)."""
         import torch
 
         device = t.device.type
@@ -461,21 +464,40 @@ class StatBuffer:
         t = t.detach()
         if type(t) is not torch.Tensor:  # a subclass's memory may not be its values: the torch ops serve it
             return None
-        fused = self._fused
-        if fused is None:
-            fused = self._fused = _fused_stats(self.nan_inf_count) or False
-        if not fused:
+        hashes = self._fingerprints
+        if hashes is None:
+            fused = self._fused
+            if fused is None:
+                fused = self._fused = _fused_stats(self.nan_inf_count) or False
+            if not fused:
+                return None
+            try:
+                from . import triton_fingerprint
+
+                hashes = triton_fingerprint.Fingerprints(fused.calls, Slot, fused.changed, by_torch_ops)
+            except Exception as error:  # Triton imports, but not the kernels' module: the torch ops from now on
+                self._fingerprints_failed(error)
+                return None
+            self._fingerprints = fused.fingerprints = hashes  # the statistics' ``end`` launches its queue too
+        elif hashes.error is not None:  # a launch at a call's end failed: the torch ops from now on
+            self._fingerprints_failed(hashes.error)
             return None
         try:
-            from . import triton_fingerprint
-
             # a layout that is not dense is copied first, as the torch ops do; a negative or conjugate view
             # resolved into its values (the bytes of the values, as ``checksums.fingerprint_parts``)
-            return triton_fingerprint.fingerprint_parts(t.contiguous().resolve_conj().resolve_neg())
-        except Exception as error:  # a kernel that does not compile or launch here: the torch ops from now on
+            slot = hashes.add(t.contiguous().resolve_conj().resolve_neg())
+        except Exception as error:  # not a launch (Fingerprints keeps those): the torch ops serve
+            self._fingerprints_failed(error)
+            return None
+        if hashes.error is not None:  # its launch failed: the torch ops gave its parts, and serve from now on
+            self._fingerprints_failed(hashes.error)
+        return slot
+
+    def _fingerprints_failed(self, error):
+        """The fingerprint kernels do not serve here (said once): the torch ops from now on."""
+        if self._fingerprint_devices:
             self._fingerprint_devices = ()
             _fused_failed(error, "fingerprint kernel", "fingerprints")
-            return None
 
     def _add_low(self, t, scaling=None):
         """A float8 tensor's slots: Max, Min, Mean, Norm (the slot) and the counts (NaN, Inf when they are on,
@@ -626,6 +648,13 @@ class StatBuffer:
                     "makes them",
                     error.splitlines()[0][:200] if error.strip() else "an error",
                 )
+        if self._fingerprints is not None:
+            try:
+                pending.extend(self._fingerprints.finish())
+            except Exception as error:  # their finish failed: null fingerprints this flush, the torch ops after
+                self._fingerprints_failed(error)
+            if self._fingerprints.error is not None:
+                self._fingerprints_failed(self._fingerprints.error)
         if self._fused:
             try:
                 pending.extend(self._fused.finish())

@@ -25,6 +25,7 @@ class StepState:
         "tensors",
         "tensor_records",
         "recent",
+        "recent_checksums",
         "leaves",
         "api_backward_hooks",
         "module_backward_hooks",
@@ -54,6 +55,7 @@ class StepState:
         self.tensor_records = 0  # TensorRecords made this step (none: the flush need not look for them)
         self.recent: Dict[int, Any] = {}  # Collector._reuse's last few tensors read (the native Recorder's own)
         self.leaves: Dict[Any, Any] = {}  # Collector._reuse's parameters read this step, by place
+        self.recent_checksums: Dict[int, Any] = {}  # Collector._checksum's last few tensors hashed
         # (backward entry name, its outputs counted) at each native API hook's index (Recorder.hook_api)
         self.api_backward_hooks: List[Any] = []
         # open_calls.ModuleBackwardHook at each module call's index (Recorder.hook_module)

@@ -1,45 +1,59 @@
-"""The fingerprint (``checksums``: ``summary_mode`` fingerprint) of a device tensor in one read of its bytes, by
-a Triton kernel: both lanes' hashes ``sum((b[k] + 1) * g**k) mod p`` from one load of each byte, as uint8 from
+"""The fingerprint (``checksums``: ``summary_mode`` fingerprint) of device tensors in one read of their bytes, by
+Triton kernels: both lanes' hashes ``sum((b[k] + 1) * g**k) mod p`` from one load of each byte, as uint8 from
 the tensor's own memory, with no int64 copy of it and no temporary of its size (the torch ops of
 ``checksums.fingerprint_parts`` widen the bytes to int64, 8 bytes a byte, and read them once per lane).
 
-Imported by ``statistics.StatBuffer.fused_fingerprint`` only where the Triton statistics serve (a CUDA or ROCm
+Used by ``statistics.StatBuffer.fused_fingerprint`` only where the Triton statistics serve (a CUDA or ROCm
 tensor while ``MSPROBE_TRITON`` is on and Triton imports; a CPU tensor of a ``StatBuffer(triton_cpu=True)``,
 for the tests under ``TRITON_INTERPRET=1``: tests/runtime/test_triton_fingerprint.py); elsewhere the torch
 ops of ``checksums`` serve, with the same 16 hex digits for the same bits.
 
-``_hash``: program ``i`` hashes its chunk of ``iters`` blocks of ``BLOCK`` bytes relative to the chunk's start:
-lane ``j`` of a block accumulates ``b * G``, ``G = g**(block offset) mod p`` a scalar updated once a block; the
-lanes are weighted by ``g**j`` at the end and the chunk's sum by ``g**(chunk start)`` (square-and-multiply in
-the kernel). Whole blocks are loaded without a mask (16-byte vector loads where the tensor's address allows);
-the last, partial block by the last program, masked. The "+ 1" of every byte is a closed form of ``n``
-(``fingerprint_lanes.geometric_sum``, a host int), added at the end. A tensor of at most ``_ONE_PROGRAM`` blocks is one
-program, which writes the four 16-bit parts itself: one launch. A larger one writes one partial per program
-and lane, and ``_hash_finish`` (one program) sums them mod p: two launches. No atomics: the same bits give
-the same digits whatever the scheduling.
+As the statistics kernels do (``triton_stats``), the tensors of one call are hashed by one launch and finished by
+one launch per arena at the flush (``Fingerprints``): within a call's ``begin``/``end`` a tensor is queued, its
+rows taken in its device's arena; ``end`` launches the queue, one to ``_FEW`` tensors a launch of ``_hash_few``
+(their addresses as arguments: nothing made on the host nor copied); outside a call a tensor is launched alone at
+once. ``_hash_finish`` (one program a tensor) sums each tensor's rows at the flush. So a call adds one launch
+however many tensors it records (up to ``_FEW``), where each tensor took one or two launches of its own.
+
+``_hash_few``: program ``i`` of a tensor hashes its chunk of ``iters`` blocks of ``BLOCK`` bytes relative to the
+chunk's start: lane ``j`` of a block accumulates ``b * G``, ``G = g**(block offset) mod p`` a scalar updated once
+a block; the lanes are weighted by ``g**j`` at the end and the chunk's sum by ``g**(chunk start)``
+(square-and-multiply in the kernel), into the tensor's row ``i`` of the arena. Whole blocks are loaded without a
+mask (16-byte vector loads where the tensor's address allows); the last, partial block by the last program,
+masked. ``_hash_finish`` adds the "+ 1" of every byte, a closed form of ``n`` (``fingerprint_lanes.geometric_sum``)
+computed on the device, and writes the four 16-bit parts. No atomics: the same bits give the same digits whatever
+the scheduling.
 
 Every intermediate is an exact int64 (below 2**63): a byte is below 2**8 and a power below p < 2**31, so a
 product is below 2**39 and ``_MAX_ITERS`` (2**23) of them below 2**62; a product of two residues is below
-2**62; ``BLOCK`` (at most 2**20) residues, or the partials of at most 2**31 programs, sum below 2**62.
+2**62; ``BLOCK`` (at most 2**20) residues, or the rows of at most 2**31 programs, sum below 2**62.
 """
 
 from __future__ import annotations
+
+import threading
 
 import torch
 import triton
 import triton.language as tl
 
-from .fingerprint_lanes import LANES, geometric_sum
+from .fingerprint_lanes import LANES
 from .triton_launch import KernelLaunch
+from .triton_stats import few_pick  # the tensors of a launch picked by the rule of the statistics' ``_partials_few``
 
 _BLOCK = 4096  # bytes a program loads at once (a power of two; tests make it small)
 _MAX_PROGRAMS = 1024  # programs of a large tensor: each then hashes several blocks
-_ONE_PROGRAM = 16  # blocks a tensor may have and still be hashed by one program: one launch, no partials
+_ONE_PROGRAM = 16  # blocks a tensor may have and still be hashed by one program
 _MAX_ITERS = 1 << 23  # blocks a program hashes at most: its int64 accumulators stay below 2**62
-_FINISH_BLOCK = 256  # partials ``_hash_finish`` sums at once
+_FINISH_BLOCK = 256  # rows ``_hash_finish`` sums at once
+_FEW = 4  # tensors of a ``_hash_few`` launch at most: their addresses passed as arguments
+_ARENA_ROWS = 1 << 14  # rows of a new arena (2 int64 each: 256 KiB), more where one tensor needs them
+_ARENA_TENSORS = 2048  # tensors of an arena
+_META = 3  # a tensor's metadata row: first row, rows, bytes
 _WARPS = 8  # 16 bytes a thread for a block of 4096: one vector load
 _BITS = 48  # bits of a chunk's start (bytes): tensors below 2**48 bytes
 (_P1, _G1), (_P2, _G2) = LANES
+_INV1, _INV2 = pow(_G1 - 1, -1, _P1), pow(_G2 - 1, -1, _P2)  # the closed form of the "+ 1" terms divides by g - 1
 
 
 @triton.jit
@@ -64,29 +78,13 @@ def _parts(out, h1, h2):
     tl.store(out + 3, h2 & 0xFFFF)
 
 
-@triton.jit(do_not_specialize=["n", "iters", "programs", "ones1", "ones2"])  # a 1 would be a compile of its own
-def _hash(
-    x,
-    n,
-    iters,
-    programs,
-    part,
-    out,
-    ones1,
-    ones2,
-    P1: tl.constexpr,
-    G1: tl.constexpr,
-    P2: tl.constexpr,
-    G2: tl.constexpr,
-    BLOCK: tl.constexpr,
-    LOG: tl.constexpr,
-    BITS: tl.constexpr,
-    SINGLE: tl.constexpr,
-):
-    pid = tl.program_id(0)
+@triton.jit
+def _hash_chunk(x, n, first, iters, last, P1, G1, P2, G2, BLOCK: tl.constexpr, LOG: tl.constexpr, BITS: tl.constexpr):
+    """Both hashes of the chunk of ``x`` (``n`` bytes) from block ``first``: its whole blocks among the ``iters``
+    from there, and the tensor's last, partial block where ``last`` (the last program's), each hash weighted by
+    ``g**(the chunk's first byte)``."""
     lanes = tl.arange(0, BLOCK)
-    first = pid.to(tl.int64) * iters  # the chunk's first block
-    start = first * BLOCK  # and byte
+    start = first * BLOCK  # the chunk's first byte
     whole = n // BLOCK  # the tensor's whole blocks: read without a mask (vector loads where x is aligned)
     count = tl.minimum(whole - first, iters)  # this chunk's: all of them but in the last program
     one = tl.full((), 1, tl.int64)
@@ -109,7 +107,7 @@ def _hash(
         c2 = c2 * step2 % P2
     # the last block, where it is partial: the last program's, right after its whole blocks (G = c)
     idx = whole * BLOCK + lanes
-    end = tl.where(pid == programs - 1, n, 0)  # another program's mask: nothing
+    end = tl.where(last, n, 0)  # another program's mask: nothing
     b = tl.load(x + idx, mask=idx < end, other=0).to(tl.int64)  # past the end: no term
     acc1 += b * c1
     acc2 += b * c2
@@ -118,31 +116,122 @@ def _hash(
     h2 = tl.sum(acc2 % P2 * _power(G2, P2, j, LOG) % P2, 0) % P2
     h1 = h1 * _power(G1, P1, start, BITS) % P1
     h2 = h2 * _power(G2, P2, start, BITS) % P2
-    if SINGLE:
-        _parts(out, (h1 + ones1) % P1, (h2 + ones2) % P2)
-    else:
-        tl.store(part + pid * 2, h1)
-        tl.store(part + pid * 2 + 1, h2)
+    return h1, h2
 
 
-@triton.jit(do_not_specialize=["programs", "ones1", "ones2"])
-def _hash_finish(part, programs, out, ones1, ones2, P1: tl.constexpr, P2: tl.constexpr, RB: tl.constexpr):
-    """The partials of ``programs`` programs summed mod p (each below 2**31: the sum below 2**62), plus the "+ 1"
-    terms, as the four parts."""
+# no specialisation on a value (an int of 1, a multiple of 16): one compile for any sizes; the addresses' alignment
+# stays specialised (16-byte vector loads)
+_FEW_INTS = [f"{name}{k}" for name in ("n", "iters", "rows", "row", "index") for k in range(_FEW)]
+
+
+@triton.jit(do_not_specialize=_FEW_INTS)
+def _hash_few(
+    part,
+    meta,
+    x0,
+    x1,
+    x2,
+    x3,
+    n0,
+    n1,
+    n2,
+    n3,
+    iters0,
+    iters1,
+    iters2,
+    iters3,
+    rows0,
+    rows1,
+    rows2,
+    rows3,
+    row0,
+    row1,
+    row2,
+    row3,
+    index0,
+    index1,
+    index2,
+    index3,
+    P1: tl.constexpr,
+    G1: tl.constexpr,
+    P2: tl.constexpr,
+    G2: tl.constexpr,
+    BLOCK: tl.constexpr,
+    LOG: tl.constexpr,
+    BITS: tl.constexpr,
+):
+    """The hashes of one to four tensors' bytes in one launch (``x0`` to ``x3``; an unused one repeats ``x0`` and
+    has no programs: its ``rows`` 0). Tensor ``k``'s ``rowsk`` programs follow those of the tensors before it; it
+    has ``nk`` bytes, ``itersk`` blocks a program, rows of the arena's ``part`` from ``rowk`` (two numbers each,
+    one a hash) and metadata row ``indexk`` (its first row, rows and bytes, for ``_hash_finish``)."""
+    pid = tl.program_id(0).to(tl.int64)
+    x = x0
+    n = n0.to(tl.int64)
+    iters = iters0.to(tl.int64)
+    rows = rows0.to(tl.int64)
+    row = row0.to(tl.int64)
+    index = index0.to(tl.int64)
+    mine = pid * 0
+    first = rows
+    unused = mine  # the statistics' repeat, which a hash has not: the bytes are hashed as they are in memory
+    x, n, iters, rows, row, index, unused, mine, first = few_pick(
+        pid, first, x, n, iters, rows, row, index, unused, mine, x1, n1, iters1, rows1, row1, index1, n1
+    )
+    x, n, iters, rows, row, index, unused, mine, first = few_pick(
+        pid, first, x, n, iters, rows, row, index, unused, mine, x2, n2, iters2, rows2, row2, index2, n2
+    )
+    x, n, iters, rows, row, index, unused, mine, first = few_pick(
+        pid, first, x, n, iters, rows, row, index, unused, mine, x3, n3, iters3, rows3, row3, index3, n3
+    )
+    local = pid - mine
+    h1, h2 = _hash_chunk(x, n, local * iters, iters, local == rows - 1, P1, G1, P2, G2, BLOCK, LOG, BITS)
+    out = part + (row + local) * 2
+    tl.store(out + 0, h1)
+    tl.store(out + 1, h2)
+    if local == 0:
+        m = meta + index * 3
+        tl.store(m + 0, row)
+        tl.store(m + 1, rows)
+        tl.store(m + 2, n)
+
+
+@triton.jit
+def _hash_finish(
+    part,
+    meta,
+    out,
+    P1: tl.constexpr,
+    G1: tl.constexpr,
+    P2: tl.constexpr,
+    G2: tl.constexpr,
+    INV1: tl.constexpr,
+    INV2: tl.constexpr,
+    BITS: tl.constexpr,
+    RB: tl.constexpr,
+):
+    """Program ``t``: tensor ``t`` of the arena, its rows summed mod p (each below 2**31: the sum below 2**62), plus
+    the "+ 1" terms ``(g**n - 1) / (g - 1) mod p`` of its ``n`` bytes, as the four parts at ``out + 4 t``."""
+    t = tl.program_id(0).to(tl.int64)
+    m = meta + t * 3
+    row0 = tl.load(m + 0)
+    rows = tl.load(m + 1)
+    n = tl.load(m + 2)
     lanes = tl.arange(0, RB)
     s1 = tl.zeros([RB], tl.int64)
     s2 = tl.zeros([RB], tl.int64)
-    for r in range(0, programs, RB):
+    for r in range(0, rows, RB):
         at = r + lanes
-        mask = at < programs
-        s1 += tl.load(part + at * 2, mask=mask, other=0)
-        s2 += tl.load(part + at * 2 + 1, mask=mask, other=0)
-    _parts(out, (tl.sum(s1, 0) % P1 + ones1) % P1, (tl.sum(s2, 0) % P2 + ones2) % P2)
+        mask = at < rows
+        s1 += tl.load(part + (row0 + at) * 2, mask=mask, other=0)
+        s2 += tl.load(part + (row0 + at) * 2 + 1, mask=mask, other=0)
+    ones1 = (_power(G1, P1, n, BITS) + P1 - 1) % P1 * INV1 % P1
+    ones2 = (_power(G2, P2, n, BITS) + P2 - 1) % P2 * INV2 % P2
+    _parts(out + t * 4, (tl.sum(s1, 0) % P1 + ones1) % P1, (tl.sum(s2, 0) % P2 + ones2) % P2)
 
 
 # straight to the compiled kernels past each specialisation's first launch (triton_launch)
-_HASH = KernelLaunch(globals(), "_hash", ("P1", "G1", "P2", "G2", "BLOCK", "LOG", "BITS", "SINGLE"), num_warps=_WARPS)
-_HASH_FINISH = KernelLaunch(globals(), "_hash_finish", ("P1", "P2", "RB"))
+_HASH_FEW = KernelLaunch(globals(), "_hash_few", ("P1", "G1", "P2", "G2", "BLOCK", "LOG", "BITS"), num_warps=_WARPS)
+_HASH_FINISH = KernelLaunch(globals(), "_hash_finish", ("P1", "G1", "P2", "G2", "INV1", "INV2", "BITS", "RB"))
 
 
 def plan(n):
@@ -154,24 +243,165 @@ def plan(n):
     return iters, -(-blocks // iters)
 
 
-def fingerprint_parts(t):
-    """The fingerprint of the contiguous plain tensor ``t`` (at least one element; not a negative or conjugate
-    view) as a tensor of four int64 values below 2**16 on its device, launched, not read: one ``_hash``,
-    and one ``_hash_finish`` where the tensor takes more than one program."""
-    raw = t.reshape(-1).view(torch.uint8)  # its memory as bytes: no copy
-    n = raw.numel()
-    iters, programs = plan(n)
-    ones1, ones2 = geometric_sum(_G1, n, _P1), geometric_sum(_G2, n, _P2)
-    single = programs == 1
-    buffer = torch.empty(4 if single else 4 + 2 * programs, dtype=torch.int64, device=raw.device)
-    out = buffer[:4]
-    part = buffer if single else buffer[4:]
+def _launch(items):
+    """``_hash_few`` of one to ``_FEW`` queue items of one arena."""
+    arena = items[0][6]
+    if len(items) < _FEW:  # the unused places: the first tensor again, with no programs
+        items = items + [(items[0][0], 1, 1, 0, 0, 0)] * (_FEW - len(items))
+    (x0, n0, i0, g0, r0, k0), (x1, n1, i1, g1, r1, k1) = items[0][:6], items[1][:6]
+    (x2, n2, i2, g2, r2, k2), (x3, n3, i3, g3, r3, k3) = items[2][:6], items[3][:6]
     block = _BLOCK
-    _HASH(
-        programs,
-        (raw, n, iters, programs, part, out, ones1, ones2),
-        (_P1, _G1, _P2, _G2, block, block.bit_length() - 1, _BITS, single),
+    _HASH_FEW(
+        g0 + g1 + g2 + g3,
+        (arena.part, arena.meta, x0, x1, x2, x3, n0, n1, n2, n3, i0, i1, i2, i3, g0, g1, g2, g3)
+        + (r0, r1, r2, r3, k0, k1, k2, k3),
+        (_P1, _G1, _P2, _G2, block, block.bit_length() - 1, _BITS),
     )
-    if not single:
-        _HASH_FINISH(1, (part, programs, out, ones1, ones2), (_P1, _P2, _FINISH_BLOCK))
-    return out
+
+
+def _version(t):
+    """``t``'s version counter; -1 for an inference tensor, which has none."""
+    try:
+        return t._version
+    except RuntimeError:
+        return -1
+
+
+class _Arena:
+    """The rows (two hashes each) and metadata rows of the fingerprints of one device, until the flush."""
+
+    __slots__ = ("part", "meta", "rows", "capacity", "slots")
+
+    def __init__(self, device, rows):
+        self.part = torch.empty((rows, 2), dtype=torch.int64, device=device)
+        self.meta = torch.empty((_ARENA_TENSORS, _META), dtype=torch.int64, device=device)
+        self.rows = 0
+        self.capacity = rows
+        self.slots = []  # a Slot per tensor; None once forgotten (its rows never written, or moved)
+
+
+class Fingerprints:
+    """The fingerprints of device tensors by the kernels, for one ``StatBuffer``: ``add`` gives a tensor's slot of
+    four parts (queued within a call, launched at once outside one), ``launch`` launches the queue (the statistics'
+    ``TritonStats.end``, as a call's records are made), ``finish`` (at the flush) the group slots of every arena.
+
+    ``calls``: the statistics' per-thread call state (``TritonStats.calls``: its ``depth`` and ``watch``), so that a
+    call's tensors of both kinds are read at the same point. ``slot``: ``statistics.Slot``. ``changed``: where the
+    names of APIs go whose input, read after the call, had moved (``TritonStats.changed``). ``fallback(t)``: the
+    four parts by the torch ops (``checksums.fingerprint_parts``), for the tensors of a launch that failed: their
+    digits kept, not nulls. A failure is kept in ``error`` (the StatBuffer turns the kernels off then, and says so)."""
+
+    def __init__(self, calls, slot, changed, fallback):
+        self._calls = calls
+        self._slot = slot
+        self._changed = changed
+        self._fallback = fallback
+        self._lock = threading.Lock()
+        self._arenas = {}  # device -> the _Arena filling
+        self._queue = []  # (bytes, n, iters, programs, first row, index, arena, version, watch, slot)
+        self._done = []  # group slots of arenas closed before the flush (full)
+        self._loose = []  # slots of a failed launch, filled by the torch ops
+        self.error = None
+        self.launches = 0  # ``_hash_few`` launches (tests, benches)
+
+    def add(self, t):
+        """The slot of the fingerprint of ``t``: a plain contiguous tensor of at least one element, neither a
+        negative nor a conjugate view, detached."""
+        raw = t.reshape(-1).view(torch.uint8)  # its memory as bytes: no copy
+        n = raw.numel()
+        iters, programs = plan(n)
+        slot = self._slot(None, 4)
+        calls = self._calls
+        watch = calls.watch
+        # read after its call (``begin(watch)``): its version counter as it is at the call, checked at the launch
+        version = _version(raw) if watch is not None else None
+        with self._lock:
+            arena = self._arena_for(raw.device, programs)
+            self._queue.append((raw, n, iters, programs, arena.rows, len(arena.slots), arena, version, watch, slot))
+            arena.rows += programs
+            arena.slots.append(slot)
+            if not calls.depth:
+                self._launch_queue()
+        return slot
+
+    def launch(self):
+        """Launch what is queued (a call's records are made)."""
+        if self._queue:
+            with self._lock:
+                self._launch_queue()
+
+    def _launch_queue(self):
+        """The queue launched (the lock held): per arena, ``_FEW`` tensors a launch. A tensor read after its call
+        that the call changed after all is left null, its API said (``changed``); a failed launch's tensors get the
+        torch ops' parts."""
+        queue = self._queue[:]
+        del self._queue[: len(queue)]
+        groups: dict = {}
+        for item in queue:
+            if item[7] is not None and item[7] != _version(item[0]):  # changed by a call thought to leave it
+                self._forget(item)
+                self._changed.append(item[8])
+                continue
+            groups.setdefault(id(item[6]), []).append(item)
+        pending = [items[k : k + _FEW] for items in groups.values() for k in range(0, len(items), _FEW)]
+        while pending:
+            items = pending[0]
+            try:
+                _launch(items)
+            except Exception as error:
+                if self.error is None:
+                    self.error = error
+                for items in pending:
+                    for item in items:
+                        self._by_torch_ops(item)
+                return
+            self.launches += 1
+            pending.pop(0)
+
+    def _forget(self, item):
+        """A queued tensor whose rows are never written: left out of the finish, its metadata no rows."""
+        arena, index = item[6], item[5]
+        arena.slots[index] = None
+        arena.meta[index].fill_(0)
+
+    def _by_torch_ops(self, item):
+        """A queued tensor whose launch failed: its parts by the torch ops (null where they fail too)."""
+        self._forget(item)
+        slot = item[9]
+        try:
+            slot.pending = self._fallback(item[0])
+        except Exception:
+            return
+        self._loose.append(slot)
+
+    def _arena_for(self, device, rows):
+        """The arena filling on ``device`` with room for ``rows`` rows and a tensor (the lock held)."""
+        arena = self._arenas.get(device)
+        if arena is not None:
+            if arena.rows + rows <= arena.capacity and len(arena.slots) < _ARENA_TENSORS:
+                return arena
+            self._done.extend(self._close(arena))
+        arena = self._arenas[device] = _Arena(device, max(_ARENA_ROWS, rows))
+        return arena
+
+    def _close(self, arena):
+        """Launch ``_hash_finish`` over ``arena``'s tensors; their group slot (the lock held)."""
+        if self._queue:  # the rows it sums launched first
+            self._launch_queue()
+        count = len(arena.slots)
+        values = torch.empty((count, 4), dtype=torch.int64, device=arena.part.device)
+        _HASH_FINISH(count, (arena.part, arena.meta, values), (_P1, _G1, _P2, _G2, _INV1, _INV2, _BITS, _FINISH_BLOCK))
+        return [self._slot(values.reshape(-1), 4 * count, arena.slots)]
+
+    def finish(self):
+        """The slots of every fingerprint added since the last flush, their parts launched on the device."""
+        with self._lock:
+            self._launch_queue()
+            groups, self._done = self._done, []
+            loose, self._loose = self._loose, []
+            arenas = list(self._arenas.values())
+            self._arenas.clear()
+            for arena in arenas:
+                if any(slot is not None for slot in arena.slots):
+                    groups.extend(self._close(arena))
+        return groups + loose

@@ -296,7 +296,7 @@ _FEW_INTS.append("code")
 
 
 @triton.jit
-def _few_pick(pid, first, x, n, iters, rows, row, index, repeat, mine, xk, nk, itk, rowsk, rowk, indexk, repeatk):
+def few_pick(pid, first, x, n, iters, rows, row, index, repeat, mine, xk, nk, itk, rowsk, rowk, indexk, repeatk):
     """Tensor ``k`` of a ``_partials_few`` launch (``xk``: its address, ``nk`` ...) where program ``pid`` is at
     or past its first program ``first``, else the tensor given; and the first program of the tensor after."""
     if pid >= first:
@@ -362,13 +362,13 @@ def _partials_few(
     repeat = repeat0.to(tl.int64)
     mine = pid * 0
     first = rows
-    x, n, iters, rows, row, index, repeat, mine, first = _few_pick(
+    x, n, iters, rows, row, index, repeat, mine, first = few_pick(
         pid, first, x, n, iters, rows, row, index, repeat, mine, x1, n1, iters1, rows1, row1, index1, repeat1
     )
-    x, n, iters, rows, row, index, repeat, mine, first = _few_pick(
+    x, n, iters, rows, row, index, repeat, mine, first = few_pick(
         pid, first, x, n, iters, rows, row, index, repeat, mine, x2, n2, iters2, rows2, row2, index2, repeat2
     )
-    x, n, iters, rows, row, index, repeat, mine, first = _few_pick(
+    x, n, iters, rows, row, index, repeat, mine, first = few_pick(
         pid, first, x, n, iters, rows, row, index, repeat, mine, x3, n3, iters3, rows3, row3, index3, repeat3
     )
     local = pid - mine
@@ -715,6 +715,14 @@ class TritonStats:
         # the compiled kernels the Recorder launches a queue to directly (``_enter``; the op reads it: changed in place)
         self._fast = {}
         self._direct = False  # the Recorder launches from ``_fast`` (``attach``)
+        # the fingerprints of a checksum mode (triton_fingerprint.Fingerprints, set by the StatBuffer), whose queue
+        # of a call's tensors ``end`` launches too
+        self.fingerprints = None
+
+    @property
+    def calls(self):
+        """The per-thread state of the calls whose records are being made (``begin``): their depth and watch."""
+        return self._local
 
     def add(self, t, width):
         """``(slot, counts slot or None)`` of a plain strided tensor of float32, float16 or bfloat16 (``width``
@@ -910,6 +918,9 @@ class TritonStats:
         depth = local.depth = local.depth - 1
         if depth == 0:
             local.watch = None
+            hashes = self.fingerprints
+            if hashes is not None:  # never raises: a failed launch's fingerprints are the torch ops'
+                hashes.launch()
             if self._queue:
                 with self._lock:
                     self._launch_queue()

@@ -1,8 +1,10 @@
-"""The fingerprint kernel (runtime/triton_fingerprint.py) gives the digits of the fingerprint's specification
+"""The fingerprint kernels (runtime/triton_fingerprint.py) give the digits of the fingerprint's specification
 (``checksums.fingerprint_reference``) and of the torch-op path (``checksums.fingerprint_parts``) on every dtype,
 odd sizes, sizes of several blocks and programs, 0-d tensors, views, strides and offsets, NaN and Inf bit
-patterns; one read of the bytes (one launch, and one small finishing launch past one program's chunk, no
-int64 copy); and the collector's dump is the same through it as through the torch ops. Without a GPU the
+patterns; one read of the bytes (no int64 copy), the tensors of a call in one launch and every tensor of a flush
+finished by one more; a tensor read after its call that the call changed is null, not the changed bytes; a
+failed launch leaves the torch ops' digits; and the collector's dump is the same through them as through the
+torch ops. Without a GPU the
 kernels run on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``, as tests/runtime/
 test_triton_stats.py sets it); with one, on CUDA tensors, compiled. Skipped where Triton is not installed."""
 
@@ -40,9 +42,25 @@ DTYPES = [
 @pytest.fixture(scope="module", autouse=True)
 def kernel():
     """The kernel's module (fixtures/triton_kernels.py: imported afresh under the interpreter where needed)."""
-    return kernels_module(
-        "msprobe_runtime.triton_fingerprint", DEVICE, lambda module: module.fingerprint_parts(torch.ones(3))
-    )
+    return kernels_module("msprobe_runtime.triton_fingerprint", DEVICE, probe)
+
+
+class NoCall:
+    """A call state outside any call: ``Fingerprints.add`` launches at once."""
+
+    depth = 0
+    watch = None
+
+
+def probe(module):
+    """One launch of each kernel, raising what the interpreter raised (``kernels_module`` skips on some)."""
+    from msprobe_runtime.statistics import Slot
+
+    hashes = module.Fingerprints(NoCall(), Slot, [], None)
+    hashes.add(torch.ones(3))
+    if hashes.error is not None:
+        raise hashes.error
+    hashes.finish()
 
 
 @pytest.fixture(autouse=True)
@@ -87,10 +105,25 @@ def fused_buffer():
     return StatBuffer(nan_inf_count=False, native=False, triton_cpu=DEVICE == "cpu")
 
 
+def calling_buffer():
+    """A ``fused_buffer`` whose statistics kernels are made already, so that ``one_launch`` opens a call's
+    records (it is a no-op until the first tensor asks for them)."""
+    from msprobe_runtime import statistics
+
+    buffer = fused_buffer()
+    buffer._fused = statistics._fused_stats(buffer.nan_inf_count)
+    assert buffer._fused
+    return buffer
+
+
 def by_kernel(t):
     """The kernel's digits for ``t`` through ``StatBuffer.fused_fingerprint`` (None where it did not serve)."""
-    parts = fused_buffer().fused_fingerprint(t)
-    return None if parts is None else checksums.fingerprint_hex(parts.tolist())
+    buffer = fused_buffer()
+    slot = buffer.fused_fingerprint(t, checksums.fingerprint_parts)
+    if slot is None:
+        return None
+    buffer.take()
+    return checksums.fingerprint_hex(slot.values())
 
 
 def by_torch_ops(t):
@@ -167,8 +200,8 @@ def test_views_strides_and_offsets():
 def test_zero_dim_and_empty(monkeypatch, kernel):
     for value, dtype in ((2.5, torch.float32), (-0.0, torch.float16), (7, torch.int64), (True, torch.bool)):
         check(on_device(torch.tensor(value, dtype=dtype)))
-    launched = Launches(kernel._hash)
-    monkeypatch.setattr(kernel, "_hash", launched)
+    launched = Launches(kernel._hash_few)
+    monkeypatch.setattr(kernel, "_hash_few", launched)
     for empty in (torch.zeros(0), torch.zeros(0, 3, dtype=torch.bfloat16)):
         record = checksums.checksum_of(on_device(empty), "fingerprint", True, fused_buffer())
         assert record.value() == checksums.EMPTY_FINGERPRINT
@@ -224,11 +257,11 @@ class Launches:
 
 
 def test_one_read_of_the_bytes(monkeypatch, kernel):
-    """A tensor's fingerprint is one launch of ``_hash`` (and one ``_hash_finish`` past one program's chunk):
-    the torch ops (which widen the bytes to int64) are never called, and no tensor is converted (``to``) outside
-    the kernels' launches."""
-    hashed, finished = Launches(kernel._hash), Launches(kernel._hash_finish)
-    monkeypatch.setattr(kernel, "_hash", hashed)
+    """Outside a call a tensor's fingerprint is one launch of ``_hash_few``, and the flush one ``_hash_finish`` for
+    all of them: the torch ops (which widen the bytes to int64) are never called, and no tensor is converted
+    (``to``) outside the kernels' launches."""
+    hashed, finished = Launches(kernel._hash_few), Launches(kernel._hash_finish)
+    monkeypatch.setattr(kernel, "_hash_few", hashed)
     monkeypatch.setattr(kernel, "_hash_finish", finished)
 
     def refused(*args, **kwargs):
@@ -245,14 +278,72 @@ def test_one_read_of_the_bytes(monkeypatch, kernel):
     small = on_device(sample(torch.bfloat16, (1000,), seed=11))
     large = on_device(sample(torch.uint8, (kernel._BLOCK * kernel._ONE_PROGRAM + 1,), seed=12))
     buffer = fused_buffer()
-    monkeypatch.setattr(checksums, "fingerprint_parts", refused)
-    monkeypatch.setattr(torch.Tensor, "to", to)
-    records = [checksums.checksum_of(t, "fingerprint", True, buffer) for t in (small, large)]
-    assert (hashed.count, finished.count) == (2, 1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(checksums, "fingerprint_parts", refused)
+        patch.setattr(torch.Tensor, "to", to)
+        records = [checksums.checksum_of(t, "fingerprint", True, buffer) for t in (small, large)]
+    assert (hashed.count, finished.count) == (2, 0)
     assert converted == []
-    monkeypatch.undo()
     buffer.take()
+    assert finished.count == 1
     assert [r.value() for r in records] == [checksums.fingerprint_reference(raw_bytes(t)) for t in (small, large)]
+
+
+def test_the_tensors_of_a_call_in_one_launch(monkeypatch, kernel):
+    """Within a call's records (``one_launch``) the fingerprints are queued and launched as it ends, four tensors
+    a launch, whatever their sizes and dtypes; the next flush finishes them all in one launch."""
+    hashed, finished = Launches(kernel._hash_few), Launches(kernel._hash_finish)
+    monkeypatch.setattr(kernel, "_hash_few", hashed)
+    monkeypatch.setattr(kernel, "_hash_finish", finished)
+    large = kernel._BLOCK * kernel._ONE_PROGRAM + 3  # several programs
+    tensors = [
+        on_device(sample(dtype, shape, seed=20 + k))
+        for k, (dtype, shape) in enumerate(
+            [
+                (torch.float32, (33,)),
+                (torch.bfloat16, (large // 2,)),
+                (torch.int64, (5, 3)),
+                (torch.uint8, (large,)),
+                (torch.float16, ()),
+                (torch.float32, (7, 9)),
+            ]
+        )
+    ]
+    buffer = calling_buffer()
+    records = []
+    for call in (tensors[:1], tensors[1:3], tensors):
+        launched_before = hashed.count
+        with buffer.one_launch():
+            records += [checksums.checksum_of(t, "fingerprint", True, buffer) for t in call]
+            assert hashed.count == launched_before  # queued
+        assert hashed.count - launched_before == -(-len(call) // 4)  # as the call's records are made
+    assert hashed.count == 1 + 1 + 2 and finished.count == 0
+    buffer.take()
+    assert finished.count == 1
+    expected = [checksums.fingerprint_reference(raw_bytes(t)) for t in tensors]
+    assert [r.value() for r in records] == expected[:1] + expected[1:3] + expected
+
+
+def test_an_input_the_call_changed_is_null(kernel):
+    """An input read after its call (``begin(watch)``, as for a call that leaves its inputs as they are) that the
+    call changed after all: its fingerprint null and the API said, never the bytes after the call; the inputs it
+    left have the digits of the bytes the call saw."""
+    buffer = calling_buffer()
+    fused = buffer._fused
+    kept, moved = on_device(sample(torch.float32, (300,), seed=30)), on_device(sample(torch.float32, (5,), seed=31))
+    before = raw_bytes(kept)
+    fused.begin("Torch.add_")
+    records = [checksums.checksum_of(t, "fingerprint", True, buffer) for t in (kept, moved)]
+    fused.hold()
+    moved.add_(1.0)  # the call, in place
+    fused.begin()
+    output = checksums.checksum_of(moved, "fingerprint", True, buffer)
+    buffer.end_call(fused)
+    buffer.take()
+    assert records[0].value() == checksums.fingerprint_reference(before)
+    assert records[1].value() is None
+    assert output.value() == checksums.fingerprint_reference(raw_bytes(moved))
+    assert fused.changed == ["Torch.add_"]
 
 
 def test_no_host_sync_and_the_values_at_record_time():
@@ -273,14 +364,21 @@ def test_no_host_sync_and_the_values_at_record_time():
     assert record.value() == checksums.fingerprint_reference(before)
 
 
-def test_a_kernel_that_fails_here_leaves_the_torch_ops(monkeypatch, kernel, caplog):
-    """Said once; the torch ops' digits from then on (the same digits), not nulls."""
+@pytest.mark.parametrize("in_a_call", [False, True])
+def test_a_kernel_that_fails_here_leaves_the_torch_ops(monkeypatch, kernel, caplog, in_a_call):
+    """Said once; the torch ops' digits from then on (the same digits), not nulls: those of the tensors the failed
+    launch held too, at once or as a call ends."""
 
-    monkeypatch.setattr(kernel, "_hash", Failing("PTX .version 9.9 does not support .target sm_999"))
-    buffer = fused_buffer()
-    tensors = [on_device(sample(torch.float32, (n,), seed=n)) for n in (10, 300)]
+    monkeypatch.setattr(kernel, "_hash_few", Failing("PTX .version 9.9 does not support .target sm_999"))
+    buffer = calling_buffer()
+    tensors = [on_device(sample(torch.float32, (n,), seed=n)) for n in (10, 300, 7)]
     with caplog.at_level("WARNING", logger="msprobe_runtime"):
-        records = [checksums.checksum_of(t, "fingerprint", True, buffer) for t in tensors]
+        if in_a_call:
+            with buffer.one_launch():
+                records = [checksums.checksum_of(t, "fingerprint", True, buffer) for t in tensors[:2]]
+        else:
+            records = [checksums.checksum_of(t, "fingerprint", True, buffer) for t in tensors[:2]]
+        records.append(checksums.checksum_of(tensors[2], "fingerprint", True, buffer))
     warnings = [r.getMessage() for r in caplog.records if "Triton" in r.getMessage()]
     assert len(warnings) == 1 and "fingerprint" in warnings[0] and "sm_999" in warnings[0], warnings
     buffer.take()
@@ -289,13 +387,15 @@ def test_a_kernel_that_fails_here_leaves_the_torch_ops(monkeypatch, kernel, capl
 
 
 def test_where_triton_does_not_serve_the_torch_ops(monkeypatch, kernel):
-    launched = Launches(kernel._hash)
-    monkeypatch.setattr(kernel, "_hash", launched)
+    launched = Launches(kernel._hash_few)
+    monkeypatch.setattr(kernel, "_hash_few", launched)
     t = on_device(sample(torch.float32, (20,)))
-    assert StatBuffer(native=False).fused_fingerprint(torch.ones(3)) is None  # the CPU path: never Triton
+    assert (
+        StatBuffer(native=False).fused_fingerprint(torch.ones(3), checksums.fingerprint_parts) is None
+    )  # the CPU path: never Triton
     monkeypatch.setenv("MSPROBE_TRITON", "0")
     buffer = fused_buffer()
-    assert buffer.fused_fingerprint(t) is None and buffer._fused is False
+    assert buffer.fused_fingerprint(t, checksums.fingerprint_parts) is None and buffer._fused is False
     record = checksums.checksum_of(t, "fingerprint", True, buffer)
     buffer.take()
     assert record.value() == checksums.fingerprint_reference(raw_bytes(t))
@@ -346,16 +446,50 @@ def test_the_dump_through_the_kernel(tmp_path, monkeypatch, kernel):
         for t in tensors:
             rt.call("Torch.clone", torch.clone, t)
 
-    launched = Launches(kernel._hash)
-    monkeypatch.setattr(kernel, "_hash", launched)
+    launched = Launches(kernel._hash_few)
+    monkeypatch.setattr(kernel, "_hash_few", launched)
     monkeypatch.setattr(collector, "StatBuffer", lambda counts: StatBuffer(counts, native=False, triton_cpu=True))
     fused = _dump(tmp_path, "fused", calls)
     monkeypatch.setattr(collector, "StatBuffer", lambda counts: StatBuffer(counts, native=False))
     torch_ops = _dump(tmp_path, "torch_ops", calls)
-    assert launched.count == 2 * (len(tensors) - 1)  # each call's input and output; none for the empty one
+    # each call's input and output in one launch, none for the empty one; but the first call's two launch alone: the
+    # kernels are made by its first record, after its records began (the collector opens a call only on them)
+    assert launched.count == (len(tensors) - 1) + 1
     assert sorted(fused) == sorted(torch_ops) and len(fused) == len(tensors)
     for index, t in enumerate(tensors):
         name = f"Torch.clone.{index}.forward"
         for field in ("input_args", "output"):
             mine, theirs = fused[name][field][0], torch_ops[name][field][0]
             assert mine["fingerprint"] == theirs["fingerprint"] == checksums.fingerprint_reference(raw_bytes(t))
+
+
+def test_a_tensor_recorded_again_unchanged_is_hashed_once(tmp_path, monkeypatch, kernel):
+    """A call's output that the next call takes is hashed once for both records; changed in place between them, it
+    is hashed again, and each record has the digits of the bytes its call saw."""
+    from msprobe_runtime import collector
+
+    hashed = []  # (tensor, version) of each record's hash made
+    checksum_of = collector.checksum_of
+    monkeypatch.setattr(
+        collector, "checksum_of", lambda t, *args: hashed.append((t, t._version)) or checksum_of(t, *args)
+    )
+    monkeypatch.setattr(collector, "StatBuffer", lambda counts: StatBuffer(counts, native=False, triton_cpu=True))
+    x = on_device(sample(torch.float32, (50,), seed=40))
+    expected = {"y": raw_bytes(x), "y changed": raw_bytes(x + 1.0)}  # before collecting: no records of its own
+    seen = {}
+
+    def calls(rt):
+        y = rt.call("Torch.clone", torch.clone, x)
+        seen["tensor"] = y
+        rt.call("Torch.clone", torch.clone, y)  # y again, unchanged
+        y.add_(1.0)  # changed in place between two records (this module is not rewritten: the call is observed)
+        rt.call("Torch.clone", torch.clone, y)
+
+    data = _dump(tmp_path, "again", calls)
+    versions = [version for t, version in hashed if t is seen["tensor"]]
+    assert versions == [0, 1]  # once as the first call's output and the second's input; changed: once more
+    reference = checksums.fingerprint_reference
+    assert data["Torch.clone.0.forward"]["output"][0]["fingerprint"] == reference(expected["y"])
+    assert data["Torch.clone.1.forward"]["input_args"][0]["fingerprint"] == reference(expected["y"])
+    assert data["Torch.clone.2.forward"]["input_args"][0]["fingerprint"] == reference(expected["y changed"])
+    assert data["Torch.clone.2.forward"]["output"][0]["fingerprint"] == reference(expected["y changed"])

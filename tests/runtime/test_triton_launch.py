@@ -88,16 +88,16 @@ SCRIPT = textwrap.dedent(
     out["direct"]["_partials_few"] = direct
     # the fingerprint's kernel: a Triton option (num_warps) besides the constexprs
     from msprobe_runtime import triton_fingerprint as tf
-    hash_names = ("P1", "G1", "P2", "G2", "BLOCK", "LOG", "BITS", "SINGLE")
-    hashed = triton_launch.KernelLaunch({"_hash": tf._hash}, "_hash", hash_names, num_warps=tf._WARPS)
+    hash_names = ("P1", "G1", "P2", "G2", "BLOCK", "LOG", "BITS")
+    hashed = triton_launch.KernelLaunch({"_hash_few": tf._hash_few}, "_hash_few", hash_names, num_warps=tf._WARPS)
     direct = 0
-    for raw in (base.view(torch.uint8), base.view(torch.uint8)[3:]):
-        for single in (True, False):
-            constants = (tf._P1, tf._G1, tf._P2, tf._G2, 4096, 12, tf._BITS, single)
-            args = (raw, raw.numel(), 1, 4, meta, meta, 5, 7)
-            for _ in range(2):
-                direct += check(hashed, tf._hash, 4, args, hash_names, constants, {"num_warps": tf._WARPS})
-    out["direct"]["_hash"] = direct
+    constants = (tf._P1, tf._G1, tf._P2, tf._G2, 4096, 12, tf._BITS)
+    raw = base.view(torch.uint8)
+    for xs in ((raw, raw, raw, raw), (raw[3:], raw, raw[16:], raw[1:])):  # aligned or not, each its own key
+        args = (meta, meta, *xs, raw.numel(), 5, 17, 1, 1, 1, 1, 1, 4, 1, 1, 0, 0, 4, 5, 6, 0, 1, 2, 3)
+        for _ in range(2):
+            direct += check(hashed, tf._hash_few, 7, args, hash_names, constants, {"num_warps": tf._WARPS})
+    out["direct"]["_hash_few"] = direct
     # a launch hook set (a profiler's): Triton's run
     hook = lambda metadata: None
     knobs.runtime.launch_enter_hook.add(hook)
@@ -223,7 +223,7 @@ def test_the_second_launch_of_a_specialisation_is_direct(launches):
     # each specialisation's first launch goes through Triton's run (which compiles it); every later one is direct
     assert launches["direct"]["_partials"] > 100
     assert launches["direct"]["_partials_few"] > 10
-    assert launches["direct"]["_hash"] == 4
+    assert launches["direct"]["_hash_few"] == 2
     assert launches["direct"]["device 1"] == 2  # its first launch compiled for device 1
 
 
