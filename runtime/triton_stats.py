@@ -56,7 +56,7 @@ import triton
 import triton.language as tl
 
 from . import triton_launch
-from .triton_launch import KNOB_OPTIONS, KernelLaunch, current_device, knob_options
+from .triton_launch import KNOB_OPTIONS, KernelLaunch, knob_options
 
 
 _BLOCK = 1024  # elements a program loads at once
@@ -984,20 +984,16 @@ class TritonStats:
 
     def _enter(self, items, kept):
         """Enter for the native op's ``launch_direct`` (``attach``) the compiled kernel that ``_launch`` launched
-        ``items`` to (``kept``, from its KernelLaunch), under the key the op computes for a queue like it: where
-        that kernel's Triton key is the dtypes and alignments only, so that this key is as fine."""
+        ``items`` to (``kept``, from its KernelLaunch), under the key by which the op looks up a queue like it (its
+        ``direct_key``: the one rule of both): where that kernel's Triton key is the dtypes and alignments only, so
+        that this key is as fine."""
         compiled, tail, plain = kept
         if not plain or not self._direct:
             return
-        kind = 1 if len(items) == 1 else _FEW
-        arena = items[0][8]
-        tensors = [arena.part, arena.meta] + [item[0] for item in items] + [items[0][0]] * (kind - len(items))
-        mask = 0
-        for k, t in enumerate(tensors):
-            if t.data_ptr() % 16 == 0:
-                mask |= 1 << k
-        name = "_partials" if kind == 1 else "_partials_few"
-        key = (kind, current_device(), items[0][7], mask)
+        key = self._recorder.direct_key(items)
+        if key is None:  # not a launch the op makes (tests/runtime/test_native_lane.py counts those it does)
+            return
+        name = "_partials" if key[0] == 1 else "_partials_few"
         self._fast[key] = (
             compiled.run,
             compiled.function,

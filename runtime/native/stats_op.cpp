@@ -930,62 +930,55 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     direct_options_ = std::move(options);
   }
 
-  // Launch what the lane's queue holds straight to the compiled kernel entered for it, as Triton's run would
-  // (tests/runtime/test_triton_launch.py): one to four tensors of one arena and dtype, each unchanged since it
-  // was queued (its version), its ints within int32, no launch hook set, Triton's options as they were, the
-  // kernel still the one under its name. True: launched, the queue emptied (or it was empty); false: the Python
-  // path's to launch (nothing done). A failed launch raises, the queue left as it was. The caller holds the
-  // kernels' lock (TritonStats._lock), as every taker of the queue does.
-  bool launch_direct() {
-    static PyObject* names[] = {
-        PyUnicode_InternFromString("part"),          PyUnicode_InternFromString("meta"),
-        PyUnicode_InternFromString("launch_enter_hook"), PyUnicode_InternFromString("launch_exit_hook"),
-        PyUnicode_InternFromString("calls"),         PyUnicode_InternFromString("active"),
-        PyUnicode_InternFromString("get_current_device"), PyUnicode_InternFromString("get_current_stream"),
-        PyUnicode_InternFromString("pre_run_hooks")};
-    PyObject* queue = lane_queue_.ptr();
-    if (direct_fast_.is_none() || !PyList_CheckExact(queue)) return false;
-    const Py_ssize_t count = PyList_GET_SIZE(queue);
-    if (count == 0) return true;
-    if (count > 4) return false;
-    PyObject* items[4];
+  // The key of ``fast`` (``lane_direct``) for a launch of queue items ``items`` (one to four), ``(kind, device,
+  // code, aligned)``, or None where they are no such launch (not one arena and dtype, a version moved since the
+  // item was queued, an int past int32, the lane's Triton not set): the one rule by which ``launch_direct`` looks
+  // its kernel up and triton_stats.TritonStats._enter enters one (``direct_key``). Unused places of a launch of
+  // two to four repeat the first tensor, as triton_stats._launch pads them. Sets ``part``, ``meta`` (the arena's),
+  // ``active`` (Triton's driver) and ``device``, and fills ``items`` past ``count`` with nullptr.
+  py::object queue_key(PyObject** items, Py_ssize_t count, py::object& part, py::object& meta, py::object& active,
+                       py::object& device) {
+    static PyObject* names[] = {PyUnicode_InternFromString("part"), PyUnicode_InternFromString("meta"),
+                                PyUnicode_InternFromString("active"),
+                                PyUnicode_InternFromString("get_current_device")};
+    if (direct_driver_.is_none() || count < 1 || count > 4) return py::none();
     PyObject* arena = nullptr;
     long code = -1;
     for (Py_ssize_t k = 0; k < count; ++k) {
-      PyObject* item = PyList_GET_ITEM(queue, k);
+      PyObject* item = items[k];
       if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 11 || !THPVariable_Check(PyTuple_GET_ITEM(item, 0)))
-        return false;
+        return py::none();
       const long item_code = PyLong_AsLong(PyTuple_GET_ITEM(item, 7));
       if (item_code == -1 && PyErr_Occurred()) throw py::error_already_set();
       if (k == 0) {
         arena = PyTuple_GET_ITEM(item, 8);
         code = item_code;
       } else if (PyTuple_GET_ITEM(item, 8) != arena || item_code != code) {
-        return false;
+        return py::none();
       }
       const at::Tensor& t = THPVariable_Unpack(PyTuple_GET_ITEM(item, 0));
       const at::ScalarType dtype = code == 0 ? at::kFloat : code == 1 ? at::kHalf : code == 2 ? at::kBFloat16
                                                                                                 : at::kDouble;
-      if (code < 0 || code > 2 || t.scalar_type() != dtype) return false;
+      if (code < 0 || code > 2 || t.scalar_type() != dtype) return py::none();
       PyObject* version = PyTuple_GET_ITEM(item, 9);
       if (version != Py_None) {  // read after its call: it must be as it was at the call (else the Python path
         const long long held = PyLong_AsLongLong(version);  // leaves it null, and says so)
         if (held == -1 && PyErr_Occurred()) throw py::error_already_set();
-        if (held != (t.is_inference() ? -1 : static_cast<long long>(t._version()))) return false;
+        if (held != (t.is_inference() ? -1 : static_cast<long long>(t._version()))) return py::none();
       }
       for (int field = 1; field <= 6; ++field) {  // Triton types an int past int32 int64: its run's
         const long long value = PyLong_AsLongLong(PyTuple_GET_ITEM(item, field));
         if (value == -1 && PyErr_Occurred()) throw py::error_already_set();
-        if (value < -(1LL << 31) || value >= (1LL << 31)) return false;
+        if (value < -(1LL << 31) || value >= (1LL << 31)) return py::none();
       }
-      items[k] = item;
     }
     const int kind = count == 1 ? 1 : 4;
     for (Py_ssize_t k = count; k < kind; ++k) items[k] = nullptr;  // a few's unused places: the first tensor again
-    py::object part = py::reinterpret_steal<py::object>(PyObject_GetAttr(arena, names[0]));
-    py::object meta = py::reinterpret_steal<py::object>(PyObject_GetAttr(arena, names[1]));
-    if (!part || !meta) throw py::error_already_set();
-    if (!THPVariable_Check(part.ptr()) || !THPVariable_Check(meta.ptr())) return false;
+    part = py::reinterpret_steal<py::object>(PyObject_GetAttr(arena, names[0]));
+    if (!part) throw py::error_already_set();
+    meta = py::reinterpret_steal<py::object>(PyObject_GetAttr(arena, names[1]));
+    if (!meta) throw py::error_already_set();
+    if (!THPVariable_Check(part.ptr()) || !THPVariable_Check(meta.ptr())) return py::none();
     auto aligned = [](PyObject* tensor) {
       return reinterpret_cast<uintptr_t>(THPVariable_Unpack(tensor).data_ptr()) % 16 == 0;
     };
@@ -994,22 +987,56 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
       PyObject* item = items[k] != nullptr ? items[k] : items[0];
       if (aligned(PyTuple_GET_ITEM(item, 0))) mask |= 4L << k;
     }
-    for (PyObject* hook : {names[2], names[3]}) {  // a profiler's hook wants Triton's run
+    active = py::reinterpret_steal<py::object>(PyObject_GetAttr(direct_driver_.ptr(), names[2]));
+    if (!active) throw py::error_already_set();
+    device = py::reinterpret_steal<py::object>(PyObject_CallMethodNoArgs(active.ptr(), names[3]));
+    if (!device) throw py::error_already_set();
+    return py::make_tuple(kind, device, code, mask);
+  }
+
+  // ``queue_key`` of the queue items ``items`` (a list), for the Python path's entry of the kernel it launched them to.
+  py::object direct_key(py::list items) {
+    PyObject* given[4];
+    const Py_ssize_t count = PyList_GET_SIZE(items.ptr());
+    if (count < 1 || count > 4) return py::none();
+    for (Py_ssize_t k = 0; k < count; ++k) given[k] = PyList_GET_ITEM(items.ptr(), k);
+    py::object part, meta, active, device;
+    return queue_key(given, count, part, meta, active, device);
+  }
+
+  // Launch what the lane's queue holds straight to the compiled kernel entered for it, as Triton's run would
+  // (tests/runtime/test_triton_launch.py): one to four tensors of one arena and dtype, each unchanged since it
+  // was queued (its version), its ints within int32, no launch hook set, Triton's options as they were, the
+  // kernel still the one under its name. True: launched, the queue emptied (or it was empty); false: the Python
+  // path's to launch (nothing done). A failed launch raises, the queue left as it was. The caller holds the
+  // kernels' lock (TritonStats._lock), as every taker of the queue does.
+  bool launch_direct() {
+    static PyObject* names[] = {
+        PyUnicode_InternFromString("launch_enter_hook"), PyUnicode_InternFromString("launch_exit_hook"),
+        PyUnicode_InternFromString("calls"), PyUnicode_InternFromString("get_current_stream"),
+        PyUnicode_InternFromString("pre_run_hooks")};
+    PyObject* queue = lane_queue_.ptr();
+    if (direct_fast_.is_none() || !PyList_CheckExact(queue)) return false;
+    const Py_ssize_t count = PyList_GET_SIZE(queue);
+    if (count == 0) return true;
+    if (count > 4) return false;
+    PyObject* items[4];
+    for (Py_ssize_t k = 0; k < count; ++k) items[k] = PyList_GET_ITEM(queue, k);
+    py::object part, meta, active, device;
+    py::object key = queue_key(items, count, part, meta, active, device);
+    if (key.is_none()) return false;
+    const int kind = count == 1 ? 1 : 4;
+    for (PyObject* hook : {names[0], names[1]}) {  // a profiler's hook wants Triton's run
       py::object value = py::reinterpret_steal<py::object>(PyObject_GetAttr(direct_runtime_.ptr(), hook));
       if (!value) throw py::error_already_set();
       if (value.is_none()) continue;
-      py::object calls = py::reinterpret_steal<py::object>(PyObject_GetAttr(value.ptr(), names[4]));
+      py::object calls = py::reinterpret_steal<py::object>(PyObject_GetAttr(value.ptr(), names[2]));
       if (!calls) {
         PyErr_Clear();
         return false;
       }
       if (!PyList_CheckExact(calls.ptr()) || PyList_GET_SIZE(calls.ptr()) != 0) return false;
     }
-    py::object active = py::reinterpret_steal<py::object>(PyObject_GetAttr(direct_driver_.ptr(), names[5]));
-    if (!active) throw py::error_already_set();
-    py::object device = py::reinterpret_steal<py::object>(PyObject_CallMethodNoArgs(active.ptr(), names[6]));
-    if (!device) throw py::error_already_set();
-    py::tuple key = py::make_tuple(kind, device, code, mask);
     PyObject* entry = PyDict_GetItemWithError(direct_fast_.ptr(), key.ptr());
     if (entry == nullptr) {
       if (PyErr_Occurred()) throw py::error_already_set();
@@ -1022,7 +1049,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
       if (PyErr_Occurred()) throw py::error_already_set();
       return false;
     }
-    py::object pre = py::reinterpret_steal<py::object>(PyObject_GetAttr(under_name, names[8]));
+    py::object pre = py::reinterpret_steal<py::object>(PyObject_GetAttr(under_name, names[4]));
     if (!pre) throw py::error_already_set();
     if (!PyList_CheckExact(pre.ptr()) || PyList_GET_SIZE(pre.ptr()) != 0) return false;
     PyObject* held_options = PyTuple_GET_ITEM(entry, 4);
@@ -1038,7 +1065,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
       if (!same) return false;
     }
     py::object stream =
-        py::reinterpret_steal<py::object>(PyObject_CallMethodOneArg(active.ptr(), names[7], device.ptr()));
+        py::reinterpret_steal<py::object>(PyObject_CallMethodOneArg(active.ptr(), names[3], device.ptr()));
     if (!stream) throw py::error_already_set();
     PyObject* tail = PyTuple_GET_ITEM(entry, 3);
     if (!PyTuple_CheckExact(tail)) return false;
@@ -1800,6 +1827,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("lane_off", &Recorder::lane_off, "No more device tensors in the lane")
       .def("lane_direct", &Recorder::lane_direct, "The compiled kernels the lane's queue may be launched to directly")
       .def("launch_direct", &Recorder::launch_direct, "Launch the lane's queue straight to its compiled kernel")
+      .def("direct_key", &Recorder::direct_key, "The key of the compiled kernel a launch of queue items goes to")
       .def_property_readonly("direct_launches", &Recorder::lane_direct_launches, "Launches made by launch_direct")
       .def_property_readonly("lane_open", &Recorder::lane_open, "Whether this thread is making a call's records")
       .def_property_readonly("lane_reads", &Recorder::lane_reads, "Device tensors queued by the lane this step")
