@@ -140,6 +140,8 @@ def choose_stats(which):
         triton_fingerprint._hash_finish = HashFinish()
         if which != "triton-dispatch":
             triton_fingerprint._hash_few = Stub()
+            if hasattr(triton_fingerprint, "_partials_hash_few"):
+                triton_fingerprint._partials_hash_few = Stub()
     if which == "triton-dispatch":  # Triton's dispatch kept (a fake driver's no-op kernels), _finish stubbed
         for name in ("_partials", "_partials_few", "_partials_many"):
             setattr(triton_stats, name, saved[name])

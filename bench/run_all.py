@@ -20,6 +20,7 @@ SMALL = [
     ("llama_step.py", ["--small"]),
     ("gpu_llama.py", ["--device", "cpu", "--size", "tiny"]),
     ("triton_launches.py", ["--hidden", "64", "--steps", "2"]),
+    ("triton_launches.py", ["--hidden", "64", "--steps", "2", "--summary-mode", "fingerprint"]),
     ("checksums.py", ["--sizes", "1024,262144", "--steps", "3", "--rounds", "1"]),
     ("statistics_pass.py", []),
     ("statistics_share.py", ["--steps", "5"]),

@@ -5,6 +5,7 @@
     python bench/triton_launches.py --hidden 64 --steps 2    # what `make bench` runs
     python bench/triton_launches.py --json out.json
     python bench/triton_launches.py --path python            # the records made in Python (no native op)
+    python bench/triton_launches.py --summary-mode fingerprint   # each tensor hashed too (its kernels counted)
 
 Without a GPU the kernels run on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``, set here before Triton
 is imported; CPU tensors taken as a CUDA tensor is, as tests/runtime/test_native_lane.py runs them): the launches a GPU
@@ -14,7 +15,9 @@ where it builds, as a GPU run makes them (``triton_cpu="lane"``); ``--path pytho
 compiled. A step is forward with labels, backward, AdamW (foreach) and zero_grad between ``start`` and ``stop``; the
 first step is left out (it makes the kernels and has no earlier reads to serve again). Counted per launch: ``_partials``
 (one tensor), ``_partials_few`` (two to four, by their addresses), ``_partials_many`` (more, from a table), ``_finish``
-(one per arena at the flush), each under the collector's method that made it. Each level runs in its own process, so
+(one per arena at the flush), each under the collector's method that made it; with ``--summary-mode fingerprint``
+the fingerprint's kernels too (``_hash_few``, ``_partials_hash_few`` with a call's statistics, ``_hash_finish``; an
+older runtime's ``_hash``). Each level runs in its own process, so
 that one level's state (the kernels made, the tensors remembered) is not the next's.
 """
 
@@ -82,6 +85,12 @@ def run_level(args):
     for name in ("_partials", "_partials_few", "_partials_many", "_finish"):
         if hasattr(kernels, name):  # an older runtime (PYTHONPATH) has fewer kernels
             setattr(kernels, name, Counted(getattr(kernels, name), name))
+    if args.summary_mode == "fingerprint":  # the fingerprint's kernels, this runtime's or an older one's
+        from msprobe_runtime import triton_fingerprint
+
+        for name in ("_hash", "_hash_finish", "_hash_few", "_partials_hash_few"):
+            if hasattr(triton_fingerprint, name):
+                setattr(triton_fingerprint, name, Counted(getattr(triton_fingerprint, name), name))
     config = transformers.LlamaConfig(
         vocab_size=256,
         hidden_size=args.hidden,
@@ -101,7 +110,12 @@ def run_level(args):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
     ids = torch.randint(3, 256, (2, args.seq), device=args.device)
     dump = tempfile.mkdtemp(prefix="triton_launches_")
-    debugger = msprobe_runtime.PrecisionDebugger(dump_path=dump, level=args.level, task="statistics")
+    config = os.path.join(dump, "config.json")
+    with open(config, "w") as handle:
+        json.dump({"statistics": {"summary_mode": args.summary_mode}}, handle)
+    debugger = msprobe_runtime.PrecisionDebugger(
+        config_path=config, dump_path=os.path.join(dump, "dump"), level=args.level, task="statistics"
+    )
     for step in range(args.steps):
         state["counting"] = step > 0
         debugger.start(model)
@@ -111,7 +125,7 @@ def run_level(args):
         debugger.stop()
         debugger.step()
     debugger.wait()
-    paths = sorted(glob.glob(os.path.join(glob.escape(dump), "step*", "*", "dump.json")))
+    paths = sorted(glob.glob(os.path.join(glob.escape(dump), "dump", "step*", "*", "dump.json")))
     with open(paths[-1]) as handle:
         data = json.load(handle)["data"]
     steps = args.steps - 1
@@ -139,6 +153,12 @@ def main():
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--levels", default="L1,mix")
     parser.add_argument("--path", default="lane", choices=("lane", "python"), help="who makes device tensors' records")
+    parser.add_argument(
+        "--summary-mode",
+        default="statistics",
+        choices=("statistics", "fingerprint"),
+        help="statistics.summary_mode: fingerprint hashes every recorded tensor too (its kernels counted with them)",
+    )
     parser.add_argument("--level", help=argparse.SUPPRESS)  # one level, in the worker process
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args()
@@ -153,8 +173,8 @@ def main():
     rows = []
     for level in args.levels.split(","):
         command = [sys.executable, os.path.abspath(__file__), "--level", level]
-        for option in ("device", "hidden", "layers", "seq", "steps", "path"):
-            command += [f"--{option}", str(getattr(args, option))]
+        for option in ("device", "hidden", "layers", "seq", "steps", "path", "summary_mode"):
+            command += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
             sys.stderr.write(done.stderr[-4000:])
@@ -162,7 +182,7 @@ def main():
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
     print(
         f"bf16 Llama, hidden {args.hidden}, {args.layers} layers, sequence {args.seq}, {args.device}, "
-        f"records by the {'native lane' if args.path == 'lane' else 'Python path'}"
+        f"records by the {'native lane' if args.path == 'lane' else 'Python path'}, summary_mode {args.summary_mode}"
     )
     print("| level | entries a step | forward entries | launches a step | launches per entry |")
     print("|---|---|---|---|---|")

@@ -12,8 +12,11 @@ As the statistics kernels do (``triton_stats``), the tensors of one call are has
 one launch per arena at the flush (``Fingerprints``): within a call's ``begin``/``end`` a tensor is queued, its
 rows taken in its device's arena; ``end`` launches the queue, one to ``_FEW`` tensors a launch of ``_hash_few``
 (their addresses as arguments: nothing made on the host nor copied); outside a call a tensor is launched alone at
-once. ``_hash_finish`` (one program a tensor) sums each tensor's rows at the flush. So a call adds one launch
-however many tensors it records (up to ``_FEW``), where each tensor took one or two launches of its own.
+once. ``_hash_finish`` (one program a tensor) sums each tensor's rows at the flush. Where the call's statistics
+are one ``_partials_few`` launch too (one to four contiguous tensors of one dtype), both go in one
+``_partials_hash_few``: its first programs are the statistics' (the same code and warps: the same bits), the rest
+the hashes'. So a call's records take one launch, where each tensor took one or two of its own besides its
+statistics' (tests/runtime/test_triton_fingerprint.py).
 
 ``_hash_few``: program ``i`` of a tensor hashes its chunk of ``iters`` blocks of ``BLOCK`` bytes relative to the
 chunk's start: lane ``j`` of a block accumulates ``b * G``, ``G = g**(block offset) mod p`` a scalar updated once
@@ -39,7 +42,7 @@ import triton.language as tl
 
 from .fingerprint_lanes import LANES
 from .triton_launch import KernelLaunch
-from .triton_stats import few_pick  # the tensors of a launch picked by the rule of the statistics' ``_partials_few``
+from .triton_stats import FEW_INTS, few_arguments, few_partials, few_pick  # the statistics' ``_partials_few``
 
 _BLOCK = 4096  # bytes a program loads at once (a power of two; tests make it small)
 _MAX_PROGRAMS = 1024  # programs of a large tensor: each then hashes several blocks
@@ -51,6 +54,10 @@ _ARENA_ROWS = 1 << 14  # rows of a new arena (2 int64 each: 256 KiB), more where
 _ARENA_TENSORS = 2048  # tensors of an arena
 _META = 3  # a tensor's metadata row: first row, rows, bytes
 _WARPS = 8  # 16 bytes a thread for a block of 4096: one vector load
+# ``_partials_hash_few`` loads an eighth of a block at once (a word a thread at the statistics' four warps): about the
+# registers of ``_partials_few`` alone, so its statistics' programs keep their occupancy; a whole block spilled
+# (ptxas's figures for sm_90: docs/benchmarks.md)
+_SPLIT = 8
 _BITS = 48  # bits of a chunk's start (bytes): tensors below 2**48 bytes
 (_P1, _G1), (_P2, _G2) = LANES
 _INV1, _INV2 = pow(_G1 - 1, -1, _P1), pow(_G2 - 1, -1, _P2)  # the closed form of the "+ 1" terms divides by g - 1
@@ -124,6 +131,80 @@ def _hash_chunk(x, n, first, iters, last, P1, G1, P2, G2, BLOCK: tl.constexpr, L
 _FEW_INTS = [f"{name}{k}" for name in ("n", "iters", "rows", "row", "index") for k in range(_FEW)]
 
 
+@triton.jit
+def few_hashes(
+    pid,
+    part,
+    meta,
+    x0,
+    x1,
+    x2,
+    x3,
+    n0,
+    n1,
+    n2,
+    n3,
+    iters0,
+    iters1,
+    iters2,
+    iters3,
+    rows0,
+    rows1,
+    rows2,
+    rows3,
+    row0,
+    row1,
+    row2,
+    row3,
+    index0,
+    index1,
+    index2,
+    index3,
+    P1: tl.constexpr,
+    G1: tl.constexpr,
+    P2: tl.constexpr,
+    G2: tl.constexpr,
+    BLOCK: tl.constexpr,
+    LOG: tl.constexpr,
+    BITS: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
+    """Program ``pid`` of a ``_hash_few`` launch (and of the hashes' programs of ``_partials_hash_few``). ``BLOCK``:
+    the bytes it loads at once, ``_BLOCK / SPLIT``: its chunk (``itersk`` blocks of ``_BLOCK``, as ``plan`` made
+    it) read in ``SPLIT`` times as many blocks, which gives the same hashes (a chunk's hash is of its bytes, however
+    they are loaded) with a ``SPLIT``-th of the registers."""
+    x = x0
+    n = n0.to(tl.int64)
+    iters = iters0.to(tl.int64)
+    rows = rows0.to(tl.int64)
+    row = row0.to(tl.int64)
+    index = index0.to(tl.int64)
+    mine = pid * 0
+    first = rows
+    unused = mine  # the statistics' repeat, which a hash has not: the bytes are hashed as they are in memory
+    x, n, iters, rows, row, index, unused, mine, first = few_pick(
+        pid, first, x, n, iters, rows, row, index, unused, mine, x1, n1, iters1, rows1, row1, index1, n1
+    )
+    x, n, iters, rows, row, index, unused, mine, first = few_pick(
+        pid, first, x, n, iters, rows, row, index, unused, mine, x2, n2, iters2, rows2, row2, index2, n2
+    )
+    x, n, iters, rows, row, index, unused, mine, first = few_pick(
+        pid, first, x, n, iters, rows, row, index, unused, mine, x3, n3, iters3, rows3, row3, index3, n3
+    )
+    local = pid - mine
+    h1, h2 = _hash_chunk(
+        x, n, local * iters * SPLIT, iters * SPLIT, local == rows - 1, P1, G1, P2, G2, BLOCK, LOG, BITS
+    )
+    out = part + (row + local) * 2
+    tl.store(out + 0, h1)
+    tl.store(out + 1, h2)
+    if local == 0:
+        m = meta + index * 3
+        tl.store(m + 0, row)
+        tl.store(m + 1, rows)
+        tl.store(m + 2, n)
+
+
 @triton.jit(do_not_specialize=_FEW_INTS)
 def _hash_few(
     part,
@@ -164,35 +245,198 @@ def _hash_few(
     has no programs: its ``rows`` 0). Tensor ``k``'s ``rowsk`` programs follow those of the tensors before it; it
     has ``nk`` bytes, ``itersk`` blocks a program, rows of the arena's ``part`` from ``rowk`` (two numbers each,
     one a hash) and metadata row ``indexk`` (its first row, rows and bytes, for ``_hash_finish``)."""
+    few_hashes(
+        tl.program_id(0).to(tl.int64),
+        part,
+        meta,
+        x0,
+        x1,
+        x2,
+        x3,
+        n0,
+        n1,
+        n2,
+        n3,
+        iters0,
+        iters1,
+        iters2,
+        iters3,
+        rows0,
+        rows1,
+        rows2,
+        rows3,
+        row0,
+        row1,
+        row2,
+        row3,
+        index0,
+        index1,
+        index2,
+        index3,
+        P1,
+        G1,
+        P2,
+        G2,
+        BLOCK,
+        LOG,
+        BITS,
+        1,
+    )
+
+
+# the statistics' ints and tensors unspecialised, as ``_partials_few``'s; the hashes' ints too, not their addresses
+_FUSED_INTS = FEW_INTS + ["h" + name for name in _FEW_INTS] + ["stats"]
+
+
+@triton.jit(do_not_specialize=_FUSED_INTS)
+def _partials_hash_few(
+    part,
+    meta,
+    x0,
+    x1,
+    x2,
+    x3,
+    n0,
+    n1,
+    n2,
+    n3,
+    iters0,
+    iters1,
+    iters2,
+    iters3,
+    rows0,
+    rows1,
+    rows2,
+    rows3,
+    row0,
+    row1,
+    row2,
+    row3,
+    index0,
+    index1,
+    index2,
+    index3,
+    repeat0,
+    repeat1,
+    repeat2,
+    repeat3,
+    code,
+    hpart,
+    hmeta,
+    hx0,
+    hx1,
+    hx2,
+    hx3,
+    hn0,
+    hn1,
+    hn2,
+    hn3,
+    hiters0,
+    hiters1,
+    hiters2,
+    hiters3,
+    hrows0,
+    hrows1,
+    hrows2,
+    hrows3,
+    hrow0,
+    hrow1,
+    hrow2,
+    hrow3,
+    hindex0,
+    hindex1,
+    hindex2,
+    hindex3,
+    stats,
+    BLOCK: tl.constexpr,
+    P1: tl.constexpr,
+    G1: tl.constexpr,
+    P2: tl.constexpr,
+    G2: tl.constexpr,
+    HBLOCK: tl.constexpr,
+    LOG: tl.constexpr,
+    BITS: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
+    """A call's records in one launch: its first ``stats`` programs are ``_partials_few``'s over the statistics'
+    arguments (the same bits: the same code, the same warps), the rest ``_hash_few``'s over the hashes' (``h``), in
+    blocks of ``HBLOCK`` bytes, ``_BLOCK / SPLIT`` (``_SPLIT``: a block of ``_BLOCK`` would spill the hashes'
+    accumulators at the statistics' four warps, where ``_hash_few`` takes eight)."""
     pid = tl.program_id(0).to(tl.int64)
-    x = x0
-    n = n0.to(tl.int64)
-    iters = iters0.to(tl.int64)
-    rows = rows0.to(tl.int64)
-    row = row0.to(tl.int64)
-    index = index0.to(tl.int64)
-    mine = pid * 0
-    first = rows
-    unused = mine  # the statistics' repeat, which a hash has not: the bytes are hashed as they are in memory
-    x, n, iters, rows, row, index, unused, mine, first = few_pick(
-        pid, first, x, n, iters, rows, row, index, unused, mine, x1, n1, iters1, rows1, row1, index1, n1
-    )
-    x, n, iters, rows, row, index, unused, mine, first = few_pick(
-        pid, first, x, n, iters, rows, row, index, unused, mine, x2, n2, iters2, rows2, row2, index2, n2
-    )
-    x, n, iters, rows, row, index, unused, mine, first = few_pick(
-        pid, first, x, n, iters, rows, row, index, unused, mine, x3, n3, iters3, rows3, row3, index3, n3
-    )
-    local = pid - mine
-    h1, h2 = _hash_chunk(x, n, local * iters, iters, local == rows - 1, P1, G1, P2, G2, BLOCK, LOG, BITS)
-    out = part + (row + local) * 2
-    tl.store(out + 0, h1)
-    tl.store(out + 1, h2)
-    if local == 0:
-        m = meta + index * 3
-        tl.store(m + 0, row)
-        tl.store(m + 1, rows)
-        tl.store(m + 2, n)
+    if pid < stats:
+        few_partials(
+            pid,
+            part,
+            meta,
+            x0,
+            x1,
+            x2,
+            x3,
+            n0,
+            n1,
+            n2,
+            n3,
+            iters0,
+            iters1,
+            iters2,
+            iters3,
+            rows0,
+            rows1,
+            rows2,
+            rows3,
+            row0,
+            row1,
+            row2,
+            row3,
+            index0,
+            index1,
+            index2,
+            index3,
+            repeat0,
+            repeat1,
+            repeat2,
+            repeat3,
+            code,
+            BLOCK,
+        )
+    else:
+        few_hashes(
+            pid - stats,
+            hpart,
+            hmeta,
+            hx0,
+            hx1,
+            hx2,
+            hx3,
+            hn0,
+            hn1,
+            hn2,
+            hn3,
+            hiters0,
+            hiters1,
+            hiters2,
+            hiters3,
+            hrows0,
+            hrows1,
+            hrows2,
+            hrows3,
+            hrow0,
+            hrow1,
+            hrow2,
+            hrow3,
+            hindex0,
+            hindex1,
+            hindex2,
+            hindex3,
+            P1,
+            G1,
+            P2,
+            G2,
+            HBLOCK,
+            LOG,
+            BITS,
+            SPLIT,
+        )
 
 
 @triton.jit
@@ -232,6 +476,13 @@ def _hash_finish(
 # straight to the compiled kernels past each specialisation's first launch (triton_launch)
 _HASH_FEW = KernelLaunch(globals(), "_hash_few", ("P1", "G1", "P2", "G2", "BLOCK", "LOG", "BITS"), num_warps=_WARPS)
 _HASH_FINISH = KernelLaunch(globals(), "_hash_finish", ("P1", "G1", "P2", "G2", "INV1", "INV2", "BITS", "RB"))
+# no fused multiply-add, as the statistics' kernels (a square rounded before it is added, as torch does)
+_PARTIALS_HASH_FEW = KernelLaunch(
+    globals(),
+    "_partials_hash_few",
+    ("BLOCK", "P1", "G1", "P2", "G2", "HBLOCK", "LOG", "BITS", "SPLIT"),
+    enable_fp_fusion=False,
+)
 
 
 def plan(n):
@@ -243,20 +494,35 @@ def plan(n):
     return iters, -(-blocks // iters)
 
 
-def _launch(items):
-    """``_hash_few`` of one to ``_FEW`` queue items of one arena."""
+def _arguments(items):
+    """``(grid, arguments, constexprs)`` of a ``_hash_few`` launch of one to ``_FEW`` queue items of one arena."""
     arena = items[0][6]
     if len(items) < _FEW:  # the unused places: the first tensor again, with no programs
         items = items + [(items[0][0], 1, 1, 0, 0, 0)] * (_FEW - len(items))
     (x0, n0, i0, g0, r0, k0), (x1, n1, i1, g1, r1, k1) = items[0][:6], items[1][:6]
     (x2, n2, i2, g2, r2, k2), (x3, n3, i3, g3, r3, k3) = items[2][:6], items[3][:6]
     block = _BLOCK
-    _HASH_FEW(
+    return (
         g0 + g1 + g2 + g3,
         (arena.part, arena.meta, x0, x1, x2, x3, n0, n1, n2, n3, i0, i1, i2, i3, g0, g1, g2, g3)
         + (r0, r1, r2, r3, k0, k1, k2, k3),
         (_P1, _G1, _P2, _G2, block, block.bit_length() - 1, _BITS),
     )
+
+
+def _launch(items):
+    """``_hash_few`` of one to ``_FEW`` queue items of one arena."""
+    _HASH_FEW(*_arguments(items))
+
+
+def _launch_fused(stats, items):
+    """``_partials_hash_few`` of the statistics' queue items ``stats`` (one to four of one arena and dtype:
+    ``triton_stats.few_arguments``) and these queue items (one to four of one arena)."""
+    programs, arguments, (block,) = few_arguments(stats)
+    grid, hashed, _ = _arguments(items)
+    half = _BLOCK // _SPLIT
+    constants = (block, _P1, _G1, _P2, _G2, half, half.bit_length() - 1, _BITS, _SPLIT)
+    _PARTIALS_HASH_FEW(programs + grid, arguments + hashed + (programs,), constants)
 
 
 def _version(t):
@@ -302,7 +568,8 @@ class Fingerprints:
         self._done = []  # group slots of arenas closed before the flush (full)
         self._loose = []  # slots of a failed launch, filled by the torch ops
         self.error = None
-        self.launches = 0  # ``_hash_few`` launches (tests, benches)
+        self.launches = 0  # launches of the hashes (tests, benches)
+        self.fused = 0  # of which with a call's statistics (``launch_with``)
 
     def add(self, t):
         """The slot of the fingerprint of ``t``: a plain contiguous tensor of at least one element, neither a
@@ -330,33 +597,66 @@ class Fingerprints:
             with self._lock:
                 self._launch_queue()
 
-    def _launch_queue(self):
-        """The queue launched (the lock held): per arena, ``_FEW`` tensors a launch. A tensor read after its call
-        that the call changed after all is left null, its API said (``changed``); a failed launch's tensors get the
+    def launch_with(self, stats):
+        """Launch what is queued together with the statistics' queue items ``stats`` (one to four of one arena and
+        dtype, their versions checked: ``TritonStats._launch_queue``), in one ``_partials_hash_few``, where it is
+        one to four tensors of one arena: True, both launched. Else False, and nothing launched (the caller launches
+        ``stats``, then ``launch`` the rest). A failed launch raises (the caller forgets ``stats``); these get the
         torch ops' parts."""
+        if not self._queue:
+            return False
+        with self._lock:
+            queue = self._take()
+            if not queue or len(queue) > _FEW or any(item[6] is not queue[0][6] for item in queue):
+                self._queue[:0] = queue  # launched by ``launch``, as the call ends
+                return False
+            try:
+                _launch_fused(stats, queue)
+            except Exception as error:
+                self._failed(error, [queue])
+                raise
+            self.launches += 1
+            self.fused += 1
+        return True
+
+    def _take(self):
+        """The queue taken (the lock held), less the tensors read after their call that it changed after all:
+        those left null, their API said (``changed``)."""
         queue = self._queue[:]
         del self._queue[: len(queue)]
-        groups: dict = {}
+        kept = []
         for item in queue:
             if item[7] is not None and item[7] != _version(item[0]):  # changed by a call thought to leave it
                 self._forget(item)
                 self._changed.append(item[8])
-                continue
+            else:
+                kept.append(item)
+        return kept
+
+    def _launch_queue(self):
+        """The queue launched (the lock held): per arena, ``_FEW`` tensors a launch; a failed launch's tensors get
+        the torch ops' parts."""
+        groups: dict = {}
+        for item in self._take():
             groups.setdefault(id(item[6]), []).append(item)
         pending = [items[k : k + _FEW] for items in groups.values() for k in range(0, len(items), _FEW)]
         while pending:
-            items = pending[0]
             try:
-                _launch(items)
+                _launch(pending[0])
             except Exception as error:
-                if self.error is None:
-                    self.error = error
-                for items in pending:
-                    for item in items:
-                        self._by_torch_ops(item)
+                self._failed(error, pending)
                 return
             self.launches += 1
             pending.pop(0)
+
+    def _failed(self, error, pending):
+        """A launch of the queue items ``pending`` (lists of them) failed: kept in ``error``; their parts by the
+        torch ops."""
+        if self.error is None:
+            self.error = error
+        for items in pending:
+            for item in items:
+                self._by_torch_ops(item)
 
     def _forget(self, item):
         """A queued tensor whose rows are never written: left out of the finish, its metadata no rows."""

@@ -39,7 +39,9 @@ tensor copied from pinned memory, and reduces the chunk ``_partials`` would, int
 tests/runtime/test_triton_stats.py). Other layouts, float64 and float8 keep a launch of their own. The inputs of a
 call that leaves them as they are (``call_effects``) are queued by ``begin(watch)`` and ``hold`` and read with its
 output, after it, each checked against its version counter at the launch. Not yet: the tensors of a whole flush in
-one launch (a tensor must be read at its call; holding it to the flush would keep activations alive).
+one launch (a tensor must be read at its call; holding it to the flush would keep activations alive). With a
+checksum mode, a call's fingerprints (``triton_fingerprint.Fingerprints``, ``fingerprints``) are launched at its
+``end`` too, in the same launch as its statistics where those are one ``_partials_few``.
 
 Where the native op builds, its ``Recorder`` makes the records of a call's contiguous float32, float16 and bfloat16
 tensors itself and queues them here, in the same arenas and queue (``attach``: one native call a record, where the
@@ -291,8 +293,8 @@ def _partials_many(table, part, meta, count, DT: tl.constexpr, BLOCK: tl.constex
 
 _FEW = 4  # tensors of a ``_partials_few`` launch at most: their addresses passed as arguments
 # no specialisation on a value (an int of 1, a multiple of 16, an address's alignment): one compile a dtype
-_FEW_INTS = [f"{name}{k}" for name in ("x", "n", "iters", "rows", "row", "index", "repeat") for k in range(_FEW)]
-_FEW_INTS.append("code")
+FEW_INTS = [f"{name}{k}" for name in ("x", "n", "iters", "rows", "row", "index", "repeat") for k in range(_FEW)]
+FEW_INTS.append("code")
 
 
 @triton.jit
@@ -311,7 +313,75 @@ def few_pick(pid, first, x, n, iters, rows, row, index, repeat, mine, xk, nk, it
     return x, n, iters, rows, row, index, repeat, mine, first + rowsk.to(tl.int64)
 
 
-@triton.jit(do_not_specialize=_FEW_INTS)
+@triton.jit
+def few_partials(
+    pid,
+    part,
+    meta,
+    x0,
+    x1,
+    x2,
+    x3,
+    n0,
+    n1,
+    n2,
+    n3,
+    iters0,
+    iters1,
+    iters2,
+    iters3,
+    rows0,
+    rows1,
+    rows2,
+    rows3,
+    row0,
+    row1,
+    row2,
+    row3,
+    index0,
+    index1,
+    index2,
+    index3,
+    repeat0,
+    repeat1,
+    repeat2,
+    repeat3,
+    code,
+    BLOCK: tl.constexpr,
+):
+    """Program ``pid`` of a ``_partials_few`` launch (and of the statistics' programs of
+    ``triton_fingerprint._partials_hash_few``'s, which launches a call's fingerprints with them)."""
+    x = x0
+    n = n0.to(tl.int64)
+    iters = iters0.to(tl.int64)
+    rows = rows0.to(tl.int64)
+    row = row0.to(tl.int64)
+    index = index0.to(tl.int64)
+    repeat = repeat0.to(tl.int64)
+    mine = pid * 0
+    first = rows
+    x, n, iters, rows, row, index, repeat, mine, first = few_pick(
+        pid, first, x, n, iters, rows, row, index, repeat, mine, x1, n1, iters1, rows1, row1, index1, repeat1
+    )
+    x, n, iters, rows, row, index, repeat, mine, first = few_pick(
+        pid, first, x, n, iters, rows, row, index, repeat, mine, x2, n2, iters2, rows2, row2, index2, repeat2
+    )
+    x, n, iters, rows, row, index, repeat, mine, first = few_pick(
+        pid, first, x, n, iters, rows, row, index, repeat, mine, x3, n3, iters3, rows3, row3, index3, repeat3
+    )
+    local = pid - mine
+    start = local * iters * BLOCK
+    _dense_chunk(x, n, start, iters, part + (row + local) * 6, BLOCK)
+    if local == 0:
+        m = meta + index * 5
+        tl.store(m + 0, row)
+        tl.store(m + 1, rows)
+        tl.store(m + 2, n)
+        tl.store(m + 3, repeat)
+        tl.store(m + 4, code.to(tl.int64))
+
+
+@triton.jit(do_not_specialize=FEW_INTS)
 def _partials_few(
     part,
     meta,
@@ -352,35 +422,41 @@ def _partials_few(
     before it; it has ``nk`` elements, ``itersk`` blocks a program, partial rows from ``rowk`` and metadata row
     ``indexk``. Each program reduces the chunk ``_partials`` would into the same partial row: the same bits
     (tests/runtime/test_triton_stats.py)."""
-    pid = tl.program_id(0).to(tl.int64)
-    x = x0
-    n = n0.to(tl.int64)
-    iters = iters0.to(tl.int64)
-    rows = rows0.to(tl.int64)
-    row = row0.to(tl.int64)
-    index = index0.to(tl.int64)
-    repeat = repeat0.to(tl.int64)
-    mine = pid * 0
-    first = rows
-    x, n, iters, rows, row, index, repeat, mine, first = few_pick(
-        pid, first, x, n, iters, rows, row, index, repeat, mine, x1, n1, iters1, rows1, row1, index1, repeat1
+    few_partials(
+        tl.program_id(0).to(tl.int64),
+        part,
+        meta,
+        x0,
+        x1,
+        x2,
+        x3,
+        n0,
+        n1,
+        n2,
+        n3,
+        iters0,
+        iters1,
+        iters2,
+        iters3,
+        rows0,
+        rows1,
+        rows2,
+        rows3,
+        row0,
+        row1,
+        row2,
+        row3,
+        index0,
+        index1,
+        index2,
+        index3,
+        repeat0,
+        repeat1,
+        repeat2,
+        repeat3,
+        code,
+        BLOCK,
     )
-    x, n, iters, rows, row, index, repeat, mine, first = few_pick(
-        pid, first, x, n, iters, rows, row, index, repeat, mine, x2, n2, iters2, rows2, row2, index2, repeat2
-    )
-    x, n, iters, rows, row, index, repeat, mine, first = few_pick(
-        pid, first, x, n, iters, rows, row, index, repeat, mine, x3, n3, iters3, rows3, row3, index3, repeat3
-    )
-    local = pid - mine
-    start = local * iters * BLOCK
-    _dense_chunk(x, n, start, iters, part + (row + local) * 6, BLOCK)
-    if local == 0:
-        m = meta + index * 5
-        tl.store(m + 0, row)
-        tl.store(m + 1, rows)
-        tl.store(m + 2, n)
-        tl.store(m + 3, repeat)
-        tl.store(m + 4, code.to(tl.int64))
 
 
 @triton.jit
@@ -614,6 +690,23 @@ def _launch_one(t, n, iters, grid, row0, tensor, repeat, code, arena, layout=_DE
     )
 
 
+def few_arguments(items):
+    """``(grid, arguments, constexprs)`` of a ``_partials_few`` launch of one to ``_FEW`` queue items of one arena
+    and dtype (``TritonStats._queue``'s; ``triton_fingerprint`` launches them with a call's fingerprints)."""
+    arena, code = items[0][8], items[0][7]
+    if len(items) < _FEW:  # the unused places: the first tensor again, with no programs
+        t = items[0][0]
+        items = items + [(t, 1, 1, 0, 0, 0, 1)] * (_FEW - len(items))
+    (x0, n0, i0, g0, r0, k0, p0), (x1, n1, i1, g1, r1, k1, p1) = items[0][:7], items[1][:7]
+    (x2, n2, i2, g2, r2, k2, p2), (x3, n3, i3, g3, r3, k3, p3) = items[2][:7], items[3][:7]
+    return (
+        g0 + g1 + g2 + g3,
+        (arena.part, arena.meta, x0, x1, x2, x3, n0, n1, n2, n3, i0, i1, i2, i3, g0, g1, g2, g3)
+        + (r0, r1, r2, r3, k0, k1, k2, k3, p0, p1, p2, p3, code),
+        (_BLOCK,),
+    )
+
+
 def _launch(items):
     """The partials of queue items of one arena and dtype (``TritonStats._launch_queue``), at most ``_MANY_MAX``.
     What the kernel's ``KernelLaunch`` returned, for one to ``_FEW`` tensors (``TritonStats._enter``)."""
@@ -623,17 +716,7 @@ def _launch(items):
         t, n, iters, grid, row0, tensor, repeat = items[0][:7]
         return _launch_one(t, n, iters, grid, row0, tensor, repeat, code, arena)
     if count <= _FEW:  # their addresses as arguments: no table to make and copy
-        if count < _FEW:  # the unused places: the first tensor again, with no programs
-            t = items[0][0]
-            items = items + [(t, 1, 1, 0, 0, 0, 1)] * (_FEW - count)
-        (x0, n0, i0, g0, r0, k0, p0), (x1, n1, i1, g1, r1, k1, p1) = items[0][:7], items[1][:7]
-        (x2, n2, i2, g2, r2, k2, p2), (x3, n3, i3, g3, r3, k3, p3) = items[2][:7], items[3][:7]
-        return _PARTIALS_FEW(
-            g0 + g1 + g2 + g3,
-            (arena.part, arena.meta, x0, x1, x2, x3, n0, n1, n2, n3, i0, i1, i2, i3, g0, g1, g2, g3)
-            + (r0, r1, r2, r3, k0, k1, k2, k3, p0, p1, p2, p3, code),
-            (_BLOCK,),
-        )
+        return _PARTIALS_FEW(*few_arguments(items))
     table, first = [], 0
     for t, n, iters, grid, row0, tensor, repeat, *_rest in items:
         table.append((t.data_ptr(), n, iters, first, grid, row0, tensor, repeat, code, 0))
@@ -919,17 +1002,21 @@ class TritonStats:
         if depth == 0:
             local.watch = None
             hashes = self.fingerprints
-            if hashes is not None:  # never raises: a failed launch's fingerprints are the torch ops'
-                hashes.launch()
-            if self._queue:
-                with self._lock:
-                    self._launch_queue()
+            try:
+                if self._queue:
+                    with self._lock:
+                        self._launch_queue(hashes)  # with the call's fingerprints, in one launch where they fit
+            finally:
+                if hashes is not None:  # those not launched with the statistics (never raises: a failed launch's
+                    hashes.launch()  # fingerprints are the torch ops')
 
-    def _launch_queue(self):
+    def _launch_queue(self, hashes=None):
         """The queued tensors launched (the lock held), without waiting: per arena and dtype, one alone by
         ``_partials``, two to ``_FEW`` by ``_partials_few`` (their addresses as arguments), more by
         ``_partials_many`` (a table of a row per tensor made on the host and copied to the device from pinned
-        memory), ``_MANY_MAX`` at a time."""
+        memory), ``_MANY_MAX`` at a time. ``hashes`` (``triton_fingerprint.Fingerprints``, at a call's ``end``):
+        its queued fingerprints are launched with the first group of one to ``_FEW`` tensors, where they fit one
+        launch (``Fingerprints.launch_with``): a call's records in one launch."""
         if not self._queue:  # launched already (an arena closed meanwhile launches what its tensors queued)
             return
         if self._fast:  # the native op launches it straight to the compiled kernel entered for it (``_enter``)
@@ -973,11 +1060,14 @@ class TritonStats:
             if len(items) > _MANY_MAX:  # the rest in launches of their own
                 pending[0:1] = [items[:_MANY_MAX], items[_MANY_MAX:]]
                 items = pending[0]
+            fuse = hashes is not None and len(items) <= _FEW
             try:
-                kept = _launch(items)
+                kept = None if fuse and hashes.launch_with(items) else _launch(items)
             except Exception:
                 _forget(pending)
                 raise
+            if fuse:
+                hashes = None  # tried once: what it did not take, ``end`` launches on its own
             if kept is not None and self._recorder is not None and len(items) <= _FEW:
                 self._enter(items, kept)
             pending.pop(0)

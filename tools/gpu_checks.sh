@@ -3,7 +3,7 @@
 # run once, read, fix, rerun; a command has 10 minutes at most, a session 15 minutes of device time). Run from the
 # repository root there:
 #
-#     GPU_CHECKS=kernels,per_entry,launches bash tools/gpu_checks.sh    # one call: under 5 minutes
+#     GPU_CHECKS=kernels,per_entry,launches bash tools/gpu_checks.sh    # one call: at most 380 s
 #     GPU_CHECKS=llama bash tools/gpu_checks.sh                         # a second: under 5 minutes
 #
 # (all four in one call could pass a command's 10 minutes: each check is cut at its own limit below.)
@@ -16,7 +16,7 @@
 #   kernels    the Triton kernels and the native lane on CUDA tensors, compiled (the CPU runs them interpreted)
 #   per_entry  host time per recorded entry on CUDA beside the CPU path's, same machine (the issue's 1.5x), and
 #              with every launch through Triton's run (MSPROBE_TRITON_DIRECT=0)
-#   launches   launches per recorded entry on a bf16 Llama, counted on the device
+#   launches   launches per recorded entry on a bf16 Llama, counted on the device (statistics, then fingerprint)
 #   llama      the issue's table: plain, DIY mode, ours L1/mix/fingerprint, msprobe where it imports
 set -uo pipefail
 out=${OUT:-gpu-checks}
@@ -50,5 +50,7 @@ run kernels 150 python3 -m pytest -q -x -p no:cacheprovider tests/runtime/test_t
 run per_entry 150 bash -c "python3 bench/per_entry.py --device cuda --json $out/per_entry_cuda.json \
     && MSPROBE_TRITON_DIRECT=0 python3 bench/per_entry.py --device cuda --json $out/per_entry_cuda_triton_run.json \
     && python3 bench/per_entry.py --device cpu --json $out/per_entry_cpu.json"
-run launches 50 python3 bench/triton_launches.py --device cuda --steps 2 --json "$out/launches.json"
+run launches 80 bash -c "python3 bench/triton_launches.py --device cuda --steps 2 --json $out/launches.json \
+    && python3 bench/triton_launches.py --device cuda --steps 2 --summary-mode fingerprint \
+    --json $out/launches_fingerprint.json"
 run llama 290 python3 bench/gpu_llama.py --json "$out/gpu_llama.json"

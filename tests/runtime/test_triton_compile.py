@@ -59,7 +59,7 @@ for dt in (0, 1, 2):
 # two to four tensors per launch: their addresses as arguments, the tensor of a program picked by its index
 for x in ("*fp32", "*fp16", "*bf16"):
     signature = {"part": "*fp64", "meta": "*i64", **{f"x{k}": x for k in range(triton_stats._FEW)},
-                 **{name: "i64" for name in triton_stats._FEW_INTS if not name.startswith("x")}, "BLOCK": "constexpr"}
+                 **{name: "i64" for name in triton_stats.FEW_INTS if not name.startswith("x")}, "BLOCK": "constexpr"}
     source = ASTSource(triton_stats._partials_few, signature, constexprs={"BLOCK": triton_stats._BLOCK})
     kernel = triton.compile(source, target=target, options=options)
     out.append([f"few {x}", "cubin" in kernel.asm, kernel.asm["ptx"].count("fma.rn")])
@@ -82,6 +82,24 @@ aligned = {(k,): [["tt.divisibility", 16]] for k in range(6)}  # part, meta, x0 
 source = ASTSource(fp._hash_few, signature, constexprs=constexprs, attrs=aligned)
 kernel = triton.compile(source, target=target, options={**options, "num_warps": fp._WARPS})
 out.append(["hash few", "cubin" in kernel.asm, "ld.global.v4" in kernel.asm["ptx"]])
+# a call's statistics and hashes in one launch: the statistics' part with no fma, the hashes' bytes a word a thread
+few_names = ["part", "meta"] + [f"{n}{k}" for n in ("x", "n", "iters", "rows", "row", "index", "repeat")
+                                for k in range(4)] + ["code"]
+hash_names = ["hpart", "hmeta"] + [f"h{n}{k}" for n in ("x", "n", "iters", "rows", "row", "index") for k in range(4)]
+signature = {**{name: "i64" for name in few_names}, "part": "*fp64", "meta": "*i64",
+             **{f"x{k}": "*bf16" for k in range(4)},
+             **{name: "i64" for name in hash_names}, "hpart": "*i64", "hmeta": "*i64",
+             **{f"hx{k}": "*u8" for k in range(4)}, "stats": "i64",
+             **{name: "constexpr" for name in ("BLOCK", "P1", "G1", "P2", "G2", "HBLOCK", "LOG", "BITS", "SPLIT")}}
+half = fp._BLOCK // fp._SPLIT
+constexprs = {"BLOCK": triton_stats._BLOCK, "P1": fp._P1, "G1": fp._G1, "P2": fp._P2, "G2": fp._G2,
+              "HBLOCK": half, "LOG": half.bit_length() - 1, "BITS": fp._BITS, "SPLIT": fp._SPLIT}
+at = {name: k for k, name in enumerate(signature)}
+aligned = {(at[name],): [["tt.divisibility", 16]] for name in ("hpart", "hmeta", "hx0", "hx1", "hx2", "hx3")}
+source = ASTSource(fp._partials_hash_few, signature, constexprs=constexprs, attrs=aligned)
+kernel = triton.compile(source, target=target, options=options)
+out.append(["partials hash few", "cubin" in kernel.asm, kernel.asm["ptx"].count("fma.rn"),
+            "ld.global.b32" in kernel.asm["ptx"]])
 names = ("P1", "G1", "P2", "G2", "INV1", "INV2", "BITS", "RB")
 signature = {"part": "*i64", "meta": "*i64", "out": "*i64", **{name: "constexpr" for name in names}}
 constexprs = {"P1": fp._P1, "G1": fp._G1, "P2": fp._P2, "G2": fp._G2, "INV1": fp._INV1, "INV2": fp._INV2,
@@ -121,5 +139,6 @@ def test_the_kernels_compile_for_a_gpu():
         ["few *bf16", True, 0],
         ["figures", True, 0],
         ["hash few", True, True],
+        ["partials hash few", True, 0, True],
         ["hash finish", True, 0],
     ]

@@ -166,6 +166,25 @@ def test_sizes_over_blocks_and_programs(small_blocks, numel):
     check(on_device(sample(torch.uint8, (numel,), seed=numel)))
 
 
+@pytest.mark.parametrize("numel", [1, 3, 4, 5, 8, 17, 33, 129])
+def test_sizes_with_a_calls_statistics(small_blocks, monkeypatch, numel):
+    """The hashes' programs of ``_partials_hash_few`` (a call's statistics and hashes in one launch: blocks of
+    ``_BLOCK / _SPLIT`` bytes) give the specification's digits over blocks, programs and partial blocks."""
+    from msprobe_runtime.statistics import KIND_FLOAT
+
+    fused = Launches(small_blocks._partials_hash_few)
+    monkeypatch.setattr(small_blocks, "_partials_hash_few", fused)
+    buffer = calling_buffer()
+    floats = on_device(sample(torch.float32, (numel,), seed=numel))
+    raw = on_device(sample(torch.uint8, (3 * numel + 1,), seed=numel + 1))
+    with buffer.one_launch():
+        buffer.add(floats, KIND_FLOAT)  # the call's statistics, one launch
+        records = [checksums.checksum_of(t, "fingerprint", True, buffer) for t in (floats, raw)]
+    buffer.take()
+    assert fused.count == 1
+    assert [r.value() for r in records] == [checksums.fingerprint_reference(raw_bytes(t)) for t in (floats, raw)]
+
+
 def test_more_programs_where_a_program_would_hash_too_many_blocks(small_blocks, monkeypatch):
     """A program hashes at most ``_MAX_ITERS`` blocks (its int64 accumulators' bound): more programs then,
     past ``_MAX_PROGRAMS``, and past one round of the finishing loop."""
@@ -402,7 +421,7 @@ def test_where_triton_does_not_serve_the_torch_ops(monkeypatch, kernel):
     assert launched.count == 0
 
 
-def _dump(tmp_path, name, calls):
+def _dump(tmp_path, name, calls, mode="fingerprint"):
     import glob
     import json
 
@@ -411,7 +430,7 @@ def _dump(tmp_path, name, calls):
 
     config = tmp_path / f"{name}.json"
     config.write_text(
-        json.dumps({"dump_path": str(tmp_path / name), "level": "L1", "statistics": {"summary_mode": "fingerprint"}})
+        json.dumps({"dump_path": str(tmp_path / name), "level": "L1", "statistics": {"summary_mode": mode}})
     )
     debugger = PrecisionDebugger(config_path=str(config))
     debugger.start()
@@ -446,15 +465,18 @@ def test_the_dump_through_the_kernel(tmp_path, monkeypatch, kernel):
         for t in tensors:
             rt.call("Torch.clone", torch.clone, t)
 
-    launched = Launches(kernel._hash_few)
+    launched, with_statistics = Launches(kernel._hash_few), Launches(kernel._partials_hash_few)
     monkeypatch.setattr(kernel, "_hash_few", launched)
+    monkeypatch.setattr(kernel, "_partials_hash_few", with_statistics)
     monkeypatch.setattr(collector, "StatBuffer", lambda counts: StatBuffer(counts, native=False, triton_cpu=True))
     fused = _dump(tmp_path, "fused", calls)
     monkeypatch.setattr(collector, "StatBuffer", lambda counts: StatBuffer(counts, native=False))
     torch_ops = _dump(tmp_path, "torch_ops", calls)
-    # each call's input and output in one launch, none for the empty one; but the first call's two launch alone: the
-    # kernels are made by its first record, after its records began (the collector opens a call only on them)
-    assert launched.count == (len(tensors) - 1) + 1
+    # each call's input and output hashed in one launch with their statistics: the float calls'; the int64 call's
+    # statistics are the torch ops', so its hashes launch alone; none for the empty one; and the first call's input
+    # alone, at its record: the kernels are made by it, after the call's records began (the collector opens a
+    # call's records on the kernels only once they are made)
+    assert (with_statistics.count, launched.count) == (4, 1 + 1)
     assert sorted(fused) == sorted(torch_ops) and len(fused) == len(tensors)
     for index, t in enumerate(tensors):
         name = f"Torch.clone.{index}.forward"
@@ -493,3 +515,62 @@ def test_a_tensor_recorded_again_unchanged_is_hashed_once(tmp_path, monkeypatch,
     assert data["Torch.clone.1.forward"]["input_args"][0]["fingerprint"] == reference(expected["y"])
     assert data["Torch.clone.2.forward"]["input_args"][0]["fingerprint"] == reference(expected["y changed"])
     assert data["Torch.clone.2.forward"]["output"][0]["fingerprint"] == reference(expected["y changed"])
+
+
+STATISTICS = ("Max", "Min", "Mean", "Norm")
+
+
+def _chain():
+    tensors = [
+        on_device(sample(dtype, shape, seed=50 + k))
+        for k, (dtype, shape) in enumerate([(torch.float32, (300,)), (torch.bfloat16, (2, 700)), (torch.float16, (9,))])
+    ]
+
+    def calls(rt):
+        for t in tensors:
+            y = rt.call("Torch.mul", torch.mul, t, t)
+            rt.call("Torch.add", torch.add, y, t)
+
+    return tensors, calls
+
+
+def test_a_calls_statistics_and_hashes_in_one_launch(tmp_path, monkeypatch, kernel):
+    """With a checksum mode, a call's statistics and fingerprints launch together (``_partials_hash_few``): the
+    statistics the same bits as without fingerprints, the fingerprints the specification's digits."""
+    from msprobe_runtime import collector
+
+    fused = Launches(kernel._partials_hash_few)
+    monkeypatch.setattr(kernel, "_partials_hash_few", fused)
+    monkeypatch.setattr(collector, "StatBuffer", lambda counts: StatBuffer(counts, native=False, triton_cpu=True))
+    tensors, calls = _chain()
+    hashed = _dump(tmp_path, "hashed", calls, "fingerprint")
+    plain = _dump(tmp_path, "plain", calls, "statistics")
+    assert fused.count >= 2 * len(tensors) - 1  # every call but the first, whose inputs launch at their records
+    assert sorted(hashed) == sorted(plain) and len(hashed) == 2 * len(tensors)
+    for name, entry in hashed.items():
+        for field in ("input_args", "output"):
+            for mine, theirs in zip(entry[field], plain[name][field]):
+                assert [mine[key] for key in STATISTICS] == [theirs[key] for key in STATISTICS], (name, field)
+                assert mine["fingerprint"] is not None
+    for k, t in enumerate(tensors):
+        assert hashed[f"Torch.mul.{k}.forward"]["input_args"][0]["fingerprint"] == checksums.fingerprint_reference(
+            raw_bytes(t)
+        )
+
+
+def test_a_failed_launch_of_both_keeps_the_fingerprints(tmp_path, monkeypatch, kernel, caplog):
+    """Said; the fingerprints of the call whose launch failed are the torch ops' digits, not nulls, and the calls
+    after it take the torch ops."""
+    from msprobe_runtime import collector
+
+    monkeypatch.setattr(kernel, "_partials_hash_few", Failing("PTX .version 9.9 does not support .target sm_999"))
+    monkeypatch.setattr(collector, "StatBuffer", lambda counts: StatBuffer(counts, native=False, triton_cpu=True))
+    tensors, calls = _chain()
+    with caplog.at_level("WARNING", logger="msprobe_runtime"):
+        data = _dump(tmp_path, "failed", calls, "fingerprint")
+    assert any("sm_999" in r.getMessage() for r in caplog.records)
+    for k, t in enumerate(tensors):
+        for name in (f"Torch.mul.{k}.forward", f"Torch.add.{k}.forward"):
+            assert data[name]["input_args"][-1]["fingerprint"] == checksums.fingerprint_reference(raw_bytes(t))
+        for name in (f"Torch.mul.{k}.forward", f"Torch.add.{k}.forward"):
+            assert data[name]["output"][0]["fingerprint"] is not None

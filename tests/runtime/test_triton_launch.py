@@ -98,6 +98,20 @@ SCRIPT = textwrap.dedent(
         for _ in range(2):
             direct += check(hashed, tf._hash_few, 7, args, hash_names, constants, {"num_warps": tf._WARPS})
     out["direct"]["_hash_few"] = direct
+    # a call's statistics and hashes in one launch
+    fused_names = ("BLOCK", "P1", "G1", "P2", "G2", "HBLOCK", "LOG", "BITS", "SPLIT")
+    fused = triton_launch.KernelLaunch({"_partials_hash_few": tf._partials_hash_few}, "_partials_hash_few",
+                                       fused_names, enable_fp_fusion=False)
+    direct = 0
+    x = tensors["bfloat16 off 2 bytes"]
+    for xs in ((raw, raw, raw, raw), (raw[3:], raw, raw[16:], raw[1:])):
+        args = (part, meta, x, x, x, x, 1025, 1, 1, 1, 1, 1, 1, 1, 2, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 1, 1, 1, 1, 2,
+                meta, meta, *xs, raw.numel(), 5, 17, 1, 1, 1, 1, 1, 4, 1, 1, 0, 0, 4, 5, 6, 0, 1, 2, 3, 2)
+        for _ in range(2):
+            direct += check(fused, tf._partials_hash_few, 8, args, fused_names,
+                            (1024, tf._P1, tf._G1, tf._P2, tf._G2, 512, 9, tf._BITS, 8),
+                            {"enable_fp_fusion": False})
+    out["direct"]["_partials_hash_few"] = direct
     # a launch hook set (a profiler's): Triton's run
     hook = lambda metadata: None
     knobs.runtime.launch_enter_hook.add(hook)
@@ -224,6 +238,7 @@ def test_the_second_launch_of_a_specialisation_is_direct(launches):
     assert launches["direct"]["_partials"] > 100
     assert launches["direct"]["_partials_few"] > 10
     assert launches["direct"]["_hash_few"] == 2
+    assert launches["direct"]["_partials_hash_few"] == 2
     assert launches["direct"]["device 1"] == 2  # its first launch compiled for device 1
 
 
