@@ -1194,7 +1194,17 @@ class Collector:
         if self.plan.checksum_mode is not None:
             if readable is None:  # empty or complex: no statistics, but bytes to hash where there are any
                 readable = t.numel() == 0 or self._has_readable_data(t)
-            checksum = self._checksum(t, readable)
+            # the checksum of the same tensor object recorded just before, unchanged (a call's output, the next
+            # call's input: tests/runtime/test_triton_fingerprint.py), not a view's: it may order its bytes otherwise
+            checksum = self._reuse(
+                t,
+                self.step.recent_checksums,
+                checksum_of,
+                self.plan.checksum_mode,
+                readable,
+                self.stats,
+                by_place=False,
+            )
         self.step.tensor_records += 1
         return TensorRecord(
             "torch.Tensor", _dtype_name(t.dtype), tuple(t.shape), requires_grad, kind, slot, counts, data_name, checksum
@@ -1242,27 +1252,7 @@ class Collector:
                 lines[0][:200] if lines else "",
             )
 
-    def _checksum(self, t, readable):
-        """The checksum record of ``t`` (``checksums.checksum_of``), or the one of an earlier record of the same
-        tensor, unchanged: a call's output is usually the next call's input, and its bytes are hashed once
-        (tests/runtime/test_triton_fingerprint.py). Only the same tensor object at the same version: a view of the
-        same memory (which ``_reuse`` serves for statistics) may order its bytes otherwise."""
-        if t.is_inference():  # no version counter
-            return checksum_of(t, self.plan.checksum_mode, readable, self.stats)
-        recent = self.step.recent_checksums
-        key = id(t)
-        version = t._version
-        known = recent.get(key)
-        if known is not None and known[0] is t and known[1] == version:
-            return known[2]
-        checksum = checksum_of(t, self.plan.checksum_mode, readable, self.stats)
-        with self._lock:  # another thread may be trimming the same table
-            recent[key] = (t, version, checksum)
-            if len(recent) > _RECENT:
-                del recent[next(iter(recent))]
-        return checksum
-
-    def _reuse(self, t, recent, compute, *args):
+    def _reuse(self, t, recent, compute, *args, by_place=True):
         """``compute(t, *args)``, or its result for an earlier record of the same unchanged tensor.
 
         A call's output is usually the next call's input, and in backward one node's input gradient is the
@@ -1280,15 +1270,18 @@ class Collector:
         order: views share their base's version counter, so one that moved is seen, and the remembered tensor
         keeps that memory from being freed and taken by another. On the wide GPT a third of the passes were
         such views (megatron's transposes of activations and weights; docs/benchmarks-log.md, the wide GPT).
+
+        ``by_place=False`` (a checksum, which depends on the bytes' order): the same tensor object only, whatever its
+        size, and no parameter by place.
         """
-        if t.numel() < self._reuse_min or t.is_inference():
+        if t.is_inference() or by_place and t.numel() < self._reuse_min:
             return compute(t, *args)
         key = id(t)
         known = recent.get(key)
         version = t._version
         if known is not None and known[0] is t and known[1] == version:
             return known[2]
-        place = _place(t)
+        place = _place(t) if by_place else None
         result = None
         if place is not None:
             for held, held_version, held_result, held_place in tuple(recent.values()):
