@@ -568,8 +568,6 @@ class Fingerprints:
         self._done = []  # group slots of arenas closed before the flush (full)
         self._loose = []  # slots of a failed launch, filled by the torch ops
         self.error = None
-        self.launches = 0  # launches of the hashes (tests, benches)
-        self.fused = 0  # of which with a call's statistics (``launch_with``)
 
     def add(self, t):
         """The slot of the fingerprint of ``t``: a plain contiguous tensor of at least one element, neither a
@@ -615,8 +613,6 @@ class Fingerprints:
             except Exception as error:
                 self._failed(error, [queue])
                 raise
-            self.launches += 1
-            self.fused += 1
         return True
 
     def _take(self):
@@ -646,7 +642,6 @@ class Fingerprints:
             except Exception as error:
                 self._failed(error, pending)
                 return
-            self.launches += 1
             pending.pop(0)
 
     def _failed(self, error, pending):

@@ -1081,7 +1081,7 @@ class TritonStats:
         if not plain or not self._direct:
             return
         key = self._recorder.direct_key(items)
-        if key is None:  # not a launch the op makes (tests/runtime/test_native_lane.py counts those it does)
+        if key is None:  # not a launch the op makes (tests/runtime/test_triton_launch.py counts those it does)
             return
         name = "_partials" if key[0] == 1 else "_partials_few"
         self._fast[key] = (
