@@ -140,7 +140,14 @@ class Collector:
         # a call's arguments and outputs described in one native call where it serves (describe_seq)
         self._reuse_min = _reuse_min()
         # the native op's Recorder, None where it does not serve (also backward.hook_module_backward's hooks)
-        self.recorder = self.stats.native_recorder(self._reuse_min, _RECENT) if self.plan.statistics_only else None
+        # (summary_mode fingerprint: the records of its lane onto the Triton kernels only, with their fingerprints)
+        self.recorder = (
+            self.stats.native_recorder(self._reuse_min, _RECENT)
+            if self.plan.statistics_only
+            else self.stats.native_recorder(self._reuse_min, _RECENT, fingerprints=True)
+            if self.plan.fingerprints_only
+            else None
+        )
         self._optimizer_hooks = []  # while collecting: any torch optimizer's step opens and ends its phase
         # msprobe's optimizer status: "optimizer" during a torch optimizer's step, "clip_grad" during torch's
         # gradient clipping called from instrumented code; at mix, each API entry made then has it as its parent
@@ -323,7 +330,14 @@ class Collector:
         if recorder is not None:
             recorder.collecting = collecting
         if collecting:
-            self.native_backward = recorder is not None and self.selection is None and not _compiled_autograd()
+            # (with fingerprints, once its lane makes them: else the native hooks would hand each call to the Python
+            # records, which make every record of a CPU tensor then)
+            self.native_backward = (
+                recorder is not None
+                and (self.plan.statistics_only or recorder.fingerprinting)
+                and self.selection is None
+                and not _compiled_autograd()
+            )
         self.forget_reads()
         for handle in self._optimizer_hooks:
             handle.remove()

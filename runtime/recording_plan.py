@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
-from .checksums import MODES as CHECKSUM_MODES
+from .checksums import FINGERPRINT_KEY, MODES as CHECKSUM_MODES
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,12 @@ class Plan:
     def statistics_only(self) -> bool:
         """No tensor file and no checksum: the native op, where it serves, is a record's only read."""
         return not self.tensor_task and self.checksum_mode is None
+
+    @property
+    def fingerprints_only(self) -> bool:
+        """No tensor file, and summary_mode fingerprint: the native op's lane onto the Triton kernels may make a
+        record, its fingerprint with its statistics."""
+        return not self.tensor_task and self.checksum_mode == FINGERPRINT_KEY
 
     def narrowed_to_modules(self) -> "Plan":
         """``module_dump``'s plan: modules recorded, and no API."""

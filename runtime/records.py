@@ -9,11 +9,14 @@ leaves untracked by the garbage collector, so the records a step keeps until its
 its young collections nor piled up in its oldest generation, where they brought on full collections. It stays
 a tuple until the writing process makes it into msprobe's record (``json_files.native_json``). A device tensor's
 native record (the Recorder's lane onto the Triton kernels) has the row ``(DEVICE_ROW, arena, tensor)`` until the
-writer thread puts its numbers there (``native_resolved``).
+writer thread puts its numbers there (``native_resolved``); in summary_mode fingerprint ``(DEVICE_ROW, arena, tensor,
+slot)``, the slot of its fingerprint's four parts (a ``statistics.Slot``, as a Python record's ``checksums.Fingerprint``
+holds).
 """
 
 from __future__ import annotations
 
+from .checksums import FINGERPRINT_KEY, fingerprint_hex
 from .foreign import is_subclass, type_name
 from . import dump_names
 from .json_files import convert, copy_records, native_json, tensor_json
@@ -122,14 +125,21 @@ def resolve(obj):
 
 def native_resolved(record):
     """A native record as it is, or, where its row is a device tensor's in a Triton arena (``DEVICE_ROW``), its
-    JSON form with the numbers the flush brought (null where they never came: a launch that failed)."""
+    JSON form with the numbers the flush brought (null where they never came: a launch that failed). A row of
+    summary_mode fingerprint has the fingerprint's slot last (``(DEVICE_ROW, arena, tensor, slot)``): its field
+    after the statistics, as a Python record's (``TensorRecord.to_json``)."""
     row = record[4]
     if type(row) is not tuple or not row or row[0] is not DEVICE_ROW:
         return record
     numbers = row[1].numbers(row[2])
     if numbers is None:
-        return tensor_json("torch.Tensor", record[0], record[1], record[2], None, None, None, None, None)
-    return native_json(record[:4] + (numbers,))
+        out = tensor_json("torch.Tensor", record[0], record[1], record[2], None, None, None, None, None)
+    else:
+        out = native_json(record[:4] + (numbers,))
+    if len(row) == 4:
+        parts = row[3].values()
+        out[FINGERPRINT_KEY] = fingerprint_hex(parts) if parts is not None else None
+    return out
 
 
 _RESOLVE = {TensorRecord: TensorRecord.to_json, tuple: native_resolved}

@@ -240,6 +240,7 @@ class StatBuffer:
         # ``triton_cpu="lane"`` (tests, bench/per_entry.py's triton-stub) gives them to the native op's lane too
         self._fused_cpu = bool(triton_cpu and self._native is None or triton_cpu == "lane")
         self._recorder = None  # the native op's Recorder (``native_recorder``)
+        self._recorder_fingerprints = False  # its records have fingerprints (``native_recorder(fingerprints=True)``)
         self._native_types = ()
         if self._native is not None:
             import torch
@@ -273,15 +274,25 @@ class StatBuffer:
             return None
         return (KIND_SCALAR if t.dim() == 0 else KIND_FLOAT), values
 
-    def native_recorder(self, below, keep):
+    def native_recorder(self, below, keep, fingerprints=False):
         """The native op's ``Recorder``, or None where there is no op. ``recorder.records(values)`` gives the
         records of a tuple or list of values as ``(list, todo)``: plain tensors it serves, None and exact
         builtins; each other item is ``LATER`` in the list, and ``todo`` counts them. A tensor of ``below``
         elements or more is looked for among the last ``keep`` it read, as ``Collector._reuse`` does;
-        ``recorder.clear()`` forgets them. See ``native/stats_op.cpp``."""
+        ``recorder.clear()`` forgets them. See ``native/stats_op.cpp``.
+
+        ``fingerprints`` (summary_mode fingerprint): a record has its tensor's fingerprint too, so the Recorder
+        makes only those of its lane onto the Triton kernels, the fingerprint queued with the statistics
+        (``fused_fingerprint`` attaches it: ``Fingerprints.attach``), and leaves every other to the Python path;
+        None where the op's source has no such lane."""
         if self._native is None:
             return None
         recorder = self._native.Recorder(self.nan_inf_count, below, keep, LATER)
+        if fingerprints:
+            if not hasattr(recorder, "lane_fingerprints"):
+                return None
+            recorder.checksums()
+            self._recorder_fingerprints = True
         self._recorder = recorder  # its lane serves the Triton kernels' device tensors (``_attach``)
         if self._fused is None and self._fused_cpu:  # CPU tensors are the lane's (tests): no device tensor asks first
             self._fused = _fused_stats(self.nan_inf_count) or False
@@ -479,6 +490,13 @@ class StatBuffer:
                 self._fingerprints_failed(error)
                 return None
             self._fingerprints = fused.fingerprints = hashes  # the statistics' ``end`` launches its queue too
+            if self._recorder_fingerprints and fused.lane_attached:  # its records' fingerprints queued here too
+                try:
+                    hashes.attach(self._recorder)
+                except Exception as error:  # the Python path's records, as before
+                    import logging
+
+                    logging.getLogger("msprobe_runtime").debug("msprobe_runtime: no fingerprints lane (%s)", error)
         elif hashes.error is not None:  # a launch at a call's end failed: the torch ops from now on
             self._fingerprints_failed(hashes.error)
             return None
@@ -495,6 +513,8 @@ class StatBuffer:
 
     def _fingerprints_failed(self, error):
         """The fingerprint kernels do not serve here (said once): the torch ops from now on."""
+        if self._recorder_fingerprints and self._recorder is not None:  # its records the Python path's from now on
+            self._recorder.fingerprints_off()
         if self._fingerprint_devices:
             self._fingerprint_devices = ()
             _fused_failed(error, "fingerprint kernel", "fingerprints")

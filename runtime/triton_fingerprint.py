@@ -16,7 +16,9 @@ once. ``_hash_finish`` (one program a tensor) sums each tensor's rows at the flu
 are one ``_partials_few`` launch too (one to four contiguous tensors of one dtype), both go in one
 ``_partials_hash_few``: its first programs are the statistics' (the same code and warps: the same bits), the rest
 the hashes'. So a call's records take one launch, where each tensor took one or two of its own besides its
-statistics' (tests/runtime/test_triton_fingerprint.py).
+statistics' (tests/runtime/test_triton_fingerprint.py). Where the native op builds, its Recorder's lane makes those
+records itself, each tensor's bytes queued here beside its statistics (``Fingerprints.attach``), and launches a call's
+queues straight to the compiled ``_partials_hash_few`` (tests/runtime/test_native_lane.py, test_triton_launch.py).
 
 ``_hash_few``: program ``i`` of a tensor hashes its chunk of ``iters`` blocks of ``BLOCK`` bytes relative to the
 chunk's start: lane ``j`` of a block accumulates ``b * G``, ``G = g**(block offset) mod p`` a scalar updated once
@@ -35,6 +37,7 @@ product is below 2**39 and ``_MAX_ITERS`` (2**23) of them below 2**62; a product
 from __future__ import annotations
 
 import threading
+import weakref
 
 import torch
 import triton
@@ -517,12 +520,13 @@ def _launch(items):
 
 def _launch_fused(stats, items):
     """``_partials_hash_few`` of the statistics' queue items ``stats`` (one to four of one arena and dtype:
-    ``triton_stats.few_arguments``) and these queue items (one to four of one arena)."""
+    ``triton_stats.few_arguments``) and these queue items (one to four of one arena); what its KernelLaunch returned
+    (the compiled kernel, for the native op's direct launches: ``TritonStats._enter``)."""
     programs, arguments, (block,) = few_arguments(stats)
     grid, hashed, _ = _arguments(items)
     half = _BLOCK // _SPLIT
     constants = (block, _P1, _G1, _P2, _G2, half, half.bit_length() - 1, _BITS, _SPLIT)
-    _PARTIALS_HASH_FEW(programs + grid, arguments + hashed + (programs,), constants)
+    return _PARTIALS_HASH_FEW(programs + grid, arguments + hashed + (programs,), constants)
 
 
 def _version(t):
@@ -536,13 +540,14 @@ def _version(t):
 class _Arena:
     """The rows (two hashes each) and metadata rows of the fingerprints of one device, until the flush."""
 
-    __slots__ = ("part", "meta", "rows", "capacity", "slots")
+    __slots__ = ("part", "meta", "rows", "capacity", "room", "slots")
 
     def __init__(self, device, rows):
         self.part = torch.empty((rows, 2), dtype=torch.int64, device=device)
         self.meta = torch.empty((_ARENA_TENSORS, _META), dtype=torch.int64, device=device)
-        self.rows = 0
+        self.rows = 0  # rows taken (the native lane reads and writes it too: ``attach``)
         self.capacity = rows
+        self.room = _ARENA_TENSORS  # tensors it holds at most
         self.slots = []  # a Slot per tensor; None once forgotten (its rows never written, or moved)
 
 
@@ -562,8 +567,9 @@ class Fingerprints:
         self._slot = slot
         self._changed = changed
         self._fallback = fallback
-        self._lock = threading.Lock()
-        self._arenas = {}  # device -> the _Arena filling
+        self._lock = self.lock = threading.Lock()  # the statistics' direct launch of both queues holds it too
+        self.namespace = globals()  # where ``_partials_hash_few`` is (TritonStats._enter)
+        self._arenas = {}  # device index (``get_device``: -1 for the CPU) -> the _Arena filling (the lane reads it)
         self._queue = []  # (bytes, n, iters, programs, first row, index, arena, version, watch, slot)
         self._done = []  # group slots of arenas closed before the flush (full)
         self._loose = []  # slots of a failed launch, filled by the torch ops
@@ -581,7 +587,7 @@ class Fingerprints:
         # read after its call (``begin(watch)``): its version counter as it is at the call, checked at the launch
         version = _version(raw) if watch is not None else None
         with self._lock:
-            arena = self._arena_for(raw.device, programs)
+            arena = self._arena_for(raw, programs)
             self._queue.append((raw, n, iters, programs, arena.rows, len(arena.slots), arena, version, watch, slot))
             arena.rows += programs
             arena.slots.append(slot)
@@ -598,22 +604,48 @@ class Fingerprints:
     def launch_with(self, stats):
         """Launch what is queued together with the statistics' queue items ``stats`` (one to four of one arena and
         dtype, their versions checked: ``TritonStats._launch_queue``), in one ``_partials_hash_few``, where it is
-        one to four tensors of one arena: True, both launched. Else False, and nothing launched (the caller launches
-        ``stats``, then ``launch`` the rest). A failed launch raises (the caller forgets ``stats``); these get the
-        torch ops' parts."""
+        one to four tensors of one arena: ``(these queue items, what the KernelLaunch returned)``, both launched.
+        Else None, and nothing launched (the caller launches ``stats``, then ``launch`` the rest). A failed launch
+        raises (the caller forgets ``stats``); these get the torch ops' parts."""
         if not self._queue:
-            return False
+            return None
         with self._lock:
             queue = self._take()
             if not queue or len(queue) > _FEW or any(item[6] is not queue[0][6] for item in queue):
                 self._queue[:0] = queue  # launched by ``launch``, as the call ends
-                return False
+                return None
             try:
-                _launch_fused(stats, queue)
+                kept = _launch_fused(stats, queue)
             except Exception as error:
                 self._failed(error, [queue])
                 raise
-        return True
+        return queue, kept
+
+    def attach(self, recorder):
+        """Let the native op's ``recorder`` (its statistics' lane attached: ``TritonStats.attach``) queue here the
+        fingerprint of each record its lane makes, as ``add`` does (summary_mode fingerprint: ``Recorder.checksums``):
+        the same queue and arenas, so that a call's tensors stay one launch, which the op then makes itself
+        (``Recorder.launch_direct(hashes=True)``)."""
+        ref = weakref.ref(self)  # the op holds the callable: no cycle through a native object
+
+        def renew(t, rows):
+            hashes = ref()
+            if hashes is None:
+                raise RuntimeError("the fingerprint kernels' state is gone")
+            with hashes._lock:
+                return hashes._arena_for(t, rows)
+
+        recorder.lane_fingerprints(
+            self._queue, self._arenas, renew, self._slot, _BLOCK, _ONE_PROGRAM, _MAX_PROGRAMS, _MAX_ITERS
+        )
+
+    def fail_queue(self, error):
+        """A direct launch of the queue with the statistics' (``Recorder.launch_direct``) failed: its tensors get the
+        torch ops' parts, and the error is kept (the kernels off from then on)."""
+        with self._lock:
+            queue = self._queue[:]
+            del self._queue[: len(queue)]
+            self._failed(error, [queue])
 
     def _take(self):
         """The queue taken (the lock held), less the tensors read after their call that it changed after all:
@@ -669,14 +701,15 @@ class Fingerprints:
             return
         self._loose.append(slot)
 
-    def _arena_for(self, device, rows):
-        """The arena filling on ``device`` with room for ``rows`` rows and a tensor (the lock held)."""
-        arena = self._arenas.get(device)
+    def _arena_for(self, t, rows):
+        """The arena filling on ``t``'s device with room for ``rows`` rows and a tensor (the lock held)."""
+        key = t.get_device()
+        arena = self._arenas.get(key)
         if arena is not None:
-            if arena.rows + rows <= arena.capacity and len(arena.slots) < _ARENA_TENSORS:
+            if arena.rows + rows <= arena.capacity and len(arena.slots) < arena.room:
                 return arena
             self._done.extend(self._close(arena))
-        arena = self._arenas[device] = _Arena(device, max(_ARENA_ROWS, rows))
+        arena = self._arenas[key] = _Arena(t.device, max(_ARENA_ROWS, rows))
         return arena
 
     def _close(self, arena):

@@ -938,6 +938,11 @@ class TritonStats:
             recorder.lane_direct(self._fast, triton_launch.driver, triton_launch.knobs.runtime, KNOB_OPTIONS)
             self._direct = True
 
+    @property
+    def lane_attached(self):
+        """Whether the native op's lane makes records here (``attach``, not ``detach``ed since)."""
+        return self._recorder is not None
+
     def detach(self):
         """The lane given up (a launch failed): the native Recorder leaves device tensors to the Python path."""
         self._fast.clear()
@@ -949,12 +954,16 @@ class TritonStats:
     def _lane_launch(self):
         """Launch what the native lane queued in a backward hook (``attach``): no call's ``end`` follows a hook.
         A failure goes to ``failed`` (the StatBuffer's: the torch ops from then on); its tensors' numbers null."""
+        hashes = self.fingerprints  # its fingerprints' too (summary_mode fingerprint), in one launch where they fit
         try:
             with self._lock:
-                self._launch_queue()
+                self._launch_queue(hashes)
         except Exception as error:
             self.detach()
             self.failed(error)
+        finally:
+            if hashes is not None:  # those not launched with the statistics (never raises)
+                hashes.launch()
 
     def failed(self, error):
         """A launch outside any call failed (``_lane_launch``); the StatBuffer sets what follows."""
@@ -1021,11 +1030,17 @@ class TritonStats:
             return
         if self._fast:  # the native op launches it straight to the compiled kernel entered for it (``_enter``)
             try:
-                launched = self._recorder.launch_direct()
-            except Exception:  # the launch failed: the queue's numbers null, as below
-                queue = self._queue[:]
+                if hashes is None:
+                    launched = self._recorder.launch_direct()
+                else:  # with the call's fingerprints where they fit, as ``launch_with`` below (its lock held too)
+                    with hashes.lock:
+                        launched = self._recorder.launch_direct(hashes=True)
+            except Exception as error:  # the launch failed: the queue's numbers null, as below; the hashes the
+                queue = self._queue[:]  # torch ops'
                 del self._queue[: len(queue)]
                 _forget([queue])
+                if hashes is not None:
+                    hashes.fail_queue(error)
                 raise
             if launched:
                 self._watching = False
@@ -1062,37 +1077,50 @@ class TritonStats:
                 items = pending[0]
             fuse = hashes is not None and len(items) <= _FEW
             try:
-                kept = None if fuse and hashes.launch_with(items) else _launch(items)
+                fused = hashes.launch_with(items) if fuse else None
+                kept = _launch(items) if fused is None else None
             except Exception:
                 _forget(pending)
                 raise
             if fuse:
                 hashes = None  # tried once: what it did not take, ``end`` launches on its own
-            if kept is not None and self._recorder is not None and len(items) <= _FEW:
-                self._enter(items, kept)
+            if self._recorder is not None and len(items) <= _FEW:
+                if kept is not None:
+                    self._enter(items, kept)
+                elif fused is not None and fused[1] is not None:
+                    self._enter(items, fused[1], fused[0])
             pending.pop(0)
 
-    def _enter(self, items, kept):
+    def _enter(self, items, kept, hashed=None):
         """Enter for the native op's ``launch_direct`` (``attach``) the compiled kernel that ``_launch`` launched
         ``items`` to (``kept``, from its KernelLaunch), under the key by which the op looks up a queue like it (its
         ``direct_key``: the one rule of both): where that kernel's Triton key is the dtypes and alignments only, so
-        that this key is as fine."""
+        that this key is as fine. ``hashed``: the fingerprints' queue items launched with them
+        (``Fingerprints.launch_with``: ``kept`` is then its ``_partials_hash_few``'s)."""
         compiled, tail, plain = kept
         if not plain or not self._direct:
             return
-        key = self._recorder.direct_key(items)
+        if hashed is None:
+            key = self._recorder.direct_key(items)
+        elif hasattr(self._recorder, "lane_fingerprints"):
+            key = self._recorder.direct_key(items, hashed)
+        else:  # an older op's source: no fused launch of its own
+            return
         if key is None:  # not a launch the op makes (tests/runtime/test_triton_launch.py counts those it does)
             return
-        name = "_partials" if key[0] == 1 else "_partials_few"
+        if key[0] == 5:
+            namespace, name = self.fingerprints.namespace, "_partials_hash_few"
+        else:
+            namespace, name = globals(), "_partials" if key[0] == 1 else "_partials_few"
         self._fast[key] = (
             compiled.run,
             compiled.function,
             compiled.packed_metadata,
             tail,
             knob_options(),
-            globals(),
+            namespace,
             name,
-            globals()[name],
+            namespace[name],
         )
 
     def _close(self, arena, width, low):

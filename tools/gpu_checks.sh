@@ -3,7 +3,7 @@
 # run once, read, fix, rerun; a command has 10 minutes at most, a session 15 minutes of device time). Run from the
 # repository root there:
 #
-#     GPU_CHECKS=kernels,per_entry,launches bash tools/gpu_checks.sh    # one call: at most 380 s
+#     GPU_CHECKS=kernels,per_entry,launches bash tools/gpu_checks.sh    # one call: at most 420 s
 #     GPU_CHECKS=llama bash tools/gpu_checks.sh                         # a second: under 5 minutes
 #
 # (all four in one call could pass a command's 10 minutes: each check is cut at its own limit below.)
@@ -15,7 +15,7 @@
 #
 #   kernels    the Triton kernels and the native lane on CUDA tensors, compiled (the CPU runs them interpreted)
 #   per_entry  host time per recorded entry on CUDA beside the CPU path's, same machine (the issue's 1.5x), and
-#              with every launch through Triton's run (MSPROBE_TRITON_DIRECT=0)
+#              with every launch through Triton's run (MSPROBE_TRITON_DIRECT=0), and in summary_mode fingerprint
 #   launches   launches per recorded entry on a bf16 Llama, counted on the device (statistics, then fingerprint)
 #   llama      the issue's table: plain, DIY mode, ours L1/mix/fingerprint, msprobe where it imports
 set -uo pipefail
@@ -47,9 +47,11 @@ run kernels 150 python3 -m pytest -q -x -p no:cacheprovider tests/runtime/test_t
     tests/runtime/test_native_lane.py tests/runtime/test_triton_fingerprint.py tests/runtime/test_accelerator.py \
     tests/runtime/test_triton_launch.py
 # launched straight to the compiled kernels (the default), then through Triton's run at every launch
-run per_entry 150 bash -c "python3 bench/per_entry.py --device cuda --json $out/per_entry_cuda.json \
+# and summary_mode fingerprint on CUDA (its figures in the log only: a call's files are at most 8)
+run per_entry 190 bash -c "python3 bench/per_entry.py --device cuda --json $out/per_entry_cuda.json \
     && MSPROBE_TRITON_DIRECT=0 python3 bench/per_entry.py --device cuda --json $out/per_entry_cuda_triton_run.json \
-    && python3 bench/per_entry.py --device cpu --json $out/per_entry_cpu.json"
+    && python3 bench/per_entry.py --device cpu --json $out/per_entry_cpu.json \
+    && python3 bench/per_entry.py --device cuda --summary-mode fingerprint --calls 1000 --rounds 5"
 run launches 80 bash -c "python3 bench/triton_launches.py --device cuda --steps 2 --json $out/launches.json \
     && python3 bench/triton_launches.py --device cuda --steps 2 --summary-mode fingerprint \
     --json $out/launches_fingerprint.json"

@@ -930,6 +930,41 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     direct_options_ = std::move(options);
   }
 
+  // summary_mode fingerprint: every record made here has a fingerprint besides its statistics, so the op makes
+  // only those the lane makes with ``lane_fingerprints`` set (a call's or a hook's contiguous float32, float16 or
+  // bfloat16 device tensor); every other tensor, and every one before the lane and its fingerprints are set, is
+  // left to the Python path (nullptr). None is reused by place: a view may order its bytes otherwise.
+  void checksums() { checksums_ = true; }
+
+  // The fingerprints' lane (triton_fingerprint.Fingerprints.attach): a record the lane makes has its tensor's bytes
+  // queued in ``queue`` too, as ``Fingerprints.add`` queues them (``(bytes, n, iters, programs, first row, index,
+  // arena, version, watch, slot)``), its rows taken in the arena ``arenas`` holds for its device index (``renew(t,
+  // rows)`` giving a fresh one where it is full), its slot ``slot(None, 4)``; the record's row is then ``(mark,
+  // arena, tensor, slot)``. ``block``, ``one``, ``programs``, ``iters``: triton_fingerprint.plan's constants.
+  void lane_fingerprints(py::object queue, py::object arenas, py::object renew, py::object slot, int64_t block,
+                         int64_t one, int64_t programs, int64_t iters) {
+    if (!PyList_CheckExact(queue.ptr())) throw py::type_error("queue: a list");
+    if (!PyDict_CheckExact(arenas.ptr())) throw py::type_error("arenas: a dict");
+    if (block <= 0 || one <= 0 || programs <= 0 || iters <= 0) throw py::value_error("plan constants: positive");
+    hash_queue_ = std::move(queue);
+    hash_arenas_ = std::move(arenas);
+    hash_renew_ = std::move(renew);
+    hash_slot_ = std::move(slot);
+    hash_block_ = block;
+    hash_one_ = one;
+    hash_programs_ = programs;
+    hash_iters_ = iters;
+  }
+
+  void fingerprints_off() {  // the fingerprint kernels failed: the Python path's records (the torch ops) from here
+    hash_queue_ = py::none();
+    hash_arenas_ = py::none();
+    hash_renew_ = py::none();
+    hash_slot_ = py::none();
+  }
+
+  bool fingerprinting() const { return checksums_ && !hash_queue_.is_none() && !lane_queue_.is_none(); }
+
   // The key of ``fast`` (``lane_direct``) for a launch of queue items ``items`` (one to four), ``(kind, device,
   // code, aligned)``, or None where they are no such launch (not one arena and dtype, a version moved since the
   // item was queued, an int past int32, the lane's Triton not set): the one rule by which ``launch_direct`` looks
@@ -937,7 +972,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   // two to four repeat the first tensor, as triton_stats._launch pads them. Sets ``part``, ``meta`` (the arena's),
   // ``active`` (Triton's driver) and ``device``, and fills ``items`` past ``count`` with nullptr.
   py::object queue_key(PyObject** items, Py_ssize_t count, py::object& part, py::object& meta, py::object& active,
-                       py::object& device) {
+                       py::object& device, bool few = false) {
     static PyObject* names[] = {PyUnicode_InternFromString("part"), PyUnicode_InternFromString("meta"),
                                 PyUnicode_InternFromString("active"),
                                 PyUnicode_InternFromString("get_current_device")};
@@ -972,7 +1007,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
         if (value < -(1LL << 31) || value >= (1LL << 31)) return py::none();
       }
     }
-    const int kind = count == 1 ? 1 : 4;
+    const int kind = count == 1 && !few ? 1 : 4;
     for (Py_ssize_t k = count; k < kind; ++k) items[k] = nullptr;  // a few's unused places: the first tensor again
     part = py::reinterpret_steal<py::object>(PyObject_GetAttr(arena, names[0]));
     if (!part) throw py::error_already_set();
@@ -995,13 +1030,72 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   }
 
   // ``queue_key`` of the queue items ``items`` (a list), for the Python path's entry of the kernel it launched them to.
-  py::object direct_key(py::list items) {
+  // With ``hashes`` (a list of one to four fingerprints' queue items of one arena): the key of their launch with
+  // the statistics' (kind 5: triton_fingerprint._partials_hash_few).
+  py::object direct_key(py::list items, py::object hashes) {
     PyObject* given[4];
+    PyObject* hashed[4];
     const Py_ssize_t count = PyList_GET_SIZE(items.ptr());
     if (count < 1 || count > 4) return py::none();
     for (Py_ssize_t k = 0; k < count; ++k) given[k] = PyList_GET_ITEM(items.ptr(), k);
     py::object part, meta, active, device;
-    return queue_key(given, count, part, meta, active, device);
+    if (hashes.is_none()) return queue_key(given, count, part, meta, active, device);
+    if (!PyList_CheckExact(hashes.ptr())) throw py::type_error("hashes: a list or None");
+    const Py_ssize_t hcount = PyList_GET_SIZE(hashes.ptr());
+    if (hcount < 1 || hcount > 4) return py::none();
+    for (Py_ssize_t k = 0; k < hcount; ++k) hashed[k] = PyList_GET_ITEM(hashes.ptr(), k);
+    py::object key = queue_key(given, count, part, meta, active, device, true);
+    py::object hpart, hmeta;
+    if (key.is_none()) return key;
+    return fused_key(key, hashed, hcount, hpart, hmeta);
+  }
+
+  // The key of a launch of the statistics' queue (``key``, its kind 4) with the fingerprints' items ``hashed`` (one
+  // to four of one arena: bytes, each unchanged since it was queued where it keeps its version, its ints within
+  // int32): ``(5, device, code, mask)``, the mask's bits from 6 the hashes' part, meta and tensors' alignments; None
+  // where they are no such launch. Sets ``hpart`` and ``hmeta`` (their arena's), and fills ``hashed`` past
+  // ``hcount`` with nullptr.
+  static py::object fused_key(const py::object& key, PyObject** hashed, Py_ssize_t hcount, py::object& hpart,
+                              py::object& hmeta) {
+    static PyObject* names[] = {PyUnicode_InternFromString("part"), PyUnicode_InternFromString("meta")};
+    PyObject* arena = nullptr;
+    for (Py_ssize_t k = 0; k < hcount; ++k) {
+      PyObject* item = hashed[k];
+      if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 10 || !THPVariable_Check(PyTuple_GET_ITEM(item, 0)))
+        return py::none();
+      if (k == 0) arena = PyTuple_GET_ITEM(item, 6);
+      else if (PyTuple_GET_ITEM(item, 6) != arena) return py::none();
+      const at::Tensor& raw = THPVariable_Unpack(PyTuple_GET_ITEM(item, 0));
+      if (raw.scalar_type() != at::kByte) return py::none();
+      PyObject* version = PyTuple_GET_ITEM(item, 7);
+      if (version != Py_None) {  // read after its call: changed since, the Python path leaves it null
+        const long long held = PyLong_AsLongLong(version);
+        if (held == -1 && PyErr_Occurred()) throw py::error_already_set();
+        if (held != (raw.is_inference() ? -1 : static_cast<long long>(raw._version()))) return py::none();
+      }
+      for (int field = 1; field <= 5; ++field) {
+        const long long value = PyLong_AsLongLong(PyTuple_GET_ITEM(item, field));
+        if (value == -1 && PyErr_Occurred()) throw py::error_already_set();
+        if (value < -(1LL << 31) || value >= (1LL << 31)) return py::none();
+      }
+    }
+    for (Py_ssize_t k = hcount; k < 4; ++k) hashed[k] = nullptr;
+    hpart = py::reinterpret_steal<py::object>(PyObject_GetAttr(arena, names[0]));
+    if (!hpart) throw py::error_already_set();
+    hmeta = py::reinterpret_steal<py::object>(PyObject_GetAttr(arena, names[1]));
+    if (!hmeta) throw py::error_already_set();
+    if (!THPVariable_Check(hpart.ptr()) || !THPVariable_Check(hmeta.ptr())) return py::none();
+    auto aligned = [](PyObject* tensor) {
+      return reinterpret_cast<uintptr_t>(THPVariable_Unpack(tensor).data_ptr()) % 16 == 0;
+    };
+    long mask = PyLong_AsLong(PyTuple_GET_ITEM(key.ptr(), 3));
+    mask |= (aligned(hpart.ptr()) ? 1L << 6 : 0) | (aligned(hmeta.ptr()) ? 1L << 7 : 0);
+    for (int k = 0; k < 4; ++k) {
+      PyObject* item = hashed[k] != nullptr ? hashed[k] : hashed[0];
+      if (aligned(PyTuple_GET_ITEM(item, 0))) mask |= 1L << (8 + k);
+    }
+    return py::make_tuple(5, py::handle(PyTuple_GET_ITEM(key.ptr(), 1)), py::handle(PyTuple_GET_ITEM(key.ptr(), 2)),
+                          mask);
   }
 
   // Launch what the lane's queue holds straight to the compiled kernel entered for it, as Triton's run would
@@ -1010,7 +1104,11 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   // kernel still the one under its name. True: launched, the queue emptied (or it was empty); false: the Python
   // path's to launch (nothing done). A failed launch raises, the queue left as it was. The caller holds the
   // kernels' lock (TritonStats._lock), as every taker of the queue does.
-  bool launch_direct() {
+  //
+  // ``hashes`` (a call's end, the fingerprints' lock held too): where the fingerprints' queue (``lane_fingerprints``)
+  // holds one to four tensors of one arena, they go in the same launch, ``_partials_hash_few`` (kind 5), or none
+  // does (false: the Python path's ``Fingerprints.launch_with``); both queues emptied then.
+  bool launch_direct(bool hashes) {
     static PyObject* names[] = {
         PyUnicode_InternFromString("launch_enter_hook"), PyUnicode_InternFromString("launch_exit_hook"),
         PyUnicode_InternFromString("calls"), PyUnicode_InternFromString("get_current_stream"),
@@ -1022,10 +1120,19 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     if (count > 4) return false;
     PyObject* items[4];
     for (Py_ssize_t k = 0; k < count; ++k) items[k] = PyList_GET_ITEM(queue, k);
-    py::object part, meta, active, device;
-    py::object key = queue_key(items, count, part, meta, active, device);
+    PyObject* hqueue = hash_queue_.ptr();
+    const Py_ssize_t hcount = hashes && PyList_CheckExact(hqueue) ? PyList_GET_SIZE(hqueue) : 0;
+    if (hcount > 4) return false;
+    PyObject* hashed[4];
+    for (Py_ssize_t k = 0; k < hcount; ++k) hashed[k] = PyList_GET_ITEM(hqueue, k);
+    py::object part, meta, active, device, hpart, hmeta;
+    py::object key = queue_key(items, count, part, meta, active, device, hcount > 0);
     if (key.is_none()) return false;
-    const int kind = count == 1 ? 1 : 4;
+    if (hcount > 0) {
+      key = fused_key(key, hashed, hcount, hpart, hmeta);
+      if (key.is_none()) return false;
+    }
+    const int kind = hcount > 0 ? 5 : count == 1 ? 1 : 4;
     for (PyObject* hook : {names[0], names[1]}) {  // a profiler's hook wants Triton's run
       py::object value = py::reinterpret_steal<py::object>(PyObject_GetAttr(direct_runtime_.ptr(), hook));
       if (!value) throw py::error_already_set();
@@ -1071,7 +1178,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     if (!PyTuple_CheckExact(tail)) return false;
     std::vector<PyObject*> args;  // borrowed: each held by the queue, the entry or the locals above
     args.reserve(48);
-    py::object grid;
+    py::object grid, stats_programs;
     py::object zero = py::reinterpret_steal<py::object>(PyLong_FromLong(0));
     py::object one = py::reinterpret_steal<py::object>(PyLong_FromLong(1));
     if (!zero || !one) throw py::error_already_set();
@@ -1084,7 +1191,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
                             PyTuple_GET_ITEM(item, 3), PyTuple_GET_ITEM(item, 6), PyTuple_GET_ITEM(item, 7),
                             one.ptr(), one.ptr(), one.ptr(), zero.ptr(), zero.ptr(), zero.ptr(), zero.ptr()})
         args.push_back(arg);
-    } else {
+    } else {  // kinds 4 and 5
       // _partials_few(part, meta, x0..x3, n0..n3, iters0..3, rows0..3, row0..3, index0..3, repeat0..3, code):
       // an unused place is the first tensor again with no programs, as triton_stats._launch pads it
       long long programs = 0;
@@ -1103,6 +1210,27 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
       }
       for (int k = 0; k < count; ++k) programs += PyLong_AsLongLong(PyTuple_GET_ITEM(items[k], 3));
       args.push_back(PyTuple_GET_ITEM(items[0], 7));
+      if (kind == 5) {
+        // then the hashes' (triton_fingerprint._arguments): hpart, hmeta, hx0..3, hn0..3, hiters0..3, hrows0..3,
+        // hrow0..3, hindex0..3, an unused place the first tensor's bytes again with no programs; then ``stats``,
+        // the statistics' programs, which come first in the grid
+        args.push_back(hpart.ptr());
+        args.push_back(hmeta.ptr());
+        for (int field = 0; field <= 5; ++field) {
+          for (int k = 0; k < 4; ++k) {
+            PyObject* item = hashed[k];
+            if (item != nullptr) {
+              args.push_back(PyTuple_GET_ITEM(item, field));
+            } else {
+              args.push_back(field == 0 ? PyTuple_GET_ITEM(hashed[0], 0) : field <= 2 ? one.ptr() : zero.ptr());
+            }
+          }
+        }
+        stats_programs = py::reinterpret_steal<py::object>(PyLong_FromLongLong(programs));
+        if (!stats_programs) throw py::error_already_set();
+        args.push_back(stats_programs.ptr());
+        for (Py_ssize_t k = 0; k < hcount; ++k) programs += PyLong_AsLongLong(PyTuple_GET_ITEM(hashed[k], 3));
+      }
       grid = py::reinterpret_steal<py::object>(PyLong_FromLongLong(programs));
       if (!grid) throw py::error_already_set();
     }
@@ -1128,10 +1256,20 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     // taken from the queue before the launch, which may let another thread run (a backward hook's lane appends)
     py::object taken = py::reinterpret_steal<py::object>(PyList_GetSlice(queue, 0, count));
     if (!taken || PyList_SetSlice(queue, 0, count, nullptr) != 0) throw py::error_already_set();
+    py::object hash_taken;
+    if (hcount > 0) {
+      hash_taken = py::reinterpret_steal<py::object>(PyList_GetSlice(hqueue, 0, hcount));
+      if (!hash_taken || PyList_SetSlice(hqueue, 0, hcount, nullptr) != 0) {
+        py::error_already_set error;
+        if (PyList_SetSlice(queue, 0, 0, taken.ptr()) != 0) PyErr_Clear();
+        throw error;
+      }
+    }
     py::object done = py::reinterpret_steal<py::object>(PyObject_Call(PyTuple_GET_ITEM(entry, 0), call.ptr(), nullptr));
-    if (!done) {  // back at the front of the queue, for the caller to forget (their numbers null)
-      py::error_already_set error;
+    if (!done) {  // back at the front of the queues, for the caller to forget (their numbers null, their hashes the
+      py::error_already_set error;  // torch ops')
       if (PyList_SetSlice(queue, 0, 0, taken.ptr()) != 0) PyErr_Clear();
+      if (hcount > 0 && PyList_SetSlice(hqueue, 0, 0, hash_taken.ptr()) != 0) PyErr_Clear();
       throw error;
     }
     ++lane_direct_;
@@ -1499,6 +1637,12 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     }
     const c10::Device device = t.device();
     const int64_t index = device.is_cpu() ? -1 : device.index();
+    py::object wrapped = py::reinterpret_steal<py::object>(THPVariable_Wrap(t));
+    if (!wrapped) throw py::error_already_set();
+    // summary_mode fingerprint: the tensor's bytes too (Fingerprints.add), their slot made and arena found first,
+    // since both may run Python code (another thread then); the arenas' states are read last, with none between
+    HashRead hash;
+    if (checksums_) hash = hash_prepare(t, index, wrapped);
     auto known = lane_keys_.find(index);
     if (known == lane_keys_.end()) known = lane_keys_.emplace(index, py::make_tuple(index, 4, false)).first;
     py::object arena = py::reinterpret_borrow<py::object>(PyDict_GetItemWithError(lane_arenas_.ptr(), known->second.ptr()));
@@ -1506,18 +1650,15 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     ArenaState state;
     if (arena) state = arena_state(arena.ptr());
     if (!arena || state.rows + grid > state.capacity || PyList_GET_SIZE(state.slots.ptr()) >= state.room) {
-      py::object wrapped = py::reinterpret_steal<py::object>(THPVariable_Wrap(t));
-      if (!wrapped) throw py::error_already_set();
       arena = lane_renew_(wrapped, grid);
       state = arena_state(arena.ptr());
       if (state.rows + grid > state.capacity || PyList_GET_SIZE(state.slots.ptr()) >= state.room)
         throw py::value_error("a fresh arena without room");
     }
+    if (checksums_) hash_state(&hash);
     const int64_t row0 = state.rows, tensor = PyList_GET_SIZE(state.slots.ptr());
     const int64_t version = t.is_inference() ? -1 : static_cast<int64_t>(t._version());
     const int64_t code = t.scalar_type() == at::kFloat ? 0 : t.scalar_type() == at::kHalf ? 1 : 2;
-    py::object wrapped = py::reinterpret_steal<py::object>(THPVariable_Wrap(t));
-    if (!wrapped) throw py::error_already_set();
     PyObject* item = PyTuple_New(11);
     if (item == nullptr) throw py::error_already_set();
     py::object held_item = py::reinterpret_steal<py::object>(item);
@@ -1537,8 +1678,15 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     PyTuple_SET_ITEM(item, 10, Py_None);
     py::object rows = py::reinterpret_steal<py::object>(PyLong_FromLongLong(row0 + grid));
     if (!rows) throw py::error_already_set();
-    *row = py::make_tuple(lane_mark_, arena, tensor);
-    // the arena changed only once nothing can fail: a tensor in its slots that no launch describes would have
+    py::object hash_item, hash_rows;
+    if (checksums_) {
+      hash_item = hash_queue_item(hash);
+      hash_rows = long_of(hash.state.rows + hash.programs);
+      *row = py::make_tuple(lane_mark_, arena, tensor, hash.slot);
+    } else {
+      *row = py::make_tuple(lane_mark_, arena, tensor);
+    }
+    // the arenas changed only once nothing can fail: a tensor in its slots that no launch describes would have
     // ``_finish`` read a metadata row never written (only a MemoryError fails an append)
     PyObject* queue = lane_queue_.ptr();
     if (PyList_Append(queue, item) != 0) throw py::error_already_set();
@@ -1551,11 +1699,91 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
       PyList_SetSlice(state.slots.ptr(), tensor, tensor + 1, nullptr);
       throw py::error_already_set();
     }
+    if (checksums_) {
+      PyObject* hashes = hash_queue_.ptr();
+      const bool queued = PyList_Append(hashes, hash_item.ptr()) == 0;
+      if (!queued || PyList_Append(hash.state.slots.ptr(), hash.slot.ptr()) != 0) {
+        if (queued) PyList_SetSlice(hashes, PyList_GET_SIZE(hashes) - 1, PyList_GET_SIZE(hashes), nullptr);
+        PyList_SetSlice(queue, PyList_GET_SIZE(queue) - 1, PyList_GET_SIZE(queue), nullptr);
+        PyList_SetSlice(state.slots.ptr(), tensor, tensor + 1, nullptr);
+        PyList_SetSlice(state.counts.ptr(), tensor, tensor + 1, nullptr);
+        throw py::error_already_set();
+      }
+      if (PyObject_SetAttr(hash.arena.ptr(), name(2), hash_rows.ptr()) != 0) throw py::error_already_set();
+    }
     if (PyObject_SetAttr(arena.ptr(), name(2), rows.ptr()) != 0) throw py::error_already_set();
     ++lane_reads_;
     if (use == LANE_HOOK) ++lane_hook_queued_;
     *scalar = t.dim() == 0;
     return new_record(t, row->ptr(), *scalar);
+  }
+
+  // A tensor's bytes on their way into the fingerprints' queue (``lane_fingerprints``), between ``hash_prepare``
+  // and ``hash_queue_item``.
+  struct HashRead {
+    py::object raw, slot, arena, key, watch;
+    ArenaState state;
+    int64_t bytes = 0, iters = 1, programs = 1;
+  };
+
+  // ``t``'s bytes (a flat uint8 view: no copy), triton_fingerprint.plan of them, their slot, and an arena of their
+  // device with room for them (made by ``renew`` where the one filling is full).
+  HashRead hash_prepare(const at::Tensor& t, int64_t index, py::object& wrapped) {
+    static PyObject* watch_name = PyUnicode_InternFromString("watch");
+    HashRead hash;
+    const at::Tensor raw = t.detach().reshape({-1}).view(at::kByte);
+    hash.raw = py::reinterpret_steal<py::object>(THPVariable_Wrap(raw));
+    if (!hash.raw) throw py::error_already_set();
+    hash.bytes = raw.numel();
+    const int64_t blocks = (hash.bytes + hash_block_ - 1) / hash_block_;
+    if (blocks <= hash_one_) {
+      hash.iters = blocks;
+    } else {
+      hash.iters = std::min(std::max<int64_t>(1, (blocks + hash_programs_ - 1) / hash_programs_), hash_iters_);
+      hash.programs = (blocks + hash.iters - 1) / hash.iters;
+    }
+    hash.slot = hash_slot_(py::none(), 4);
+    hash.watch = py::reinterpret_steal<py::object>(PyObject_GetAttr(lane_calls_.ptr(), watch_name));
+    if (!hash.watch) throw py::error_already_set();
+    hash.key = long_of(index);
+    py::object arena = py::reinterpret_borrow<py::object>(PyDict_GetItemWithError(hash_arenas_.ptr(), hash.key.ptr()));
+    if (!arena && PyErr_Occurred()) throw py::error_already_set();
+    if (!arena || !hash_room(arena.ptr(), hash.programs)) arena = hash_renew_(wrapped, hash.programs);
+    hash.arena = arena;
+    return hash;
+  }
+
+  // Whether the fingerprints' arena ``arena`` has room for ``programs`` rows and a tensor.
+  static bool hash_room(PyObject* arena, int64_t programs) {
+    py::object slots = py::reinterpret_steal<py::object>(PyObject_GetAttr(arena, name(0)));
+    if (!slots) throw py::error_already_set();
+    if (!PyList_CheckExact(slots.ptr())) throw py::type_error("an arena's slots: a list");
+    return int_attr(arena, 2) + programs <= int_attr(arena, 3) && PyList_GET_SIZE(slots.ptr()) < int_attr(arena, 4);
+  }
+
+  // The state of ``hash``'s arena, read with no Python code run after it until the record is made; the arena must
+  // still be the one filling, with room (another thread's records between may have filled it: the lane then gives
+  // itself up, as for a statistics arena).
+  void hash_state(HashRead* hash) {
+    PyObject* filling = PyDict_GetItemWithError(hash_arenas_.ptr(), hash->key.ptr());
+    if (filling == nullptr && PyErr_Occurred()) throw py::error_already_set();
+    if (filling != hash->arena.ptr() || !hash_room(filling, hash->programs))
+      throw py::value_error("a fingerprints' arena without room");
+    hash->state.slots = py::reinterpret_steal<py::object>(PyObject_GetAttr(filling, name(0)));
+    if (!hash->state.slots) throw py::error_already_set();
+    hash->state.rows = int_attr(filling, 2);
+  }
+
+  // The queue item of ``hash`` (Fingerprints.add's): ``(bytes, n, iters, programs, first row, index, arena,
+  // version, watch, slot)``, its version counter kept where its call reads it after the call (``watch``).
+  py::object hash_queue_item(const HashRead& hash) {
+    py::object version = py::none();
+    if (!hash.watch.is_none()) {
+      const at::Tensor& raw = THPVariable_Unpack(hash.raw.ptr());
+      version = long_of(raw.is_inference() ? -1 : static_cast<int64_t>(raw._version()));
+    }
+    return py::make_tuple(hash.raw, hash.bytes, hash.iters, hash.programs, hash.state.rows,
+                          PyList_GET_SIZE(hash.state.slots.ptr()), hash.arena, version, hash.watch, hash.slot);
   }
 
   PyObject* read(const at::Tensor& t, py::object* row, bool* scalar, bool lane, LaneUse use) {
@@ -1582,7 +1810,37 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     return new_record(t, row->ptr(), *scalar);
   }
 
+  // A record in summary_mode fingerprint (``checksums``): the lane's only, or nullptr; the same tensor at the same
+  // version served again whatever its size (Collector._reuse's rule for a checksum), never a view by place.
+  PyObject* checksum_record(const at::Tensor& t, LaneUse use) {
+    if (!fingerprinting() || !lane_device(t) || !own_data(t)) return nullptr;
+    if (!((use == LANE_HOOK || lane_open()) && lane_takes(t))) return nullptr;
+    py::object row;
+    bool scalar = false;
+    if (t.is_inference()) return read(t, &row, &scalar, true, use);  // no version counter: read each time
+    const int64_t version = t._version();
+    Recent* same = nullptr;
+    for (Recent& held : recent_) {
+      if (held.tensor.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+        if (held.version == version) return new_record(t, held.row.ptr(), held.scalar);
+        same = &held;
+        break;
+      }
+    }
+    PyObject* record = read(t, &row, &scalar, true, use);
+    if (record == nullptr) return nullptr;
+    Recent entry{t, version, false, nullptr, t.numel(), t.scalar_type(), row, scalar};
+    if (same != nullptr) {
+      *same = std::move(entry);
+    } else {
+      recent_.push_back(std::move(entry));
+      if (recent_.size() > keep_) recent_.erase(recent_.begin());
+    }
+    return record;
+  }
+
   PyObject* tensor_record(const at::Tensor& t, LaneUse use = LANE_CALL) {
+    if (checksums_) return checksum_record(t, use);
     bool lane = false, reuse_only = false;
     if (lane_device(t)) {
       if (!own_data(t)) return nullptr;  // a subclass's, say: the Python path's
@@ -1680,6 +1938,11 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   py::object direct_options_ = py::none();
   int64_t lane_direct_ = 0;
   std::unordered_map<int64_t, py::object> lane_keys_;  // device index -> the arenas' key of its lane
+  // summary_mode fingerprint (``checksums``): records only by the lane, each with its fingerprint queued too
+  bool checksums_ = false;
+  py::object hash_queue_ = py::none(), hash_arenas_ = py::none(), hash_renew_ = py::none();
+  py::object hash_slot_ = py::none();
+  int64_t hash_block_ = 1, hash_one_ = 1, hash_programs_ = 1, hash_iters_ = 1;
   py::object later_;
   std::vector<Recent> recent_;
   std::unordered_map<const void*, Leaf> leaves_;
@@ -1826,8 +2089,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("lane", &Recorder::lane, "Records of a call's device tensors queued for the Triton kernels")
       .def("lane_off", &Recorder::lane_off, "No more device tensors in the lane")
       .def("lane_direct", &Recorder::lane_direct, "The compiled kernels the lane's queue may be launched to directly")
-      .def("launch_direct", &Recorder::launch_direct, "Launch the lane's queue straight to its compiled kernel")
-      .def("direct_key", &Recorder::direct_key, "The key of the compiled kernel a launch of queue items goes to")
+      .def("launch_direct", &Recorder::launch_direct, "Launch the lane's queue straight to its compiled kernel",
+           py::arg("hashes") = false)
+      .def("direct_key", &Recorder::direct_key, "The key of the compiled kernel a launch of queue items goes to",
+           py::arg("items"), py::arg("hashes") = py::none())
+      .def("checksums", &Recorder::checksums, "summary_mode fingerprint: records by the lane only, with fingerprints")
+      .def("lane_fingerprints", &Recorder::lane_fingerprints, "The lane's records queue their fingerprints too")
+      .def("fingerprints_off", &Recorder::fingerprints_off, "No more fingerprints by the lane")
+      .def_property_readonly("fingerprinting", &Recorder::fingerprinting, "Whether the lane makes fingerprints")
       .def_property_readonly("direct_launches", &Recorder::lane_direct_launches, "Launches made by launch_direct")
       .def_property_readonly("lane_open", &Recorder::lane_open, "Whether this thread is making a call's records")
       .def_property_readonly("lane_reads", &Recorder::lane_reads, "Device tensors queued by the lane this step")

@@ -53,7 +53,12 @@ optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
 ids = torch.randint(3, 128, (2, 32))
 debugger = None
 if path != "plain":
-    debugger = msprobe_runtime.PrecisionDebugger(dump_path=dump, level=level, task="statistics")
+    config = None
+    if len(sys.argv) > 5:  # a summary_mode (fingerprint: every record hashed too)
+        config = os.path.join(tempfile.mkdtemp(), "config.json")
+        with open(config, "w") as handle:
+            json.dump({"statistics": {"summary_mode": sys.argv[5]}}, handle)
+    debugger = msprobe_runtime.PrecisionDebugger(config_path=config, dump_path=dump, level=level, task="statistics")
 losses = []
 for step in range(int(sys.argv[4])):
     if debugger is not None:
@@ -72,12 +77,12 @@ print(json.dumps(losses))
 """
 
 
-def _run(tmp_path, path, level):
-    dump = tmp_path / f"{path}_{level}"
+def _run(tmp_path, path, level, *summary_mode):
+    dump = tmp_path / f"{path}_{level}{''.join(summary_mode)}"
     env = {k: v for k, v in os.environ.items() if k not in ("MSPROBE_TRITON", "MSPROBE_NATIVE_STATS")}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TRITON_INTERPRET="1", **REPRODUCIBLE)
     done = subprocess.run(
-        [sys.executable, "-c", SCRIPT, path, level, str(dump), str(STEPS)],
+        [sys.executable, "-c", SCRIPT, path, level, str(dump), str(STEPS), *summary_mode],
         cwd=str(ROOT),
         env=env,
         capture_output=True,
@@ -147,3 +152,20 @@ def test_the_triton_path_writes_the_torch_op_paths_numbers(tmp_path, level):
         [lane_file] = (Path(lane_dump) / f"step{step}").glob("*/dump.json")
         [triton_file] = (Path(triton_dump) / f"step{step}").glob("*/dump.json")
         assert json.loads(lane_file.read_text())["data"] == json.loads(triton_file.read_text())["data"]
+
+
+def test_with_fingerprints_the_lane_writes_the_python_paths_dump(tmp_path):
+    """summary_mode fingerprint at mix: the records the native op's lane makes with their fingerprints (queued with
+    their statistics, one launch a call) are those of the kernels' Python path, bit for bit, every tensor hashed;
+    and the losses are the plain run's."""
+    plain, _ = _run(tmp_path, "plain", "mix")
+    lane_losses, lane_dump = _run(tmp_path, "lane", "mix", "fingerprint")
+    triton_losses, triton_dump = _run(tmp_path, "triton", "mix", "fingerprint")
+    assert lane_losses == plain and triton_losses == plain
+    for step in range(STEPS):
+        [lane_file] = (Path(lane_dump) / f"step{step}").glob("*/dump.json")
+        [triton_file] = (Path(triton_dump) / f"step{step}").glob("*/dump.json")
+        lane = json.loads(lane_file.read_text())["data"]
+        assert lane == json.loads(triton_file.read_text())["data"]
+        hashed = [record.get("fingerprint") for record in _records(lane_dump, step).values()]
+        assert len(hashed) > 100 and None not in hashed

@@ -20,7 +20,7 @@ triton = pytest.importorskip("triton")
 import msprobe_runtime  # noqa: E402
 from fixtures.step_files import step_files  # noqa: E402
 from fixtures.triton_kernels import Failing, kernels_module  # noqa: E402
-from msprobe_runtime import PrecisionDebugger, records, statistics  # noqa: E402
+from msprobe_runtime import PrecisionDebugger, checksums, records, statistics  # noqa: E402
 from msprobe_runtime import collector as collector_module  # noqa: E402
 from msprobe_runtime.statistics import DEVICE_ROW, LATER, StatBuffer  # noqa: E402
 
@@ -102,13 +102,17 @@ def _net(dtype):
     return namespace["Net"](dtype).to(DEVICE)
 
 
-def _run(tmp_path, name, level, dtype, make_buffer, monkeypatch):
+def _run(tmp_path, name, level, dtype, make_buffer, monkeypatch, summary_mode=None):
     """Two steps of two microbatches (forward, backward) of the model through ``make_buffer``'s statistics: the
-    files of each step, and the lane's reads of the last."""
+    files of each step, and the lane's reads of the last. ``summary_mode``: the config's (a checksum mode)."""
     monkeypatch.setattr(collector_module, "StatBuffer", lambda counts: make_buffer(counts))
     model = _net(dtype)
     x = torch.randn(3, 8, device=DEVICE, dtype=dtype, requires_grad=True)
-    debugger = PrecisionDebugger(dump_path=str(tmp_path / name), task="statistics", level=level)
+    config = None
+    if summary_mode is not None:
+        config = tmp_path / f"{name}.json"
+        config.write_text(json.dumps({"statistics": {"summary_mode": summary_mode}}))
+    debugger = PrecisionDebugger(config_path=config, dump_path=str(tmp_path / name), task="statistics", level=level)
     reads = []
     for _ in range(2):
         debugger.start(model)
@@ -378,6 +382,95 @@ def test_switched_off_the_python_path_serves(tmp_path, monkeypatch, kernels):
         on, off = runs["on"][0][step, "dump.json"]["data"], runs["off"][0][step, "dump.json"]["data"]
         assert list(on) == list(off) and len(on) > 10
         assert runs["on"][0][step, "construct.json"] == runs["off"][0][step, "construct.json"]
+
+
+def fingerprint_lane_parts():
+    """A lane's StatBuffer in summary_mode fingerprint, its Recorder and its kernels, the fingerprints' lane attached
+    (by the first fingerprint asked of the Python path, as in a run)."""
+    buffer = lane_buffer()
+    recorder = buffer.native_recorder(1 << 30, 4, fingerprints=True)
+    if buffer._fused is None:
+        buffer.add(torch.ones(3, device=DEVICE), statistics.KIND_FLOAT)
+    assert not recorder.fingerprinting  # until the fingerprints' kernels are made: every record the Python path's
+    assert buffer.fused_fingerprint(torch.ones(3, device=DEVICE), checksums.fingerprint_parts) is not None
+    assert recorder.fingerprinting
+    return buffer, recorder, buffer._fused
+
+
+def _bytes(t):
+    flat = t.detach().cpu().contiguous().reshape(-1)
+    return bytes(flat.view(torch.uint8).tolist())
+
+
+@pytest.mark.parametrize(("level", "dtype"), [("L1", torch.bfloat16), ("mix", torch.float32)])
+def test_with_fingerprints_the_lane_writes_the_python_paths_dump(tmp_path, monkeypatch, level, dtype, kernels):
+    """summary_mode fingerprint: the lane makes a call's records with their fingerprints (the tensor's bytes queued
+    beside its statistics), and the files are the Python path's, bit for bit, every fingerprint there."""
+    runs = {}
+    for name, make_buffer in (("python", python_buffer), ("lane", lane_buffer)):  # one line: the same stacks
+        runs[name] = _run(tmp_path, name, level, dtype, make_buffer, monkeypatch, "fingerprint")
+    (python_run, python_reads), (lane_run, lane_reads) = runs["python"], runs["lane"]
+    assert python_reads == [0, 0] and all(reads > 10 for reads in lane_reads)
+    assert lane_run == python_run
+    data = lane_run[1, "dump.json"]["data"]
+    assert any(name.endswith("backward") for name in data)
+    fingerprints = [
+        record["fingerprint"]
+        for entry in data.values()
+        for records_ in entry.values()
+        if type(records_) is list
+        for record in records_
+        if type(record) is dict and "fingerprint" in record
+    ]
+    assert len(fingerprints) > 20 and None not in fingerprints
+
+
+def test_with_fingerprints_the_lane_takes_a_calls_tensors_and_leaves_the_rest(kernels):
+    """Which records the op makes with fingerprints: a call's contiguous float tensors, each with its bytes'
+    digits; the same tensor twice, read once; a view of one (its bytes in another order), a float64 or integer
+    tensor and any tensor outside a call are the Python path's (``LATER``), the CPU's too where the lane is off."""
+    buffer, recorder, fused = fingerprint_lane_parts()
+    g = torch.Generator().manual_seed(21)
+    base = torch.randn(6, 5, generator=g).to(DEVICE)
+    taken = [base, base.to(torch.bfloat16), torch.tensor(2.5, device=DEVICE, dtype=torch.float16)]
+    left = [base.t(), base.double(), base.long()]
+    made, todo = recorder.records(taken)
+    assert todo == len(taken)  # outside a call
+    fused.begin()
+    made, todo = recorder.records(taken + left + [base])
+    fused.end()
+    assert todo == len(left) and all(record is LATER for record in made[len(taken) : -1])
+    assert made[-1][4] is made[0][4]  # the same tensor again: its row, read once
+    assert recorder.lane_reads == len(taken)
+    buffer.take()
+    for record, t in zip(made, taken):
+        resolved = records.native_resolved(record)
+        assert resolved["fingerprint"] == checksums.fingerprint_reference(_bytes(t))
+        assert resolved["Max"] == t.max().item()
+
+
+def test_with_fingerprints_a_failed_launch_keeps_the_digits_and_the_python_path_follows(monkeypatch, kernels, caplog):
+    """A launch of a call's statistics and hashes that fails: the call's fingerprints are the torch ops' digits
+    (not nulls), its statistics null; the lane is given up, and the records after are the Python path's."""
+    from msprobe_runtime import triton_fingerprint
+
+    buffer, recorder, fused = fingerprint_lane_parts()
+    monkeypatch.setattr(triton_fingerprint, "_partials_hash_few", Failing("no launch here"))
+    x = torch.randn(100, device=DEVICE)
+    with caplog.at_level("WARNING", logger="msprobe_runtime"):
+        fused.begin()
+        made, todo = recorder.records((x, x + 1))
+        buffer.end_call(fused)
+    assert todo == 0 and "no launch here" in caplog.text
+    fused.begin()
+    after, todo = recorder.records((x * 2,))
+    buffer.end_call(fused)
+    assert todo == 1 and after[0] is LATER and not recorder.fingerprinting
+    buffer.take()
+    for record, t in zip(made, (x, x + 1)):
+        resolved = records.native_resolved(record)
+        assert resolved["fingerprint"] == checksums.fingerprint_reference(_bytes(t))
+        assert resolved["Max"] is None
 
 
 if __name__ == "__main__":

@@ -184,7 +184,12 @@ LANE_SCRIPT = textwrap.dedent(
     ''',
         code,
     )
-    debugger = PrecisionDebugger(dump_path=tempfile.mkdtemp(), task="statistics", level="L1")
+    config = None
+    if os.environ.get("SUMMARY_MODE"):  # a checksum mode: the fingerprints queued and launched with the statistics
+        config = os.path.join(tempfile.mkdtemp(), "config.json")
+        with open(config, "w") as handle:
+            json.dump({"statistics": {"summary_mode": os.environ["SUMMARY_MODE"]}}, handle)
+    debugger = PrecisionDebugger(config_path=config, dump_path=tempfile.mkdtemp(), task="statistics", level="L1")
     code["start"](debugger)
     xs = [torch.randn(n, dtype=dtype) for n in (16, 17, 1024, 5000) for dtype in (torch.float32, torch.bfloat16)]
     xs += [torch.nn.Parameter(torch.randn(33)), torch.randn(4096)[1:1025]]  # a Parameter, an unaligned view
@@ -278,6 +283,23 @@ def test_the_native_lanes_direct_launches_are_tritons_own(native_lane):
     assert len(direct["launches"]) == len(through_triton["launches"])
     assert direct["launches"] == through_triton["launches"]
     assert direct["warnings"] == through_triton["warnings"] == []
+
+
+def test_the_native_lanes_launches_with_fingerprints_are_tritons_own(native_lane):
+    # summary_mode fingerprint: the lane queues each record's bytes too, and the op launches a call's statistics and
+    # hashes in one ``_partials_hash_few``, as the Python path's launch (``Fingerprints.launch_with``) would
+    direct = run({"SUMMARY_MODE": "fingerprint"}, script=LANE_SCRIPT)
+    through_triton = run({"SUMMARY_MODE": "fingerprint", "MSPROBE_TRITON_DIRECT": "0"}, script=LANE_SCRIPT)
+    statistics_only = run(script=LANE_SCRIPT)
+    assert direct["native"] > 50
+    assert through_triton["native"] == 0 and through_triton["direct"] == 0
+    assert direct["launches"] == through_triton["launches"]
+    assert direct["warnings"] == through_triton["warnings"] == []
+    # one launch a call's records, as without fingerprints: the hashes went with the statistics (and the flush's
+    # one ``_hash_finish`` a fingerprints' arena is not in these: they are counted before the flush)
+    assert len(direct["launches"]) == len(statistics_only["launches"])
+    # each of them ``_partials_hash_few``'s: the statistics' 31 arguments, the hashes' 26, their programs, 9 constexprs
+    assert {len(args) for _, _, args in direct["launches"]} == {31 + 26 + 1 + 9}
 
 
 def test_a_failed_direct_launch_gives_the_kernels_up_with_one_warning(native_lane):
