@@ -899,8 +899,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   // loads, ``max_rows`` rows a tensor at most) are triton_stats's.
   void lane(py::object queue, py::object arenas, py::object renew, py::object launch, py::object mark, bool cpu,
             int64_t block, int64_t max_rows, py::object calls) {
-    if (!PyList_CheckExact(queue.ptr())) throw py::type_error("queue: a list");
-    if (!PyDict_CheckExact(arenas.ptr())) throw py::type_error("arenas: a dict");
+    queue_and_arenas(queue, arenas);
     if (block <= 0 || max_rows <= 0) throw py::value_error("block and max_rows: positive");
     lane_queue_ = std::move(queue);
     lane_calls_ = std::move(calls);
@@ -943,8 +942,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   // arena, tensor, slot)``. ``block``, ``one``, ``programs``, ``iters``: triton_fingerprint.plan's constants.
   void lane_fingerprints(py::object queue, py::object arenas, py::object renew, py::object slot, int64_t block,
                          int64_t one, int64_t programs, int64_t iters) {
-    if (!PyList_CheckExact(queue.ptr())) throw py::type_error("queue: a list");
-    if (!PyDict_CheckExact(arenas.ptr())) throw py::type_error("arenas: a dict");
+    queue_and_arenas(queue, arenas);
     if (block <= 0 || one <= 0 || programs <= 0 || iters <= 0) throw py::value_error("plan constants: positive");
     hash_queue_ = std::move(queue);
     hash_arenas_ = std::move(arenas);
@@ -964,6 +962,31 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   }
 
   bool fingerprinting() const { return checksums_ && !hash_queue_.is_none() && !lane_queue_.is_none(); }
+
+  // Whether a queued tensor ``t`` is as it was queued: ``version`` None (read at its record, before any user code),
+  // or its version counter then (an inference tensor's -1).
+  static bool as_queued(PyObject* version, const at::Tensor& t) {
+    if (version == Py_None) return true;
+    const long long held = PyLong_AsLongLong(version);
+    if (held == -1 && PyErr_Occurred()) throw py::error_already_set();
+    return held == (t.is_inference() ? -1 : static_cast<long long>(t._version()));
+  }
+
+  // Whether the ints of a queue item's fields 1 to ``last`` are within int32 (Triton's run types a larger one int64).
+  static bool ints_fit(PyObject* item, int last) {
+    for (int field = 1; field <= last; ++field) {
+      const long long value = PyLong_AsLongLong(PyTuple_GET_ITEM(item, field));
+      if (value == -1 && PyErr_Occurred()) throw py::error_already_set();
+      if (value < -(1LL << 31) || value >= (1LL << 31)) return false;
+    }
+    return true;
+  }
+
+  // A lane's queue and arenas, as ``lane`` and ``lane_fingerprints`` take them.
+  static void queue_and_arenas(const py::object& queue, const py::object& arenas) {
+    if (!PyList_CheckExact(queue.ptr())) throw py::type_error("queue: a list");
+    if (!PyDict_CheckExact(arenas.ptr())) throw py::type_error("arenas: a dict");
+  }
 
   // The key of ``fast`` (``lane_direct``) for a launch of queue items ``items`` (one to four), ``(kind, device,
   // code, aligned)``, or None where they are no such launch (not one arena and dtype, a version moved since the
@@ -996,16 +1019,9 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
                                                                                                 : at::kDouble;
       if (code < 0 || code > 2 || t.scalar_type() != dtype) return py::none();
       PyObject* version = PyTuple_GET_ITEM(item, 9);
-      if (version != Py_None) {  // read after its call: it must be as it was at the call (else the Python path
-        const long long held = PyLong_AsLongLong(version);  // leaves it null, and says so)
-        if (held == -1 && PyErr_Occurred()) throw py::error_already_set();
-        if (held != (t.is_inference() ? -1 : static_cast<long long>(t._version()))) return py::none();
-      }
-      for (int field = 1; field <= 6; ++field) {  // Triton types an int past int32 int64: its run's
-        const long long value = PyLong_AsLongLong(PyTuple_GET_ITEM(item, field));
-        if (value == -1 && PyErr_Occurred()) throw py::error_already_set();
-        if (value < -(1LL << 31) || value >= (1LL << 31)) return py::none();
-      }
+      // read after its call, it must be as it was at the call (else the Python path leaves it null, and says so);
+      // Triton types an int past int32 int64 (its run's to launch)
+      if (!as_queued(version, t) || !ints_fit(item, 6)) return py::none();
     }
     const int kind = count == 1 && !few ? 1 : 4;
     for (Py_ssize_t k = count; k < kind; ++k) items[k] = nullptr;  // a few's unused places: the first tensor again
@@ -1068,16 +1084,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
       const at::Tensor& raw = THPVariable_Unpack(PyTuple_GET_ITEM(item, 0));
       if (raw.scalar_type() != at::kByte) return py::none();
       PyObject* version = PyTuple_GET_ITEM(item, 7);
-      if (version != Py_None) {  // read after its call: changed since, the Python path leaves it null
-        const long long held = PyLong_AsLongLong(version);
-        if (held == -1 && PyErr_Occurred()) throw py::error_already_set();
-        if (held != (raw.is_inference() ? -1 : static_cast<long long>(raw._version()))) return py::none();
-      }
-      for (int field = 1; field <= 5; ++field) {
-        const long long value = PyLong_AsLongLong(PyTuple_GET_ITEM(item, field));
-        if (value == -1 && PyErr_Occurred()) throw py::error_already_set();
-        if (value < -(1LL << 31) || value >= (1LL << 31)) return py::none();
-      }
+      if (!as_queued(version, raw) || !ints_fit(item, 5)) return py::none();
     }
     for (Py_ssize_t k = hcount; k < 4; ++k) hashed[k] = nullptr;
     hpart = py::reinterpret_steal<py::object>(PyObject_GetAttr(arena, names[0]));
