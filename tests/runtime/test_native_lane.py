@@ -473,5 +473,42 @@ def test_with_fingerprints_a_failed_launch_keeps_the_digits_and_the_python_path_
         assert resolved["Max"] is None
 
 
+def test_with_fingerprints_an_input_changed_by_its_call_is_null(tmp_path, monkeypatch, kernels, caplog):
+    """An input read after its call (call_effects) that the call changed anyway: its fingerprint through the lane is
+    null as its statistics are (never the digits of the bytes after the call), said once; read before the call from
+    then on, with the digits of the bytes the call saw."""
+    monkeypatch.setattr(collector_module, "StatBuffer", lambda counts: lane_buffer(counts))
+    g = torch.Generator().manual_seed(17)
+    tensors = [torch.rand(3000, generator=g).to(DEVICE) for _ in range(4)]
+    before = [_bytes(t) for t in tensors]
+
+    def doubles_in_place(x):
+        x.mul_(2)
+        return x + 1
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"statistics": {"summary_mode": "fingerprint"}}))
+    debugger = PrecisionDebugger(config_path=config, dump_path=str(tmp_path / "d"), task="statistics", level="L1")
+    with caplog.at_level("WARNING", logger="msprobe_runtime"):
+        debugger.start()
+        msprobe_runtime.call("Torch.exp", torch.exp, tensors[0])  # the kernels made, the lane's fingerprints on
+        for t in tensors[1:]:
+            msprobe_runtime.call("Torch.exp", doubles_in_place, t)
+        reads = debugger._collector.lane_reads()
+        debugger.stop()
+        debugger.step()
+        debugger.wait()
+    assert reads >= 2 * (len(tensors) - 1)
+    [path] = glob.glob(str(tmp_path / "d" / "step0" / "*" / "dump.json"))
+    with open(path) as handle:
+        data = json.load(handle)["data"]
+    changed = data["Torch.exp.1.forward"]["input_args"][0]
+    assert changed["fingerprint"] is None and changed["Max"] is None
+    for index in (2, 3):
+        record = data[f"Torch.exp.{index}.forward"]["input_args"][0]
+        assert record["fingerprint"] == checksums.fingerprint_reference(before[index])
+    assert caplog.text.count("Torch.exp changed an input in place") == 1
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
