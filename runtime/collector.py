@@ -916,7 +916,11 @@ class Collector:
             return make(ModuleCall, (name, None, parent, backward_args))
         entry = {}
         if plan.want_input:
-            entry["input_args"] = self.describe_seq(args, self.file_stem(name, "input") if plan.tensor_task else None)
+            # a device's tensors in one launch, as the module's end does, before its forward runs (it may change them)
+            with self.stats.one_launch():
+                entry["input_args"] = self.describe_seq(
+                    args, self.file_stem(name, "input") if plan.tensor_task else None
+                )
             entry["input_kwargs"] = {}
         # the entry joins dump.json when the forward ends, after the calls inside it, as in msprobe's order
         step = self.step
@@ -1021,7 +1025,10 @@ class Collector:
             with self._lock:
                 self.step.data[name] = entry
         stem = self.file_stem(name, param_name) if self.plan.tensor_task else None
-        entry[param_name] = self._tensor(grad, stem) if type(grad) is _TENSOR else self.describe(grad, stem)
+        # within a call's records: on a device, its statistics and fingerprint in one launch as the hook ends (the
+        # native lane's record where it serves), not one launch each
+        with self.stats.one_launch():
+            entry[param_name] = self._tensor(grad, stem) if type(grad) is _TENSOR else self.describe(grad, stem)
         self.param_accumulated(param)
 
     def param_accumulated(self, param):

@@ -510,5 +510,56 @@ def test_with_fingerprints_an_input_changed_by_its_call_is_null(tmp_path, monkey
     assert caplog.text.count("Torch.exp changed an input in place") == 1
 
 
+def test_a_parameters_gradient_and_a_modules_inputs_are_one_launch(tmp_path, monkeypatch, kernels):
+    """At mix with fingerprints: a parameter's gradient (its post-accumulate hook) and a module's inputs (before its
+    forward runs) are recorded within a call's records, so each has its statistics and its hashes in one launch,
+    where each tensor took one of each."""
+    from msprobe_runtime import triton_fingerprint
+
+    launched = []  # (kernel, the collector's method that made the records)
+
+    def counted(module, name):
+        kernel = getattr(module, name)
+
+        class Counted:
+            def __getitem__(self, grid):
+                names = set()
+                frame = sys._getframe(1)
+                while frame is not None:
+                    names.add(frame.f_code.co_name)
+                    frame = frame.f_back
+                where = next((n for n in ("record_param_grad", "module_forward_begin") if n in names), None)
+                launched.append((name, where))
+                return kernel[grid]
+
+        monkeypatch.setattr(module, name, Counted())
+
+    for name in ("_partials", "_partials_few"):
+        counted(kernels, name)
+    for name in ("_hash_few", "_partials_hash_few"):
+        counted(triton_fingerprint, name)
+    monkeypatch.setattr(collector_module, "StatBuffer", lambda counts: lane_buffer(counts))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)).to(DEVICE)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"statistics": {"summary_mode": "fingerprint"}}))
+    debugger = PrecisionDebugger(config_path=config, dump_path=str(tmp_path / "d"), task="statistics", level="mix")
+    x = torch.randn(3, 8, device=DEVICE)
+    for _ in range(2):
+        launched.clear()
+        debugger.start(model)
+        model(x).sum().backward()
+        debugger.stop()
+        debugger.step()
+    debugger.wait()
+    gradients = [kernel for kernel, where in launched if where == "record_param_grad"]
+    inputs = [kernel for kernel, where in launched if where == "module_forward_begin"]
+    assert gradients == ["_partials_hash_few"] * 4  # two Linear layers' weight and bias
+    assert inputs and set(inputs) == {"_partials_hash_few"}
+    data = step_files(tmp_path / "d", 2)[1, "dump.json"]["data"]
+    grads = [record for name, entry in data.items() if "parameters_grad" in name for record in entry.values()]
+    assert len(grads) == 4 and all(record["fingerprint"] is not None for record in grads)
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
