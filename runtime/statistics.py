@@ -427,9 +427,7 @@ class StatBuffer:
         switched off (``MSPROBE_TRITON=0``) or Triton does not import: the torch ops serve then."""
         fused = self._fused
         if fused is None:
-            fused = self._fused = _fused_stats(self.nan_inf_count) or False
-            if fused and self._recorder is not None:
-                self._attach(fused)
+            fused = self._kernels()
         width = 4 if kind == KIND_LOW else _WIDTH.get(kind) if kind != KIND_BOOL else None
         if not fused or width is None:
             return None
@@ -440,6 +438,14 @@ class StatBuffer:
             fused.detach()
             _fused_failed(error)
             return None
+
+    def _kernels(self):
+        """The Triton kernels (``triton_stats.TritonStats``), made by the first tensor that asks, with the native
+        Recorder's lane attached where there is one (``_attach``); False where they do not serve."""
+        fused = self._fused = _fused_stats(self.nan_inf_count) or False
+        if fused and self._recorder is not None:
+            self._attach(fused)
+        return fused
 
     def _attach(self, fused):
         """The native Recorder's lane onto the Triton kernels (``TritonStats.attach``), unless
@@ -478,8 +484,8 @@ class StatBuffer:
         hashes = self._fingerprints
         if hashes is None:
             fused = self._fused
-            if fused is None:
-                fused = self._fused = _fused_stats(self.nan_inf_count) or False
+            if fused is None:  # made here where a fingerprint asks first (a float8 tensor's, whose statistics are not
+                fused = self._kernels()  # theirs): the native lane attached too
             if not fused:
                 return None
             try:

@@ -397,6 +397,18 @@ def fingerprint_lane_parts():
     return buffer, recorder, buffer._fused
 
 
+def test_with_fingerprints_a_fingerprint_that_asks_first_attaches_the_lane(kernels):
+    """The kernels made where a fingerprint asks for them first (a float8 tensor's, whose statistics are not the
+    kernels'), as on a GPU, where the first device tensor to ask makes them: the lane is attached, its records'
+    fingerprints too, as when a statistic asks first."""
+    buffer = lane_buffer()
+    recorder = buffer.native_recorder(1 << 30, 4, fingerprints=True)
+    buffer._fused = None  # no tensor has asked yet (the lane of CPU tensors, for this test, made them above)
+    assert buffer.fused_fingerprint(torch.ones(3, device=DEVICE), checksums.fingerprint_parts) is not None
+    assert buffer._fused.lane_attached and recorder.fingerprinting
+    buffer.take()
+
+
 def _bytes(t):
     flat = t.detach().cpu().contiguous().reshape(-1)
     return bytes(flat.view(torch.uint8).tolist())
