@@ -83,13 +83,14 @@ class _Plan:
     """How to key the launches of one kernel with arguments of these types and these constexpr names, and the
     arguments ``kernel.run`` takes after the positional ones (the constexprs and defaults, in parameter order)."""
 
-    __slots__ = ("tensors", "aligned", "ints", "special", "tail_names", "defaults")
+    __slots__ = ("tensors", "aligned", "ints", "special", "tail_names", "defaults", "places")
 
     def __init__(self, kernel, types, names):
         params = kernel.params
         if len(types) > len(params):
             raise TypeError("more arguments than parameters")
         self.tensors, self.aligned, self.ints, self.special = [], [], [], []
+        self.places = tuple(k for k, kind in enumerate(types) if kind in _TENSORS)
         for k, kind in enumerate(types):
             param = params[k]
             if param.is_constexpr:
@@ -137,6 +138,15 @@ class _Plan:
             key += [(v == 1, v & 15 == 0) for v in self.special(args)]
         return tuple(key)
 
+    def addresses(self, args):
+        """``args`` with each tensor given by its address: Triton's launcher takes an int for a pointer as it is,
+        where a tensor costs it a call of its ``data_ptr()`` and a ``cuPointerGetAttribute`` check each
+        (tests/runtime/test_triton_launch.py counts them with the fake driver)."""
+        args = list(args)
+        for k in self.places:
+            args[k] = args[k].data_ptr()
+        return args
+
     def tail(self, names, constants):
         given = dict(zip(names, constants))
         return tuple(given[name] if name in given else self.defaults[name] for name in self.tail_names)
@@ -183,6 +193,7 @@ class KernelLaunch:
         compiled, tail, _ = kept
         stream = driver.active.get_current_stream(key[0])
         # JITFunction.run's launch, with no metadata and no hooks where no hook is set (``_key``)
+        args = key[3].addresses(args)  # the tensors by their addresses (``_Plan.addresses``)
         compiled.run(grid, 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None, *args, *tail)
         self.direct += 1
         return kept

@@ -1241,6 +1241,20 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
       grid = py::reinterpret_steal<py::object>(PyLong_FromLongLong(programs));
       if (!grid) throw py::error_already_set();
     }
+    // Each tensor by its address, an int: Triton's launcher takes an int for a pointer as it is, where a tensor costs
+    // it a call of its data_ptr() and a cuPointerGetAttribute check each (tests/runtime/test_triton_launch.py: the
+    // fake driver counts the calls). The queue and the arenas hold the tensors until the launch has returned.
+    std::vector<py::object> addresses;
+    addresses.reserve(16);
+    for (size_t k = 0; k < args.size(); ++k) {
+      PyObject* arg = args[k];
+      if (PyLong_CheckExact(arg) || !THPVariable_Check(arg)) continue;  // an int's isinstance() is not free
+      py::object address = py::reinterpret_steal<py::object>(
+          PyLong_FromUnsignedLongLong(reinterpret_cast<uintptr_t>(THPVariable_Unpack(arg).data_ptr())));
+      if (!address) throw py::error_already_set();
+      args[k] = address.ptr();
+      addresses.push_back(std::move(address));
+    }
     const Py_ssize_t head = 9, n_tail = PyTuple_GET_SIZE(tail);
     py::object call = py::reinterpret_steal<py::object>(PyTuple_New(head + static_cast<Py_ssize_t>(args.size()) + n_tail));
     if (!call) throw py::error_already_set();

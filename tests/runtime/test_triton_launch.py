@@ -27,18 +27,26 @@ SCRIPT = textwrap.dedent(
     from triton import knobs
     from msprobe_runtime import triton_launch, triton_stats as ts
 
-    out = {"checked": 0, "wrong": [], "direct": {}}
+    out = {"checked": 0, "wrong": [], "direct": {}, "pointer reads of direct launches": 0}
+
+    def addresses(args):  # a tensor as the launcher takes it, by its data_ptr()
+        return tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
 
     def check(launch, kernel, grid, args, names, constants, options):
         kwargs = dict(zip(names, constants), **options)
         key, bound = triton_key(kernel, fake.device, args, kwargs)
         before = launch.direct
+        reads = sum(k.pointer_reads for k in kernel.device_caches[fake.device][0].values())
         launch(grid, args, constants)
+        if launch.direct > before:
+            out["pointer reads of direct launches"] += sum(
+                k.pointer_reads for k in kernel.device_caches[fake.device][0].values()) - reads
         stream = fake.get_current_stream(fake.device)
         hit = [k for k in kernel.device_caches[fake.device][0].values() if k.launches]
         landed = [
             k for k in hit
-            if k.launches[-1][:6] == (grid, 1, 1, stream, k.function, k.packed_metadata) and k.launches[-1][9:] == bound
+            if k.launches[-1][:6] == (grid, 1, 1, stream, k.function, k.packed_metadata)
+            and addresses(k.launches[-1][9:]) == addresses(bound)
         ]
         for k in hit:
             k.launches.clear()
@@ -159,7 +167,12 @@ LANE_SCRIPT = textwrap.dedent(
         direct = args[7] is None  # Triton's run passes its knobs' hook chains; a direct launch None
         if direct and fail_at and sum(1 for entry in log if entry[3]) + 1 == fail_at:
             raise RuntimeError("a launch that failed")
-        log.append((self.key, args[:3], args[9:], direct))
+        # a pointer parameter by the address the launcher takes (a tensor's data_ptr(), or an int given for it)
+        pointers = [k - 9 for k in self.pointers]
+        given = [type(args[9 + k]) is not int for k in pointers]
+        named = [["address", a if type(a) is int else a.data_ptr()] if k in pointers else a
+                 for k, a in enumerate(args[9:])]
+        log.append((self.key, args[:3], named, direct, sum(given)))
 
     RecordingKernel.run = run
     warnings = []
@@ -196,16 +209,18 @@ LANE_SCRIPT = textwrap.dedent(
     for _ in range(3):
         code["body"](xs)
     recorder = shims._collector.stats._recorder
-    seen = {}
+    def names(args):
+        # each address by its first appearance in the launch (which places share a tensor): across launches an address
+        # may be a tensor's and, once it is freed, another's, and the two runs need not free each at the same point
+        seen = {}
+        return [["address", seen.setdefault(a[1], len(seen))] if type(a) is list else
+                ["tensor where no pointer is", str(a.dtype)] if isinstance(a, torch.Tensor) else a for a in args]
 
-    def name(arg):
-        if isinstance(arg, torch.Tensor):
-            return ["tensor", seen.setdefault((arg.data_ptr(), arg.dtype), len(seen)), str(arg.dtype)]
-        return arg
-
-    launches = [[key, list(head), [name(arg) for arg in args]] for key, head, args, _ in log]
+    launches = [[key, list(head), names(args)] for key, head, args, _, _ in log]
     json.dump({
         "launches": launches,
+        # the tensors given for pointers, each a data_ptr() call and a driver check in Triton's launcher
+        "tensors for pointers": [given for _, _, _, direct, given in log if direct],
         "direct": sum(1 for entry in log if entry[3]),
         "native": None if recorder is None else recorder.direct_launches,
         "warnings": warnings,
@@ -236,6 +251,12 @@ def launches():
 def test_each_launch_lands_on_tritons_kernel_with_tritons_arguments(launches):
     assert launches["checked"] > 400
     assert launches["wrong"] == []
+
+
+def test_a_direct_launch_gives_each_tensor_by_its_address(launches):
+    # Triton's launcher asks a tensor given for a pointer its data_ptr() and has the driver check it (the fake driver
+    # counts the calls); an int it takes as it is
+    assert launches["pointer reads of direct launches"] == 0
 
 
 def test_the_second_launch_of_a_specialisation_is_direct(launches):
@@ -283,6 +304,8 @@ def test_the_native_lanes_direct_launches_are_tritons_own(native_lane):
     assert len(direct["launches"]) == len(through_triton["launches"])
     assert direct["launches"] == through_triton["launches"]
     assert direct["warnings"] == through_triton["warnings"] == []
+    # every pointer by its address (``launch_direct``): the launcher asks no tensor for it
+    assert len(direct["tensors for pointers"]) == direct["direct"] and set(direct["tensors for pointers"]) == {0}
 
 
 def test_the_native_lanes_launches_with_fingerprints_are_tritons_own(native_lane):
@@ -295,6 +318,7 @@ def test_the_native_lanes_launches_with_fingerprints_are_tritons_own(native_lane
     assert through_triton["native"] == 0 and through_triton["direct"] == 0
     assert direct["launches"] == through_triton["launches"]
     assert direct["warnings"] == through_triton["warnings"] == []
+    assert set(direct["tensors for pointers"]) == {0}
     # one launch a call's records, as without fingerprints: the hashes went with the statistics (and the flush's
     # one ``_hash_finish`` a fingerprints' arena is not in these: they are counted before the flush)
     assert len(direct["launches"]) == len(statistics_only["launches"])
