@@ -8,8 +8,8 @@ training thread. Each figure is also given as a multiple of the plain call measu
 Scenarios: a shallow stack; ``--depth`` more Python frames under the call (a Megatron layer's API call sits
 about 40 deep); the same depth outside a module whose forward makes the calls (the stack outside a running
 module call is captured once: call_stacks.Anchors); an input that requires grad (the backward hook is
-attached); and the backward entry that such a call later records, timed over ``loss.backward()`` of a chain
-of calls.
+attached); a cast (``Tensor.to`` float32 to float16: a call's tensors of two dtypes); and the backward entry
+that such a call later records, timed over ``loss.backward()`` of a chain of calls.
 
 Parts (the current runtime's own functions, called alone on a collecting collector): naming, the input and
 output records (metadata, and the statistics by the native op where it serves; on a device path each record within
@@ -60,6 +60,12 @@ def calls(x, n):
     relu = torch.relu
     for _ in range(n):
         __msprobe__.call("Functional.relu", relu, x)
+
+
+def casts(x, n):
+    to = torch.Tensor.to
+    for _ in range(n):
+        __msprobe__.call("Tensor.to", to, x, torch.float16)
 
 
 def nested(depth, x, n):
@@ -215,7 +221,7 @@ def main():
     code = {"__msprobe__": msprobe_runtime, "torch": torch}
     exec(compile(SOURCE, "<instrumented>", "exec"), code)
     calls, nested, chain, start, finish = (code[name] for name in ("calls", "nested", "chain", "start", "finish"))
-    in_module, layer = code["in_module"], code["Layer"]()
+    in_module, layer, casts = code["in_module"], code["Layer"](), code["casts"]
     dump = tempfile.mkdtemp(prefix="per-entry-")
     n = args.calls
     x = torch.randn(16, device=args.device)
@@ -275,6 +281,7 @@ def main():
             lambda: in_module(args.depth, layer, x, n),
         ),
         "input requires grad": (lambda: calls(xg, n), lambda: calls(xg, n)),
+        "a cast (two dtypes)": (lambda: casts(x, n), lambda: casts(x, n)),
     }
     entry = {}
     for name, (plain_body, collected_body) in scenarios.items():

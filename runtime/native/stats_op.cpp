@@ -446,6 +446,8 @@ PyObject* untracked(PyObject* tuple) {
 // repeat a few shapes hundreds of times. Each record made with it allocates, frees and marshals one object (and
 // its large sizes' ints) fewer, and the step's message names a repeated shape by reference.
 constexpr size_t SHAPE_SLOTS = 1024;
+// queue items ``launch_direct`` launches at most: two groups of four (a cast's inputs and outputs, say)
+constexpr int MAX_DIRECT = 8;
 
 PyObject* shape_tuple(c10::IntArrayRef sizes) {
   static PyObject* slots[SHAPE_SLOTS] = {};
@@ -1105,33 +1107,19 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
                           mask);
   }
 
-  // Launch what the lane's queue holds straight to the compiled kernel entered for it, as Triton's run would
-  // (tests/runtime/test_triton_launch.py): one to four tensors of one arena and dtype, each unchanged since it
-  // was queued (its version), its ints within int32, no launch hook set, Triton's options as they were, the
-  // kernel still the one under its name. True: launched, the queue emptied (or it was empty); false: the Python
-  // path's to launch (nothing done). A failed launch raises, the queue left as it was. The caller holds the
-  // kernels' lock (TritonStats._lock), as every taker of the queue does.
-  //
-  // ``hashes`` (a call's end, the fingerprints' lock held too): where the fingerprints' queue (``lane_fingerprints``)
-  // holds one to four tensors of one arena, they go in the same launch, ``_partials_hash_few`` (kind 5), or none
-  // does (false: the Python path's ``Fingerprints.launch_with``); both queues emptied then.
-  bool launch_direct(bool hashes) {
-    static PyObject* names[] = {
-        PyUnicode_InternFromString("launch_enter_hook"), PyUnicode_InternFromString("launch_exit_hook"),
-        PyUnicode_InternFromString("calls"), PyUnicode_InternFromString("get_current_stream"),
-        PyUnicode_InternFromString("pre_run_hooks")};
-    PyObject* queue = lane_queue_.ptr();
-    if (direct_fast_.is_none() || !PyList_CheckExact(queue)) return false;
-    const Py_ssize_t count = PyList_GET_SIZE(queue);
-    if (count == 0) return true;
-    if (count > 4) return false;
-    PyObject* items[4];
-    for (Py_ssize_t k = 0; k < count; ++k) items[k] = PyList_GET_ITEM(queue, k);
-    PyObject* hqueue = hash_queue_.ptr();
-    const Py_ssize_t hcount = hashes && PyList_CheckExact(hqueue) ? PyList_GET_SIZE(hqueue) : 0;
-    if (hcount > 4) return false;
-    PyObject* hashed[4];
-    for (Py_ssize_t k = 0; k < hcount; ++k) hashed[k] = PyList_GET_ITEM(hqueue, k);
+  // One launch straight to a compiled kernel entered in ``fast``: the entry (which holds the kernel's run) and the
+  // arguments of its run. ``launch_direct`` makes them all before it launches any.
+  struct DirectLaunch {
+    py::object entry;
+    py::object call;
+  };
+
+  // The launch of queue items ``items`` (one to four of one arena and dtype) and, with ``hcount`` of them, the
+  // fingerprints' ``hashed`` in the same launch: false where ``fast`` holds no kernel for it, or where Triton's
+  // run must serve it (the kernel's pre-run hooks, Triton's options changed, another kernel under its name).
+  bool prepare_direct(PyObject** items, Py_ssize_t count, PyObject** hashed, Py_ssize_t hcount, DirectLaunch& out) {
+    static PyObject* names[] = {PyUnicode_InternFromString("get_current_stream"),
+                                PyUnicode_InternFromString("pre_run_hooks")};
     py::object part, meta, active, device, hpart, hmeta;
     py::object key = queue_key(items, count, part, meta, active, device, hcount > 0);
     if (key.is_none()) return false;
@@ -1140,30 +1128,19 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
       if (key.is_none()) return false;
     }
     const int kind = hcount > 0 ? 5 : count == 1 ? 1 : 4;
-    for (PyObject* hook : {names[0], names[1]}) {  // a profiler's hook wants Triton's run
-      py::object value = py::reinterpret_steal<py::object>(PyObject_GetAttr(direct_runtime_.ptr(), hook));
-      if (!value) throw py::error_already_set();
-      if (value.is_none()) continue;
-      py::object calls = py::reinterpret_steal<py::object>(PyObject_GetAttr(value.ptr(), names[2]));
-      if (!calls) {
-        PyErr_Clear();
-        return false;
-      }
-      if (!PyList_CheckExact(calls.ptr()) || PyList_GET_SIZE(calls.ptr()) != 0) return false;
-    }
     PyObject* entry = PyDict_GetItemWithError(direct_fast_.ptr(), key.ptr());
     if (entry == nullptr) {
       if (PyErr_Occurred()) throw py::error_already_set();
       return false;
     }
     if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 8) return false;
-    py::object held_entry = py::reinterpret_borrow<py::object>(entry);  // the dict may change under the calls below
+    out.entry = py::reinterpret_borrow<py::object>(entry);  // the dict may change under the calls below
     PyObject* under_name = PyDict_GetItemWithError(PyTuple_GET_ITEM(entry, 5), PyTuple_GET_ITEM(entry, 6));
     if (under_name != PyTuple_GET_ITEM(entry, 7)) {  // another kernel under the name now (a test's stub)
       if (PyErr_Occurred()) throw py::error_already_set();
       return false;
     }
-    py::object pre = py::reinterpret_steal<py::object>(PyObject_GetAttr(under_name, names[4]));
+    py::object pre = py::reinterpret_steal<py::object>(PyObject_GetAttr(under_name, names[1]));
     if (!pre) throw py::error_already_set();
     if (!PyList_CheckExact(pre.ptr()) || PyList_GET_SIZE(pre.ptr()) != 0) return false;
     PyObject* held_options = PyTuple_GET_ITEM(entry, 4);
@@ -1179,7 +1156,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
       if (!same) return false;
     }
     py::object stream =
-        py::reinterpret_steal<py::object>(PyObject_CallMethodOneArg(active.ptr(), names[3], device.ptr()));
+        py::reinterpret_steal<py::object>(PyObject_CallMethodOneArg(active.ptr(), names[0], device.ptr()));
     if (!stream) throw py::error_already_set();
     PyObject* tail = PyTuple_GET_ITEM(entry, 3);
     if (!PyTuple_CheckExact(tail)) return false;
@@ -1274,6 +1251,74 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
       Py_INCREF(arg);
       PyTuple_SET_ITEM(call.ptr(), at++, arg);
     }
+    out.call = std::move(call);
+    return true;
+  }
+
+  // Launch what the lane's queue holds straight to the compiled kernels entered for it, as Triton's run would
+  // (tests/runtime/test_triton_launch.py): one to four tensors of one arena and dtype in a launch, each unchanged
+  // since it was queued (its version), its ints within int32, no launch hook set, Triton's options as they were,
+  // the kernel still the one under its name. A queue of tensors of several dtypes (a cast's input and output) or
+  // arenas is a launch a group, in the order of their first tensors, as the Python path's (``_launch_queue``);
+  // each group's kernel is found before any is launched. True: launched, the queue emptied (or it was empty);
+  // false: the Python path's to launch (nothing done). A failed launch raises, what it and the launches after it
+  // were to take put back at the front of the queue. The caller holds the kernels' lock (TritonStats._lock), as
+  // every taker of the queue does.
+  //
+  // ``hashes`` (a call's end, the fingerprints' lock held too): where the fingerprints' queue (``lane_fingerprints``)
+  // holds one to four tensors of one arena, they go in the same launch as a queue of one group,
+  // ``_partials_hash_few`` (kind 5), or none does (false: the Python path's ``Fingerprints.launch_with``); both
+  // queues emptied then.
+  bool launch_direct(bool hashes) {
+    static PyObject* names[] = {PyUnicode_InternFromString("launch_enter_hook"),
+                                PyUnicode_InternFromString("launch_exit_hook"), PyUnicode_InternFromString("calls")};
+    PyObject* queue = lane_queue_.ptr();
+    if (direct_fast_.is_none() || !PyList_CheckExact(queue)) return false;
+    const Py_ssize_t count = PyList_GET_SIZE(queue);
+    if (count == 0) return true;
+    if (count > MAX_DIRECT) return false;
+    PyObject* hqueue = hash_queue_.ptr();
+    const Py_ssize_t hcount = hashes && PyList_CheckExact(hqueue) ? PyList_GET_SIZE(hqueue) : 0;
+    if (hcount > 4) return false;
+    PyObject* hashed[4] = {};
+    for (Py_ssize_t k = 0; k < hcount; ++k) hashed[k] = PyList_GET_ITEM(hqueue, k);
+    for (PyObject* hook : {names[0], names[1]}) {  // a profiler's hook wants Triton's run
+      py::object value = py::reinterpret_steal<py::object>(PyObject_GetAttr(direct_runtime_.ptr(), hook));
+      if (!value) throw py::error_already_set();
+      if (value.is_none()) continue;
+      py::object calls = py::reinterpret_steal<py::object>(PyObject_GetAttr(value.ptr(), names[2]));
+      if (!calls) {
+        PyErr_Clear();
+        return false;
+      }
+      if (!PyList_CheckExact(calls.ptr()) || PyList_GET_SIZE(calls.ptr()) != 0) return false;
+    }
+    // the queue's groups: the items of one arena and dtype code, in the order of each group's first item
+    PyObject* groups[MAX_DIRECT][4] = {};
+    Py_ssize_t sizes[MAX_DIRECT] = {};
+    int group_of[MAX_DIRECT] = {};
+    int n_groups = 0;
+    for (Py_ssize_t k = 0; k < count; ++k) {
+      PyObject* item = PyList_GET_ITEM(queue, k);
+      if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 11) return false;
+      int g = 0;
+      for (; g < n_groups; ++g) {
+        PyObject* first = groups[g][0];
+        if (PyTuple_GET_ITEM(first, 8) != PyTuple_GET_ITEM(item, 8)) continue;
+        const int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(first, 7), PyTuple_GET_ITEM(item, 7), Py_EQ);
+        if (same < 0) throw py::error_already_set();
+        if (same) break;
+      }
+      if (g == n_groups) ++n_groups;
+      if (sizes[g] == 4) return false;  // more than a launch of a few takes
+      groups[g][sizes[g]++] = item;
+      group_of[k] = g;
+    }
+    if (n_groups > 1 && hcount > 0) return false;  // the hashes go with one group: the Python path's choice
+    DirectLaunch launches[MAX_DIRECT];
+    for (int g = 0; g < n_groups; ++g) {
+      if (!prepare_direct(groups[g], sizes[g], hashed, hcount, launches[g])) return false;
+    }
     // taken from the queue before the launch, which may let another thread run (a backward hook's lane appends)
     py::object taken = py::reinterpret_steal<py::object>(PyList_GetSlice(queue, 0, count));
     if (!taken || PyList_SetSlice(queue, 0, count, nullptr) != 0) throw py::error_already_set();
@@ -1286,14 +1331,22 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
         throw error;
       }
     }
-    py::object done = py::reinterpret_steal<py::object>(PyObject_Call(PyTuple_GET_ITEM(entry, 0), call.ptr(), nullptr));
-    if (!done) {  // back at the front of the queues, for the caller to forget (their numbers null, their hashes the
-      py::error_already_set error;  // torch ops')
-      if (PyList_SetSlice(queue, 0, 0, taken.ptr()) != 0) PyErr_Clear();
-      if (hcount > 0 && PyList_SetSlice(hqueue, 0, 0, hash_taken.ptr()) != 0) PyErr_Clear();
-      throw error;
+    for (int g = 0; g < n_groups; ++g) {
+      const DirectLaunch& launch = launches[g];
+      py::object done = py::reinterpret_steal<py::object>(
+          PyObject_Call(PyTuple_GET_ITEM(launch.entry.ptr(), 0), launch.call.ptr(), nullptr));
+      if (!done) {  // back at the front of the queues, for the caller to forget (their numbers null, their hashes
+        py::error_already_set error;  // the torch ops'): this group's items and those of the groups after it
+        py::list back;
+        for (Py_ssize_t k = 0; k < count; ++k) {
+          if (group_of[k] >= g) back.append(py::handle(PyList_GET_ITEM(taken.ptr(), k)));
+        }
+        if (PyList_SetSlice(queue, 0, 0, back.ptr()) != 0) PyErr_Clear();
+        if (hcount > 0 && PyList_SetSlice(hqueue, 0, 0, hash_taken.ptr()) != 0) PyErr_Clear();
+        throw error;
+      }
+      ++lane_direct_;
     }
-    ++lane_direct_;
     return true;
   }
 

@@ -192,6 +192,11 @@ LANE_SCRIPT = textwrap.dedent(
             w = __msprobe__.call("Torch.cat", torch.cat, [x, y, z])
             __msprobe__.call("Torch.stack", torch.stack, [x, y, z, w[: x.numel()], x])
 
+    def casts(xs):  # a call's input and output of two dtypes: a launch each
+        for x in xs:
+            __msprobe__.call("Tensor.to", torch.Tensor.to, x, torch.float16)
+            __msprobe__.call("Torch.add", torch.add, x, x.to(torch.float16))
+
     def start(debugger):
         debugger.start()
     ''',
@@ -207,7 +212,7 @@ LANE_SCRIPT = textwrap.dedent(
     xs = [torch.randn(n, dtype=dtype) for n in (16, 17, 1024, 5000) for dtype in (torch.float32, torch.bfloat16)]
     xs += [torch.nn.Parameter(torch.randn(33)), torch.randn(4096)[1:1025]]  # a Parameter, an unaligned view
     for _ in range(3):
-        code["body"](xs)
+        code["casts" if os.environ.get("CASTS") else "body"](xs)
     recorder = shims._collector.stats._recorder
     def names(args):
         # each address by its first appearance in the launch (which places share a tensor): across launches an address
@@ -326,7 +331,25 @@ def test_the_native_lanes_launches_with_fingerprints_are_tritons_own(native_lane
     assert {len(args) for _, _, args in direct["launches"]} == {31 + 26 + 1 + 9}
 
 
+def test_the_native_lane_launches_a_call_of_two_dtypes_directly(native_lane):
+    # a cast's input and output (and an add of two dtypes): a launch each dtype, in the order of their first tensors,
+    # straight from the op as the Python path would make them through Triton's run
+    direct = run({"CASTS": "1"}, script=LANE_SCRIPT)
+    through_triton = run({"CASTS": "1", "MSPROBE_TRITON_DIRECT": "0"}, script=LANE_SCRIPT)
+    assert direct["launches"] == through_triton["launches"]
+    assert direct["warnings"] == through_triton["warnings"] == []
+    # three rounds of the same calls: the first round's launches through Triton's run (it makes each kernel), the two
+    # after it straight from the op (the Python path's were each launch of such a call; the arenas' ``_finish``
+    # launches are Python's too)
+    assert direct["native"] >= 0.6 * len(direct["launches"])
+    assert set(direct["tensors for pointers"]) == {0}
+
+
 def test_a_failed_direct_launch_gives_the_kernels_up_with_one_warning(native_lane):
     failed = run({"FAIL_AT": "3"}, script=LANE_SCRIPT)
     assert failed["direct"] == 2  # the two before it; none after: the torch ops serve
+    assert len(failed["warnings"]) == 1 and "a launch that failed" in failed["warnings"][0]
+    # the second launch of a cast (its output's, the first its input's): the one before it only
+    failed = run({"FAIL_AT": "2", "CASTS": "1"}, script=LANE_SCRIPT)
+    assert failed["direct"] == 1
     assert len(failed["warnings"]) == 1 and "a launch that failed" in failed["warnings"][0]
