@@ -935,7 +935,9 @@ class TritonStats:
         recorder.lane(self._queue, self._arenas, renew, launch, mark, cpu, _BLOCK, _MAX_ROWS, self._local)
         self._recorder = recorder
         if triton_launch.direct_on() and hasattr(recorder, "lane_direct"):  # an older op's source has none
-            recorder.lane_direct(self._fast, triton_launch.driver, triton_launch.knobs.runtime, KNOB_OPTIONS)
+            recorder.lane_direct(
+                self._fast, triton_launch.driver, triton_launch.knobs.runtime, KNOB_OPTIONS, lock=self._lock
+            )
             self._direct = True
 
     @property

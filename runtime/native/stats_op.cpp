@@ -922,13 +922,16 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   // multiple of 16; ``code`` the tensors' dtype code. ``driver`` is Triton's ``triton.runtime.driver``,
   // ``runtime`` its ``knobs.runtime`` (the launch hooks), ``options`` the ``(object, attribute)`` pairs whose
   // values ``options`` of an entry holds (Triton's run takes them into its key).
-  void lane_direct(py::object fast, py::object driver, py::object runtime, py::object options) {
+  // ``lock`` (the kernels' lock, TritonStats._lock): a backward hook's queue is launched by ``launch_direct`` here,
+  // under it, where no other thread holds it (``launch_held``); None: by the lane's ``launch``, as before.
+  void lane_direct(py::object fast, py::object driver, py::object runtime, py::object options, py::object lock) {
     if (!PyDict_CheckExact(fast.ptr())) throw py::type_error("fast: a dict");
     if (!PyTuple_CheckExact(options.ptr())) throw py::type_error("options: a tuple");
     direct_fast_ = std::move(fast);
     direct_driver_ = std::move(driver);
     direct_runtime_ = std::move(runtime);
     direct_options_ = std::move(options);
+    direct_lock_ = std::move(lock);
   }
 
   // summary_mode fingerprint: every record made here has a fingerprint besides its statistics, so the op makes
@@ -1600,10 +1603,34 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     if (lane_hook_queued_ == 0) return;
     lane_hook_queued_ = 0;
     try {
+      if (launch_held()) return;
       lane_launch_();
     } catch (const std::exception&) {
       PyErr_Clear();
     }
+  }
+
+  // A hook's queue launched straight (``launch_direct``) under the kernels' lock, taken without waiting: true where
+  // it was. False (nothing launched) where no lock was given, another thread holds it, a fingerprint is queued (the
+  // Python path launches the hashes with the statistics), or ``launch_direct`` cannot serve it; and where the launch
+  // failed, its tensors back in the queue: the lane's ``launch`` then tries it again and leaves them null if it fails
+  // there too. Python frames of the launch each hook saved (bench/per_entry.py, "its backward entry").
+  bool launch_held() {
+    static PyObject* names[] = {PyUnicode_InternFromString("acquire"), PyUnicode_InternFromString("release")};
+    if (direct_lock_.is_none() || direct_fast_.is_none()) return false;
+    if (PyList_CheckExact(hash_queue_.ptr()) && PyList_GET_SIZE(hash_queue_.ptr()) > 0) return false;
+    py::object got = py::reinterpret_steal<py::object>(PyObject_CallMethodOneArg(direct_lock_.ptr(), names[0], Py_False));
+    if (!got) throw py::error_already_set();
+    if (got.ptr() != Py_True) return false;
+    bool launched = false;
+    try {
+      launched = launch_direct(false);
+    } catch (const std::exception&) {
+      PyErr_Clear();
+    }
+    py::object released = py::reinterpret_steal<py::object>(PyObject_CallMethodNoArgs(direct_lock_.ptr(), names[1]));
+    if (!released) throw py::error_already_set();
+    return launched;
   }
 
   void fallback(int64_t index, const std::vector<std::pair<int64_t, int64_t>>& positions,
@@ -2010,6 +2037,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   py::object lane_arenas_ = py::none();
   py::object direct_fast_ = py::none(), direct_driver_ = py::none(), direct_runtime_ = py::none();
   py::object direct_options_ = py::none();
+  py::object direct_lock_ = py::none();
   int64_t lane_direct_ = 0;
   std::unordered_map<int64_t, py::object> lane_keys_;  // device index -> the arenas' key of its lane
   // summary_mode fingerprint (``checksums``): records only by the lane, each with its fingerprint queued too
@@ -2162,7 +2190,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("collecting", &Recorder::collecting, "Whether the hooks record (the collector's flag)")
       .def("lane", &Recorder::lane, "Records of a call's device tensors queued for the Triton kernels")
       .def("lane_off", &Recorder::lane_off, "No more device tensors in the lane")
-      .def("lane_direct", &Recorder::lane_direct, "The compiled kernels the lane's queue may be launched to directly")
+      .def("lane_direct", &Recorder::lane_direct, "The compiled kernels the lane's queue may be launched to directly",
+           py::arg("fast"), py::arg("driver"), py::arg("runtime"), py::arg("options"), py::arg("lock") = py::none())
       .def("launch_direct", &Recorder::launch_direct, "Launch the lane's queue straight to its compiled kernel",
            py::arg("hashes") = false)
       .def("direct_key", &Recorder::direct_key, "The key of the compiled kernel a launch of queue items goes to",

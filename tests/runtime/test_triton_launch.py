@@ -158,7 +158,7 @@ LANE_SCRIPT = textwrap.dedent(
     fake = install()
     import torch
     import msprobe_runtime
-    from msprobe_runtime import PrecisionDebugger, collector, shims, statistics
+    from msprobe_runtime import PrecisionDebugger, collector, shims, statistics, triton_stats
 
     collector.StatBuffer = lambda counts: statistics.StatBuffer(counts, triton_cpu="lane")
     log, fail_at = [], int(os.environ.get("FAIL_AT", "0"))
@@ -192,6 +192,11 @@ LANE_SCRIPT = textwrap.dedent(
             w = __msprobe__.call("Torch.cat", torch.cat, [x, y, z])
             __msprobe__.call("Torch.stack", torch.stack, [x, y, z, w[: x.numel()], x])
 
+    def grads(xs):  # backward hooks: each hook's gradients launched as it ends
+        for x in xs:
+            y = __msprobe__.call("Functional.relu", torch.relu, x)
+            __msprobe__.call("Torch.mul", torch.mul, y, y).sum().backward()
+
     def casts(xs):  # a call's input and output of two dtypes: a launch each
         for x in xs:
             __msprobe__.call("Tensor.to", torch.Tensor.to, x, torch.float16)
@@ -211,8 +216,14 @@ LANE_SCRIPT = textwrap.dedent(
     code["start"](debugger)
     xs = [torch.randn(n, dtype=dtype) for n in (16, 17, 1024, 5000) for dtype in (torch.float32, torch.bfloat16)]
     xs += [torch.nn.Parameter(torch.randn(33)), torch.randn(4096)[1:1025]]  # a Parameter, an unaligned view
+    body = "grads" if os.environ.get("GRADS") else "casts" if os.environ.get("CASTS") else "body"
+    if body == "grads":
+        xs = [x.detach().requires_grad_() for x in xs]
+    hook_launches = []  # the lane's launches of a backward hook's gradients by Python (the op's own: none)
+    launch = triton_stats.TritonStats._lane_launch
+    triton_stats.TritonStats._lane_launch = lambda self: (hook_launches.append(1), launch(self))
     for _ in range(3):
-        code["casts" if os.environ.get("CASTS") else "body"](xs)
+        code[body](xs)
     recorder = shims._collector.stats._recorder
     def names(args):
         # each address by its first appearance in the launch (which places share a tensor): across launches an address
@@ -227,6 +238,7 @@ LANE_SCRIPT = textwrap.dedent(
         # the tensors given for pointers, each a data_ptr() call and a driver check in Triton's launcher
         "tensors for pointers": [given for _, _, _, direct, given in log if direct],
         "direct": sum(1 for entry in log if entry[3]),
+        "hook launches by Python": len(hook_launches),
         "native": None if recorder is None else recorder.direct_launches,
         "warnings": warnings,
     }, sys.stdout)
@@ -342,6 +354,20 @@ def test_the_native_lane_launches_a_call_of_two_dtypes_directly(native_lane):
     # after it straight from the op (the Python path's were each launch of such a call; the arenas' ``_finish``
     # launches are Python's too)
     assert direct["native"] >= 0.6 * len(direct["launches"])
+    assert set(direct["tensors for pointers"]) == {0}
+
+
+def test_the_native_lane_launches_a_backward_hooks_gradients_itself(native_lane):
+    # a hook's gradients launched by the op as the hook ends (``launch_held``), not by a call back into Python; the
+    # same launches as through Triton's run
+    direct = run({"GRADS": "1"}, script=LANE_SCRIPT)
+    through_triton = run({"GRADS": "1", "MSPROBE_TRITON_DIRECT": "0"}, script=LANE_SCRIPT)
+    assert direct["launches"] == through_triton["launches"]
+    assert direct["warnings"] == through_triton["warnings"] == []
+    # the same backward three times: through Triton's run every hook's by Python; direct, at most the first round's
+    # (their launches make the kernels), here none (the forward calls made them)
+    assert through_triton["hook launches by Python"] >= 3 * 10
+    assert direct["hook launches by Python"] <= through_triton["hook launches by Python"] / 3
     assert set(direct["tensors for pointers"]) == {0}
 
 
