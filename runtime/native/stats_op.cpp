@@ -1269,9 +1269,8 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   // every taker of the queue does.
   //
   // ``hashes`` (a call's end, the fingerprints' lock held too): where the fingerprints' queue (``lane_fingerprints``)
-  // holds one to four tensors of one arena, they go in the same launch as a queue of one group,
-  // ``_partials_hash_few`` (kind 5), or none does (false: the Python path's ``Fingerprints.launch_with``); both
-  // queues emptied then.
+  // holds one to four tensors of one arena, they go in the first group's launch, ``_partials_hash_few`` (kind 5),
+  // or none does (false: the Python path's ``Fingerprints.launch_with``); both queues emptied then.
   bool launch_direct(bool hashes) {
     static PyObject* names[] = {PyUnicode_InternFromString("launch_enter_hook"),
                                 PyUnicode_InternFromString("launch_exit_hook"), PyUnicode_InternFromString("calls")};
@@ -1317,10 +1316,9 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
       groups[g][sizes[g]++] = item;
       group_of[k] = g;
     }
-    if (n_groups > 1 && hcount > 0) return false;  // the hashes go with one group: the Python path's choice
     DirectLaunch launches[MAX_DIRECT];
-    for (int g = 0; g < n_groups; ++g) {
-      if (!prepare_direct(groups[g], sizes[g], hashed, hcount, launches[g])) return false;
+    for (int g = 0; g < n_groups; ++g) {  // the hashes with the first group, as the Python path launches them
+      if (!prepare_direct(groups[g], sizes[g], hashed, g == 0 ? hcount : 0, launches[g])) return false;
     }
     // taken from the queue before the launch, which may let another thread run (a backward hook's lane appends)
     py::object taken = py::reinterpret_steal<py::object>(PyList_GetSlice(queue, 0, count));

@@ -355,6 +355,14 @@ def test_the_native_lane_launches_a_call_of_two_dtypes_directly(native_lane):
     # launches are Python's too)
     assert direct["native"] >= 0.6 * len(direct["launches"])
     assert set(direct["tensors for pointers"]) == {0}
+    # summary_mode fingerprint: the call's hashes with its first dtype's statistics, as the Python path launches them
+    direct = run({"CASTS": "1", "SUMMARY_MODE": "fingerprint"}, script=LANE_SCRIPT)
+    through_triton = run(
+        {"CASTS": "1", "SUMMARY_MODE": "fingerprint", "MSPROBE_TRITON_DIRECT": "0"}, script=LANE_SCRIPT
+    )
+    assert direct["launches"] == through_triton["launches"]
+    assert direct["warnings"] == through_triton["warnings"] == []
+    assert direct["native"] >= 0.6 * len(direct["launches"])
 
 
 def test_the_native_lane_launches_a_backward_hooks_gradients_itself(native_lane):
