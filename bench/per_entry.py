@@ -8,8 +8,9 @@ training thread. Each figure is also given as a multiple of the plain call measu
 Scenarios: a shallow stack; ``--depth`` more Python frames under the call (a Megatron layer's API call sits
 about 40 deep); the same depth outside a module whose forward makes the calls (the stack outside a running
 module call is captured once: call_stacks.Anchors); an input that requires grad (the backward hook is
-attached); a cast (``Tensor.to`` float32 to float16: a call's tensors of two dtypes); and the backward entry
-that such a call later records, timed over ``loss.backward()`` of a chain of calls.
+attached); a cast (``Tensor.to`` float32 to float16: a call's tensors of two dtypes); the backward entry
+that such a call later records, timed over ``loss.backward()`` of a chain of calls; and the flush of the shallow
+stack's step (``debugger.stop(); debugger.step()``), per entry.
 
 Parts (the current runtime's own functions, called alone on a collecting collector): naming, the input and
 output records (metadata, and the statistics by the native op where it serves; on a device path each record within
@@ -229,8 +230,9 @@ def main():
     sync = getattr(torch, torch.device(args.device).type, None)
     sync = sync.synchronize if args.device != "cpu" and hasattr(sync, "synchronize") else (lambda: None)
 
-    def collected(body):
-        """Seconds of ``body`` while collecting: a fresh step each round, its files written after."""
+    def collected(body, flushes=None):
+        """Seconds of ``body`` while collecting: a fresh step each round, its files written after; the seconds of
+        each round's flush (``finish``: the step's records handed to the writer) appended to ``flushes``."""
 
         def run():
             debugger = new_debugger(PrecisionDebugger, dump, args)
@@ -240,7 +242,10 @@ def main():
             body()
             sync()
             elapsed = time.perf_counter() - began
+            began = time.perf_counter()
             finish(debugger)
+            if flushes is not None:
+                flushes.append(time.perf_counter() - began)
             debugger.wait()
             return elapsed
 
@@ -284,10 +289,14 @@ def main():
         "a cast (two dtypes)": (lambda: casts(x, n), lambda: casts(x, n)),
     }
     entry = {}
+    flushes: list = []
     for name, (plain_body, collected_body) in scenarios.items():
         plain = best_seconds(plain_body, args.rounds, sync)
-        entry[name] = (collected(collected_body) - plain) / n
+        entry[name] = (collected(collected_body, flushes if name == "shallow stack" else None) - plain) / n
     entry["its backward entry"] = (backward_seconds(True) - backward_seconds(False)) / n
+    # the shallow stack's step (two records a call) handed to the writer, on the training thread: where every number
+    # is on the host (the CPU, or CPU tensors taken as a device's) its files are made here too (Debugger._flush)
+    entry["the step's flush"] = min(flushes) / n
 
     parts = measure_parts(torch, msprobe_runtime, PrecisionDebugger, start, finish, dump, args)
     shutil.rmtree(dump, ignore_errors=True)

@@ -740,7 +740,7 @@ class _CallState(threading.local):
 class _Arena:
     """The partial rows and metadata of the tensors of one device and slot width, until the flush."""
 
-    __slots__ = ("part", "meta", "rows", "capacity", "room", "slots", "counts", "groups")
+    __slots__ = ("part", "meta", "rows", "capacity", "room", "slots", "counts", "groups", "_read")
 
     def __init__(self, device, rows, columns):
         self.part = torch.empty((rows, columns), dtype=torch.float64, device=device)
@@ -751,6 +751,7 @@ class _Arena:
         self.slots = []  # a Slot per tensor; the lane's mark for a native Recorder's record; None once forgotten
         self.counts = []
         self.groups = None  # the group slots of its numbers, once closed (``TritonStats._close``)
+        self._read = None  # their numbers, once read (``numbers``)
 
     def numbers(self, tensor):
         """Max, Min, Mean, Norm, then the NaN and Inf counts where they are on, of tensor ``tensor`` of the
@@ -759,14 +760,19 @@ class _Arena:
         groups = self.groups
         if groups is None or self.slots[tensor] is None:
             return None
-        values = groups[0].values()
-        if values is None:
-            return None
-        out = tuple(values[4 * tensor : 4 * tensor + 4])
-        if len(groups) > 1:
-            counts = groups[1].values()
-            if counts is None:
+        read = self._read
+        if read is None:
+            # the arena's numbers read once: a group slot's values() is a copy of all of them (four an arena's
+            # tensor, up to _ARENA_TENSORS), which a copy a record made a step's resolve quadratic
+            # (docs/benchmarks.md, "a step's records resolved")
+            values = groups[0].values()
+            counts = groups[1].values() if len(groups) > 1 else ()
+            if values is None or counts is None:
                 return None
+            read = self._read = (values, counts)
+        values, counts = read
+        out = tuple(values[4 * tensor : 4 * tensor + 4])
+        if counts:
             out += tuple(counts[2 * tensor : 2 * tensor + 2])
         return out
 

@@ -229,6 +229,28 @@ def test_a_tensor_twice_in_a_call_is_read_once(kernels):
     assert records.native_resolved(made[2])["Max"] == x.max().item()
 
 
+def test_an_arenas_numbers_are_read_once_for_all_its_records(monkeypatch, kernels):
+    """Each group slot's values() is a copy of the whole arena's numbers: read once, not once a record, which made
+    a step's resolve quadratic in its records (bench/per_entry.py, "the step's flush")."""
+    buffer, recorder, fused = lane_parts()
+    xs = [torch.randn(n, device=DEVICE) for n in range(1, 41)]
+    made = []
+    for x in xs:
+        fused.begin()
+        made += recorder.records((x,))[0]
+        fused.end()
+    assert recorder.lane_reads == len(xs)
+    arena = made[0][4][1]
+    assert all(record[4][1] is arena for record in made)  # one arena
+    buffer.take()
+    reads = []
+    values = statistics.Slot.values
+    monkeypatch.setattr(statistics.Slot, "values", lambda slot: (reads.append(slot), values(slot))[1])
+    for record, x in zip(made, xs):
+        assert records.native_resolved(record)["Max"] == x.max().item()
+    assert len(reads) == len(arena.groups)  # the numbers' group slot, and the counts' where they are on
+
+
 def test_full_arenas_are_closed_and_new_ones_taken(monkeypatch, kernels):
     """More tensors than an arena holds, and a tensor of more rows than its room left: new arenas, the numbers
     of every tensor right."""
