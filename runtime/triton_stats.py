@@ -762,8 +762,8 @@ class _Arena:
             return None
         read = self._read
         if read is None:
-            # the arena's numbers read once: a group slot's values() is a copy of all of them (four an arena's
-            # tensor, up to _ARENA_TENSORS), which a copy a record made a step's resolve quadratic
+            # the arena's numbers read once: a group slot's values() is a copy of all of them (four a tensor, up
+            # to _ARENA_TENSORS tensors); copied for each record, they made a step's resolve quadratic
             # (docs/benchmarks.md, "a step's records resolved")
             values = groups[0].values()
             counts = groups[1].values() if len(groups) > 1 else ()
