@@ -106,9 +106,15 @@ def tensor_json(type_name, dtype, shape, requires_grad, top, low, mean, norm, co
     out = {"type": type_name, "dtype": dtype, "shape": list(shape), "Max": top, "Min": low, "Mean": mean, "Norm": norm}
     out["requires_grad"] = requires_grad
     if counts is not None:
-        out["NaN_count"] = int(counts[0])
-        out["Inf_count"] = int(counts[1])
+        out["NaN_count"] = _count(counts[0])
+        out["Inf_count"] = _count(counts[1])
     return out
+
+
+def _count(value):
+    """A NaN or Inf count as msprobe writes it, an int; None where it is no number (NaN or infinite: memory that a
+    kernel never wrote), which ``int`` would raise for and so fail the whole step's file."""
+    return int(value) if value - value == 0 else None
 
 
 def native_json(record):

@@ -279,3 +279,13 @@ def test_a_step_sent_unprepared_does_not_cost_the_steps_after_it(fresh_process, 
         with open(path) as handle:
             names = list(json.load(handle)["data"])
         assert names == ["Torch.relu.0.forward"] + (["Torch.tanh.0.forward"] if step % 2 else [])
+
+
+def test_a_count_that_is_no_number_is_written_null_and_the_record_kept():
+    # a kernel's counts are sums of whole numbers; numbers it never wrote (an arena's memory) can be NaN or infinite,
+    # which int() raises for: the step's whole file failed on one record (seen with the fake Triton driver)
+    record = ("torch.float32", (2,), False, False, (1.0, 0.0, 0.5, 1.0, float("nan"), float("inf")))
+    out = json_files.native_json(record)
+    assert out["NaN_count"] is None and out["Inf_count"] is None and out["Max"] == 1.0
+    counted = json_files.native_json(record[:4] + ((1.0, 0.0, 0.5, 1.0, 2.0, 0.0),))
+    assert (counted["NaN_count"], counted["Inf_count"]) == (2, 0) and type(counted["NaN_count"]) is int
