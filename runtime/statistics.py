@@ -295,8 +295,8 @@ class StatBuffer:
             self._recorder_fingerprints = True
         self._recorder = recorder  # its lane serves the Triton kernels' device tensors (``_attach``)
         if self._fused is None and self._fused_cpu:  # CPU tensors are the lane's (tests): no device tensor asks first
-            self._fused = _fused_stats(self.nan_inf_count) or False
-        if self._fused:
+            self._kernels()  # made with the lane attached
+        elif self._fused:
             self._attach(self._fused)
         return recorder
 

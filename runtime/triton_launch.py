@@ -90,7 +90,6 @@ class _Plan:
         if len(types) > len(params):
             raise TypeError("more arguments than parameters")
         self.tensors, self.aligned, self.ints, self.special = [], [], [], []
-        self.places = tuple(k for k, kind in enumerate(types) if kind in _TENSORS)
         for k, kind in enumerate(types):
             param = params[k]
             if param.is_constexpr:
@@ -105,6 +104,7 @@ class _Plan:
                     self.special.append(k)
             elif kind is not float:
                 raise TypeError(f"{param.name}: {kind.__name__}")
+        self.places = tuple(self.tensors)  # the tensors' positions (``addresses``)
         self.tensors, self.aligned, self.ints, self.special = (
             _getter(self.tensors),
             _getter(self.aligned),
