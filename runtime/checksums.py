@@ -33,6 +33,7 @@ import threading
 import zlib
 
 from .fingerprint_lanes import LANES, geometric_sum
+from .json_files import FINGERPRINT_KEY, fingerprint_hex  # the writing process makes a device record's too
 
 # bytes per row of the power table: a row sums at most 2**20 products below 2**8 * 2**31 (< 2**60)
 _ROW = 1 << 20
@@ -108,12 +109,6 @@ def fingerprint_parts(t):
     return torch.stack((h1 >> 16, h1 & 0xFFFF, h2 >> 16, h2 & 0xFFFF))
 
 
-def fingerprint_hex(parts):
-    """The 16 hex digits of four parts read back from the host."""
-    values = [int(v) for v in parts]
-    return f"{(values[0] << 16) | values[1]:08x}{(values[2] << 16) | values[3]:08x}"
-
-
 def fingerprint_reference(data: bytes) -> str:
     """The same fingerprint computed in pure Python over ``data`` (the specification, for tests)."""
     out = []
@@ -127,7 +122,6 @@ def fingerprint_reference(data: bytes) -> str:
 
 
 MD5_KEY = "md5"
-FINGERPRINT_KEY = "fingerprint"
 MODES = ("md5", "fingerprint")
 
 

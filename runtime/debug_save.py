@@ -157,4 +157,6 @@ class DumpWriter(Writer):
             return super()._write(job)
         out = dict(job.header)
         out["data"] = {name: resolve(entry) for name, entry in job.data.items()}
-        self.write_files(job.directory, [("debug.json", out)], job.tensors, job.tensor_dir)
+        # the numbers its device records name (none yet: save() reads outside any call, which the native lane
+        # never serves) were sent with the step's dump, made into files before it
+        self.write_files(job.directory, [("debug.json", out)], job.tensors, job.tensor_dir, numbers=self.last_numbers())

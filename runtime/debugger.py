@@ -394,8 +394,8 @@ class PrecisionDebugger:
             # not copied (``_detached``): a step prepared at once below is marshalled before any hook can add to it
             data, stacks, construct, tensors = collector.snapshot(handover)
             # read after: a record made meanwhile only counts against plain; the native lane's device records
-            # are resolved by the writer thread, as TensorRecords are (records.native_resolved)
-            plain = collector.step.tensor_records == 0 and not collector.lane_reads()
+            # are plain data (their numbers go beside them: records.device_numbers)
+            plain = collector.step.tensor_records == 0
         else:
             tensors = collector.take_tensors()
         debug = self._debug.snapshot(handover) if self._debug.dirty else None
@@ -406,6 +406,7 @@ class PrecisionDebugger:
                 on_host = collector.stats.take()
         except Exception as error:  # never into the training loop: the step's statistics are written null
             collector.log_error("collecting the step's statistics", error)
+        arenas = collector.stats.closed_arenas()  # whose numbers the native lane's device records name
         directory = self._step_dir(self.current_step)
         if dump:
             header = {
@@ -414,7 +415,7 @@ class PrecisionDebugger:
                 "framework": "pytorch",
                 "dump_data_dir": None,
             }
-            job = StepJob(directory, header, data, stacks, construct, tensors, plain)
+            job = StepJob(directory, header, data, stacks, construct, tensors, plain, arenas)
             if on_host and collector.plan.checksum_mode is None and self._writer.may_prepare():
                 # every number is here: made into files now, in one go (writer.py says why not on its thread)
                 try:

@@ -6,20 +6,24 @@ answers each job on its stdout. Encoding the JSON (most of all Python's ``float.
 statistic) is the largest part of writing a step; in the training process it held the GIL, which the
 training thread then waited for after each torch op. In a process of its own it runs on another core.
 
-A job is ``(directory, [(file name, object), ...])``, marshalled (the records are plain lists, dicts, strings
-and numbers by then) behind an 8-byte length. A file may also come as ``(name, object, key)``: its text is
-kept, and a later ``(name, None, key)`` with the same key writes that text again. stack.json and
-construct.json are the same step after step (the same call sites, the same modules), so the training thread
-sends them once while they do not change (``writer.Writer``). A record of a tensor that the native op read
-is still the tuple the training thread made (``native/stats_op.cpp``'s ``Recorder``): it becomes msprobe's record here
-(``expand``), in the process that writes, which is most of what turning a step's records into JSON used to
-cost the training thread. The answer is ``(errno or -1 or 0, message)``: 0 when every file is written,
-otherwise the error, which the writer thread raises as its own (docs: one loud message, the step not
-written, later steps tried again).
+A job is ``(directory, [(file name, object), ...])``, then the numbers of its device records where it has
+any, marshalled (the records are plain lists, dicts, strings and numbers by then) behind an 8-byte length.
+A file may also come as ``(name, object, key)``: its text is kept, and a later ``(name, None, key)`` with
+the same key writes that text again. stack.json and construct.json are the same step after step (the same
+call sites, the same modules), so the training thread sends them once while they do not change
+(``writer.Writer``). A record of a tensor that the native op read is still the tuple the training thread
+made (``native/stats_op.cpp``'s ``Recorder``): it becomes msprobe's record here (``expand``), in the process
+that writes, which is most of what turning a step's records into JSON used to cost the training thread. A
+device tensor's record (the Recorder's lane onto the Triton kernels) names its numbers by place,
+``(DEVICE_ROW, arena, tensor)``, and the job brings the numbers of the arenas it names
+(``records.device_numbers``), so that its records too become JSON only here. The answer is
+``(errno or -1 or 0, message)``: 0 when every file is written, otherwise the error, which the writer thread
+raises as its own (docs: one loud message, the step not written, later steps tried again).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import marshal
 import os
@@ -73,28 +77,29 @@ def remove_quietly(path):
         pass
 
 
-def write_files(directory, files, kept=None):
-    """Make ``directory`` and write each ``(name, object)`` of ``files`` into it, in order (``expand``ed).
+def write_files(directory, files, kept=None, numbers=None):
+    """Make ``directory`` and write each ``(name, object)`` of ``files`` into it, in order (``expand``ed, a device
+    record's numbers from ``numbers``: ``records.device_numbers``).
 
     ``kept``: the texts of files sent as ``(name, object, key)``, by ``(key[0], name)`` (a writer's stream and
     the file): ``(key[1], text)``, the latest of each. A file ``(name, None, key)`` is the text kept for that
     key; where it is not kept, nothing of the step is written (KeyError)."""
-    texts = [(item[0], _text(item, kept)) for item in files]
+    texts = [(item[0], _text(item, kept, numbers)) for item in files]
     os.makedirs(directory, exist_ok=True)
     for name, text in texts:
         atomic_write_text(os.path.join(directory, name), text)
 
 
-def _text(item, kept):
+def _text(item, kept, numbers):
     if len(item) == 2:
-        return json_text(expand(item[1]))
+        return json_text(expand(item[1], numbers))
     name, obj, (stream, version) = item
     if obj is None:
         known = kept.get((stream, name)) if kept is not None else None
         if known is None or known[0] != version:
             raise KeyError(f"{name} sent earlier as version {version} is not kept here")
         return known[1]
-    text = json_text(expand(obj))
+    text = json_text(expand(obj, numbers))
     if kept is not None:
         kept[(stream, name)] = (version, text)
     return text
@@ -117,13 +122,17 @@ def _count(value):
     return int(value) if value - value == 0 else None
 
 
-def native_json(record):
+def native_json(record, numbers=None):
     """The record of a native record's tuple ``(dtype, shape, requires_grad, scalar, row)``: ``row``
     is Max, Min, Mean, Norm (a 0-d tensor's: its value first), then the NaN and Inf counts if any; for a float
-    tensor it is those numbers packed as native doubles (``bytes``), for an integer or bool one a tuple."""
+    tensor it is those numbers packed as native doubles (``bytes``), for an integer or bool one a tuple; for a
+    device tensor's ``(DEVICE_ROW, arena, tensor)``, its place in ``numbers`` (``records.device_numbers``), the
+    fingerprint's digits (a str, or None) fourth in summary_mode fingerprint."""
     dtype, shape, requires_grad, scalar, row = record
     if type(row) is bytes:
         row = _DOUBLES.unpack(row) if len(row) == _DOUBLES.size else _DOUBLES_COUNTED.unpack(row)
+    elif row and row[0] == DEVICE_ROW:  # a tuple of numbers otherwise, whose first is never a str
+        return _device_json(record, numbers)
     counts = row[4:6] if len(row) > 4 else None
     if scalar:
         return tensor_json("torch.Tensor", dtype, shape, requires_grad, row[0], row[0], row[0], row[0], counts)
@@ -132,6 +141,62 @@ def native_json(record):
 
 _DOUBLES = struct.Struct("=4d")  # the native op's row: Max, Min, Mean, Norm
 _DOUBLES_COUNTED = struct.Struct("=6d")  # and the NaN and Inf counts
+_COUNTS = struct.Struct("=2d")
+
+# The mark that begins a device record's row (statistics.StatBuffer gives it to the native op's lane): a str, which
+# marshal carries and no row of numbers holds
+DEVICE_ROW = "msprobe:device-row"
+FINGERPRINT_KEY = "fingerprint"  # summary_mode fingerprint's field (checksums)
+_ARENA_KEYS = itertools.count(1)
+
+
+def arena_key():
+    """A key for a Triton arena (triton_stats', triton_fingerprint's), unique in the process: what a device record
+    names its numbers by (``native_json``). Here, in a module never imported afresh, as tests do the kernels'."""
+    return next(_ARENA_KEYS)
+
+
+def fingerprint_hex(parts):
+    """The 16 hex digits of a fingerprint's four parts read back from the host (numbers below 2**16 each)."""
+    values = [int(v) for v in parts]
+    return f"{(values[0] << 16) | values[1]:08x}{(values[2] << 16) | values[3]:08x}"
+
+
+def _device_json(record, numbers):
+    """A device record's dict: its numbers where ``numbers`` has them (a launch that failed, an arena never closed or
+    read: null, as the Python path writes them); in summary_mode fingerprint (the row ``(DEVICE_ROW, key, tensor,
+    fingerprints' key, their tensor)``) its fingerprint's digits after them."""
+    dtype, shape, requires_grad, scalar, row = record
+    arena = numbers.get(row[1]) if numbers else None
+    tensor = row[2]
+    if arena is None or tensor in arena[2]:
+        out = tensor_json("torch.Tensor", dtype, shape, requires_grad, None, None, None, None, None)
+    else:
+        values, counts = _DOUBLES.unpack_from(arena[0], 32 * tensor), None
+        if arena[1]:
+            counts = _COUNTS.unpack_from(arena[1], 16 * tensor)
+        top = values[0]
+        if scalar:
+            out = tensor_json("torch.Tensor", dtype, shape, requires_grad, top, top, top, top, counts)
+        else:
+            out = tensor_json("torch.Tensor", dtype, shape, requires_grad, top, values[1], values[2], values[3], counts)
+    if len(row) == 5:
+        out[FINGERPRINT_KEY] = _digits(numbers.get(row[3]) if numbers else None, row[4])
+    return out
+
+
+def _digits(arena, tensor):
+    """The fingerprint of tensor ``tensor`` of a fingerprints' arena's numbers (``(its four parts a tensor as doubles,
+    b"", the tensors whose parts never came, {tensor: the torch ops' parts, or None}``): a launch that failed gave the
+    torch ops' parts; None where none came."""
+    if arena is None:
+        return None
+    if tensor in arena[3]:
+        parts = arena[3][tensor]
+        return None if parts is None else fingerprint_hex(parts)
+    if tensor in arena[2] or len(arena[0]) < 32 * (tensor + 1):  # never written, or the arena's copy never came
+        return None
+    return fingerprint_hex(_DOUBLES.unpack_from(arena[0], 32 * tensor))
 
 
 def convert(obj, converters):
@@ -149,9 +214,11 @@ def convert(obj, converters):
 _NATIVE = {tuple: native_json}  # a native record is the only tuple in a record
 
 
-def expand(obj):
-    """``obj`` with every native record made into its dict."""
-    return convert(obj, _NATIVE)
+def expand(obj, numbers=None):
+    """``obj`` with every native record made into its dict (a device record's numbers from ``numbers``)."""
+    if not numbers:
+        return convert(obj, _NATIVE)
+    return convert(obj, {tuple: lambda record: native_json(record, numbers)})
 
 
 def copy_records(obj):
@@ -201,9 +268,9 @@ def serve(source, answers):
         if job is None:
             return
         last = time.monotonic()
-        directory, files = job
+        directory, files = job[:2]
         try:
-            write_files(directory, files, kept)
+            write_files(directory, files, kept, job[2] if len(job) > 2 else None)
             answer = (0, "")
         except OSError as error:
             answer = (

@@ -8,19 +8,18 @@ A tensor the native op read at record time becomes a plain tuple instead (made b
 leaves untracked by the garbage collector, so the records a step keeps until its flush are neither walked by
 its young collections nor piled up in its oldest generation, where they brought on full collections. It stays
 a tuple until the writing process makes it into msprobe's record (``json_files.native_json``). A device tensor's
-native record (the Recorder's lane onto the Triton kernels) has the row ``(DEVICE_ROW, arena, tensor)`` until the
-writer thread puts its numbers there (``native_resolved``); in summary_mode fingerprint ``(DEVICE_ROW, arena, tensor,
-slot)``, the slot of its fingerprint's four parts (a ``statistics.Slot``, as a Python record's ``checksums.Fingerprint``
-holds).
+native record (the Recorder's lane onto the Triton kernels) has the row ``(DEVICE_ROW, arena's key, tensor)``: plain
+data too, whose numbers the writing process is sent with the step's files (``device_numbers``); in summary_mode
+fingerprint ``(DEVICE_ROW, arena's key, tensor, fingerprints' arena's key, tensor there)``, its fingerprint's parts
+sent the same way.
 """
 
 from __future__ import annotations
 
-from .checksums import FINGERPRINT_KEY, fingerprint_hex
 from .foreign import is_subclass, type_name
 from . import dump_names
-from .json_files import convert, copy_records, native_json, tensor_json
-from .statistics import DEVICE_ROW, KIND_BOOL, KIND_FLOAT, KIND_LOW, KIND_NO_MEAN, KIND_SCALAR, slot_values
+from .json_files import convert, copy_records, tensor_json
+from .statistics import KIND_BOOL, KIND_FLOAT, KIND_LOW, KIND_NO_MEAN, KIND_SCALAR, slot_values
 
 MAX_DEPTH = 32
 
@@ -123,26 +122,20 @@ def resolve(obj):
     return convert(obj, _RESOLVE)
 
 
-def native_resolved(record):
-    """A native record as it is, or, where its row is a device tensor's in a Triton arena (``DEVICE_ROW``), its
-    JSON form with the numbers the flush brought (null where they never came: a launch that failed). A row of
-    summary_mode fingerprint has the fingerprint's slot last (``(DEVICE_ROW, arena, tensor, slot)``): its field
-    after the statistics, as a Python record's (``TensorRecord.to_json``)."""
-    row = record[4]
-    if type(row) is not tuple or not row or row[0] is not DEVICE_ROW:
-        return record
-    numbers = row[1].numbers(row[2])
-    if numbers is None:
-        out = tensor_json("torch.Tensor", record[0], record[1], record[2], None, None, None, None, None)
-    else:
-        out = native_json(record[:4] + (numbers,))
-    if len(row) == 4:
-        parts = row[3].values()
-        out[FINGERPRINT_KEY] = fingerprint_hex(parts) if parts is not None else None
+def device_numbers(arenas):
+    """The numbers of ``arenas`` (``StatBuffer.closed_arenas``: Triton arenas closed, their numbers on the host or on
+    their way) as the writing process reads them (json_files.native_json): by each arena's key, its ``packed()``
+    (``triton_stats._Arena``'s statistics, ``triton_fingerprint._Arena``'s fingerprint parts). An arena whose numbers
+    never came is left out: its records are written null."""
+    out = {}
+    for arena in arenas:
+        packed = arena.packed()
+        if packed is not None:
+            out[arena.key] = packed
     return out
 
 
-_RESOLVE = {TensorRecord: TensorRecord.to_json, tuple: native_resolved}
+_RESOLVE = {TensorRecord: TensorRecord.to_json}
 
 
 def describe_builtin(value):

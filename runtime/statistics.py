@@ -25,6 +25,10 @@ import os
 import threading
 import weakref
 
+# the mark of a native record whose row is ``(mark, arena's key, tensor)``: a device tensor's numbers, in a Triton
+# arena (``TritonStats.attach``) until the flush; the writing process finds them by the key (json_files.native_json)
+from .json_files import DEVICE_ROW
+
 # Kinds decide msprobe's null rules at write time.
 KIND_FLOAT = 0  # Max, Min, Mean, Norm
 KIND_NO_MEAN = 1  # float64 and integer tensors: Max and Min only (msprobe leaves Mean and Norm null)
@@ -127,7 +131,7 @@ class Batch:
     """A copy on its way to the host, its event, and (once ``read`` on the writer thread) what it holds: one
     flush of one device (the numbers of its slots), or one tensor's bytes (checksums.HostCopy)."""
 
-    __slots__ = ("host", "event", "read", "_flat", "_lock")
+    __slots__ = ("host", "event", "read", "_flat", "_lock", "_doubles")
 
     def __init__(self, host, event, read=None):
         self.host = host
@@ -135,14 +139,38 @@ class Batch:
         self.read = read or host_rows
         self._flat = None
         self._lock = threading.Lock()
+        self._doubles = None  # a float64 copy's memory, as it came (``doubles``)
 
     def values(self):
         with self._lock:
-            if self.host is not None:
-                wait_event(self.event)
-                self._flat = self.read(self.host)
-                self.host = self.event = None
+            self._land()
+            if self._flat is None:
+                self._flat = _unpack_doubles(self._doubles)
             return self._flat
+
+    def doubles(self, offset, width):
+        """The numbers at ``offset`` to ``offset + width`` packed as native doubles, the bytes of the copy as they came
+        where it is a float64 one: the writing process unpacks them (records.device_numbers), so no float object is
+        made here."""
+        with self._lock:
+            self._land()
+            if self._doubles is None:
+                return _pack_doubles(self._flat[offset : offset + width])
+            return self._doubles[8 * offset : 8 * (offset + width)]
+
+    def _land(self):
+        """Wait for the copy and read it (the lock held): a float64 copy read as numbers by ``host_rows`` kept as its
+        bytes, made numbers only where ``values`` asks."""
+        if self.host is None:
+            return
+        import torch
+
+        wait_event(self.event)
+        if self.read is host_rows and self.host.dtype is torch.float64:
+            self._doubles = host_bytes(self.host)
+        else:
+            self._flat = self.read(self.host)
+        self.host = self.event = None
 
 
 class Slot:
@@ -166,6 +194,11 @@ class Slot:
             return None
         flat = batch.values()
         return flat[self.offset : self.offset + self.width]
+
+    def doubles(self):
+        """The numbers packed as native doubles (``Batch.doubles``; writer thread only); None if never flushed."""
+        batch = self.batch
+        return None if batch is None else batch.doubles(self.offset, self.width)
 
 
 def slot_values(slot):
@@ -195,19 +228,6 @@ _STAGE_FIRST_ROWS = 32
 
 
 LATER = object()  # an item the native Recorder left for the caller to describe (StatBuffer.native_recorder)
-
-
-class _DeviceRow:
-    """The mark of a native record whose row is ``(mark, arena, tensor)``: a device tensor's numbers, still in
-    a Triton arena (``TritonStats.attach``); the writer resolves it (records.native_resolved)."""
-
-    __slots__ = ()
-
-    def __repr__(self):
-        return "DEVICE_ROW"
-
-
-DEVICE_ROW = _DeviceRow()
 
 
 _TENSOR = _PARAMETER = None  # torch.Tensor and torch.nn.Parameter, set by the first StatBuffer (no torch import here)
@@ -256,6 +276,8 @@ class StatBuffer:
         self._staged_bytes = 0
         self._rows = {}  # device -> [_Rows], the last one filling: the torch ops' reductions of larger tensors
         self._rows_off = False  # set when a reduction into rows failed: the stacked ops from then on
+        # the Triton arenas that the native lane's records name, closed by the flushes since ``closed_arenas``
+        self._closed = []
 
     def native(self, t):
         """``(kind, row)`` of ``t`` computed by the native op in one pass, or None where it does not serve (no
@@ -652,6 +674,13 @@ class StatBuffer:
                 kept[key] = keep
         return groups, kept
 
+    def closed_arenas(self):
+        """The Triton arenas closed by ``take`` since the last call whose numbers the native lane's records name
+        (their rows ``(DEVICE_ROW, key, tensor)``, and the fingerprints' arena's key and index in summary_mode
+        fingerprint): a step's writer reads their numbers (records.device_numbers)."""
+        closed, self._closed = self._closed, []
+        return closed
+
     def take(self):
         """Start the transfer of every pending slot: one buffer and one non-blocking copy per device. Returns
         whether every number is on the host already (CPU tensors only), so that reading them waits for
@@ -679,6 +708,7 @@ class StatBuffer:
                 pending.extend(self._fingerprints.finish())
             except Exception as error:  # their finish failed: null fingerprints this flush, the torch ops after
                 self._fingerprints_failed(error)
+            self._closed.extend(self._fingerprints.take_closed())
             if self._fingerprints.error is not None:
                 self._fingerprints_failed(self._fingerprints.error)
         if self._fused:
@@ -688,6 +718,7 @@ class StatBuffer:
                 self._fused_devices = ()
                 self._fused.detach()
                 _fused_failed(error)
+            self._closed.extend(self._fused.take_closed())
         with self._lock:
             for key, keep in kept.items():
                 self._stages.setdefault(key, [keep])
@@ -997,16 +1028,35 @@ def wait_event(event):
 def host_rows(host):
     """A host tensor (float64, float32 or int64) as a list of numbers, read from its memory directly (no
     Tensor.tolist/.numpy/.item)."""
-    import ctypes
     import struct
 
     import torch
 
-    host = host.contiguous()
+    raw = host_bytes(host)
     n = host.numel()
     if n == 0:
         return []
-    size = host.element_size()
-    raw = ctypes.string_at(host.data_ptr(), n * size)
-    code = "q" if host.dtype is torch.int64 else ("d" if size == 8 else "f")
+    code = "q" if host.dtype is torch.int64 else ("d" if host.element_size() == 8 else "f")
     return list(struct.unpack(f"<{n}{code}", raw))
+
+
+def host_bytes(host):
+    """A host tensor's memory, its elements in order, as bytes."""
+    import ctypes
+
+    host = host.contiguous()
+    return ctypes.string_at(host.data_ptr(), host.numel() * host.element_size()) if host.numel() else b""
+
+
+def _unpack_doubles(raw):
+    from array import array
+
+    out = array("d")
+    out.frombytes(raw)
+    return out.tolist()
+
+
+def _pack_doubles(values):
+    from array import array
+
+    return array("d", values).tobytes()

@@ -44,6 +44,7 @@ import triton
 import triton.language as tl
 
 from .fingerprint_lanes import LANES
+from .json_files import arena_key
 from .triton_launch import KernelLaunch
 from .triton_stats import FEW_INTS, few_arguments, few_partials, few_pick  # the statistics' ``_partials_few``
 
@@ -540,7 +541,7 @@ def _version(t):
 class _Arena:
     """The rows (two hashes each) and metadata rows of the fingerprints of one device, until the flush."""
 
-    __slots__ = ("part", "meta", "rows", "capacity", "room", "slots")
+    __slots__ = ("part", "meta", "rows", "capacity", "room", "slots", "group", "key", "missing", "replaced")
 
     def __init__(self, device, rows):
         self.part = torch.empty((rows, 2), dtype=torch.int64, device=device)
@@ -549,6 +550,25 @@ class _Arena:
         self.capacity = rows
         self.room = _ARENA_TENSORS  # tensors it holds at most
         self.slots = []  # a Slot per tensor; None once forgotten (its rows never written, or moved)
+        self.group = None  # the group slot of its parts, once closed (``Fingerprints._close``)
+        # what a native Recorder's record names it by (its row's fourth): unique in the process
+        self.key = arena_key()
+        self.missing = set()  # its tensors whose rows were never written (``Fingerprints._forget``)
+        self.replaced = {}  # of those, the ones whose parts the torch ops made (a launch that failed): their slots
+
+    def packed(self):
+        """Its numbers as the writing process reads them (records.device_numbers, on the writer thread, once they are
+        on the host): ``(the four parts of each tensor as native doubles, b"", the tensors whose parts never came, {a
+        tensor: the torch ops' parts (ints), or None})``; None where none came (an arena never closed, a copy that
+        failed)."""
+        values = self.group.doubles() if self.group is not None else None
+        replaced = {}
+        for tensor, slot in self.replaced.items():
+            parts = slot.values()
+            replaced[tensor] = None if parts is None else tuple(int(part) for part in parts)
+        if values is None and not replaced:
+            return None
+        return values or b"", b"", frozenset(self.missing), replaced
 
 
 class Fingerprints:
@@ -573,6 +593,9 @@ class Fingerprints:
         self._queue = []  # (bytes, n, iters, programs, first row, index, arena, version, watch, slot)
         self._done = []  # group slots of arenas closed before the flush (full)
         self._loose = []  # slots of a failed launch, filled by the torch ops
+        # the arenas that the native lane's records may name (``attach``), closed since the last ``take_closed``
+        self._closed = []
+        self._lane_seen = False
         self.error = None
 
     def add(self, t):
@@ -638,6 +661,7 @@ class Fingerprints:
         recorder.lane_fingerprints(
             self._queue, self._arenas, renew, self._slot, _BLOCK, _ONE_PROGRAM, _MAX_PROGRAMS, _MAX_ITERS
         )
+        self._lane_seen = True
 
     def fail_queue(self, error):
         """A direct launch of the queue with the statistics' (``Recorder.launch_direct``) failed: its tensors get the
@@ -689,12 +713,14 @@ class Fingerprints:
         """A queued tensor whose rows are never written: left out of the finish, its metadata no rows."""
         arena, index = item[6], item[5]
         arena.slots[index] = None
+        arena.missing.add(index)
         arena.meta[index].fill_(0)
 
     def _by_torch_ops(self, item):
         """A queued tensor whose launch failed: its parts by the torch ops (null where they fail too)."""
         self._forget(item)
         slot = item[9]
+        item[6].replaced[item[5]] = slot  # a native record names the arena: its parts are the slot's
         try:
             slot.pending = self._fallback(item[0])
         except Exception:
@@ -719,7 +745,18 @@ class Fingerprints:
         count = len(arena.slots)
         values = torch.empty((count, 4), dtype=torch.int64, device=arena.part.device)
         _HASH_FINISH(count, (arena.part, arena.meta, values), (_P1, _G1, _P2, _G2, _INV1, _INV2, _BITS, _FINISH_BLOCK))
-        return [self._slot(values.reshape(-1), 4 * count, arena.slots)]
+        # parts below 2**16: exact as float64, which the flush copies them as (the slot is not ``exact``)
+        arena.group = self._slot(values.reshape(-1), 4 * count, arena.slots)
+        if self._lane_seen:
+            self._closed.append(arena)
+        return [arena.group]
+
+    def take_closed(self):
+        """The arenas closed since the last call whose records the native lane may have made: their parts, once on
+        the host, are what those records' fingerprints are (``_Arena.packed``)."""
+        with self._lock:
+            closed, self._closed = self._closed, []
+        return closed
 
     def finish(self):
         """The slots of every fingerprint added since the last flush, their parts launched on the device."""
@@ -732,4 +769,6 @@ class Fingerprints:
             for arena in arenas:
                 if any(slot is not None for slot in arena.slots):
                     groups.extend(self._close(arena))
+                elif arena.replaced and self._lane_seen:  # every launch failed: the torch ops' parts alone
+                    self._closed.append(arena)
         return groups + loose

@@ -45,7 +45,8 @@ checksum mode, a call's fingerprints (``triton_fingerprint.Fingerprints``, ``fin
 
 Where the native op builds, its ``Recorder`` makes the records of a call's contiguous float32, float16 and bfloat16
 tensors itself and queues them here, in the same arenas and queue (``attach``: one native call a record, where the
-Python path made five calls and three objects); their rows are resolved by the writer (records.native_resolved).
+Python path made five calls and three objects); their rows name their arena by its key, whose numbers the writing
+process is sent (``take_closed``, records.device_numbers).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ import triton
 import triton.language as tl
 
 from . import triton_launch
+from .json_files import arena_key
 from .triton_launch import KNOB_OPTIONS, KernelLaunch, knob_options
 
 
@@ -657,6 +659,7 @@ def _forget(pending):
         for item in items:
             arena, tensor = item[8], item[5]
             arena.slots[tensor] = arena.counts[tensor] = None
+            arena.missing.add(tensor)
             arena.meta[tensor].fill_(0)
             arena.meta[tensor, 2].fill_(1)
 
@@ -740,7 +743,7 @@ class _CallState(threading.local):
 class _Arena:
     """The partial rows and metadata of the tensors of one device and slot width, until the flush."""
 
-    __slots__ = ("part", "meta", "rows", "capacity", "room", "slots", "counts", "groups", "_read")
+    __slots__ = ("part", "meta", "rows", "capacity", "room", "slots", "counts", "groups", "key", "missing")
 
     def __init__(self, device, rows, columns):
         self.part = torch.empty((rows, columns), dtype=torch.float64, device=device)
@@ -751,30 +754,24 @@ class _Arena:
         self.slots = []  # a Slot per tensor; the lane's mark for a native Recorder's record; None once forgotten
         self.counts = []
         self.groups = None  # the group slots of its numbers, once closed (``TritonStats._close``)
-        self._read = None  # their numbers, once read (``numbers``)
+        # what a native Recorder's record names it by (its row ``(mark, key, tensor)``): unique in the process, so
+        # that the writing process finds its numbers by it (json_files.native_json)
+        self.key = arena_key()
+        self.missing = set()  # its tensors whose rows a failed launch never wrote (``_forget``): null statistics
 
-    def numbers(self, tensor):
-        """Max, Min, Mean, Norm, then the NaN and Inf counts where they are on, of tensor ``tensor`` of the
-        arena (a native Recorder's lane record: records.native_resolved, on the writer thread); None where
-        they never came (a launch that failed, an arena never closed)."""
+    def packed(self):
+        """Its numbers as the writing process reads them (records.device_numbers, on the writer thread, once they
+        are on the host): ``(Max, Min, Mean, Norm of each tensor as native doubles, its NaN and Inf counts the same
+        or empty, the tensors whose numbers never came)``; None where none came (an arena never closed, a copy that
+        failed)."""
         groups = self.groups
-        if groups is None or self.slots[tensor] is None:
+        if groups is None:
             return None
-        read = self._read
-        if read is None:
-            # the arena's numbers read once: a group slot's values() is a copy of all of them (four a tensor, up
-            # to _ARENA_TENSORS tensors); copied for each record, they made a step's resolve quadratic
-            # (docs/benchmarks.md, "a step's records resolved")
-            values = groups[0].values()
-            counts = groups[1].values() if len(groups) > 1 else ()
-            if values is None or counts is None:
-                return None
-            read = self._read = (values, counts)
-        values, counts = read
-        out = tuple(values[4 * tensor : 4 * tensor + 4])
-        if counts:
-            out += tuple(counts[2 * tensor : 2 * tensor + 2])
-        return out
+        values = groups[0].doubles()
+        counts = groups[1].doubles() if len(groups) > 1 else b""
+        if values is None or counts is None:
+            return None
+        return values, counts, frozenset(self.missing)
 
 
 class TritonStats:
@@ -790,6 +787,10 @@ class TritonStats:
         self._lock = threading.Lock()
         self._arenas = {}  # (device, width) -> the _Arena filling
         self._done = []  # group slots of arenas closed before the flush (full)
+        # the arenas that records of the native lane may name (``attach``), closed since the last ``take_closed``:
+        # the writer sends their numbers to the writing process (records.device_numbers)
+        self._closed = []
+        self._lane_seen = False  # a lane was attached: its arenas, of width 4 and no float8, are kept in ``_closed``
         # the tensors of one call (``begin``/``end``): contiguous float32/16 and bfloat16 ones, their rows taken,
         # read by one ``_partials_many`` per arena and dtype when the call's records are made
         self._local = _CallState()
@@ -920,8 +921,9 @@ class TritonStats:
     def attach(self, recorder, mark, cpu=False):
         """Let the native op's ``recorder`` make the records of a call's contiguous float32, float16 and bfloat16 device
         tensors (CPU ones too with ``cpu``: tests) and queue them here, as ``_queued`` does, in the same arenas
-        (``_arenas``, read by the op; ``_lane_arena`` where one is full), each record's row ``(mark, arena, tensor)``
-        (records.native_resolved): one native call per record, where the Python path made five calls and three objects.
+        (``_arenas``, read by the op; ``_lane_arena`` where one is full), each record's row ``(mark, arena's key,
+        tensor)`` (json_files.native_json): one native call per record, where the Python path made five calls and
+        three objects.
         The gradients of its backward hooks too, launched as each hook ends (``_lane_launch``)."""
         # the op holds these callables; through a weak reference, so that it and this object make no cycle, which
         # the garbage collector could not break (a native object is not traversed): both are freed with the collector
@@ -940,6 +942,7 @@ class TritonStats:
 
         recorder.lane(self._queue, self._arenas, renew, launch, mark, cpu, _BLOCK, _MAX_ROWS, self._local)
         self._recorder = recorder
+        self._lane_seen = True
         if triton_launch.direct_on() and hasattr(recorder, "lane_direct"):  # an older op's source has none
             recorder.lane_direct(
                 self._fast, triton_launch.driver, triton_launch.knobs.runtime, KNOB_OPTIONS, lock=self._lock
@@ -1147,7 +1150,16 @@ class TritonStats:
         elif self.nan_inf_count:
             groups.append(self._slot(totals.reshape(-1), totals.shape[1] * count, arena.counts))
         arena.groups = groups
+        if self._lane_seen and width == 4 and not low:
+            self._closed.append(arena)
         return groups
+
+    def take_closed(self):
+        """The arenas closed since the last call whose records the native lane may have made: their numbers, once
+        on the host, are what those records name (``_Arena.packed``)."""
+        with self._lock:
+            closed, self._closed = self._closed, []
+        return closed
 
     def finish(self):
         """The group slots of every tensor added since the last flush, their numbers launched on the device."""

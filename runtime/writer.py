@@ -26,7 +26,7 @@ import weakref
 from . import json_files, writing_process
 from .call_stacks import Resolver
 from .dump_names import is_plain_file_name
-from .records import resolve
+from .records import device_numbers, resolve
 
 logger = logging.getLogger("msprobe_runtime")
 _WRITER_SWITCH_INTERVAL = 0.0002
@@ -48,9 +48,9 @@ def format_stack(frames):
 class StepJob:
     """Everything the writer needs for one flush of one step, snapshotted on the training thread."""
 
-    __slots__ = ("directory", "header", "data", "stacks", "construct", "tensors", "plain")
+    __slots__ = ("directory", "header", "data", "stacks", "construct", "tensors", "plain", "arenas")
 
-    def __init__(self, directory, header, data, stacks, construct, tensors, plain=False):
+    def __init__(self, directory, header, data, stacks, construct, tensors, plain=False, arenas=()):
         self.directory = directory
         self.header = header
         self.data = data
@@ -58,18 +58,21 @@ class StepJob:
         self.construct = construct
         self.tensors = tensors  # [(file name, device tensor clone)] for task=tensor
         self.plain = plain  # no TensorRecord in ``data``: its entries are written as they are
+        # the Triton arenas closed at this flush (StatBuffer.closed_arenas), whose numbers device records name
+        self.arenas = arenas
 
 
 class PreparedJob:
     """A step whose files the training thread made already (``Writer.prepare``): only writing is left."""
 
-    __slots__ = ("directory", "files", "message", "tensors")
+    __slots__ = ("directory", "files", "message", "tensors", "numbers")
 
-    def __init__(self, directory, files, message, tensors):
+    def __init__(self, directory, files, message, tensors, numbers=None):
         self.directory = directory
         self.files = files  # [(file name, JSON-ready object)], in writing order; None: in ``message``
         self.message = message  # the same for the writing process (json_files.encode), or None
         self.tensors = tensors
+        self.numbers = numbers  # the device records' numbers of ``files`` (records.device_numbers)
 
 
 class Writer:
@@ -87,6 +90,10 @@ class Writer:
         self._formatted = {}  # id(frames) -> (frames, stack.json's lines), across steps (the same sites come back)
         self._files_lock = threading.Lock()  # the resolver and its caches: this thread, or the training one
         self._stacks = None  # (the raw stacks of the last step written, its stack.json object)
+        # the device records' numbers of the last step made into files (records.device_numbers): sent again with the
+        # next step's, whose records may name an arena this flush closed (one made as the flush ran, its entry
+        # stored after the step's were taken)
+        self._last_numbers = {}
         self._stream = next(_STREAMS)  # this writer's files kept by the writing process: (stream, version)
         self._sent = {}  # file name -> (object, key, child) last sent whole to the writing process
         self._keys = {}  # key -> object, the last few sent whole: to write a message here (Unavailable)
@@ -242,13 +249,13 @@ class Writer:
         enabled = gc.isenabled()
         gc.disable()
         try:
-            files = self._step_files(job)
-            message = self._encoded(job.directory, files)
+            files, numbers = self._step_files(job)
+            message = self._encoded(job.directory, files, numbers)
             if message is not None:
                 # the message alone (the files are read back from it if the process cannot serve); the files
                 # are freed here, before the collector runs again, and its counts go back to where they were
-                files = None
-            return PreparedJob(job.directory, files, message, job.tensors)
+                files = numbers = None
+            return PreparedJob(job.directory, files, message, job.tensors, numbers)
         finally:
             if enabled:
                 gc.enable()
@@ -256,14 +263,18 @@ class Writer:
     def _write(self, job):
         """A step's files, dump.json last: a step folder with a dump.json holds the whole step."""
         if type(job) is PreparedJob:
-            self.write_files(job.directory, job.files, job.tensors, message=job.message)
+            self.write_files(job.directory, job.files, job.tensors, message=job.message, numbers=job.numbers)
         else:
-            self.write_files(job.directory, self._step_files(job), job.tensors)
+            files, numbers = self._step_files(job)
+            self.write_files(job.directory, files, job.tensors, numbers=numbers)
 
     def _step_files(self, job):
+        """The step's files, and the numbers its device records name (``records.device_numbers``)."""
         # stack.json groups forward entries that share one call stack, as msprobe does; the training thread
         # captured each raw (call_stacks.capture), and the resolver remembers stacks it has seen
         with self._files_lock:
+            numbers = device_numbers(job.arenas) if job.arenas else {}
+            numbers, self._last_numbers = {**self._last_numbers, **numbers}, numbers
             if self._resolver is None:
                 self._resolver = Resolver()
             # the same entries at the same call sites as the step before (a training loop's steps): its
@@ -289,10 +300,15 @@ class Writer:
             dump["dump_data_dir"] = os.path.join(job.directory, "dump_tensor_data")
         # entries of plain data and native records only need no walk here (the writing process expands them)
         dump["data"] = job.data if job.plain else {name: resolve(entry) for name, entry in job.data.items()}
-        return [("stack.json", stack), ("construct.json", job.construct), ("dump.json", dump)]
+        return [("stack.json", stack), ("construct.json", job.construct), ("dump.json", dump)], numbers
 
-    def write_files(self, directory, files, tensors=(), tensor_dir=None, message=None):
-        """The tensors of task ``tensor`` (here: torch), then the JSON files in order (the writing process)."""
+    def last_numbers(self):
+        """The numbers of the device records of the last step made into files (a debug.json written after it)."""
+        return self._last_numbers
+
+    def write_files(self, directory, files, tensors=(), tensor_dir=None, message=None, numbers=None):
+        """The tensors of task ``tensor`` (here: torch), then the JSON files in order (the writing process);
+        ``numbers``: those that the files' device records name (``records.device_numbers``)."""
         if tensors:
             import torch
 
@@ -311,7 +327,7 @@ class Writer:
                     json_files.remove_quietly(tmp)
                     raise
         if message is None:
-            message = self._encoded(directory, files)
+            message = self._encoded(directory, files, numbers)
         if message is not None:
             try:
                 answers, error = writing_process.shared().send(message)
@@ -323,13 +339,16 @@ class Writer:
                     raise error
                 return
         if files is None:
-            directory, files = json_files.decode(message)
+            job = json_files.decode(message)
+            directory, files = job[:2]
+            numbers = job[2] if len(job) > 2 else None
             files = [self._whole(item) for item in files]
-        json_files.write_files(directory, files)
+        json_files.write_files(directory, files, numbers=numbers)
 
-    def _encoded(self, directory, files):
-        """The files as the writing process reads them, or None where marshal cannot hold them (a type it does
-        not know; never expected, as records are plain data) or no process serves: this thread writes them.
+    def _encoded(self, directory, files, numbers=None):
+        """The files as the writing process reads them, with ``numbers`` (their device records'), or None where
+        marshal cannot hold them (a type it does not know; never expected, as records are plain data) or no process
+        serves: this thread writes them.
         A file of ``_KEPT`` equal to the one this writer last sent the same child goes as its key only
         (``json_files.write_files``: the child writes the text it kept)."""
         process = writing_process.shared()
@@ -352,7 +371,7 @@ class Writer:
                 sent.append((name, obj, key))
                 whole.append((name, obj, key))
             try:
-                message = json_files.encode((directory, sent))
+                message = json_files.encode((directory, sent, numbers) if numbers else (directory, sent))
             except ValueError:
                 return None
             for name, obj, key in whole:  # only once the message exists: the child is sent what it keeps

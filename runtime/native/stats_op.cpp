@@ -896,9 +896,9 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   // that ``arenas`` holds for its device (``(device index, 4, False)``, the arena ``triton_stats._queued`` fills
   // too, so that a call's tensors are one launch), ``renew(tensor, rows)`` closing it and giving a fresh one where
   // it is full, and the tuple ``_queued`` makes appended to ``queue``, which the ``end`` of the call launches. Its
-  // row is ``(mark, arena, tensor)``, resolved by the writer (records.native_resolved). A backward hook's
-  // gradients too, launched by ``launch()`` as the hook ends. The kernels' arguments (``block`` elements a program
-  // loads, ``max_rows`` rows a tensor at most) are triton_stats's.
+  // row is ``(mark, arena's key, tensor)``, made JSON by the writing process (json_files.native_json). A backward
+  // hook's gradients too, launched by ``launch()`` as the hook ends. The kernels' arguments (``block`` elements a
+  // program loads, ``max_rows`` rows a tensor at most) are triton_stats's.
   void lane(py::object queue, py::object arenas, py::object renew, py::object launch, py::object mark, bool cpu,
             int64_t block, int64_t max_rows, py::object calls) {
     queue_and_arenas(queue, arenas);
@@ -944,7 +944,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   // queued in ``queue`` too, as ``Fingerprints.add`` queues them (``(bytes, n, iters, programs, first row, index,
   // arena, version, watch, slot)``), its rows taken in the arena ``arenas`` holds for its device index (``renew(t,
   // rows)`` giving a fresh one where it is full), its slot ``slot(None, 4)``; the record's row is then ``(mark,
-  // arena, tensor, slot)``. ``block``, ``one``, ``programs``, ``iters``: triton_fingerprint.plan's constants.
+  // statistics arena's key, tensor, fingerprints arena's key, tensor there)``. ``block``, ``one``, ``programs``, ``iters``: triton_fingerprint.plan's constants.
   void lane_fingerprints(py::object queue, py::object arenas, py::object renew, py::object slot, int64_t block,
                          int64_t one, int64_t programs, int64_t iters) {
     queue_and_arenas(queue, arenas);
@@ -1696,9 +1696,9 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
 
   // The attribute names, made once (interned: no string is made per read).
   static PyObject* name(int which) {
-    static PyObject* names[5] = {PyUnicode_InternFromString("slots"), PyUnicode_InternFromString("counts"),
+    static PyObject* names[6] = {PyUnicode_InternFromString("slots"), PyUnicode_InternFromString("counts"),
                                  PyUnicode_InternFromString("rows"), PyUnicode_InternFromString("capacity"),
-                                 PyUnicode_InternFromString("room")};
+                                 PyUnicode_InternFromString("room"), PyUnicode_InternFromString("key")};
     return names[which];
   }
 
@@ -1725,7 +1725,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   }
 
   // ``t``'s rows taken in the arena filling on its device and its launch queued: its record, its row
-  // ``(mark, arena, tensor)``. The arena is read afresh each time: the Python path fills it too, and a flush or a
+  // ``(mark, arena's key, tensor)``. The arena is read afresh each time: the Python path fills it too, and a flush or a
   // full arena replaces it.
   PyObject* lane_read(const at::Tensor& t, py::object* row, bool* scalar, LaneUse use) {
     const int64_t n = t.numel();
@@ -1778,12 +1778,18 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     py::object rows = py::reinterpret_steal<py::object>(PyLong_FromLongLong(row0 + grid));
     if (!rows) throw py::error_already_set();
     py::object hash_item, hash_rows;
+    // the row names the arena by its key (an int): plain data, which the writing process is sent as it is
+    py::object key = py::reinterpret_steal<py::object>(PyObject_GetAttr(arena.ptr(), name(5)));
+    if (!key) throw py::error_already_set();
     if (checksums_) {
       hash_item = hash_queue_item(hash);
       hash_rows = long_of(hash.state.rows + hash.programs);
-      *row = py::make_tuple(lane_mark_, arena, tensor, hash.slot);
+      // the fingerprint by its place too: the fingerprints' arena's key and the tensor's index there
+      py::object hash_key = py::reinterpret_steal<py::object>(PyObject_GetAttr(hash.arena.ptr(), name(5)));
+      if (!hash_key) throw py::error_already_set();
+      *row = py::make_tuple(lane_mark_, key, tensor, hash_key, PyList_GET_SIZE(hash.state.slots.ptr()));
     } else {
-      *row = py::make_tuple(lane_mark_, arena, tensor);
+      *row = py::make_tuple(lane_mark_, key, tensor);
     }
     // the arenas changed only once nothing can fail: a tensor in its slots that no launch describes would have
     // ``_finish`` read a metadata row never written (only a MemoryError fails an append)

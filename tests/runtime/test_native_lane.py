@@ -20,7 +20,7 @@ triton = pytest.importorskip("triton")
 import msprobe_runtime  # noqa: E402
 from fixtures.step_files import step_files  # noqa: E402
 from fixtures.triton_kernels import Failing, kernels_module  # noqa: E402
-from msprobe_runtime import PrecisionDebugger, checksums, records, statistics  # noqa: E402
+from msprobe_runtime import PrecisionDebugger, checksums, json_files, records, statistics  # noqa: E402
 from msprobe_runtime import collector as collector_module  # noqa: E402
 from msprobe_runtime.statistics import DEVICE_ROW, LATER, StatBuffer  # noqa: E402
 
@@ -59,6 +59,18 @@ def lane_parts(below=1 << 30, keep=4):
         buffer.add(torch.ones(3, device=DEVICE), statistics.KIND_FLOAT)
     assert buffer._fused._recorder is recorder
     return buffer, recorder, buffer._fused
+
+
+def flushed(buffer):
+    """The flush of ``buffer``'s step (``take``): the numbers its device records name, as the writer sends them to
+    the writing process (records.device_numbers)."""
+    buffer.take()
+    return records.device_numbers(buffer.closed_arenas())
+
+
+def written(record, numbers):
+    """``record`` as the writing process writes it."""
+    return json_files.native_json(record, numbers)
 
 
 def python_buffer(counts=True):
@@ -175,12 +187,12 @@ def test_the_lane_takes_plain_contiguous_float_tensors_within_a_call(kernels):
     assert made[-2:] == [None, {"type": "int", "value": 3}]
     assert all(type(record) is tuple and record[4][0] is DEVICE_ROW for record in made[: len(taken)])
     assert recorder.lane_reads == len(taken)
-    buffer.take()
+    numbers = flushed(buffer)
     expected = [python_numbers(t) for t in taken]
-    for record, t, numbers in zip(made, taken, expected):
-        resolved = records.native_resolved(record)
+    for record, t, wanted in zip(made, taken, expected):
+        resolved = written(record, numbers)
         assert resolved["dtype"] == str(t.dtype) and resolved["shape"] == list(t.shape)
-        assert [resolved[k] for k in ("Max", "Min", "Mean", "Norm", "NaN_count", "Inf_count")] == numbers
+        assert [resolved[k] for k in ("Max", "Min", "Mean", "Norm", "NaN_count", "Inf_count")] == wanted
 
 
 def python_numbers(t):
@@ -225,13 +237,13 @@ def test_a_tensor_twice_in_a_call_is_read_once(kernels):
     buffer._fused.end()
     assert recorder.lane_reads == 1
     assert made[0][4] is made[1][4] is made[2][4]
-    buffer.take()
-    assert records.native_resolved(made[2])["Max"] == x.max().item()
+    assert written(made[2], flushed(buffer))["Max"] == x.max().item()
 
 
 def test_an_arenas_numbers_are_read_once_for_all_its_records(monkeypatch, kernels):
     """Each group slot's values() is a copy of the whole arena's numbers: read once, not once a record, which made
-    a step's resolve quadratic in its records (bench/per_entry.py, "the step's flush")."""
+    a step's resolve quadratic in its records (bench/per_entry.py, "the step's flush"). The records name the arena
+    by its key, which is plain data (marshal takes it: the writing process is sent the records as they are)."""
     buffer, recorder, fused = lane_parts()
     xs = [torch.randn(n, device=DEVICE) for n in range(1, 41)]
     made = []
@@ -240,15 +252,21 @@ def test_an_arenas_numbers_are_read_once_for_all_its_records(monkeypatch, kernel
         made += recorder.records((x,))[0]
         fused.end()
     assert recorder.lane_reads == len(xs)
-    arena = made[0][4][1]
-    assert all(record[4][1] is arena for record in made)  # one arena
+    key = made[0][4][1]
+    assert type(key) is int and all(record[4][1] == key for record in made)  # one arena
+    assert json_files.decode(json_files.encode(made)) == made
     buffer.take()
-    reads = []
-    values = statistics.Slot.values
-    monkeypatch.setattr(statistics.Slot, "values", lambda slot: (reads.append(slot), values(slot))[1])
+    [arena] = buffer.closed_arenas()
+    assert arena.key == key
+    reads, listed = [], []
+    doubles, values = statistics.Slot.doubles, statistics.Slot.values
+    monkeypatch.setattr(statistics.Slot, "doubles", lambda slot: (reads.append(slot), doubles(slot))[1])
+    monkeypatch.setattr(statistics.Slot, "values", lambda slot: (listed.append(slot), values(slot))[1])
+    numbers = records.device_numbers([arena])
     for record, x in zip(made, xs):
-        assert records.native_resolved(record)["Max"] == x.max().item()
-    assert len(reads) == len(arena.groups)  # the numbers' group slot, and the counts' where they are on
+        assert written(record, numbers)["Max"] == x.max().item()
+    assert len(reads) == len(arena.groups) == 2  # the numbers' group slot, and the counts' where they are on
+    assert listed == []  # as the copy's bytes: no float object made in this process
 
 
 def test_full_arenas_are_closed_and_new_ones_taken(monkeypatch, kernels):
@@ -264,10 +282,10 @@ def test_full_arenas_are_closed_and_new_ones_taken(monkeypatch, kernels):
         buffer._fused.begin()
         made.extend(recorder.records((t,))[0])
         buffer._fused.end()
-    assert len({id(record[4][1]) for record in made}) >= 4  # arenas
-    buffer.take()
+    assert len({record[4][1] for record in made}) >= 4  # arenas
+    numbers = flushed(buffer)
     for record, t in zip(made, tensors):
-        resolved = records.native_resolved(record)
+        resolved = written(record, numbers)
         assert (resolved["Max"], resolved["Min"]) == (t.max().item(), t.min().item())
 
 
@@ -312,9 +330,9 @@ def test_a_launch_that_fails_leaves_null_statistics_and_the_python_path(monkeypa
     # the lane is off: a CUDA tensor is left to the Python path (LATER), a CPU one here read by the op itself
     assert recorder.lane_reads == reads
     assert after[0] is LATER if DEVICE != "cpu" else after[0][4][0] is not DEVICE_ROW
-    buffer.take()
+    numbers = flushed(buffer)
     for record in made:
-        resolved = records.native_resolved(record)
+        resolved = written(record, numbers)
         assert resolved["Max"] is None and resolved["shape"] == [100] and "NaN_count" not in resolved
 
 
@@ -341,6 +359,69 @@ def test_a_lane_without_an_arena_gives_itself_up(monkeypatch, kernels, caplog):
     buffer.end_call(fused)
     assert recorder.lane_reads == 0
     assert after[0] is LATER if DEVICE != "cpu" else after[0][4][0] is not DEVICE_ROW
+
+
+def _dump(tmp_path, name, step=0):
+    [path] = glob.glob(str(tmp_path / name / f"step{step}" / "*" / "dump.json"))
+    with open(path) as handle:
+        return json.load(handle)["data"]
+
+
+@pytest.mark.parametrize("process", ["1", "0"])
+def test_a_steps_device_records_go_to_the_writing_process_as_they_are(tmp_path, monkeypatch, kernels, process):
+    """A step whose records are all the lane's is written without a walk of its entries in this process (``resolve``
+    never runs): the records go as they were made, their arenas' numbers beside them, and the writing process (or,
+    switched off, the writer thread) makes each into its dict, with the numbers of its own tensor."""
+    from msprobe_runtime import writer as writer_module
+
+    monkeypatch.setenv("MSPROBE_WRITER_PROCESS", process)
+    monkeypatch.setattr(collector_module, "StatBuffer", lambda counts: lane_buffer(counts))
+    walked = []
+    real = writer_module.resolve
+    monkeypatch.setattr(writer_module, "resolve", lambda entry: walked.append(1) or real(entry))
+    g = torch.Generator().manual_seed(23)
+    tensors = [torch.randn(n, generator=g).to(DEVICE) for n in (5, 700, 3000)]
+    debugger = PrecisionDebugger(dump_path=str(tmp_path / "d"), task="statistics", level="L1")
+    debugger.start()
+    for t in tensors:
+        msprobe_runtime.call("Torch.exp", torch.exp, t)
+    reads = debugger._collector.lane_reads()
+    debugger.stop()
+    debugger.step()
+    debugger.wait()
+    assert reads == 2 * len(tensors) and walked == []
+    data = _dump(tmp_path, "d")
+    for index, t in enumerate(tensors):
+        entry = data[f"Torch.exp.{index}.forward"]
+        for record, value in ((entry["input_args"][0], t), (entry["output"][0], t.exp())):
+            assert record["shape"] == list(t.shape) and record["NaN_count"] == 0
+            assert (record["Max"], record["Min"]) == pytest.approx((value.max().item(), value.min().item()), rel=1e-6)
+
+
+def test_a_record_of_an_arena_the_last_flush_closed_keeps_its_numbers(tmp_path, monkeypatch, kernels):
+    """A step flushed while a call runs (``step()`` inside it): the call's inputs were read into an arena that flush
+    closed, its entry is the next step's. Its numbers are sent again with the next step's, so they are written."""
+    monkeypatch.setattr(collector_module, "StatBuffer", lambda counts: lane_buffer(counts))
+    g = torch.Generator().manual_seed(24)
+    x = torch.randn(300, generator=g).to(DEVICE)
+    debugger = PrecisionDebugger(dump_path=str(tmp_path / "d"), task="statistics", level="L1")
+
+    def steps_inside(t):
+        debugger.step()
+        return t * 3
+
+    debugger.start()
+    msprobe_runtime.call("Torch.exp", torch.exp, x)
+    msprobe_runtime.call("Torch.flushing_op", steps_inside, x + 1)
+    debugger.stop()
+    debugger.step()
+    debugger.wait()
+    first, second = _dump(tmp_path, "d", 0), _dump(tmp_path, "d", 1)
+    assert first["Torch.exp.0.forward"]["output"][0]["Max"] == pytest.approx(x.exp().max().item(), rel=1e-6)
+    [(name, entry)] = second.items()
+    assert name.startswith("Torch.flushing_op.")
+    assert entry["input_args"][0]["Max"] == pytest.approx((x + 1).max().item(), rel=1e-6)
+    assert entry["output"][0]["Max"] == pytest.approx(((x + 1) * 3).max().item(), rel=1e-6)
 
 
 def test_an_input_changed_by_its_call_is_null_and_the_api_learned(tmp_path, monkeypatch, kernels, caplog):
@@ -476,19 +557,25 @@ def test_with_fingerprints_the_lane_takes_a_calls_tensors_and_leaves_the_rest(ke
     assert todo == len(left) and all(record is LATER for record in made[len(taken) : -1])
     assert made[-1][4] is made[0][4]  # the same tensor again: its row, read once
     assert recorder.lane_reads == len(taken)
-    buffer.take()
+    numbers = flushed(buffer)
     for record, t in zip(made, taken):
-        resolved = records.native_resolved(record)
+        resolved = written(record, numbers)
         assert resolved["fingerprint"] == checksums.fingerprint_reference(_bytes(t))
         assert resolved["Max"] == t.max().item()
 
 
-def test_with_fingerprints_a_failed_launch_keeps_the_digits_and_the_python_path_follows(monkeypatch, kernels, caplog):
+@pytest.mark.parametrize("alone", [False, True], ids=["beside others", "the first of its arena"])
+def test_with_fingerprints_a_failed_launch_keeps_the_digits_and_the_python_path_follows(
+    monkeypatch, kernels, caplog, alone
+):
     """A launch of a call's statistics and hashes that fails: the call's fingerprints are the torch ops' digits
-    (not nulls), its statistics null; the lane is given up, and the records after are the Python path's."""
+    (not nulls), its statistics null; the lane is given up, and the records after are the Python path's. Also where
+    they were the first tensors of a step (``alone``): their arena holds no tensor the kernels read."""
     from msprobe_runtime import triton_fingerprint
 
     buffer, recorder, fused = fingerprint_lane_parts()
+    if alone:
+        flushed(buffer)
     monkeypatch.setattr(triton_fingerprint, "_partials_hash_few", Failing("no launch here"))
     x = torch.randn(100, device=DEVICE)
     with caplog.at_level("WARNING", logger="msprobe_runtime"):
@@ -500,9 +587,9 @@ def test_with_fingerprints_a_failed_launch_keeps_the_digits_and_the_python_path_
     after, todo = recorder.records((x * 2,))
     buffer.end_call(fused)
     assert todo == 1 and after[0] is LATER and not recorder.fingerprinting
-    buffer.take()
+    numbers = flushed(buffer)
     for record, t in zip(made, (x, x + 1)):
-        resolved = records.native_resolved(record)
+        resolved = written(record, numbers)
         assert resolved["fingerprint"] == checksums.fingerprint_reference(_bytes(t))
         assert resolved["Max"] is None
 
