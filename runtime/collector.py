@@ -360,7 +360,7 @@ class Collector:
 
     def lane_reads(self):
         """Device tensors the native Recorder queued for the Triton kernels this step (``TritonStats.attach``):
-        their records' numbers are resolved by the writer thread, as TensorRecords' are."""
+        their records name their numbers by place, which the writing process is sent (records.device_numbers)."""
         recorder = self.recorder
         return recorder.lane_reads if recorder is not None and hasattr(recorder, "lane_reads") else 0
 

@@ -15,7 +15,7 @@ call sites, the same modules), so the training thread sends them once while they
 made (``native/stats_op.cpp``'s ``Recorder``): it becomes msprobe's record here (``expand``), in the process
 that writes, which is most of what turning a step's records into JSON used to cost the training thread. A
 device tensor's record (the Recorder's lane onto the Triton kernels) names its numbers by place,
-``(DEVICE_ROW, arena, tensor)``, and the job brings the numbers of the arenas it names
+``(DEVICE_ROW, arena's key, tensor)``, and the job brings the numbers of the arenas it names
 (``records.device_numbers``), so that its records too become JSON only here. The answer is
 ``(errno or -1 or 0, message)``: 0 when every file is written, otherwise the error, which the writer thread
 raises as its own (docs: one loud message, the step not written, later steps tried again).
@@ -126,8 +126,8 @@ def native_json(record, numbers=None):
     """The record of a native record's tuple ``(dtype, shape, requires_grad, scalar, row)``: ``row``
     is Max, Min, Mean, Norm (a 0-d tensor's: its value first), then the NaN and Inf counts if any; for a float
     tensor it is those numbers packed as native doubles (``bytes``), for an integer or bool one a tuple; for a
-    device tensor's ``(DEVICE_ROW, arena, tensor)``, its place in ``numbers`` (``records.device_numbers``), the
-    fingerprint's digits (a str, or None) fourth in summary_mode fingerprint."""
+    device tensor's ``(DEVICE_ROW, arena's key, tensor)``, its place in ``numbers`` (``records.device_numbers``),
+    and in summary_mode fingerprint its fingerprint's place there after it (``_device_json``)."""
     dtype, shape, requires_grad, scalar, row = record
     if type(row) is bytes:
         row = _DOUBLES.unpack(row) if len(row) == _DOUBLES.size else _DOUBLES_COUNTED.unpack(row)

@@ -144,7 +144,7 @@ class Batch:
     def values(self):
         with self._lock:
             self._land()
-            if self._flat is None:
+            if self._flat is None and self._doubles is not None:
                 self._flat = _unpack_doubles(self._doubles)
             return self._flat
 

@@ -587,7 +587,7 @@ class Fingerprints:
         self._slot = slot
         self._changed = changed
         self._fallback = fallback
-        self._lock = self.lock = threading.Lock()  # the statistics' direct launch of both queues holds it too
+        self.lock = threading.Lock()  # the statistics' direct launch of both queues holds it too (TritonStats)
         self.namespace = globals()  # where ``_partials_hash_few`` is (TritonStats._enter)
         self._arenas = {}  # device index (``get_device``: -1 for the CPU) -> the _Arena filling (the lane reads it)
         self._queue = []  # (bytes, n, iters, programs, first row, index, arena, version, watch, slot)
@@ -609,7 +609,7 @@ class Fingerprints:
         watch = calls.watch
         # read after its call (``begin(watch)``): its version counter as it is at the call, checked at the launch
         version = _version(raw) if watch is not None else None
-        with self._lock:
+        with self.lock:
             arena = self._arena_for(raw, programs)
             self._queue.append((raw, n, iters, programs, arena.rows, len(arena.slots), arena, version, watch, slot))
             arena.rows += programs
@@ -621,7 +621,7 @@ class Fingerprints:
     def launch(self):
         """Launch what is queued (a call's records are made)."""
         if self._queue:
-            with self._lock:
+            with self.lock:
                 self._launch_queue()
 
     def launch_with(self, stats):
@@ -632,7 +632,7 @@ class Fingerprints:
         raises (the caller forgets ``stats``); these get the torch ops' parts."""
         if not self._queue:
             return None
-        with self._lock:
+        with self.lock:
             queue = self._take()
             if not queue or len(queue) > _FEW or any(item[6] is not queue[0][6] for item in queue):
                 self._queue[:0] = queue  # launched by ``launch``, as the call ends
@@ -655,7 +655,7 @@ class Fingerprints:
             hashes = ref()
             if hashes is None:
                 raise RuntimeError("the fingerprint kernels' state is gone")
-            with hashes._lock:
+            with hashes.lock:
                 return hashes._arena_for(t, rows)
 
         recorder.lane_fingerprints(
@@ -666,7 +666,7 @@ class Fingerprints:
     def fail_queue(self, error):
         """A direct launch of the queue with the statistics' (``Recorder.launch_direct``) failed: its tensors get the
         torch ops' parts, and the error is kept (the kernels off from then on)."""
-        with self._lock:
+        with self.lock:
             queue = self._queue[:]
             del self._queue[: len(queue)]
             self._failed(error, [queue])
@@ -754,13 +754,13 @@ class Fingerprints:
     def take_closed(self):
         """The arenas closed since the last call whose records the native lane may have made: their parts, once on
         the host, are what those records' fingerprints are (``_Arena.packed``)."""
-        with self._lock:
+        with self.lock:
             closed, self._closed = self._closed, []
         return closed
 
     def finish(self):
         """The slots of every fingerprint added since the last flush, their parts launched on the device."""
-        with self._lock:
+        with self.lock:
             self._launch_queue()
             groups, self._done = self._done, []
             loose, self._loose = self._loose, []

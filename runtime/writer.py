@@ -48,7 +48,7 @@ def format_stack(frames):
 class StepJob:
     """Everything the writer needs for one flush of one step, snapshotted on the training thread."""
 
-    __slots__ = ("directory", "header", "data", "stacks", "construct", "tensors", "plain", "arenas")
+    __slots__ = ("directory", "header", "data", "stacks", "construct", "tensors", "plain", "arenas", "numbers")
 
     def __init__(self, directory, header, data, stacks, construct, tensors, plain=False, arenas=()):
         self.directory = directory
@@ -60,6 +60,7 @@ class StepJob:
         self.plain = plain  # no TensorRecord in ``data``: its entries are written as they are
         # the Triton arenas closed at this flush (StatBuffer.closed_arenas), whose numbers device records name
         self.arenas = arenas
+        self.numbers = None  # theirs and the last step's, once read (``Writer._step_files``: the same if tried again)
 
 
 class PreparedJob:
@@ -273,8 +274,11 @@ class Writer:
         # stack.json groups forward entries that share one call stack, as msprobe does; the training thread
         # captured each raw (call_stacks.capture), and the resolver remembers stacks it has seen
         with self._files_lock:
-            numbers = device_numbers(job.arenas) if job.arenas else {}
-            numbers, self._last_numbers = {**self._last_numbers, **numbers}, numbers
+            numbers = job.numbers
+            if numbers is None:  # once a job: a step whose preparing failed is made again on the writer thread
+                own = device_numbers(job.arenas) if job.arenas else {}
+                numbers = job.numbers = {**self._last_numbers, **own}
+                self._last_numbers = own
             if self._resolver is None:
                 self._resolver = Resolver()
             # the same entries at the same call sites as the step before (a training loop's steps): its

@@ -944,7 +944,8 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   // queued in ``queue`` too, as ``Fingerprints.add`` queues them (``(bytes, n, iters, programs, first row, index,
   // arena, version, watch, slot)``), its rows taken in the arena ``arenas`` holds for its device index (``renew(t,
   // rows)`` giving a fresh one where it is full), its slot ``slot(None, 4)``; the record's row is then ``(mark,
-  // statistics arena's key, tensor, fingerprints arena's key, tensor there)``. ``block``, ``one``, ``programs``, ``iters``: triton_fingerprint.plan's constants.
+  // statistics arena's key, tensor, fingerprints arena's key, tensor there)``. ``block``, ``one``, ``programs``,
+  // ``iters``: triton_fingerprint.plan's constants.
   void lane_fingerprints(py::object queue, py::object arenas, py::object renew, py::object slot, int64_t block,
                          int64_t one, int64_t programs, int64_t iters) {
     queue_and_arenas(queue, arenas);
@@ -1725,8 +1726,8 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   }
 
   // ``t``'s rows taken in the arena filling on its device and its launch queued: its record, its row
-  // ``(mark, arena's key, tensor)``. The arena is read afresh each time: the Python path fills it too, and a flush or a
-  // full arena replaces it.
+  // ``(mark, arena's key, tensor)``. The arena is read afresh each time: the Python path fills it too, and a flush
+  // or a full arena replaces it.
   PyObject* lane_read(const at::Tensor& t, py::object* row, bool* scalar, LaneUse use) {
     const int64_t n = t.numel();
     int64_t iters = 1, grid = (n + block_ - 1) / block_;
