@@ -367,14 +367,18 @@ def _dump(tmp_path, name, step=0):
         return json.load(handle)["data"]
 
 
+@pytest.mark.parametrize("made_by", ["the training thread", "the writer thread"])
 @pytest.mark.parametrize("process", ["1", "0"])
-def test_a_steps_device_records_go_to_the_writing_process_as_they_are(tmp_path, monkeypatch, kernels, process):
+def test_a_steps_device_records_go_to_the_writing_process_as_they_are(tmp_path, monkeypatch, kernels, process, made_by):
     """A step whose records are all the lane's is written without a walk of its entries in this process (``resolve``
     never runs): the records go as they were made, their arenas' numbers beside them, and the writing process (or,
-    switched off, the writer thread) makes each into its dict, with the numbers of its own tensor."""
+    switched off, the writer thread) makes each into its dict, with the numbers of its own tensor. The message is
+    made by the training thread where every number is on the host (here), by the writer thread on a GPU."""
     from msprobe_runtime import writer as writer_module
 
     monkeypatch.setenv("MSPROBE_WRITER_PROCESS", process)
+    if made_by == "the writer thread":
+        monkeypatch.setattr(writer_module.Writer, "may_prepare", lambda self: False)
     monkeypatch.setattr(collector_module, "StatBuffer", lambda counts: lane_buffer(counts))
     walked = []
     real = writer_module.resolve
