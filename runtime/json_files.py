@@ -133,6 +133,10 @@ def native_json(record, numbers=None):
         row = _DOUBLES.unpack(row) if len(row) == _DOUBLES.size else _DOUBLES_COUNTED.unpack(row)
     elif row and row[0] == DEVICE_ROW:  # a tuple of numbers otherwise, whose first is never a str
         return _device_json(record, numbers)
+    return _row_json(dtype, shape, requires_grad, scalar, row)
+
+
+def _row_json(dtype, shape, requires_grad, scalar, row):
     counts = row[4:6] if len(row) > 4 else None
     if scalar:
         return tensor_json("torch.Tensor", dtype, shape, requires_grad, row[0], row[0], row[0], row[0], counts)
@@ -172,14 +176,10 @@ def _device_json(record, numbers):
     if arena is None or tensor in arena[2]:
         out = tensor_json("torch.Tensor", dtype, shape, requires_grad, None, None, None, None, None)
     else:
-        values, counts = _DOUBLES.unpack_from(arena[0], 32 * tensor), None
+        values = _DOUBLES.unpack_from(arena[0], 32 * tensor)
         if arena[1]:
-            counts = _COUNTS.unpack_from(arena[1], 16 * tensor)
-        top = values[0]
-        if scalar:
-            out = tensor_json("torch.Tensor", dtype, shape, requires_grad, top, top, top, top, counts)
-        else:
-            out = tensor_json("torch.Tensor", dtype, shape, requires_grad, top, values[1], values[2], values[3], counts)
+            values += _COUNTS.unpack_from(arena[1], 16 * tensor)
+        out = _row_json(dtype, shape, requires_grad, scalar, values)
     if len(row) == 5:
         out[FINGERPRINT_KEY] = _digits(numbers.get(row[3]) if numbers else None, row[4])
     return out

@@ -271,12 +271,13 @@ class Writer:
 
     def _step_files(self, job):
         """The step's files, and the numbers its device records name (``records.device_numbers``)."""
+        # its own numbers read before the lock: on a GPU that waits for their copy to the host
+        own = device_numbers(job.arenas) if job.arenas and job.numbers is None else {}
         # stack.json groups forward entries that share one call stack, as msprobe does; the training thread
         # captured each raw (call_stacks.capture), and the resolver remembers stacks it has seen
         with self._files_lock:
             numbers = job.numbers
             if numbers is None:  # once a job: a step whose preparing failed is made again on the writer thread
-                own = device_numbers(job.arenas) if job.arenas else {}
                 numbers = job.numbers = {**self._last_numbers, **own}
                 self._last_numbers = own
             if self._resolver is None:
