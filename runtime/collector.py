@@ -739,7 +739,7 @@ class Collector:
             if plan.want_output:
                 fused = self.stats._fused
                 if fused:
-                    fused.begin()
+                    fused.begin(None, name)  # its outputs may wait for the next call's launch (MSPROBE_CARRY_OUTPUTS)
                 try:
                     entry["output"] = self.describe_output(
                         result, self.file_stem(forward, "output") if plan.tensor_task else None
@@ -784,10 +784,25 @@ class Collector:
 
     def _inputs_changed(self, fused):
         """Calls that changed an input read after them (``TritonStats.changed``): its statistics are null; each
-        API is said once, and has its inputs read before it from now on."""
+        API is said once, and has its inputs read before it from now on. A call's tensors that waited for the next
+        call's launch (``("outputs", call name)``: MSPROBE_CARRY_OUTPUTS) and changed meanwhile: null too, said
+        once; no call's wait for the next launch from then on, and that API's inputs are read before it."""
         with self._lock:
             names, fused.changed[:] = list(fused.changed), []
         for api_name in names:
+            if type(api_name) is tuple:
+                call_name = api_name[1]
+                api_name = call_name.rpartition(".")[0]
+                if fused.carrying:
+                    fused.carrying = False
+                    logger.warning(
+                        "msprobe_runtime: a tensor of %s changed before its statistics were read with the next "
+                        "call's (MSPROBE_CARRY_OUTPUTS); they are null, and each call's are read at its end from now "
+                        "on",
+                        call_name,
+                    )
+                self.effects.learn(api_name)  # in case the call itself changed an input it was thought to leave
+                continue
             if api_name not in self.effects.mutating:
                 logger.warning(
                     "msprobe_runtime: %s changed an input in place; that input's statistics in this call are null, "

@@ -60,6 +60,7 @@ import triton.language as tl
 
 from . import triton_launch
 from .json_files import arena_key
+from .switches import switched_on
 from .triton_launch import KNOB_OPTIONS, KernelLaunch, knob_options
 
 
@@ -733,11 +734,22 @@ def _launch(items):
 
 
 class _CallState(threading.local):
-    """Per thread: the depth of the calls whose records are being made (``begin``), and the API whose inputs
-    are being queued to be read after it (``begin(watch)``)."""
+    """Per thread: the depth of the calls whose records are being made (``begin``), the API whose inputs
+    are being queued to be read after it (``begin(watch)``), the call whose outputs are being queued
+    (``begin(carry=...)``), and whether this thread's last call left its outputs for the next launch."""
 
     depth = 0
     watch = None
+    carry = None
+    carried = False
+
+
+# MSPROBE_CARRY_OUTPUTS=1: a call's output records, queued, wait for the next call's launch (``TritonStats.end``): one
+# launch for two calls. At most this many queued tensors, and bytes, wait: a waiting output is held for one call
+# longer, which the next call's use of it mostly does anyway; the bytes bound what it can add to the peak.
+_CARRY_ITEMS = 2
+_CARRY_BYTES = 256 << 20
+_ITEM_BYTES = (4, 2, 2)  # by the queue item's dtype code: float32, float16, bfloat16
 
 
 class _Arena:
@@ -805,6 +817,8 @@ class TritonStats:
         # the compiled kernels the Recorder launches a queue to directly (``_enter``; the op reads it: changed in place)
         self._fast = {}
         self._direct = False  # the Recorder launches from ``_fast`` (``attach``)
+        # a call's outputs may wait for the next call's launch (``end``); off for good once one changed meanwhile
+        self.carrying = switched_on("MSPROBE_CARRY_OUTPUTS", "0")
         # the fingerprints of a checksum mode (triton_fingerprint.Fingerprints, set by the StatBuffer), whose queue
         # of a call's tensors ``end`` launches too
         self.fingerprints = None
@@ -996,17 +1010,21 @@ class TritonStats:
         arena = self._arenas[key] = _Arena(device, max(_ARENA_ROWS, rows), columns)
         return arena
 
-    def begin(self, watch=None):
+    def begin(self, watch=None, carry=None):
         """The records of one call begin: its contiguous tensors are read together at ``end``, by the time the
         call's records are made, before any user code runs (so with the values they had at the call).
         ``watch`` (an API name): these are the inputs of a call that leaves them as they are (call_effects),
         closed by ``hold``: they wait for the call's output and are read with it, in one launch, and each
-        keeps its version counter, so that one the call changed after all is left null, not read."""
+        keeps its version counter, so that one the call changed after all is left null, not read.
+        ``carry`` (the call's name): these are its outputs, which may wait for the next call's launch
+        (``carrying``, ``end``)."""
         local = self._local
         local.depth += 1
         if watch is not None:
             local.watch = self._watched = watch
             self._watching = True
+        if carry is not None and self.carrying:
+            local.carry = carry
 
     def hold(self):
         """Close what ``begin(watch)`` opened without launching it: the next ``end`` (the call's output's, or
@@ -1022,6 +1040,13 @@ class TritonStats:
         if depth == 0:
             local.watch = None
             hashes = self.fingerprints
+            carry = local.carry
+            if carry is not None:
+                local.carry = None
+                if not local.carried and hashes is None and self._carried(carry):
+                    local.carried = True
+                    return
+            local.carried = False
             try:
                 if self._queue:
                     with self._lock:
@@ -1030,9 +1055,30 @@ class TritonStats:
                 if hashes is not None:  # those not launched with the statistics (never raises: a failed launch's
                     hashes.launch()  # fingerprints are the torch ops')
 
+    def _carried(self, name):
+        """Whether the queue, the outputs of call ``name`` now, waits for the next call's launch: one to
+        ``_CARRY_ITEMS`` tensors of ``_CARRY_BYTES`` at most, each with its version counter. Each is marked as
+        waiting (its last field), so that one changed before the launch is left null and said (``changed``)."""
+        with self._lock:
+            queue = self._queue
+            if not 0 < len(queue) <= _CARRY_ITEMS:
+                return False
+            size = 0
+            for item in queue:
+                if len(item) != 11 or item[9] is None or item[10] is not None or not 0 <= item[7] <= 2:
+                    return False
+                size += item[1] * _ITEM_BYTES[item[7]]
+            if size > _CARRY_BYTES:
+                return False
+            mark = ("outputs", name)
+            queue[:] = [item[:10] + (mark,) for item in queue]  # in place: the native lane appends to this list
+            self._watching = True  # their versions checked at the launch (``_launch_queue``; the op checks them)
+        return True
+
     def _launch_queue(self, hashes=None):
         """The queued tensors launched (the lock held), without waiting: per arena and dtype, one alone by
-        ``_partials``, two to ``_FEW`` by ``_partials_few`` (their addresses as arguments), more by
+        ``_partials``, two to ``_FEW`` by ``_partials_few`` (their addresses as arguments; up to twice that in two
+        such launches where a waiting call's tensors are among them, as the native op's ``launch_direct``), more by
         ``_partials_many`` (a table of a row per tensor made on the host and copied to the device from pinned
         memory), ``_MANY_MAX`` at a time. ``hashes`` (``triton_fingerprint.Fingerprints``, at a call's ``end``):
         its queued fingerprints are launched with the first group of one to ``_FEW`` tensors, where they fit one
@@ -1085,6 +1131,10 @@ class TritonStats:
             items = pending[0]
             if len(items) > _MANY_MAX:  # the rest in launches of their own
                 pending[0:1] = [items[:_MANY_MAX], items[_MANY_MAX:]]
+                items = pending[0]
+            elif _FEW < len(items) <= 2 * _FEW and any(type(item[10]) is tuple for item in items):
+                # five to eight with a waiting call's (``_carried``): launches of four, no table (as the op's)
+                pending[0:1] = [items[:_FEW], items[_FEW:]]
                 items = pending[0]
             fuse = hashes is not None and len(items) <= _FEW
             try:

@@ -47,12 +47,15 @@ run kernels 150 python3 -m pytest -q -x -p no:cacheprovider tests/runtime/test_t
     tests/runtime/test_native_lane.py tests/runtime/test_triton_fingerprint.py tests/runtime/test_accelerator.py \
     tests/runtime/test_triton_launch.py
 # launched straight to the compiled kernels (the default), then through Triton's run at every launch
-# and summary_mode fingerprint on CUDA (its figures in the log only: a call's files are at most 8)
+# and summary_mode fingerprint on CUDA, and with a call's outputs waiting for the next call's launch
+# (MSPROBE_CARRY_OUTPUTS: their figures in the log only, as the launches' below: a call's files are at most 8)
 run per_entry 190 bash -c "python3 bench/per_entry.py --device cuda --json $out/per_entry_cuda.json \
     && MSPROBE_TRITON_DIRECT=0 python3 bench/per_entry.py --device cuda --json $out/per_entry_cuda_triton_run.json \
     && python3 bench/per_entry.py --device cpu --json $out/per_entry_cpu.json \
-    && python3 bench/per_entry.py --device cuda --summary-mode fingerprint --calls 1000 --rounds 5"
+    && python3 bench/per_entry.py --device cuda --summary-mode fingerprint --calls 1000 --rounds 5 \
+    && MSPROBE_CARRY_OUTPUTS=1 python3 bench/per_entry.py --device cuda --calls 1000 --rounds 5"
 run launches 80 bash -c "python3 bench/triton_launches.py --device cuda --steps 2 --json $out/launches.json \
     && python3 bench/triton_launches.py --device cuda --steps 2 --summary-mode fingerprint \
-    --json $out/launches_fingerprint.json"
+    --json $out/launches_fingerprint.json \
+    && MSPROBE_CARRY_OUTPUTS=1 python3 bench/triton_launches.py --device cuda --steps 2"
 run llama 290 python3 bench/gpu_llama.py --json "$out/gpu_llama.json"

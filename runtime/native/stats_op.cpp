@@ -1263,8 +1263,9 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   // (tests/runtime/test_triton_launch.py): one to four tensors of one arena and dtype in a launch, each unchanged
   // since it was queued (its version), its ints within int32, no launch hook set, Triton's options as they were,
   // the kernel still the one under its name. A queue of tensors of several dtypes (a cast's input and output) or
-  // arenas is a launch a group, in the order of their first tensors, as the Python path's (``_launch_queue``);
-  // each group's kernel is found before any is launched. True: launched, the queue emptied (or it was empty);
+  // arenas is a launch a group, in the order of their first tensors, as the Python path's (``_launch_queue``), and
+  // with a waiting call's tensors a group of more than four is launches of four; each group's kernel is found before
+  // any is launched. True: launched, the queue emptied (or it was empty);
   // false: the Python path's to launch (nothing done). A failed launch raises, what it and the launches after it
   // were to take put back at the front of the queue. The caller holds the kernels' lock (TritonStats._lock), as
   // every taker of the queue does.
@@ -1296,27 +1297,51 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
       }
       if (!PyList_CheckExact(calls.ptr()) || PyList_GET_SIZE(calls.ptr()) != 0) return false;
     }
-    // the queue's groups: the items of one arena and dtype code, in the order of each group's first item
-    PyObject* groups[MAX_DIRECT][4] = {};
-    Py_ssize_t sizes[MAX_DIRECT] = {};
-    int group_of[MAX_DIRECT] = {};
-    int n_groups = 0;
+    // the queue's groups: the items of one arena and dtype code, in the order of each group's first item; with a
+    // waiting call's tensors (triton_stats.TritonStats._carried), a group of more than four in launches of four, one
+    // after another, as the Python path's (``_launch_queue``)
+    PyObject* keyed[MAX_DIRECT][MAX_DIRECT] = {};
+    Py_ssize_t keyed_sizes[MAX_DIRECT] = {};
+    int key_of[MAX_DIRECT] = {}, place_of[MAX_DIRECT] = {};
+    int n_keyed = 0;
     for (Py_ssize_t k = 0; k < count; ++k) {
       PyObject* item = PyList_GET_ITEM(queue, k);
       if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 11) return false;
       int g = 0;
-      for (; g < n_groups; ++g) {
-        PyObject* first = groups[g][0];
+      for (; g < n_keyed; ++g) {
+        PyObject* first = keyed[g][0];
         if (PyTuple_GET_ITEM(first, 8) != PyTuple_GET_ITEM(item, 8)) continue;
         const int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(first, 7), PyTuple_GET_ITEM(item, 7), Py_EQ);
         if (same < 0) throw py::error_already_set();
         if (same) break;
       }
-      if (g == n_groups) ++n_groups;
-      if (sizes[g] == 4) return false;  // more than a launch of a few takes
-      groups[g][sizes[g]++] = item;
-      group_of[k] = g;
+      if (g == n_keyed) ++n_keyed;
+      place_of[k] = static_cast<int>(keyed_sizes[g]);
+      keyed[g][keyed_sizes[g]++] = item;
+      key_of[k] = g;
     }
+    // without a waiting call's tensors (their last field a tuple), a group of more than four is the Python path's one
+    // ``_partials_many`` launch
+    bool waiting = false;
+    for (Py_ssize_t k = 0; k < count && !waiting; ++k) {
+      waiting = PyTuple_CheckExact(PyTuple_GET_ITEM(PyList_GET_ITEM(queue, k), 10));
+    }
+    for (int g = 0; g < n_keyed; ++g) {
+      if (keyed_sizes[g] > 4 && !waiting) return false;
+    }
+    PyObject* groups[MAX_DIRECT][4] = {};  // the launches: at most one a queue item
+    Py_ssize_t sizes[MAX_DIRECT] = {};
+    int group_of[MAX_DIRECT] = {}, first_of[MAX_DIRECT] = {};
+    int n_groups = 0;
+    for (int g = 0; g < n_keyed; ++g) {
+      first_of[g] = n_groups;
+      for (Py_ssize_t start = 0; start < keyed_sizes[g]; start += 4, ++n_groups) {
+        for (Py_ssize_t k = start; k < keyed_sizes[g] && k < start + 4; ++k) {
+          groups[n_groups][sizes[n_groups]++] = keyed[g][k];
+        }
+      }
+    }
+    for (Py_ssize_t k = 0; k < count; ++k) group_of[k] = first_of[key_of[k]] + place_of[k] / 4;
     DirectLaunch launches[MAX_DIRECT];
     for (int g = 0; g < n_groups; ++g) {  // the hashes with the first group, as the Python path launches them
       if (!prepare_direct(groups[g], sizes[g], hashed, g == 0 ? hcount : 0, launches[g])) return false;

@@ -197,6 +197,12 @@ LANE_SCRIPT = textwrap.dedent(
             y = __msprobe__.call("Functional.relu", torch.relu, x)
             __msprobe__.call("Torch.mul", torch.mul, y, y).sum().backward()
 
+    def chain(xs):  # a call's two tensors each: with MSPROBE_CARRY_OUTPUTS, two calls' in one launch
+        for x in xs:
+            for _ in range(5):
+                x = __msprobe__.call("Functional.relu", torch.relu, x)
+            __msprobe__.call("Torch.stack", torch.stack, [x, x + 1, x + 2])  # with those waiting: launches of four
+
     def casts(xs):  # a call's input and output of two dtypes: a launch each
         for x in xs:
             __msprobe__.call("Tensor.to", torch.Tensor.to, x, torch.float16)
@@ -217,6 +223,7 @@ LANE_SCRIPT = textwrap.dedent(
     xs = [torch.randn(n, dtype=dtype) for n in (16, 17, 1024, 5000) for dtype in (torch.float32, torch.bfloat16)]
     xs += [torch.nn.Parameter(torch.randn(33)), torch.randn(4096)[1:1025]]  # a Parameter, an unaligned view
     body = "grads" if os.environ.get("GRADS") else "casts" if os.environ.get("CASTS") else "body"
+    body = "chain" if os.environ.get("CHAIN") else body
     if body == "grads":
         xs = [x.detach().requires_grad_() for x in xs]
     hook_launches = []  # the lane's launches of a backward hook's gradients by Python (the op's own: none)
@@ -387,3 +394,19 @@ def test_a_failed_direct_launch_gives_the_kernels_up_with_one_warning(native_lan
     failed = run({"FAIL_AT": "2", "CASTS": "1"}, script=LANE_SCRIPT)
     assert failed["direct"] == 1
     assert len(failed["warnings"]) == 1 and "a launch that failed" in failed["warnings"][0]
+
+
+def test_a_calls_outputs_left_for_the_next_launch_go_straight_too(native_lane):
+    # MSPROBE_CARRY_OUTPUTS: a call's outputs wait for the next call's launch, so fewer launches; the op launches a
+    # queue of a waiting call and the next one straight, a group of more than four tensors in launches of four
+    # (before, such a queue was the Python path's: through Triton's run)
+    carried = run({"CHAIN": "1", "MSPROBE_CARRY_OUTPUTS": "1"}, script=LANE_SCRIPT)
+    through_triton = run({"CHAIN": "1", "MSPROBE_CARRY_OUTPUTS": "1", "MSPROBE_TRITON_DIRECT": "0"}, script=LANE_SCRIPT)
+    each = run({"CHAIN": "1"}, script=LANE_SCRIPT)
+    assert carried["warnings"] == through_triton["warnings"] == each["warnings"] == []
+    assert carried["launches"] == through_triton["launches"]  # the op's launches are the Python path's
+    # five relus and a stack a round: six launches each; with outputs waiting, two relus a launch and the stack's four
+    # tensors with the last relu's two in launches of four and two: four (a few more where a kernel is first made)
+    assert len(carried["launches"]) <= 0.7 * len(each["launches"])
+    assert carried["native"] >= 0.6 * len(carried["launches"])
+    assert set(carried["tensors for pointers"]) == {0}
