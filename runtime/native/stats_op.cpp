@@ -1320,14 +1320,15 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
       keyed[g][keyed_sizes[g]++] = item;
       key_of[k] = g;
     }
-    // without a waiting call's tensors (their last field a tuple), a group of more than four is the Python path's one
+    // a group of more than four without a waiting call's tensor (its last field a tuple) is the Python path's one
     // ``_partials_many`` launch
-    bool waiting = false;
-    for (Py_ssize_t k = 0; k < count && !waiting; ++k) {
-      waiting = PyTuple_CheckExact(PyTuple_GET_ITEM(PyList_GET_ITEM(queue, k), 10));
-    }
     for (int g = 0; g < n_keyed; ++g) {
-      if (keyed_sizes[g] > 4 && !waiting) return false;
+      if (keyed_sizes[g] <= 4) continue;
+      bool waiting = false;
+      for (Py_ssize_t k = 0; k < keyed_sizes[g] && !waiting; ++k) {
+        waiting = PyTuple_CheckExact(PyTuple_GET_ITEM(keyed[g][k], 10));
+      }
+      if (!waiting) return false;
     }
     PyObject* groups[MAX_DIRECT][4] = {};  // the launches: at most one a queue item
     Py_ssize_t sizes[MAX_DIRECT] = {};

@@ -15,8 +15,8 @@ triton = pytest.importorskip("triton")
 
 import msprobe_runtime  # noqa: E402
 from fixtures.step_files import step_files  # noqa: E402
-from fixtures.triton_kernels import kernels_module  # noqa: E402
-from msprobe_runtime import PrecisionDebugger, statistics  # noqa: E402
+from fixtures.triton_kernels import statistics_kernels  # noqa: E402
+from msprobe_runtime import PrecisionDebugger  # noqa: E402
 from msprobe_runtime import collector as collector_module  # noqa: E402
 from msprobe_runtime.statistics import StatBuffer  # noqa: E402
 
@@ -26,12 +26,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's, in
 
 @pytest.fixture(scope="module", autouse=True)
 def kernels():
-    def probe(module):
-        stats = module.TritonStats(True, statistics.Slot, statistics.dense_view)
-        stats.add(torch.ones(3), 4)
-        stats.finish()
-
-    return kernels_module("msprobe_runtime.triton_stats", DEVICE, probe)
+    return statistics_kernels(DEVICE)
 
 
 @pytest.fixture(autouse=True)

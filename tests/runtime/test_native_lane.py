@@ -19,7 +19,7 @@ triton = pytest.importorskip("triton")
 
 import msprobe_runtime  # noqa: E402
 from fixtures.step_files import step_files  # noqa: E402
-from fixtures.triton_kernels import Failing, kernels_module  # noqa: E402
+from fixtures.triton_kernels import Failing, statistics_kernels  # noqa: E402
 from msprobe_runtime import PrecisionDebugger, checksums, json_files, records, statistics  # noqa: E402
 from msprobe_runtime import collector as collector_module  # noqa: E402
 from msprobe_runtime.statistics import DEVICE_ROW, LATER, StatBuffer  # noqa: E402
@@ -30,12 +30,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's, in
 
 @pytest.fixture(scope="module", autouse=True)
 def kernels():
-    def probe(module):
-        stats = module.TritonStats(True, statistics.Slot, statistics.dense_view)
-        stats.add(torch.ones(3), 4)
-        stats.finish()
-
-    return kernels_module("msprobe_runtime.triton_stats", DEVICE, probe)
+    return statistics_kernels(DEVICE)
 
 
 @pytest.fixture(autouse=True)

@@ -21,7 +21,7 @@ if DEVICE == "cpu":
 triton = pytest.importorskip("triton")
 tl = triton.language
 
-from fixtures.triton_kernels import Failing, kernels_module  # noqa: E402
+from fixtures.triton_kernels import Failing, statistics_kernels  # noqa: E402
 from msprobe_runtime import native_stats, statistics  # noqa: E402
 from msprobe_runtime.statistics import StatBuffer, tensor_kind  # noqa: E402
 
@@ -35,13 +35,7 @@ FLOATS = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 @pytest.fixture(scope="module", autouse=True)
 def triton_stats():
     """The kernels' module (fixtures/triton_kernels.py: imported afresh under the interpreter where needed)."""
-
-    def probe(module):  # raises where StatBuffer would fall back
-        stats = module.TritonStats(True, statistics.Slot, statistics.dense_view)
-        stats.add(torch.ones(3), 4)
-        stats.finish()
-
-    return kernels_module("msprobe_runtime.triton_stats", DEVICE, probe)
+    return statistics_kernels(DEVICE)
 
 
 @pytest.fixture(autouse=True)
