@@ -9,7 +9,8 @@ Scenarios: a shallow stack; ``--depth`` more Python frames under the call (a Meg
 about 40 deep); the same depth outside a module whose forward makes the calls (the stack outside a running
 module call is captured once: call_stacks.Anchors); an input that requires grad (the backward hook is
 attached); a cast (``Tensor.to`` float32 to float16: a call's tensors of two dtypes); the backward entry
-that such a call later records, timed over ``loss.backward()`` of a chain of calls; and the flush of the shallow
+that such a call later records, timed over ``loss.backward()`` of a chain of calls, and the same with a transpose
+after each call (its gradients transposed: attention's are, through its reshapes); and the flush of the shallow
 stack's step (``debugger.stop(); debugger.step()``), per entry.
 
 Parts (the current runtime's own functions, called alone on a collecting collector): naming, the input and
@@ -90,6 +91,13 @@ def chain(x, n):
     relu = torch.relu
     for _ in range(n):
         x = __msprobe__.call("Functional.relu", relu, x)
+    return x.sum()
+
+
+def turned_chain(x, n):
+    relu = torch.relu
+    for _ in range(n):
+        x = __msprobe__.call("Functional.relu", relu, x).t()
     return x.sum()
 
 
@@ -222,11 +230,13 @@ def main():
     code = {"__msprobe__": msprobe_runtime, "torch": torch}
     exec(compile(SOURCE, "<instrumented>", "exec"), code)
     calls, nested, chain, start, finish = (code[name] for name in ("calls", "nested", "chain", "start", "finish"))
+    turned_chain = code["turned_chain"]
     in_module, layer, casts = code["in_module"], code["Layer"](), code["casts"]
     dump = tempfile.mkdtemp(prefix="per-entry-")
     n = args.calls
     x = torch.randn(16, device=args.device)
     xg = torch.randn(16, device=args.device, requires_grad=True)
+    square = torch.randn(4, 4, device=args.device, requires_grad=True)
     sync = getattr(torch, torch.device(args.device).type, None)
     sync = sync.synchronize if args.device != "cpu" and hasattr(sync, "synchronize") else (lambda: None)
 
@@ -251,7 +261,7 @@ def main():
 
         return min(run() for _ in range(args.rounds))
 
-    def backward_seconds(collecting):
+    def backward_seconds(collecting, chain=chain, xg=xg):
         def run():
             debugger = None
             if collecting:
@@ -294,6 +304,8 @@ def main():
         plain = best_seconds(plain_body, args.rounds, sync)
         entry[name] = (collected(collected_body, flushes if name == "shallow stack" else None) - plain) / n
     entry["its backward entry"] = (backward_seconds(True) - backward_seconds(False)) / n
+    turned = (backward_seconds(True, turned_chain, square) - backward_seconds(False, turned_chain, square)) / n
+    entry["its backward entry, transposed"] = turned
     # the shallow stack's step (two records a call) handed to the writer, on the training thread: where every number
     # is on the host (the CPU, or CPU tensors taken as a device's) its files are made here too (Debugger._flush)
     entry["the step's flush"] = min(flushes) / n

@@ -43,8 +43,9 @@ one launch (a tensor must be read at its call; holding it to the flush would kee
 checksum mode, a call's fingerprints (``triton_fingerprint.Fingerprints``, ``fingerprints``) are launched at its
 ``end`` too, in the same launch as its statistics where those are one ``_partials_few``.
 
-Where the native op builds, its ``Recorder`` makes the records of a call's contiguous float32, float16 and bfloat16
-tensors itself and queues them here, in the same arenas and queue (``attach``: one native call a record, where the
+Where the native op builds, its ``Recorder`` makes the records of a call's float32, float16 and bfloat16 tensors
+whose elements fill one block of memory (contiguous, permuted, or broadcast once narrowed: read as ``dense_view``
+gives them) itself and queues them here, in the same arenas and queue (``attach``: one native call a record, where the
 Python path made five calls and three objects); their rows name their arena by its key, whose numbers the writing
 process is sent (``take_closed``, records.device_numbers).
 """
@@ -933,11 +934,11 @@ class TritonStats:
         return slot, counts
 
     def attach(self, recorder, mark, cpu=False):
-        """Let the native op's ``recorder`` make the records of a call's contiguous float32, float16 and bfloat16 device
-        tensors (CPU ones too with ``cpu``: tests) and queue them here, as ``_queued`` does, in the same arenas
-        (``_arenas``, read by the op; ``_lane_arena`` where one is full), each record's row ``(mark, arena's key,
-        tensor)`` (json_files.native_json): one native call per record, where the Python path made five calls and
-        three objects.
+        """Let the native op's ``recorder`` make the records of a call's float32, float16 and bfloat16 device
+        tensors whose elements lie in one block of memory (CPU ones too with ``cpu``: tests) and queue them here, as
+        ``_queued`` does, in the same arenas (``_arenas``, read by the op; ``_lane_arena`` where one is full), each
+        record's row ``(mark, arena's key, tensor)`` (json_files.native_json): one native call per record, where the
+        Python path made five calls and three objects.
         The gradients of its backward hooks too, launched as each hook ends (``_lane_launch``)."""
         # the op holds these callables; through a weak reference, so that it and this object make no cycle, which
         # the garbage collector could not break (a native object is not traversed): both are freed with the collector

@@ -512,6 +512,14 @@ PyObject* builtin_record(PyObject* item) {  // records.describe_builtin's {"type
   return out;
 }
 
+// The row of an empty tensor's record: Max, Min, Mean and Norm null, no counts (json_files.native_json). Made once
+// and never freed (as the interned names: no decref after the interpreter's end).
+PyObject* empty_row() {
+  static PyObject* row = untracked(PyTuple_Pack(4, Py_None, Py_None, Py_None, Py_None));
+  if (row == nullptr) throw py::error_already_set();
+  return row;
+}
+
 py::object long_of(int64_t value) {
   PyObject* out = PyLong_FromLongLong(value);
   if (out == nullptr) throw py::error_already_set();
@@ -1706,12 +1714,34 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     return device.is_cuda() || (lane_cpu_ && device.is_cpu());
   }
 
-  // Whether the lane takes ``t``, one of its device's whose data is its own: the tensors that
-  // triton_stats.TritonStats._queued takes.
-  static bool lane_takes(const at::Tensor& t) {
+  // Whether the lane takes ``t``, one of its device's whose data is its own: a float32, float16 or bfloat16 one
+  // whose elements fill one block of memory, each once, from its data pointer: a contiguous one, or a transposed
+  // or permuted one (a gradient through a transpose, attention's), read as that block in memory order, as the
+  // Python path reads it (statistics.dense_view, then TritonStats._queued), so with the same bits. A fingerprint
+  // hashes bytes in the tensor's own order: ``contiguous`` (summary_mode fingerprint) takes contiguous ones only.
+  static bool lane_takes(const at::Tensor& t, bool contiguous = false) {
     const at::ScalarType type = t.scalar_type();
     if (type != at::kFloat && type != at::kBFloat16 && type != at::kHalf) return false;
-    return !t.is_neg() && t.is_contiguous() && t.numel() > 0;
+    if (t.is_neg() || t.numel() == 0) return false;
+    return t.is_contiguous() || (!contiguous && t.is_non_overlapping_and_dense());
+  }
+
+  // A broadcast's values each once: ``t`` with each stride-0 dimension of more than one element narrowed to one,
+  // ``repeat`` multiplied by its size, as statistics.dense_view narrows it for the Python path (so the lane reads
+  // what that path reads); undefined where ``t`` has no such dimension. A view, recording no autograd node.
+  static at::Tensor broadcast_once(const at::Tensor& t, int64_t* repeat) {
+    at::Tensor block;
+    for (int64_t d = 0; d < t.dim(); ++d) {
+      if (t.stride(d) == 0 && t.size(d) > 1) {
+        if (!block.defined()) {
+          at::NoGradGuard no_grad;
+          block = t.detach();
+        }
+        *repeat *= t.size(d);
+        block = block.narrow(d, 0, 1);
+      }
+    }
+    return block;
   }
 
   // An arena's state as the lane reads it (triton_stats._Arena's ``rows``, ``capacity``, ``room``, ``slots``,
@@ -1751,10 +1781,12 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     return state;
   }
 
-  // ``t``'s rows taken in the arena filling on its device and its launch queued: its record, its row
+  // ``t``'s rows taken in the arena filling on its device and its launch queued: the record of ``shown`` (``t``, or
+  // the broadcast ``t`` is the block of, each of its values ``repeat`` times there: ``broadcast_once``), its row
   // ``(mark, arena's key, tensor)``. The arena is read afresh each time: the Python path fills it too, and a flush
   // or a full arena replaces it.
-  PyObject* lane_read(const at::Tensor& t, py::object* row, bool* scalar, LaneUse use) {
+  PyObject* lane_read(const at::Tensor& t, const at::Tensor& shown, int64_t repeat, py::object* row, bool* scalar,
+                      LaneUse use) {
     const int64_t n = t.numel();
     int64_t iters = 1, grid = (n + block_ - 1) / block_;
     if (n > block_ * max_rows_) {
@@ -1788,7 +1820,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     PyObject* item = PyTuple_New(11);
     if (item == nullptr) throw py::error_already_set();
     py::object held_item = py::reinterpret_steal<py::object>(item);
-    const int64_t numbers[] = {n, iters, grid, row0, tensor, 1, code};
+    const int64_t numbers[] = {n, iters, grid, row0, tensor, repeat, code};
     PyTuple_SET_ITEM(item, 0, wrapped.release().ptr());
     for (int k = 0; k < 7; ++k) {
       PyObject* number = PyLong_FromLongLong(numbers[k]);
@@ -1846,8 +1878,8 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     if (PyObject_SetAttr(arena.ptr(), name(2), rows.ptr()) != 0) throw py::error_already_set();
     ++lane_reads_;
     if (use == LANE_HOOK) ++lane_hook_queued_;
-    *scalar = t.dim() == 0;
-    return new_record(t, row->ptr(), *scalar);
+    *scalar = shown.dim() == 0;
+    return new_record(shown, row->ptr(), *scalar);
   }
 
   // A tensor's bytes on their way into the fingerprints' queue (``lane_fingerprints``), between ``hash_prepare``
@@ -1918,10 +1950,12 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
                           PyList_GET_SIZE(hash.state.slots.ptr()), hash.arena, version, hash.watch, hash.slot);
   }
 
-  PyObject* read(const at::Tensor& t, py::object* row, bool* scalar, bool lane, LaneUse use) {
+  // ``block`` (the lane's): what ``broadcast_once`` made of ``t``, each of its values ``repeat`` times in ``t``.
+  PyObject* read(const at::Tensor& t, py::object* row, bool* scalar, bool lane, LaneUse use,
+                 const at::Tensor& block = at::Tensor(), int64_t repeat = 1) {
     if (lane) {
       try {
-        return lane_read(t, row, scalar, use);
+        return lane_read(block.defined() ? block : t, t, repeat, row, scalar, use);
       } catch (const std::exception& error) {  // the lane given up (its error kept for the runtime to say once):
         lane_error_ = error.what();            // this record and every later one are the Python path's
         PyErr_Clear();
@@ -1946,7 +1980,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   // version served again whatever its size (Collector._reuse's rule for a checksum), never a view by place.
   PyObject* checksum_record(const at::Tensor& t, LaneUse use) {
     if (!fingerprinting() || !lane_device(t) || !own_data(t)) return nullptr;
-    if (!((use == LANE_HOOK || lane_open()) && lane_takes(t))) return nullptr;
+    if (!((use == LANE_HOOK || lane_open()) && lane_takes(t, true))) return nullptr;
     py::object row;
     bool scalar = false;
     if (t.is_inference()) return read(t, &row, &scalar, true, use);  // no version counter: read each time
@@ -1974,19 +2008,28 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   PyObject* tensor_record(const at::Tensor& t, LaneUse use = LANE_CALL) {
     if (checksums_) return checksum_record(t, use);
     bool lane = false, reuse_only = false;
+    at::Tensor block;  // a broadcast's values, each once (``broadcast_once``), where the lane reads those
+    int64_t repeat = 1;
     if (lane_device(t)) {
       if (!own_data(t)) return nullptr;  // a subclass's, say: the Python path's
-      lane = (use == LANE_HOOK || lane_open()) && lane_takes(t);
+      const bool open = use == LANE_HOOK || lane_open();
+      lane = open && lane_takes(t);
+      if (open && !lane) {  // a broadcast (the gradient ``sum`` gives back): its block, if the lane takes that
+        block = broadcast_once(t, &repeat);
+        lane = block.defined() && lane_takes(block);
+      }
       // one it does not take (outside a call, another layout): served again where its elements were read by the
       // lane (a transpose of an activation), else left to the Python path, which reads it (nullptr)
       reuse_only = !lane;
     }
     if (!lane && !reuse_only && !readable(t)) return integral_record(t);
     const int64_t n = t.numel();
-    if (n == 0) return nullptr;
+    // nothing to read: its statistics null, as the Python path's record of an empty tensor (no counts), made here so
+    // that a backward hook with an empty gradient (``cat``'s of an empty tensor) is not all the Python path's
+    if (n == 0) return new_record(t, empty_row(), false);
     py::object row;
     bool scalar = false;
-    if (n < below_ || t.is_inference()) return reuse_only ? nullptr : read(t, &row, &scalar, lane, use);
+    if (n < below_ || t.is_inference()) return reuse_only ? nullptr : read(t, &row, &scalar, lane, use, block, repeat);
     const int64_t version = t._version();
     Recent* same = nullptr;
     for (Recent& held : recent_) {
@@ -2020,7 +2063,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
       record = new_record(t, row.ptr(), scalar);
     } else {
       if (reuse_only) return nullptr;
-      record = read(t, &row, &scalar, lane, use);
+      record = read(t, &row, &scalar, lane, use, block, repeat);
       if (record == nullptr) return nullptr;
       if (placed && t.is_leaf() && t.requires_grad()) {
         leaves_.insert_or_assign(

@@ -48,6 +48,7 @@ class Block(torch.nn.Module):
         wide = __msprobe__.call("Torch.sin", torch.sin, self.scale(b.double()))  # float64: Python's records
         unused = __msprobe__.call("Torch.cos", torch.cos, a)              # never reaches the loss: no gradient
         joined = __msprobe__.call("Torch.cat", torch.cat, [both[0] * both[1], wide.float()], -1)
+        joined = __msprobe__.call("Torch.concatenate", torch.concatenate, [x[:0], joined])  # an empty gradient
         return self.norm(joined + x)
 
 
@@ -94,6 +95,7 @@ def _dump(tmp_path, name, level):
 @pytest.mark.parametrize("level", ["L1", "mix"])
 def test_native_hooks_give_the_python_hooks_dump(native, tmp_path, monkeypatch, level):
     calls = {"python hooks": 0, "python records": 0, "module consumers": 0, "module tensors": 0}
+    recorded_in_python = []  # the API entries observe_api recorded
     real = {
         name: getattr(bw, name) for name in ("hook_api_backward", "observe_api", "_observe_consumers", "observe_tensor")
     }
@@ -101,6 +103,8 @@ def test_native_hooks_give_the_python_hooks_dump(native, tmp_path, monkeypatch, 
     def counted(name, key):
         def call(*args):
             calls[key] += 1
+            if name == "observe_api":
+                recorded_in_python.append(args[1])
             return real[name](*args)
 
         monkeypatch.setattr(bw, name, call)
@@ -113,6 +117,7 @@ def test_native_hooks_give_the_python_hooks_dump(native, tmp_path, monkeypatch, 
     for name in ("native", "python"):  # from one line: the stacks' outermost frames are the same
         if name == "python":
             counted = dict(calls)
+            natively = list(recorded_in_python)
             monkeypatch.setattr(collector_module, "_compiled_autograd", lambda: True)  # the Python hooks, as then
         runs[name] = _dump(tmp_path, name, level)
     native_run, python_run = runs["native"], runs["python"]
@@ -121,6 +126,7 @@ def test_native_hooks_give_the_python_hooks_dump(native, tmp_path, monkeypatch, 
     python = {key: calls[key] - counted[key] for key in calls}
     assert counted["python hooks"] == 0 and python["python hooks"] > 0
     assert 0 < counted["python records"] < python["python records"]
+    assert not [name for name in natively if name.startswith("Torch.concatenate")]  # an empty gradient: native too
     assert counted["module consumers"] == 0
     if level == "L1":
         assert python["module consumers"] == python["module tensors"] == counted["module tensors"] == 0

@@ -89,7 +89,10 @@ class Block(torch.nn.Module):
         mean = __msprobe__.call("Torch.mean", torch.mean, h)                # a 0-d output
         joined = __msprobe__.call("Torch.cat", torch.cat, [a * mean, wide.to(a.dtype)], -1)
         same = __msprobe__.call("Torch.add", torch.add, joined, joined)     # one tensor twice: read once
-        return self.norm(same + x)
+        # its gradient comes through a transpose (permuted: the lane's, in memory order), then one of an empty slice
+        turned = __msprobe__.call("Torch.relu", torch.relu, same).t().contiguous().t()
+        kept = __msprobe__.call("Torch.concatenate", torch.concatenate, [x[:0], turned])
+        return self.norm(kept + x)
 
 
 class Net(torch.nn.Module):
@@ -140,6 +143,18 @@ def test_the_lane_writes_the_python_paths_dump(tmp_path, monkeypatch, level, dty
     queued = []
     real = kernels.TritonStats._queued
     monkeypatch.setattr(kernels.TritonStats, "_queued", lambda self, *args: queued.append(1) or real(self, *args))
+    left_to_python = []  # the APIs (or "module") whose backward hook left its gradients to the Python path
+
+    def api_fallback(owner, index, *args, real=collector_module._api_backward_fallback):
+        left_to_python.append(owner().step.api_backward_hooks[index][0].split(".")[1])
+        return real(owner, index, *args)
+
+    def module_fallback(*args, real=collector_module._module_backward_fallback):
+        left_to_python.append("module")
+        return real(*args)
+
+    monkeypatch.setattr(collector_module, "_api_backward_fallback", api_fallback)
+    monkeypatch.setattr(collector_module, "_module_backward_fallback", module_fallback)
     runs, queued_by = {}, {}
     for name, make_buffer in (("python", python_buffer), ("lane", lane_buffer)):  # one line: the same stacks
         runs[name] = _run(tmp_path, name, level, dtype, make_buffer, monkeypatch)
@@ -150,36 +165,57 @@ def test_the_lane_writes_the_python_paths_dump(tmp_path, monkeypatch, level, dty
     assert all(reads > 0 for reads in lane_reads)
     assert by_python > 0 and by_lane_python < by_python / 3  # the lane queued the rest itself, in C++
     assert lane_run == python_run
+    # only float64 gradients (sin's) and the slices of one (cat's) are the Python path's: not one through a
+    # transpose (relu's), nor an empty one (concatenate's), nor a broadcast (sum's, and the last calls' before it)
+    assert set(left_to_python) == {"sin", "cat"}
     data = lane_run[1, "dump.json"]["data"]
     assert any(name.endswith("backward") for name in data)
+    grads = data["Torch.relu.0.backward"]["input"][0], data["Torch.concatenate.0.backward"]["output"][0]
+    assert grads[0]["Max"] is not None and grads[1]["shape"] == [0, 8] and grads[1]["Max"] is None
     record = data["Torch.mean.0.forward"]["output"][0]
     assert record["shape"] == [] and record["Max"] == record["Min"] == record["Mean"] is not None
     assert all(v is not None for k, v in data["Torch.tanh.0.forward"]["output"][0].items() if k != "requires_grad")
 
 
 def test_the_lane_takes_plain_contiguous_float_tensors_within_a_call(kernels):
-    """Which tensors the lane takes: within a call's records (``begin``) a contiguous float32, float16 or
-    bfloat16 one, 0-d too; a transposed, negative, float64, integer or empty one is left to the caller (``LATER``),
-    and so is every device tensor outside a call, as a CUDA tensor always was (the op reads CPU ones only)."""
+    """Which tensors the lane takes: within a call's records (``begin``) a float32, float16 or bfloat16 one whose
+    elements fill one block of memory (contiguous, 0-d, or transposed or permuted: read in memory order, as the
+    Python path reads it), or would once each broadcast dimension is one (read once, counted for each copy); a
+    strided slice, a negative, a float64 or an integer one is left to the caller (``LATER``), and so is every device
+    tensor outside a call, as a CUDA tensor always was (the op reads CPU ones only). An empty one's record is made
+    at once, its statistics null, as the Python path writes it."""
     buffer, recorder, fused = lane_parts()
     g = torch.Generator().manual_seed(3)
     base = torch.randn(6, 5, generator=g).to(DEVICE)
-    taken = [base, base.to(torch.bfloat16), base.to(torch.float16), torch.tensor(2.5, device=DEVICE)]
-    left = [
+    cube = torch.randn(3, 4, 5, generator=g).to(DEVICE, torch.bfloat16)
+    taken = [
+        base,
+        base.to(torch.bfloat16),
+        base.to(torch.float16),
+        torch.tensor(2.5, device=DEVICE),
         base.t(),
+        cube.permute(2, 0, 1),
+        base[:1].expand(4, 5),  # a row broadcast: the row read once, four times in its numbers
+    ]
+    left = [
+        base[:, ::2],
+        base[:, :1].expand(6, 4),  # a column broadcast: one block no more
         base._neg_view(),
         base.double(),
         base.long(),
-        torch.empty(0, device=DEVICE),
     ]
+    empty = torch.empty(0, 3, device=DEVICE, dtype=torch.bfloat16)
     made, todo = recorder.records(taken)
     assert todo == len(taken) and all(record is LATER for record in made)  # outside a call
     fused.begin()
-    made, todo = recorder.records(taken + left + [None, 3])
+    made, todo = recorder.records(taken + left + [empty, None, 3])
     fused.end()
     assert todo == len(left)
     assert all(record is LATER for record in made[len(taken) : len(taken) + len(left)])
     assert made[-2:] == [None, {"type": "int", "value": 3}]
+    assert written(made[-3], None) == json_files.tensor_json(
+        "torch.Tensor", "torch.bfloat16", [0, 3], False, None, None, None, None, None
+    )
     assert all(type(record) is tuple and record[4][0] is DEVICE_ROW for record in made[: len(taken)])
     assert recorder.lane_reads == len(taken)
     numbers = flushed(buffer)
