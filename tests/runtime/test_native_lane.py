@@ -1,9 +1,9 @@
 """The native Recorder's lane onto the Triton kernels (``TritonStats.attach``, native/stats_op.cpp's
-``Recorder.lane``): the records of a call's contiguous float32, float16 and bfloat16 device tensors, and of its
-backward hooks' gradients, made by the op in one native call each and queued for the kernels, write the dump that
-the Python path of the kernels writes, number for number; every other tensor is left to the Python path, as a
-CUDA tensor always was. Without a GPU the lane takes CPU tensors (``StatBuffer(triton_cpu="lane")``) and the
-kernels run under Triton's interpreter."""
+``Recorder.lane``): the records of a call's float32, float16 and bfloat16 device tensors that lie in one block of
+memory (contiguous, permuted, a broadcast's narrowed block), and of its backward hooks' gradients, made by the op in
+one native call each and queued for the kernels, write the dump that the Python path of the kernels writes, number
+for number; every other tensor is left to the Python path, as a CUDA tensor always was. Without a GPU the lane takes
+CPU tensors (``StatBuffer(triton_cpu="lane")``) and the kernels run under Triton's interpreter."""
 
 import glob
 import json
