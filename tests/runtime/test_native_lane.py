@@ -177,7 +177,7 @@ def test_the_lane_writes_the_python_paths_dump(tmp_path, monkeypatch, level, dty
     assert all(v is not None for k, v in data["Torch.tanh.0.forward"]["output"][0].items() if k != "requires_grad")
 
 
-def test_the_lane_takes_plain_contiguous_float_tensors_within_a_call(kernels):
+def test_the_lane_takes_float_tensors_in_one_block_within_a_call(kernels):
     """Which tensors the lane takes: within a call's records (``begin``) a float32, float16 or bfloat16 one whose
     elements fill one block of memory (contiguous, 0-d, or transposed or permuted: read in memory order, as the
     Python path reads it), or would once each broadcast dimension is one (read once, counted for each copy); a
