@@ -222,18 +222,29 @@ bool readable(const at::Tensor& t) {
 // Every statistic is independent of element order, so a broadcast (stride-0) dimension is read once and
 // counted ``size`` times, and a tensor whose elements fill one block of memory (transposed or permuted) is
 // read as that block; only other layouts are copied first.
+// ``t`` with each broadcast (stride-0) dimension of more than one element narrowed to one, ``repeat`` multiplied by
+// its size: each value once. A view (``t`` itself where it has no such dimension), recording no autograd node.
+// ``N``: the CPU path counts in double, the lane in int64, as the Python path's statistics.dense_view.
+template <typename N>
+at::Tensor broadcast_once(const at::Tensor& t, N* repeat) {
+  at::NoGradGuard no_grad;
+  at::Tensor out = t;
+  for (int64_t d = 0; d < out.dim(); ++d) {
+    if (out.stride(d) == 0 && out.size(d) > 1) {
+      *repeat *= static_cast<N>(out.size(d));
+      out = out.narrow(d, 0, 1);
+    }
+  }
+  return out;
+}
+
 // ``input``'s elements as one block of memory, each element once: a broadcast (stride-0) dimension narrowed to
 // one (``repeat`` multiplied by its size), a negative view resolved, any other layout that does not fill one
 // block copied. What is read is the same multiset of values, up to the repeats.
 at::Tensor dense_once(const at::Tensor& input, double* repeat) {
   at::Tensor t = input;
   if (t.is_neg()) t = t.resolve_neg();
-  for (int64_t d = 0; d < t.dim(); ++d) {
-    if (t.stride(d) == 0 && t.size(d) > 1) {
-      *repeat *= static_cast<double>(t.size(d));
-      t = t.narrow(d, 0, 1);
-    }
-  }
+  t = broadcast_once(t, repeat);
   if (!t.is_non_overlapping_and_dense()) t = t.contiguous();
   return t;
 }
@@ -1726,24 +1737,6 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     return t.is_contiguous() || (!contiguous && t.is_non_overlapping_and_dense());
   }
 
-  // A broadcast's values each once: ``t`` with each stride-0 dimension of more than one element narrowed to one,
-  // ``repeat`` multiplied by its size, as statistics.dense_view narrows it for the Python path (so the lane reads
-  // what that path reads); undefined where ``t`` has no such dimension. A view, recording no autograd node.
-  static at::Tensor broadcast_once(const at::Tensor& t, int64_t* repeat) {
-    at::Tensor block;
-    for (int64_t d = 0; d < t.dim(); ++d) {
-      if (t.stride(d) == 0 && t.size(d) > 1) {
-        if (!block.defined()) {
-          at::NoGradGuard no_grad;
-          block = t.detach();
-        }
-        *repeat *= t.size(d);
-        block = block.narrow(d, 0, 1);
-      }
-    }
-    return block;
-  }
-
   // An arena's state as the lane reads it (triton_stats._Arena's ``rows``, ``capacity``, ``room``, ``slots``,
   // ``counts``): its attributes are slots, so reading them runs no Python code.
   struct ArenaState {
@@ -1782,9 +1775,9 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   }
 
   // ``t``'s rows taken in the arena filling on its device and its launch queued: the record of ``shown`` (``t``, or
-  // the broadcast ``t`` is the block of, each of its values ``repeat`` times there: ``broadcast_once``), its row
-  // ``(mark, arena's key, tensor)``. The arena is read afresh each time: the Python path fills it too, and a flush
-  // or a full arena replaces it.
+  // the broadcast ``t`` is the narrowed view of, each of its values ``repeat`` times there: ``broadcast_once``),
+  // its row ``(mark, arena's key, tensor)``. The arena is read afresh each time: the Python path fills it too, and
+  // a flush or a full arena replaces it.
   PyObject* lane_read(const at::Tensor& t, const at::Tensor& shown, int64_t repeat, py::object* row, bool* scalar,
                       LaneUse use) {
     const int64_t n = t.numel();
@@ -2016,7 +2009,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
       lane = open && lane_takes(t);
       if (open && !lane) {  // a broadcast (the gradient ``sum`` gives back): its block, if the lane takes that
         block = broadcast_once(t, &repeat);
-        lane = block.defined() && lane_takes(block);
+        lane = repeat > 1 && lane_takes(block);
       }
       // one it does not take (outside a call, another layout): served again where its elements were read by the
       // lane (a transpose of an activation), else left to the Python path, which reads it (nullptr)
