@@ -273,6 +273,38 @@ def test_a_failed_build_is_remembered_by_the_next_process(monkeypatch, tmp_path,
         native_stats.reset()
 
 
+def test_a_build_refused_beside_a_loaded_build_is_not_remembered(monkeypatch, tmp_path, caplog):
+    """A process that holds a build of the op and builds another (its source edited under it, then a reset) gets
+    pybind11's refusal to register the op's types twice. That is the process's failure, not the build's: no note,
+    so a later process, which loads one build, builds and uses the op. Where no build was loaded, a failed import
+    is the build's (an undefined symbol) and is remembered, as a compile error is."""
+    refusal = ImportError('generic_type: type "Recorder" is already registered!')
+    builds = []
+
+    def refused_build(directory):
+        builds.append(directory)
+        raise refusal
+
+    monkeypatch.setenv("MSPROBE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("MSPROBE_NATIVE_STATS", raising=False)
+    monkeypatch.setattr(native_stats, "_build", refused_build)
+    note = os.path.join(native_stats.build_directory(), native_stats.FAILED)
+    try:
+        monkeypatch.setitem(native_stats._state, "loaded", True)  # as after a load of an earlier build
+        native_stats.reset()
+        with caplog.at_level(logging.WARNING, logger="msprobe_runtime"):
+            assert native_stats.load() is None
+        assert "already registered" in caplog.text and not os.path.exists(note)
+        native_stats.reset()
+        assert native_stats.load() is None and len(builds) == 2  # tried again: nothing remembered
+        monkeypatch.setitem(native_stats._state, "loaded", False)  # a process that loaded no build
+        native_stats.reset()
+        assert native_stats.load() is None and len(builds) == 3
+        assert "already registered" in open(note).read()
+    finally:
+        native_stats.reset()
+
+
 def test_a_link_planted_as_the_failure_note_is_not_followed(monkeypatch, tmp_path):
     monkeypatch.setenv("MSPROBE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("MSPROBE_NATIVE_STATS", raising=False)
