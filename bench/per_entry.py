@@ -40,8 +40,9 @@ driver's launch), nor a pinned host-to-device copy's (``_partials_many``'s table
 where a GPU is. ``triton-dispatch``: as ``triton-stub``, but the kernels are Triton's ``JITFunction`` objects launched
 as on a GPU, through a fake CUDA driver whose compiled kernels do nothing (fixtures/fake_triton_driver.py): Triton's
 own dispatch per launch is in the figure (its binder, its key, and ``runtime/triton_launch.py``'s direct launches;
-``MSPROBE_TRITON_DIRECT=0`` for Triton's run at every launch), the C launcher and the driver's launch are not. Requires
-``--device cpu``.
+``MSPROBE_TRITON_DIRECT=0`` for Triton's run at every launch), and so is the Python part of Triton's CUDA launcher
+(Triton 3.6 and 3.9: the fake's kernels are launched by Triton's own launcher class), its C part and the driver's launch
+are not. Requires ``--device cpu``.
 
 ``--before FILE``: a ``--json`` of another runtime (run with that runtime first on ``PYTHONPATH``), drawn
 beside this run's figures in ``--svg``, each as a multiple of its own run's plain call.

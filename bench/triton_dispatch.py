@@ -5,8 +5,9 @@ a GPU.
 
 Triton's real dispatch runs (its binder, its specialisation, its cache key, its kernel cache), through a fake CUDA
 driver whose compiled kernels do nothing but count (fixtures/fake_triton_driver.py): so the figures are Triton's
-Python and ours per launch, not the C launcher's nor the driver's, which only a GPU measures. The fake kernel's own
-``run`` call, the floor of any launch here, is given first.
+Python and ours per launch (its CUDA launcher's Python ``__call__`` included, which a launch straight to the compiled
+kernel skips where the fake has Triton's launcher: 3.6 and 3.9), not the C launcher's nor the driver's, which only a
+GPU measures. The fake kernel's own ``run`` call through Triton's launcher is given first.
 
     python bench/triton_dispatch.py [--launches 20000] [--rounds 5]
 """

@@ -6,7 +6,9 @@ up on each launch; with the statistics' one launch a call, that is the largest h
 once for each specialisation, keeps the compiled kernel that launch returned under a key at least as fine as
 Triton's own, and from then on launches that kernel as ``JITFunction.run`` does, with the same arguments:
 ``kernel.run(grid, 1, 1, stream, kernel.function, kernel.packed_metadata, None, None, None, *the bound arguments)``.
-Inductor's generated launchers call a compiled kernel's ``run`` the same way.
+Inductor's generated launchers call a compiled kernel's ``run`` the same way. Where that ``run`` is Triton's CUDA
+launcher and the kernel needs no scratch memory, its C ``launch`` is called instead, with what the launcher's Python
+``__call__`` would have given it (``direct_call``).
 
 The key, for Triton's specialisation rules (``native_specialize_impl``): the current device (Triton keeps a cache a
 device); the options the run takes from Triton's knobs; the constexpr values; the type of every argument; a tensor's
@@ -67,6 +69,44 @@ KNOB_OPTIONS = tuple(
 def knob_options():
     """The values of ``KNOB_OPTIONS`` now."""
     return tuple([getattr(space, name) for space, name in KNOB_OPTIONS])
+
+
+# Triton's CUDA launcher (``CompiledKernel.run``), whose ``__call__`` runs Python at every launch before its C
+# ``launch``: where a kernel needs no scratch memory, all it adds is fixed per kernel, so a launch can call ``launch``
+# itself (``direct_call``), in the form of the Triton versions read here. tests/runtime/test_triton_launch.py checks,
+# through the fake driver's launcher (Triton's own class, its C launch a recorder), that ``launch`` receives what
+# ``__call__`` gives it.
+_LAUNCHER_FORMS = {(3, 6): "3.6", (3, 9): "3.9"}
+try:
+    from triton.backends.nvidia.driver import CudaLauncher
+except Exception:  # no CUDA backend in this Triton: its launcher's ``__call__`` at every launch
+    CudaLauncher = None
+
+
+def direct_call(compiled):
+    """How a direct launch calls ``compiled``, a kernel ``JITFunction.run`` returned: ``(callee, head, packed)``,
+    for ``callee(grid, 1, 1, stream, *head, *arguments)``, or with ``packed`` ``callee(grid, 1, 1, stream, *head,
+    arguments)``. Its ``run`` as ``JITFunction.run`` calls it, but for Triton's CUDA launcher of a version read here
+    with no scratch memory (nor Triton's global sanitizer), whose C ``launch`` it calls with what its ``__call__``
+    would pass: the launcher's ``__call__`` is Python at each launch."""
+    run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
+    plain = (run, (function, metadata, None, None, None), False)
+    form = _LAUNCHER_FORMS.get(_version())
+    if form is None or CudaLauncher is None or type(run) is not CudaLauncher:
+        return plain
+    try:
+        if run.global_scratch_size != 0 or run.profile_scratch_size != 0 or getattr(run, "gsan_enabled", False):
+            return plain
+        launch, cooperative, pdl = run.launch, run.launch_cooperative_grid, run.launch_pdl
+        if form == "3.6":  # launch(grid, stream, function, cooperative, pdl, scratch, profile scratch, *its args)
+            return (launch, (function, cooperative, pdl, None, None, metadata, None, None, None), False)
+        # 3.9: launch(grid, stream, function, cooperative, pdl, metadata, launch metadata, hooks, scratches,
+        # annotations, signature, the arguments as a tuple)
+        hooks_and_scratch = (None, None, None, None, None)  # launch metadata, enter and exit hooks, two scratches
+        head = (function, cooperative, pdl, metadata, *hooks_and_scratch, run.arg_annotations, run.kernel_signature)
+        return (launch, head, True)
+    except AttributeError:  # a launcher of another make: its own __call__
+        return plain
 
 
 def direct_on():
@@ -171,8 +211,8 @@ class KernelLaunch:
 
     def __call__(self, grid, args, constants=()):
         """Launch ``grid`` programs. Returns ``(compiled kernel, the arguments after the positional ones, whether its
-        key is the tensors' dtypes and addresses' alignment only)`` where the launch went straight to it or kept it
-        for the next, else None (Triton's run, nothing kept)."""
+        key is the tensors' dtypes and addresses' alignment only, how a launch calls it: ``direct_call``)`` where the
+        launch went straight to it or kept it for the next, else None (Triton's run, nothing kept)."""
         kernel = self._namespace[self._name]
         if kernel is not self._kernel:  # another kernel under the name (a stub, a reload): what was kept is not its
             self._kernel = kernel
@@ -188,13 +228,18 @@ class KernelLaunch:
             compiled = kernel[(grid,)](*args, **dict(zip(self._names, constants)), **self._options)
             if _launchable(compiled):
                 plan = key[3]  # this launch's, whatever another thread's launch has made the last since
-                kept = self._compiled[key] = (compiled, plan.tail(self._names, constants), plan.special is None)
+                call = direct_call(compiled)
+                kept = (compiled, plan.tail(self._names, constants), plan.special is None, call)
+                self._compiled[key] = kept
             return kept
-        compiled, tail, _ = kept
+        _, tail, _, (callee, head, packed) = kept
         stream = driver.active.get_current_stream(key[0])
         # JITFunction.run's launch, with no metadata and no hooks where no hook is set (``_key``)
         args = key[3].addresses(args)  # the tensors by their addresses (``_Plan.addresses``)
-        compiled.run(grid, 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None, *args, *tail)
+        if packed:
+            callee(grid, 1, 1, stream, *head, (*args, *tail))
+        else:
+            callee(grid, 1, 1, stream, *head, *args, *tail)
         self.direct += 1
         return kept
 

@@ -1159,7 +1159,7 @@ class TritonStats:
         ``direct_key``: the one rule of both): where that kernel's Triton key is the dtypes and alignments only, so
         that this key is as fine. ``hashed``: the fingerprints' queue items launched with them
         (``Fingerprints.launch_with``: ``kept`` is then its ``_partials_hash_few``'s)."""
-        compiled, tail, plain = kept
+        _, tail, plain, (callee, head, packed) = kept
         if not plain or not self._direct:
             return
         if hashed is None:
@@ -1175,9 +1175,9 @@ class TritonStats:
         else:
             namespace, name = globals(), "_partials" if key[0] == 1 else "_partials_few"
         self._fast[key] = (
-            compiled.run,
-            compiled.function,
-            compiled.packed_metadata,
+            callee,
+            head,
+            packed,
             tail,
             knob_options(),
             namespace,

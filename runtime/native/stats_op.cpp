@@ -934,7 +934,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   }
 
   // The lane's direct launches (triton_stats.TritonStats._launch_queue, triton_launch): ``fast`` maps ``(kind,
-  // device, code, aligned)`` to ``(run, function, packed_metadata, tail, options, namespace, name, kernel)``, the
+  // device, code, aligned)`` to ``(callee, head, packed, tail, options, namespace, name, kernel)``, the
   // compiled kernel that Triton's run chose for a launch of one queued tensor (kind 1: ``_partials``) or of two to
   // four of one arena and dtype (kind 4: ``_partials_few``), which the Python path enters after that launch.
   // ``aligned``: a bit per pointer argument (the arena's part and meta, then each tensor's) whose address is a
@@ -1255,25 +1255,28 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
       args[k] = address.ptr();
       addresses.push_back(std::move(address));
     }
-    const Py_ssize_t head = 9, n_tail = PyTuple_GET_SIZE(tail);
-    py::object call = py::reinterpret_steal<py::object>(PyTuple_New(head + static_cast<Py_ssize_t>(args.size()) + n_tail));
+    // callee(grid, 1, 1, stream, *head, *arguments), or packed: callee(grid, 1, 1, stream, *head, arguments)
+    // (triton_launch.direct_call: Triton's launcher, or its C launch where the launcher adds nothing per launch)
+    PyObject* head = PyTuple_GET_ITEM(entry, 1);
+    const int packed = PyObject_IsTrue(PyTuple_GET_ITEM(entry, 2));
+    if (!PyTuple_CheckExact(head) || packed < 0) return false;
+    const Py_ssize_t n_head = PyTuple_GET_SIZE(head), n_tail = PyTuple_GET_SIZE(tail);
+    const Py_ssize_t n_args = static_cast<Py_ssize_t>(args.size()) + n_tail;
+    py::object call = py::reinterpret_steal<py::object>(PyTuple_New(4 + n_head + (packed ? 1 : n_args)));
     if (!call) throw py::error_already_set();
-    PyObject* front[9] = {grid.ptr(), one.ptr(), one.ptr(), stream.ptr(), PyTuple_GET_ITEM(entry, 1),
-                          PyTuple_GET_ITEM(entry, 2), Py_None, Py_None, Py_None};
+    py::object arguments = packed ? py::reinterpret_steal<py::object>(PyTuple_New(n_args)) : call;
+    if (!arguments) throw py::error_already_set();
     Py_ssize_t at = 0;
-    for (PyObject* arg : front) {
+    auto put = [](py::object& into, Py_ssize_t& place, PyObject* arg) {
       Py_INCREF(arg);
-      PyTuple_SET_ITEM(call.ptr(), at++, arg);
-    }
-    for (PyObject* arg : args) {
-      Py_INCREF(arg);
-      PyTuple_SET_ITEM(call.ptr(), at++, arg);
-    }
-    for (Py_ssize_t k = 0; k < n_tail; ++k) {
-      PyObject* arg = PyTuple_GET_ITEM(tail, k);
-      Py_INCREF(arg);
-      PyTuple_SET_ITEM(call.ptr(), at++, arg);
-    }
+      PyTuple_SET_ITEM(into.ptr(), place++, arg);
+    };
+    for (PyObject* arg : {grid.ptr(), one.ptr(), one.ptr(), stream.ptr()}) put(call, at, arg);
+    for (Py_ssize_t k = 0; k < n_head; ++k) put(call, at, PyTuple_GET_ITEM(head, k));
+    Py_ssize_t arg_at = packed ? 0 : at;
+    for (PyObject* arg : args) put(arguments, arg_at, arg);
+    for (Py_ssize_t k = 0; k < n_tail; ++k) put(arguments, arg_at, PyTuple_GET_ITEM(tail, k));
+    if (packed) put(call, at, arguments.ptr());
     out.call = std::move(call);
     return true;
   }

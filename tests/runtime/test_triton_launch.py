@@ -21,13 +21,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SCRIPT = textwrap.dedent(
     """
     import json, sys
-    from fixtures.fake_triton_driver import install, triton_key
+    from fixtures.fake_triton_driver import install, launch_form, triton_key
     fake = install()
     import torch
     from triton import knobs
     from msprobe_runtime import triton_launch, triton_stats as ts
 
     out = {"checked": 0, "wrong": [], "direct": {}, "pointer reads of direct launches": 0}
+    launcher = {"calls": 0, "launches": 0, "heads": set()}  # Triton's CUDA launcher, where the fake driver has it
+    if launch_form() is not None:
+        launcher_class = launch_form()[1]
+        launcher_call = launcher_class.__call__
+
+        def counted(self, *args):
+            launcher["calls"] += 1
+            return launcher_call(self, *args)
+
+        launcher_class.__call__ = counted
 
     def addresses(args):  # a tensor as the launcher takes it, by its data_ptr()
         return tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
@@ -49,7 +59,10 @@ SCRIPT = textwrap.dedent(
             and addresses(k.launches[-1][9:]) == addresses(bound)
         ]
         for k in hit:
+            launcher["launches"] += len(k.launches)
+            launcher["heads"].update(repr(head) for head in k.launch_heads)  # what the C launch took besides
             k.launches.clear()
+            k.launch_heads.clear()
         out["checked"] += 1
         if len(hit) != 1 or len(landed) != 1 or landed[0].key != key:
             out["wrong"].append([repr(constants), [a if type(a) is int else str(a.dtype) for a in args]])
@@ -144,6 +157,8 @@ SCRIPT = textwrap.dedent(
     ns["_partials"] = Stub()
     one(3, args, (True, False, 1024, 0, 0.0))
     out["stub"] = calls
+    launcher["heads"] = sorted(launcher["heads"])
+    out["launcher"] = launcher if launch_form() is not None else None
     json.dump(out, sys.stdout)
     """
 )
@@ -154,7 +169,7 @@ SCRIPT = textwrap.dedent(
 LANE_SCRIPT = textwrap.dedent(
     """
     import json, logging, os, sys, tempfile
-    from fixtures.fake_triton_driver import RecordingKernel, install
+    from fixtures.fake_triton_driver import RecordingKernel, install, launch_form
     fake = install()
     import torch
     import msprobe_runtime
@@ -173,8 +188,20 @@ LANE_SCRIPT = textwrap.dedent(
         named = [["address", a if type(a) is int else a.data_ptr()] if k in pointers else a
                  for k, a in enumerate(args[9:])]
         log.append((self.key, args[:3], named, direct, sum(given)))
+        if self.launch_heads:  # what the C launch took besides run's arguments (Triton's CUDA launcher: ``heads``)
+            heads.add(repr(self.launch_heads[-1]))
 
-    RecordingKernel.run = run
+    RecordingKernel.record = run
+    heads, launcher_calls = set(), [0]
+    if launch_form() is not None:  # Triton's CUDA launcher: its __call__ counted (a direct launch may skip it)
+        launcher_class = launch_form()[1]
+        launcher_call = launcher_class.__call__
+
+        def counted(self, *args):
+            launcher_calls[0] += 1
+            return launcher_call(self, *args)
+
+        launcher_class.__call__ = counted
     warnings = []
 
     class Kept(logging.Handler):
@@ -248,6 +275,7 @@ LANE_SCRIPT = textwrap.dedent(
         "hook launches by Python": len(hook_launches),
         "native": None if recorder is None else recorder.direct_launches,
         "warnings": warnings,
+        "launcher": None if launch_form() is None else {"calls": launcher_calls[0], "heads": sorted(heads)},
     }, sys.stdout)
     """
 )
@@ -281,6 +309,17 @@ def test_a_direct_launch_gives_each_tensor_by_its_address(launches):
     # Triton's launcher asks a tensor given for a pointer its data_ptr() and has the driver check it (the fake driver
     # counts the calls); an int it takes as it is
     assert launches["pointer reads of direct launches"] == 0
+
+
+def test_a_direct_launch_calls_the_launchers_c_part_as_its_python_would(launches):
+    # Triton's CUDA launcher (a compiled kernel's run) runs Python at each launch before its C launch; a direct launch
+    # of a kernel with no scratch memory calls that launch itself (triton_launch.direct_call), with the same arguments
+    if launches["launcher"] is None:
+        pytest.skip("a Triton whose CUDA launcher the fake driver does not know")
+    direct = sum(launches["direct"].values())
+    assert direct > 100
+    assert launches["launcher"]["calls"] == launches["launcher"]["launches"] - direct
+    assert len(launches["launcher"]["heads"]) == 1
 
 
 def test_the_second_launch_of_a_specialisation_is_direct(launches):
@@ -319,6 +358,8 @@ def native_lane():
 
 
 def test_the_native_lanes_direct_launches_are_tritons_own(native_lane):
+    from msprobe_runtime import triton_launch
+
     # the same calls, launched straight by the native op, and through Triton's run at every launch: the same
     # kernels (Triton's keys) with the same arguments, in the same order
     direct = run(script=LANE_SCRIPT)
@@ -330,6 +371,14 @@ def test_the_native_lanes_direct_launches_are_tritons_own(native_lane):
     assert direct["warnings"] == through_triton["warnings"] == []
     # every pointer by its address (``launch_direct``): the launcher asks no tensor for it
     assert len(direct["tensors for pointers"]) == direct["direct"] and set(direct["tensors for pointers"]) == {0}
+    if direct["launcher"] is None:
+        pytest.skip(f"a Triton whose CUDA launcher the fake driver does not know ({triton_launch.triton.__version__})")
+    # Triton's CUDA launcher (a compiled kernel's run): its Python __call__ is skipped by a direct launch, which
+    # hands its C launch what __call__ would have (the statistics kernels need no scratch memory)
+    assert through_triton["launcher"]["calls"] == len(through_triton["launches"])
+    assert direct["launcher"]["calls"] == len(direct["launches"]) - direct["direct"]
+    assert direct["launcher"]["heads"] == through_triton["launcher"]["heads"]
+    assert len(direct["launcher"]["heads"]) == 1
 
 
 def test_the_native_lanes_launches_with_fingerprints_are_tritons_own(native_lane):
