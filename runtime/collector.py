@@ -200,6 +200,9 @@ class Collector:
         native = native_stats.load()  # loaded already (the StatBuffer's): its stack capture and graph walk
         self.anchors = call_stacks.Anchors(call_stacks.capture_function(native))  # module calls running now
         self.graph_walk = getattr(native, "consumer_edges", None)  # backward.hook_module_backward's walk
+        # a finished forward entry of the op's records untracked by the garbage collector (its ``seal``): kept
+        # tracked to its flush, a step's entries brought on full collections (bench/per_entry.py's loop)
+        self.seal_entry = getattr(native, "seal", None)
         self.module_stack = []
         self._lock = threading.Lock()
         self._logged = set()
@@ -751,6 +754,8 @@ class Collector:
                             self._inputs_changed(fused)
             if self._arrivals:
                 self.take_arrivals()
+            if self.seal_entry is not None:
+                self.seal_entry(entry)
             with self._lock:
                 step.data[forward] = entry
             step.stacks[forward] = self.anchors.capture(frame if frame is not None else sys._getframe(1))
@@ -982,6 +987,8 @@ class Collector:
                         )
             if self._arrivals:
                 self.take_arrivals()
+            if self.seal_entry is not None:
+                self.seal_entry(entry)
             with self._lock:
                 self.step.data[name] = entry
         if args is not None and self.plan.want_backward and torch.is_grad_enabled():
