@@ -11,7 +11,9 @@ module call is captured once: call_stacks.Anchors); an input that requires grad 
 attached); a cast (``Tensor.to`` float32 to float16: a call's tensors of two dtypes); the backward entry
 that such a call later records, timed over ``loss.backward()`` of a chain of calls, and the same with a transpose
 after each call (its gradients transposed: attention's are, through its reshapes); and the flush of the shallow
-stack's step (``debugger.stop(); debugger.step()``), per entry.
+stack's step (``debugger.stop(); debugger.step()``), per entry. Then the steady loop (``--steady`` seconds): the
+shallow stack's steps one after another, each flushed, its mean time a call (not the best round: a full collection of
+the garbage collector comes once in many steps, and the best rounds leave it out), with the collector's own share.
 
 Parts (the current runtime's own functions, called alone on a collecting collector): naming, the input and
 output records (metadata, and the statistics by the native op where it serves; on a device path each record within
@@ -175,6 +177,45 @@ def new_debugger(PrecisionDebugger, dump, args):
     return PrecisionDebugger(config_path=config, dump_path=tempfile.mkdtemp(dir=dump), task="statistics", level="L1")
 
 
+def steady_figures(body, n, seconds, debugger, start, finish):
+    """The shallow stack's steps one after another for ``seconds``, each flushed, as a run's steps are: ``(mean
+    seconds a call, the training thread's; of it, the garbage collector's; its full collections; calls)``, or None
+    where ``seconds`` is 0. The best-of rounds above leave out what comes once in many steps: a full collection of
+    the heap, which a step's records bring on where they outlive its young collections (gc.callbacks times them)."""
+    import gc
+
+    if seconds <= 0:
+        return None
+    made = debugger()
+    start(made)
+    body()
+    finish(made)
+    made.wait()
+    timed = {"gc": 0.0, "full": 0, "began": 0.0}
+
+    def timing(phase, info):
+        if phase == "start":
+            timed["began"] = time.perf_counter()
+        else:
+            timed["gc"] += time.perf_counter() - timed["began"]
+            timed["full"] += info["generation"] == 2
+
+    gc.callbacks.append(timing)
+    busy, calls, until = 0.0, 0, time.perf_counter() + seconds
+    try:
+        while time.perf_counter() < until:
+            began = time.perf_counter()
+            start(made)
+            body()
+            finish(made)
+            busy += time.perf_counter() - began
+            calls += n
+    finally:
+        gc.callbacks.remove(timing)
+    made.wait()
+    return busy / calls, timed["gc"] / calls, timed["full"], calls
+
+
 def best_seconds(fn, rounds, sync=lambda: None):
     best = float("inf")
     for _ in range(rounds):
@@ -204,6 +245,12 @@ def main():
         default="statistics",
         help="statistics.summary_mode of the run (statistics, md5, fingerprint...): a checksum mode hashes every "
         "recorded tensor besides its statistics",
+    )
+    parser.add_argument(
+        "--steady",
+        type=float,
+        default=3.0,
+        help="seconds of the steady loop: the shallow stack's steps, each flushed, one after another (0: none)",
     )
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--before", help="figures of an earlier runtime (its --json), for --svg")
@@ -311,6 +358,12 @@ def main():
     # is on the host (the CPU, or CPU tensors taken as a device's) its files are made here too (Debugger._flush)
     entry["the step's flush"] = min(flushes) / n
 
+    steady = steady_figures(
+        lambda: calls(x, n), n, args.steady, lambda: new_debugger(PrecisionDebugger, dump, args), start, finish
+    )
+    if steady is not None:
+        entry["steady: shallow stack, flushed, mean"] = steady[0] - plain_call
+
     parts = measure_parts(torch, msprobe_runtime, PrecisionDebugger, start, finish, dump, args)
     shutil.rmtree(dump, ignore_errors=True)
     print(f"on {args.device}, statistics {args.stats}, summary_mode {args.summary_mode}: ", end="")
@@ -319,6 +372,11 @@ def main():
     print(f"{'host time added per recorded entry':40s} {'us':>7s} {'x plain call':>13s}")
     for name, seconds in entry.items():
         print(f"  {name:38s} {seconds * 1e6:7.1f} {seconds / plain_call:13.1f}")
+    if steady is not None:
+        print(
+            f"  (steady: {steady[1] * 1e6:.2f} us a call in the garbage collector, {steady[2]} full collections in "
+            f"{steady[3]} calls)"
+        )
     if parts:
         total = entry["input requires grad"]
         print(f"\nparts of an entry whose input requires grad, stack {args.depth} frames deeper")
@@ -337,6 +395,8 @@ def main():
         "entry_us": {k: v * 1e6 for k, v in entry.items()},
         "parts_us": {k: v * 1e6 for k, v in parts.items()},
     }
+    if steady is not None:
+        figures["steady"] = {"gc_us_per_call": steady[1] * 1e6, "full_collections": steady[2], "calls": steady[3]}
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(figures, handle, indent=2)
