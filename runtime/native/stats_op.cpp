@@ -2231,7 +2231,7 @@ py::tuple capture(py::handle frame, py::handle anchor, py::handle outer, int64_t
 // every record is untracked (the op's tuples, None) is untracked itself, with its lists: no more is written into
 // them, and they hold nothing the garbage collector need look at. Kept tracked, an entry and its two lists outlived
 // the young collections of its step into the oldest generation, where three a call brought on full collections of
-// the whole heap (bench/per_entry.py's loop: 13 in 787 000 calls, 1.5 us a call). A dict that is given a tracked
+// the whole heap (bench/per_entry.py --steady; tests/runtime/test_entry_tracking.py). A dict that is given a tracked
 // value later is tracked again by CPython itself; a list is not, so only a list of untracked items is untracked.
 // True where it was.
 bool seal(py::handle entry) {
