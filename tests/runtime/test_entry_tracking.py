@@ -74,6 +74,24 @@ def test_a_recorded_call_leaves_no_container_for_the_garbage_collector(native, i
     assert grown < 60, grown
 
 
+def test_a_device_tensors_entry_is_sealed_too(native, instrumented, tmp_path, monkeypatch):
+    # the native Recorder's lane (a device tensor's record names its arena: plain data too), on CPU tensors taken as a
+    # device's, the kernels under Triton's interpreter where no GPU is (tests/conftest.py)
+    pytest.importorskip("triton")
+    from msprobe_runtime import collector as collector_module
+    from msprobe_runtime.statistics import DEVICE_ROW, StatBuffer
+
+    monkeypatch.setattr(collector_module, "StatBuffer", lambda counts: StatBuffer(counts, triton_cpu="lane"))
+    debugger = _collecting(tmp_path, instrumented)
+    try:
+        instrumented["calls"](torch.randn(8), 2)
+        entry = shims._collector.step.data["Torch.tanh.1.forward"]
+    finally:
+        debugger.stop()
+    assert entry["output"][0][4][0] == DEVICE_ROW
+    assert not gc.is_tracked(entry) and not gc.is_tracked(entry["input_args"]) and not gc.is_tracked(entry["output"])
+
+
 def test_an_entry_that_holds_a_tracked_object_stays_tracked(native, instrumented, tmp_path):
     debugger = _collecting(tmp_path, instrumented)
     try:
