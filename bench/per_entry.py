@@ -13,7 +13,8 @@ that such a call later records, timed over ``loss.backward()`` of a chain of cal
 after each call (its gradients transposed: attention's are, through its reshapes); and the flush of the shallow
 stack's step (``debugger.stop(); debugger.step()``), per entry. Then the steady loop (``--steady`` seconds): the
 shallow stack's steps one after another, each flushed, its mean time a call (not the best round: a full collection of
-the garbage collector comes once in many steps, and the best rounds leave it out), with the collector's own share.
+the garbage collector comes once in many steps, and the best rounds leave it out), with the collector's own share; and
+the same with the chain's backward in each step (its time less the plain chain's forward and backward, per call).
 
 Parts (the current runtime's own functions, called alone on a collecting collector): naming, the input and
 output records (metadata, and the statistics by the native op where it serves; on a device path each record within
@@ -358,11 +359,14 @@ def main():
     # is on the host (the CPU, or CPU tensors taken as a device's) its files are made here too (Debugger._flush)
     entry["the step's flush"] = min(flushes) / n
 
-    steady = steady_figures(
-        lambda: calls(x, n), n, args.steady, lambda: new_debugger(PrecisionDebugger, dump, args), start, finish
-    )
+    made = lambda: new_debugger(PrecisionDebugger, dump, args)  # noqa: E731
+    steady = steady_figures(lambda: calls(x, n), n, args.steady, made, start, finish)
+    # a chain of calls and its backward: two entries a call, the backward one filled by a hook
+    steady_backward = steady_figures(lambda: chain(xg, n).backward(), n, args.steady, made, start, finish)
     if steady is not None:
         entry["steady: shallow stack, flushed, mean"] = steady[0] - plain_call
+        plain_backward = best_seconds(lambda: chain(xg, n).backward(), args.rounds, sync) / n
+        entry["steady: with its backward, mean"] = steady_backward[0] - plain_backward
 
     parts = measure_parts(torch, msprobe_runtime, PrecisionDebugger, start, finish, dump, args)
     shutil.rmtree(dump, ignore_errors=True)
@@ -372,11 +376,12 @@ def main():
     print(f"{'host time added per recorded entry':40s} {'us':>7s} {'x plain call':>13s}")
     for name, seconds in entry.items():
         print(f"  {name:38s} {seconds * 1e6:7.1f} {seconds / plain_call:13.1f}")
-    if steady is not None:
-        print(
-            f"  (steady: {steady[1] * 1e6:.2f} us a call in the garbage collector, {steady[2]} full collections in "
-            f"{steady[3]} calls)"
-        )
+    for label, figures in (("steady", steady), ("with its backward", steady_backward)):
+        if figures is not None:
+            print(
+                f"  ({label}: {figures[1] * 1e6:.2f} us a call in the garbage collector, {figures[2]} full "
+                f"collections in {figures[3]} calls)"
+            )
     if parts:
         total = entry["input requires grad"]
         print(f"\nparts of an entry whose input requires grad, stack {args.depth} frames deeper")
@@ -395,8 +400,10 @@ def main():
         "entry_us": {k: v * 1e6 for k, v in entry.items()},
         "parts_us": {k: v * 1e6 for k, v in parts.items()},
     }
-    if steady is not None:
-        figures["steady"] = {"gc_us_per_call": steady[1] * 1e6, "full_collections": steady[2], "calls": steady[3]}
+    for label, made_figures in (("steady", steady), ("steady_backward", steady_backward)):
+        if made_figures is not None:
+            gc_us, full, count = made_figures[1] * 1e6, made_figures[2], made_figures[3]
+            figures[label] = {"gc_us_per_call": gc_us, "full_collections": full, "calls": count}
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(figures, handle, indent=2)

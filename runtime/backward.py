@@ -115,6 +115,15 @@ class _Observer:
         return None
 
 
+def writable(entry, field):
+    """``entry[field]``, a list of a backward entry's records, as a fresh list in its place, for this module's
+    records to be written into: the native op may have sealed the entry after an earlier arrival (``Collector.
+    seal_entry``), and a sealed list, which the garbage collector no longer looks into, must hold untracked records
+    only, where these may be tracked (``TensorRecord``)."""
+    items = entry[field] = list(entry[field])
+    return items
+
+
 def observe_api(collector, name, width, positions, grad_inputs, grad_outputs):
     entry = collector.backward_entry(name, width, 0)
     if entry is None:
@@ -123,19 +132,17 @@ def observe_api(collector, name, width, positions, grad_inputs, grad_outputs):
     # file stems as msprobe names them ({name}.input.0.pt, {name}.output.0.pt): with task 'tensor' the
     # gradients are saved too, so that the API pre-check can replay the backward from the dump
     if "input" in entry:
+        slots = writable(entry, "input")
         for position, output_nr in positions:
             if output_nr < len(grad_outputs):
-                entry["input"][position] = describe(
-                    grad_outputs[output_nr], collector.file_stem(name, "input", str(position))
-                )
+                slots[position] = describe(grad_outputs[output_nr], collector.file_stem(name, "input", str(position)))
     if "output" in entry:
+        sent = writable(entry, "output")
         if not collector.plan.tensor_task:  # no file names: the native op describes them in one call
-            entry["output"].extend(collector.describe_seq(grad_inputs, None))
+            sent.extend(collector.describe_seq(grad_inputs, None))
             return
-        start = len(entry["output"])
-        entry["output"].extend(
-            describe(g, collector.file_stem(name, "output", str(start + i))) for i, g in enumerate(grad_inputs)
-        )
+        start = len(sent)
+        sent.extend(describe(g, collector.file_stem(name, "output", str(start + i))) for i, g in enumerate(grad_inputs))
 
 
 def hook_module_backward(collector, name, inputs, outputs, params=()):
@@ -329,14 +336,14 @@ def _observe_consumers(collector, wait, edges, grad_inputs, grad_outputs):
         if left[position] == 0:
             entry = collector.backward_entry(wait.name, wait.n_out, wait.n_in, deferred=True)
             if entry is not None and "output" in entry:
-                entry["output"][position] = collector.describe(partial.pop(position, None), None)
+                writable(entry, "output")[position] = collector.describe(partial.pop(position, None), None)
             _part_done(collector, wait)
 
 
 def observe_tensor(collector, wait, field, position, grad):
     entry = collector.backward_entry(wait.name, wait.n_out, wait.n_in, deferred=True)
     if entry is not None and field in entry:
-        entry[field][position] = collector.describe(grad, None)
+        writable(entry, field)[position] = collector.describe(grad, None)
     _part_done(collector, wait)
 
 

@@ -200,8 +200,10 @@ class Collector:
         native = native_stats.load()  # loaded already (the StatBuffer's): its stack capture and graph walk
         self.anchors = call_stacks.Anchors(call_stacks.capture_function(native))  # module calls running now
         self.graph_walk = getattr(native, "consumer_edges", None)  # backward.hook_module_backward's walk
-        # a finished forward entry of the op's records untracked by the garbage collector (its ``seal``): kept
-        # tracked to its flush, a step's entries brought on full collections (bench/per_entry.py's loop)
+        # a finished entry of the op's records untracked by the garbage collector (its ``seal``): kept tracked to
+        # its flush, a step's entries brought on full collections (bench/per_entry.py --steady). A backward entry
+        # is sealed as an arrival of the op leaves it, and the Python hooks write into fresh lists
+        # (``backward.writable``): a sealed list holds untracked records only
         self.seal_entry = getattr(native, "seal", None)
         self.module_stack = []
         self._lock = threading.Lock()
@@ -782,7 +784,10 @@ class Collector:
             step.backward_parents[backward] = parent
             if self.native_backward:
                 table = step.api_backward_hooks
-                table.append(make(ApiBackwardHook, (backward, len(outputs))))
+                hook = make(ApiBackwardHook, (backward, len(outputs)))
+                if self.seal_entry is not None:  # a str and an int: nothing for the garbage collector to walk
+                    self.seal_entry(hook)
+                table.append(hook)
                 self.recorder.hook_api(outputs, len(table) - 1)
             else:
                 bw.hook_api_backward(self, backward, outputs)
@@ -847,6 +852,8 @@ class Collector:
                 slots[position] = record
         if "output" in entry:
             entry["output"].extend(sent)
+        if self.seal_entry is not None:  # the op's records only (untracked), as any later arrival of the op writes
+            self.seal_entry(entry)
 
     def _module_arrival(self, index, field, slot, record):
         wait = self.step.module_backward_hooks[index]
@@ -912,6 +919,8 @@ class Collector:
             entry = self.step.pending_backward.pop(name, None)
             if entry is not None:
                 self.step.data[name] = entry
+        if entry is not None and self.seal_entry is not None:  # its last part arrived (backward.writable)
+            self.seal_entry(entry)
 
     # ----------------------------------------------------------------- modules (from module_tracking)
 

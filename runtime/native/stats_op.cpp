@@ -2227,15 +2227,24 @@ py::tuple capture(py::handle frame, py::handle anchor, py::handle outer, int64_t
 }
 #endif
 
-// A finished forward entry (``{"input_args": [records], "input_kwargs": {...}, "output": [records], ...}``) whose
-// every record is untracked (the op's tuples, None) is untracked itself, with its lists: no more is written into
-// them, and they hold nothing the garbage collector need look at. Kept tracked, an entry and its two lists outlived
-// the young collections of its step into the oldest generation, where three a call brought on full collections of
-// the whole heap (bench/per_entry.py --steady; tests/runtime/test_entry_tracking.py). A dict that is given a tracked
-// value later is tracked again by CPython itself; a list is not, so only a list of untracked items is untracked.
-// True where it was.
+// A finished entry (``{"input_args": [records], "input_kwargs": {...}, "output": [records], ...}``, or a backward
+// entry's ``input`` and ``output``) whose every record is untracked (the op's tuples, None) is untracked itself, with
+// its lists: they hold nothing the garbage collector need look at, and what is written into them later is the op's
+// records (the Python hooks write into fresh lists: backward.writable). Kept tracked, an entry and its two lists
+// outlived the young collections of its step into the oldest generation, where three a call brought on full
+// collections of the whole heap (bench/per_entry.py --steady; tests/runtime/test_entry_tracking.py). A dict that
+// is given a tracked value later is tracked again by CPython itself; a list is not, so only a list of untracked
+// items is untracked. A tuple (a named one without a ``__dict__``: the step's ``ApiBackwardHook``) of untracked items
+// is untracked as CPython would untrack an exact tuple at its next collection. True where it was.
 bool seal(py::handle entry) {
   PyObject* dict = entry.ptr();
+  if (PyTuple_Check(dict) && Py_TYPE(dict)->tp_dictoffset == 0) {
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(dict); ++k) {
+      if (PyObject_GC_IsTracked(PyTuple_GET_ITEM(dict, k))) return false;
+    }
+    if (PyObject_GC_IsTracked(dict)) PyObject_GC_UnTrack(dict);
+    return true;
+  }
   if (!PyDict_CheckExact(dict)) return false;
   PyObject* lists[8];
   int n_lists = 0;
@@ -2279,7 +2288,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #if PY_VERSION_HEX >= 0x030B0000
   m.def("capture", &capture, "call_stacks.capture: a stack's code objects and instruction offsets, to an anchor");
 #endif
-  m.def("seal", &seal, "A finished forward entry of untracked records untracked, with its lists");
+  m.def("seal", &seal, "A finished entry of untracked records untracked, with its lists");
   m.def("consumer_edges", &consumer_edges, "backward._consumer_edges: a module's nodes that consume its inputs");
   m.def("stats", &stats, "Max, Min, Mean, Norm, NaN and Inf counts of a CPU float tensor in one pass");
   m.def("monitor_figures", &monitor_figures, "msprobe's monitor ops of a CPU float tensor in one pass (metrics.py)");

@@ -1,8 +1,8 @@
-"""A step's finished forward entries whose records are all the native op's are untracked by the garbage collector
-(its ``seal``). Kept tracked to the flush, each recorded call left three containers (its entry and two lists) that
-outlived the young collections into the oldest generation, where they brought on full collections of the whole heap
-(bench/per_entry.py --steady); an entry that holds anything tracked stays tracked, so nothing the collector must see
-is hidden from it."""
+"""A step's finished entries whose records are all the native op's are untracked by the garbage collector (its
+``seal``): forward entries when they are finished, backward entries as the op's hooks leave them. Kept tracked to the
+flush, each recorded call left three containers (its entry and two lists) that outlived the young collections into the
+oldest generation, where they brought on full collections of the whole heap (bench/per_entry.py --steady); an entry
+that holds anything tracked stays tracked, so nothing the collector must see is hidden from it."""
 
 import gc
 import types
@@ -13,12 +13,19 @@ torch = pytest.importorskip("torch")
 
 import msprobe_runtime as rt  # noqa: E402
 from msprobe_runtime import PrecisionDebugger, native_stats, shims  # noqa: E402
+from msprobe_runtime.open_calls import ApiBackwardHook  # noqa: E402
 
 SOURCE = """
 def calls(x, n):
     for _ in range(n):
         __msprobe__.call("Torch.tanh", torch.tanh, x)
         __msprobe__.call("Torch.split", torch.split, x, 2)  # a tuple of outputs: a record each
+
+
+def trained(x, n):
+    for _ in range(n):
+        y = __msprobe__.call("Torch.tanh", torch.tanh, x)
+        __msprobe__.call("Tensor.sum", torch.Tensor.sum, y).backward()
 
 
 def joined(x):
@@ -74,6 +81,42 @@ def test_a_recorded_call_leaves_no_container_for_the_garbage_collector(native, i
     assert grown < 60, grown
 
 
+def test_a_backward_entry_is_sealed_as_the_ops_hook_leaves_it(native, instrumented, tmp_path):
+    debugger = _collecting(tmp_path, instrumented)
+    x = torch.randn(8, requires_grad=True)
+    try:
+        instrumented["trained"](x, 3)
+        gc.collect()
+        gc.disable()
+        try:
+            before = len(gc.get_objects())
+            instrumented["trained"](x, 100)
+            grown = len(gc.get_objects()) - before
+        finally:
+            gc.enable()
+        data = shims._collector.step.data
+        backward = data["Torch.tanh.101.backward"]  # the last call's arrives at the next call
+    finally:
+        debugger.stop()
+    assert len(backward["input"]) == 1 and len(backward["output"]) == 1 and backward["output"][0] is not None
+    assert not any(gc.is_tracked(part) for part in (backward, backward["input"], backward["output"]))
+    # 400 entries, 200 of them backward, and 200 hooks' rows (``ApiBackwardHook``): 1 400 containers before the op
+    # sealed them (800 with forward entries sealed only)
+    assert grown < 100, grown
+
+
+def test_the_python_hooks_write_into_a_fresh_list_where_the_op_sealed_one(native):
+    from msprobe_runtime import backward
+
+    entry = {"input": [None], "output": [None]}
+    assert native.seal(entry)
+    sealed = entry["output"]
+    written = backward.writable(entry, "output")
+    written.append(types.SimpleNamespace())  # a Python-path record: tracked
+    assert written is entry["output"] and written is not sealed and sealed == [None]
+    assert gc.is_tracked(entry) and gc.is_tracked(entry["output"])  # the collector looks into both again
+
+
 def test_a_device_tensors_entry_is_sealed_too(native, instrumented, tmp_path, monkeypatch):
     # the native Recorder's lane (a device tensor's record names its arena: plain data too), on CPU tensors taken as a
     # device's, the kernels under Triton's interpreter where no GPU is (tests/conftest.py)
@@ -110,7 +153,9 @@ def test_seal_untracks_only_what_can_hold_no_cycle(native):
     assert not gc.is_tracked(sealed) and not gc.is_tracked(sealed["input_args"])
     sealed["parameters"] = {"weight": [1]}  # CPython tracks a dict again once it is given a tracked value
     assert gc.is_tracked(sealed)
+    row = ApiBackwardHook("Torch.tanh.0.backward", 1)  # a step's row of a hook: a named tuple of a str and an int
+    assert gc.is_tracked(row) and native.seal(row) and not gc.is_tracked(row)
     tracked = ({"input_args": [[None]]}, {"output": [types.SimpleNamespace()]}, {"parameters": {"weight": [1]}})
-    for kept in (*tracked, [None]):
+    for kept in (*tracked, [None], (None, [None])):
         assert not native.seal(kept)
         assert gc.is_tracked(kept)
