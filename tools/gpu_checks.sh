@@ -49,11 +49,13 @@ run kernels 150 python3 -m pytest -q -x -p no:cacheprovider tests/runtime/test_t
 # launched straight to the compiled kernels (the default), then through Triton's run at every launch
 # and summary_mode fingerprint on CUDA, and with a call's outputs waiting for the next call's launch
 # (MSPROBE_CARRY_OUTPUTS: their figures in the log only, as the launches' below: a call's files are at most 8)
+# (the steady loops, the garbage collector's share, at their 3 s each in the first run only: the limit holds five runs)
 run per_entry 190 bash -c "python3 bench/per_entry.py --device cuda --json $out/per_entry_cuda.json \
-    && MSPROBE_TRITON_DIRECT=0 python3 bench/per_entry.py --device cuda --json $out/per_entry_cuda_triton_run.json \
-    && python3 bench/per_entry.py --device cpu --json $out/per_entry_cpu.json \
-    && python3 bench/per_entry.py --device cuda --summary-mode fingerprint --calls 1000 --rounds 5 \
-    && MSPROBE_CARRY_OUTPUTS=1 python3 bench/per_entry.py --device cuda --calls 1000 --rounds 5"
+    && MSPROBE_TRITON_DIRECT=0 python3 bench/per_entry.py --device cuda --steady 0 \
+    --json $out/per_entry_cuda_triton_run.json \
+    && python3 bench/per_entry.py --device cpu --steady 1 --json $out/per_entry_cpu.json \
+    && python3 bench/per_entry.py --device cuda --summary-mode fingerprint --calls 1000 --rounds 5 --steady 0 \
+    && MSPROBE_CARRY_OUTPUTS=1 python3 bench/per_entry.py --device cuda --calls 1000 --rounds 5 --steady 0"
 run launches 80 bash -c "python3 bench/triton_launches.py --device cuda --steps 2 --json $out/launches.json \
     && python3 bench/triton_launches.py --device cuda --steps 2 --summary-mode fingerprint \
     --json $out/launches_fingerprint.json \
