@@ -58,19 +58,24 @@ def _collecting(tmp_path, code):
     return debugger
 
 
+def _grown(body, x, warm, n):
+    """The objects the garbage collector tracks, grown over ``body(x, n)`` after ``body(x, warm)`` (its shapes,
+    names and caches made), with no collection between."""
+    body(x, warm)
+    gc.collect()
+    gc.disable()
+    try:
+        before = len(gc.get_objects())
+        body(x, n)
+        return len(gc.get_objects()) - before
+    finally:
+        gc.enable()
+
+
 def test_a_recorded_call_leaves_no_container_for_the_garbage_collector(native, instrumented, tmp_path):
     debugger = _collecting(tmp_path, instrumented)
-    x = torch.randn(8)
     try:
-        instrumented["calls"](x, 5)  # its shapes, names and caches made
-        gc.collect()
-        gc.disable()
-        try:
-            before = len(gc.get_objects())
-            instrumented["calls"](x, 300)
-            grown = len(gc.get_objects()) - before
-        finally:
-            gc.enable()
+        grown = _grown(instrumented["calls"], torch.randn(8), 5, 300)
         data = shims._collector.step.data
         entry = data["Torch.split.304.forward"]
     finally:
@@ -83,17 +88,8 @@ def test_a_recorded_call_leaves_no_container_for_the_garbage_collector(native, i
 
 def test_a_backward_entry_is_sealed_as_the_ops_hook_leaves_it(native, instrumented, tmp_path):
     debugger = _collecting(tmp_path, instrumented)
-    x = torch.randn(8, requires_grad=True)
     try:
-        instrumented["trained"](x, 3)
-        gc.collect()
-        gc.disable()
-        try:
-            before = len(gc.get_objects())
-            instrumented["trained"](x, 100)
-            grown = len(gc.get_objects()) - before
-        finally:
-            gc.enable()
+        grown = _grown(instrumented["trained"], torch.randn(8, requires_grad=True), 3, 100)
         data = shims._collector.step.data
         backward = data["Torch.tanh.101.backward"]  # the last call's arrives at the next call
     finally:
