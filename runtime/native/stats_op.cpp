@@ -2237,25 +2237,26 @@ py::tuple capture(py::handle frame, py::handle anchor, py::handle outer, int64_t
 // items is untracked. A tuple (a named one without a ``__dict__``: the step's ``ApiBackwardHook``) of untracked items
 // is untracked as CPython would untrack an exact tuple at its next collection. True where it was.
 bool seal(py::handle entry) {
-  PyObject* dict = entry.ptr();
-  if (PyTuple_Check(dict) && Py_TYPE(dict)->tp_dictoffset == 0) {
-    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(dict); ++k) {
-      if (PyObject_GC_IsTracked(PyTuple_GET_ITEM(dict, k))) return false;
+  PyObject* object = entry.ptr();
+  auto untracked_items = [](PyObject* const* items, Py_ssize_t count) {  // a tuple's or a list's
+    for (Py_ssize_t k = 0; k < count; ++k) {
+      if (PyObject_GC_IsTracked(items[k])) return false;
     }
-    if (PyObject_GC_IsTracked(dict)) PyObject_GC_UnTrack(dict);
+    return true;
+  };
+  if (PyTuple_Check(object) && Py_TYPE(object)->tp_dictoffset == 0) {
+    if (!untracked_items(PySequence_Fast_ITEMS(object), PyTuple_GET_SIZE(object))) return false;
+    if (PyObject_GC_IsTracked(object)) PyObject_GC_UnTrack(object);
     return true;
   }
-  if (!PyDict_CheckExact(dict)) return false;
+  if (!PyDict_CheckExact(object)) return false;
   PyObject* lists[8];
   int n_lists = 0;
   Py_ssize_t place = 0;
   PyObject *key, *value;
-  while (PyDict_Next(dict, &place, &key, &value)) {
+  while (PyDict_Next(object, &place, &key, &value)) {
     if (PyList_CheckExact(value)) {
-      if (n_lists == 8) return false;
-      for (Py_ssize_t k = 0; k < PyList_GET_SIZE(value); ++k) {
-        if (PyObject_GC_IsTracked(PyList_GET_ITEM(value, k))) return false;
-      }
+      if (n_lists == 8 || !untracked_items(PySequence_Fast_ITEMS(value), PyList_GET_SIZE(value))) return false;
       lists[n_lists++] = value;
     } else if (PyObject_GC_IsTracked(value)) {  // a dict of records is untracked already (CPython: its values are)
       return false;
@@ -2264,7 +2265,7 @@ bool seal(py::handle entry) {
   for (int k = 0; k < n_lists; ++k) {
     if (PyObject_GC_IsTracked(lists[k])) PyObject_GC_UnTrack(lists[k]);
   }
-  if (PyObject_GC_IsTracked(dict)) PyObject_GC_UnTrack(dict);
+  if (PyObject_GC_IsTracked(object)) PyObject_GC_UnTrack(object);
   return true;
 }
 
