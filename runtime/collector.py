@@ -48,7 +48,16 @@ from .contract import RUNTIME_MODULE
 from .shims import FOREIGN_CALL, MODULE_CALL, NOT_ROUTED
 from .call_effects import CallEffects
 from .checksums import checksum_of
-from .statistics import KIND_EMPTY, LATER, StatBuffer, float8_scaling, float8_view, low_precision_dtypes, tensor_kind
+from .statistics import (
+    KIND_EMPTY,
+    LATER,
+    Slot,
+    StatBuffer,
+    float8_scaling,
+    float8_view,
+    low_precision_dtypes,
+    tensor_kind,
+)
 from .step_state import StepState
 
 logger = logging.getLogger("msprobe_runtime")
@@ -205,6 +214,9 @@ class Collector:
         # is sealed as an arrival of the op leaves it, and the Python hooks write into fresh lists
         # (``backward.writable``): a sealed list holds untracked records only
         self.seal_entry = getattr(native, "seal", None)
+        seal_types = getattr(native, "seal_types", None)
+        if seal_types is not None:  # the Python path's records and their slots too, where nothing they hold is tracked
+            seal_types((TensorRecord, Slot))
         self.module_stack = []
         self._lock = threading.Lock()
         self._logged = set()
@@ -1369,6 +1381,9 @@ def _api_backward_fallback(owner, index, positions, grad_inputs, grad_outputs):
         name, width = collector.step.api_backward_hooks[index]
         with collector.own_work:
             _in_one_launch(collector, bw.observe_api, name, width, positions, grad_inputs, grad_outputs)
+        entry = collector.step.data.get(name)
+        if entry is not None and collector.seal_entry is not None:  # as an arrival of the op leaves its entry
+            collector.seal_entry(entry)
     except Exception as error:
         collector.log_error("API backward hook", error)
 

@@ -25,7 +25,10 @@ MAX_DEPTH = 32
 
 
 class TensorRecord:
-    """A tensor seen at record time; ``to_json`` runs on the writer thread once the statistics landed."""
+    """A tensor seen at record time; ``to_json`` runs on the writer thread once the statistics landed.
+
+    The native op's ``seal`` may untrack one whose fields hold nothing tracked (``Collector``'s ``seal_types``): the
+    garbage collector no longer looks into it, so nothing assigned to it later may refer back to it."""
 
     __slots__ = ("dtype", "shape", "requires_grad", "kind", "slot", "counts", "data_name", "type", "checksum")
 

@@ -175,7 +175,9 @@ class Batch:
 
 class Slot:
     """Where the numbers of one tensor's statistics will be: pending on the device, then in a Batch. A group
-    slot (small tensors reduced together) hands its batch and offsets on to its ``members``."""
+    slot (small tensors reduced together) hands its batch and offsets on to its ``members``. The native op's ``seal``
+    may untrack one with its record (``records.TensorRecord``): what is assigned to it later (a Batch of numbers, a
+    tensor) must not refer back to it."""
 
     __slots__ = ("pending", "batch", "offset", "width", "members", "exact")
 
@@ -780,7 +782,19 @@ class _Rows:
     row per tensor; at the flush one cast and concatenation per buffer, one copy to the host, and the writer
     thread makes the slots' numbers of the whole flush at once (``finish``)."""
 
-    __slots__ = ("device", "counting", "capacity", "count", "sums", "counts", "extremes", "used", "entries", "views")
+    __slots__ = (
+        "device",
+        "counting",
+        "capacity",
+        "count",
+        "sums",
+        "counts",
+        "extremes",
+        "used",
+        "entries",
+        "slots",
+        "views",
+    )
 
     def __init__(self, device, counting, capacity):
         import torch
@@ -797,7 +811,12 @@ class _Rows:
         self.views = {"sums": self.sums.view(-1).unbind(0)}
         if counting:
             self.views["counts"] = self.counts.view(-1).unbind(0)
-        self.entries = []  # (slot, counts slot, dtype, elements, repeat, row of extremes, Norm squared)
+        # (dtype, elements, repeat, row of extremes, Norm squared) a tensor, which the Batch's ``read`` keeps; its
+        # (slot, counts slot) apart: a slot may be untracked with its record (seal), and refers to the Batch, so the
+        # Batch must not refer back to it (a cycle the garbage collector could no longer see: tests/runtime/
+        # test_entry_tracking.py)
+        self.entries = []
+        self.slots = []
 
     def add(self, t, repeat):
         import torch
@@ -828,7 +847,8 @@ class _Rows:
         slot = Slot(None, 4)
         self.count += 1
         self.used[dtype] = at + 1
-        self.entries.append((slot, counts, dtype, t.numel(), repeat, at, squared))
+        self.entries.append((dtype, t.numel(), repeat, at, squared))
+        self.slots.append((slot, counts))
         return slot, counts
 
     def take(self):
@@ -855,7 +875,7 @@ class _Rows:
             event = record_event(self.device)
         entries, counting = self.entries, self.counting
         batch = Batch(host, event, read=lambda host: _finish_rows(host, entries, base, offset, counting))
-        for index, (slot, counts, *_rest) in enumerate(entries):
+        for index, (slot, counts) in enumerate(self.slots):
             slot.batch, slot.offset = batch, 4 * index
             if counts is not None:
                 counts.batch, counts.offset = batch, 4 * n + 2 * index
@@ -870,17 +890,17 @@ def _finish_rows(host, entries, base, sums_at, counting):
 
     n = len(entries)
     flat = host.contiguous()
-    at = torch.tensor([base[e[2]] + 2 * e[5] for e in entries], dtype=torch.int64)
-    elements = torch.tensor([e[3] for e in entries], dtype=torch.float64)
-    repeats = torch.tensor([e[4] for e in entries], dtype=torch.float64)
+    at = torch.tensor([base[e[0]] + 2 * e[3] for e in entries], dtype=torch.int64)
+    elements = torch.tensor([e[1] for e in entries], dtype=torch.float64)
+    repeats = torch.tensor([e[2] for e in entries], dtype=torch.float64)
     sums = flat[sums_at : sums_at + 2 * n].view(n, 2)
     mean = sums[:, 0] / elements  # the Sum of the dense view: repeat copies of each value, repeat times the elements
-    squared = torch.tensor([e[6] for e in entries], dtype=torch.bool)
+    squared = torch.tensor([e[4] for e in entries], dtype=torch.bool)
     # a float32 sum of squares (dot) rooted in float64 and rounded to float32 below: the float32 root's bits
     norm = torch.where(squared, sums[:, 1].sqrt(), sums[:, 1]) * repeats.sqrt()
     by_dtype: dict = {}
     for index, entry in enumerate(entries):
-        by_dtype.setdefault(entry[2], []).append(index)
+        by_dtype.setdefault(entry[0], []).append(index)
     for dtype, indices in by_dtype.items():
         index = torch.tensor(indices, dtype=torch.int64)
         for column in (mean, norm):

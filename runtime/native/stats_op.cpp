@@ -453,6 +453,28 @@ PyObject* untracked(PyObject* tuple) {
   return tuple;
 }
 
+// ``object`` (an exact list, or a tuple without a ``__dict__``) untracked where none of its items is tracked: true
+// where it is untracked now. Only for a list nothing appends a tracked object to later (CPython tracks a tuple or a
+// dict again itself, never a list): a finished entry's (``seal``), a backward hook's arrival.
+bool untrack_flat(PyObject* object) {
+  PyObject* const* items;
+  Py_ssize_t count;
+  if (PyList_CheckExact(object)) {
+    items = PySequence_Fast_ITEMS(object);
+    count = PyList_GET_SIZE(object);
+  } else if (PyTuple_Check(object) && Py_TYPE(object)->tp_dictoffset == 0) {
+    items = PySequence_Fast_ITEMS(object);
+    count = PyTuple_GET_SIZE(object);
+  } else {
+    return false;
+  }
+  for (Py_ssize_t k = 0; k < count; ++k) {
+    if (PyObject_GC_IsTracked(items[k])) return false;
+  }
+  if (PyObject_GC_IsTracked(object)) PyObject_GC_UnTrack(object);
+  return true;
+}
+
 // A record's shape: one tuple per shape seen lately (a direct-mapped table, GIL held), since a step's records
 // repeat a few shapes hundreds of times. Each record made with it allocates, frees and marshals one object (and
 // its large sizes' ints) fewer, and the step's message names a repeated shape by reference.
@@ -1569,6 +1591,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
       PyObject* record = gradient_record(grad);
       if (record == nullptr) return module_fallback(index, field, slot, grad);
       py::tuple arrival = py::make_tuple(index, field, slot, py::reinterpret_steal<py::object>(record));
+      untrack_flat(arrival.ptr());  // it waits for the collector (take_arrivals), maybe to the flush: see below
       if (PyList_Append(arrivals_.ptr(), arrival.ptr()) != 0) throw py::error_already_set();
     } catch (const std::exception&) {
       PyErr_Clear();
@@ -1628,6 +1651,13 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
         PyList_SET_ITEM(sent.ptr(), static_cast<Py_ssize_t>(k), record);
       }
       py::tuple arrival = py::make_tuple(index, received, sent);
+      // Untracked where its records are: a step's arrivals wait for the collector's next call or its flush (a whole
+      // backward pass's, where no forward call follows), and kept tracked they outlived the young collections of
+      // the backward into the oldest generation, which brought on full collections of the whole heap
+      // (tests/runtime/test_entry_tracking.py; bench/per_entry.py --steady). take_arrivals only reads them.
+      const Py_ssize_t n_received = PyList_GET_SIZE(received.ptr());
+      for (Py_ssize_t k = 0; k < n_received; ++k) untrack_flat(PyList_GET_ITEM(received.ptr(), k));
+      if (untrack_flat(received.ptr()) && untrack_flat(sent.ptr())) untrack_flat(arrival.ptr());
       if (PyList_Append(arrivals_.ptr(), arrival.ptr()) != 0) throw py::error_already_set();
     } catch (const std::exception&) {
       PyErr_Clear();
@@ -2227,28 +2257,72 @@ py::tuple capture(py::handle frame, py::handle anchor, py::handle outer, int64_t
 }
 #endif
 
-// A finished entry (``{"input_args": [records], "input_kwargs": {...}, "output": [records], ...}``, or a backward
-// entry's ``input`` and ``output``) whose every record is untracked (the op's tuples, None) is untracked itself, with
-// its lists: they hold nothing the garbage collector need look at, and what is written into them later is the op's
-// records (the Python hooks write into fresh lists: backward.writable). Kept tracked, an entry and its two lists
-// outlived the young collections of its step into the oldest generation, where three a call brought on full
-// collections of the whole heap (bench/per_entry.py --steady; tests/runtime/test_entry_tracking.py). A dict that
-// is given a tracked value later is tracked again by CPython itself; a list is not, so only a list of untracked
-// items is untracked. A tuple (a named one without a ``__dict__``: the step's ``ApiBackwardHook``) of untracked items
-// is untracked as CPython would untrack an exact tuple at its next collection. True where it was.
-bool seal(py::handle entry) {
-  PyObject* object = entry.ptr();
-  auto untracked_items = [](PyObject* const* items, Py_ssize_t count) {  // a tuple's or a list's
-    for (Py_ssize_t k = 0; k < count; ++k) {
-      if (PyObject_GC_IsTracked(items[k])) return false;
+// The Python path's record classes (``seal_types``: records.TensorRecord, statistics.Slot), whose instances ``seal``
+// may untrack: what is assigned to one later (a Slot's Batch of numbers, a fallback's tensor) refers back to none of
+// them, so that no reference cycle passes through one, and an untracked object's referents are only ever kept
+// alive by it, never freed early.
+PyObject* sealed_types[4] = {};
+
+void seal_types(py::tuple types) {
+  if (PyTuple_GET_SIZE(types.ptr()) > 4) throw py::value_error("seal_types: four classes at most");
+  for (PyObject*& held : sealed_types) Py_CLEAR(held);
+  for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(types.ptr()); ++k) {
+    PyObject* type = PyTuple_GET_ITEM(types.ptr(), k);
+    // a class of __slots__ only: its referents are its fields and the class itself (subtype_traverse)
+    if (!PyType_Check(type) || reinterpret_cast<PyTypeObject*>(type)->tp_dictoffset != 0) {
+      throw py::type_error("seal_types: classes of __slots__ only");
     }
-    return true;
-  };
-  if (PyTuple_Check(object) && Py_TYPE(object)->tp_dictoffset == 0) {
-    if (!untracked_items(PySequence_Fast_ITEMS(object), PyTuple_GET_SIZE(object))) return false;
-    if (PyObject_GC_IsTracked(object)) PyObject_GC_UnTrack(object);
+    Py_INCREF(type);
+    sealed_types[k] = type;
+  }
+}
+
+// Whether ``object`` holds nothing the garbage collector need look at, untracked where it can be: an untracked
+// object; an exact tuple of such (as CPython untracks one itself at its next collection); an instance of a class of
+// ``seal_types`` whose fields are such. ``depth``: how far down the fields are looked at (a record, its slot).
+bool seal_item(PyObject* object, int depth) {
+  if (!PyObject_GC_IsTracked(object)) return true;
+  if (depth == 0) return false;
+  PyTypeObject* type = Py_TYPE(object);
+  if (type == &PyTuple_Type) {
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(object); ++k) {
+      if (!seal_item(PyTuple_GET_ITEM(object, k), depth - 1)) return false;
+    }
+    PyObject_GC_UnTrack(object);
     return true;
   }
+  bool known = false;
+  for (PyObject* held : sealed_types) known = known || held == reinterpret_cast<PyObject*>(type);
+  if (!known || type->tp_traverse == nullptr) return false;
+  struct Walk {
+    PyObject* type;
+    int depth;
+  } walk{reinterpret_cast<PyObject*>(type), depth - 1};
+  const int stopped = type->tp_traverse(
+      object,
+      [](PyObject* field, void* arg) -> int {
+        const Walk* walk = static_cast<const Walk*>(arg);
+        return field == walk->type || seal_item(field, walk->depth) ? 0 : 1;
+      },
+      &walk);
+  if (stopped != 0) return false;
+  PyObject_GC_UnTrack(object);
+  return true;
+}
+
+// A finished entry (``{"input_args": [records], "input_kwargs": {...}, "output": [records], ...}``, or a backward
+// entry's ``input`` and ``output``) whose every record holds nothing the garbage collector need look at (the op's
+// untracked tuples, None, the Python path's records of ``seal_types`` once their fields are such) is untracked
+// itself, with its lists and records: what is written into its lists later is the op's records (the Python hooks
+// write into fresh lists: backward.writable). Kept tracked, an entry, its two lists and a Python path's records and
+// slots outlived the young collections of its step into the oldest generation, where they brought on full
+// collections of the whole heap (bench/per_entry.py --steady; tests/runtime/test_entry_tracking.py). A dict that is
+// given a tracked value later is tracked again by CPython itself; a list is not, so only a list of untracked items
+// is untracked. A tuple (a named one without a ``__dict__``: the step's ``ApiBackwardHook``) of untracked items is
+// untracked as CPython would untrack an exact tuple at its next collection. True where the entry was.
+bool seal(py::handle entry) {
+  PyObject* object = entry.ptr();
+  if (PyTuple_Check(object)) return untrack_flat(object);
   if (!PyDict_CheckExact(object)) return false;
   PyObject* lists[8];
   int n_lists = 0;
@@ -2256,15 +2330,26 @@ bool seal(py::handle entry) {
   PyObject *key, *value;
   while (PyDict_Next(object, &place, &key, &value)) {
     if (PyList_CheckExact(value)) {
-      if (n_lists == 8 || !untracked_items(PySequence_Fast_ITEMS(value), PyList_GET_SIZE(value))) return false;
+      if (n_lists == 8) return false;
       lists[n_lists++] = value;
-    } else if (PyObject_GC_IsTracked(value)) {  // a dict of records is untracked already (CPython: its values are)
+    } else if (PyDict_CheckExact(value)) {  // keyword arguments' records: tracked again if given a tracked value
+      Py_ssize_t at = 0;
+      PyObject *name, *record;
+      while (PyDict_Next(value, &at, &name, &record)) {
+        if (!seal_item(record, 3)) return false;
+      }
+      if (PyObject_GC_IsTracked(value)) PyObject_GC_UnTrack(value);
+    } else if (!seal_item(value, 3)) {
       return false;
     }
   }
-  for (int k = 0; k < n_lists; ++k) {
-    if (PyObject_GC_IsTracked(lists[k])) PyObject_GC_UnTrack(lists[k]);
+  for (int k = 0; k < n_lists; ++k) {  // all or none: a list of an item that stays tracked leaves the entry tracked
+    const Py_ssize_t count = PyList_GET_SIZE(lists[k]);
+    for (Py_ssize_t i = 0; i < count; ++i) {
+      if (!seal_item(PyList_GET_ITEM(lists[k], i), 3)) return false;
+    }
   }
+  for (int k = 0; k < n_lists; ++k) untrack_flat(lists[k]);
   if (PyObject_GC_IsTracked(object)) PyObject_GC_UnTrack(object);
   return true;
 }
@@ -2290,6 +2375,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("capture", &capture, "call_stacks.capture: a stack's code objects and instruction offsets, to an anchor");
 #endif
   m.def("seal", &seal, "A finished entry of untracked records untracked, with its lists");
+  m.def("seal_types", &seal_types, "The Python path's record classes, whose instances seal may untrack");
   m.def("consumer_edges", &consumer_edges, "backward._consumer_edges: a module's nodes that consume its inputs");
   m.def("stats", &stats, "Max, Min, Mean, Norm, NaN and Inf counts of a CPU float tensor in one pass");
   m.def("monitor_figures", &monitor_figures, "msprobe's monitor ops of a CPU float tensor in one pass (metrics.py)");

@@ -1,8 +1,10 @@
-"""A step's finished entries whose records are all the native op's are untracked by the garbage collector (its
-``seal``): forward entries when they are finished, backward entries as the op's hooks leave them. Kept tracked to the
-flush, each recorded call left three containers (its entry and two lists) that outlived the young collections into the
-oldest generation, where they brought on full collections of the whole heap (bench/per_entry.py --steady); an entry
-that holds anything tracked stays tracked, so nothing the collector must see is hidden from it."""
+"""A step's finished entries whose records hold nothing tracked are untracked by the garbage collector (the native
+op's ``seal``): forward entries when they are finished, backward entries as the op's hooks leave them, the op's
+records and the Python path's (a ``TensorRecord`` and its slots: ``seal_types``), and the hooks' arrivals as they wait
+for the collector. Kept tracked to the flush, each recorded call left containers (its entry and two lists, a Python
+path's records and slots) that outlived the young collections into the oldest generation, where they brought on full
+collections of the whole heap (bench/per_entry.py --steady); an entry that holds anything else tracked stays tracked,
+so nothing the collector must see is hidden from it."""
 
 import gc
 import types
@@ -26,6 +28,12 @@ def trained(x, n):
     for _ in range(n):
         y = __msprobe__.call("Torch.tanh", torch.tanh, x)
         __msprobe__.call("Tensor.sum", torch.Tensor.sum, y).backward()
+
+
+def chain(x, n):
+    for _ in range(n):
+        x = __msprobe__.call("Torch.tanh", torch.tanh, x)
+    return x.sum()  # not recorded: the backward's arrivals wait for the flush
 
 
 def joined(x):
@@ -101,6 +109,35 @@ def test_a_backward_entry_is_sealed_as_the_ops_hook_leaves_it(native, instrument
     assert grown < 100, grown
 
 
+def test_a_backward_passs_arrivals_wait_for_the_flush_untracked(native, instrumented, tmp_path):
+    # a whole backward pass with no recorded call after it: its hooks' arrivals wait in the collector's list until the
+    # flush takes them (a training step's whole backward, then the optimizer's unrecorded step)
+    debugger = _collecting(tmp_path, instrumented)
+    x = torch.randn(8, requires_grad=True)
+    try:
+        instrumented["chain"](x, 3).backward()  # shapes, names and the op's hooks made
+        loss = instrumented["chain"](x, 200)
+        gc.collect()
+        gc.disable()
+        try:
+            before = len(gc.get_objects())
+            loss.backward()
+            grown = len(gc.get_objects()) - before
+        finally:
+            gc.enable()
+        arrivals = list(shims._collector._arrivals)
+        data = shims._collector.step.data
+    finally:
+        debugger.stop()
+    assert len(arrivals) == 200
+    parts = [part for _, received, sent in arrivals for part in (received, sent, *received)]
+    assert not any(gc.is_tracked(part) for part in (*arrivals, *parts))
+    backward = data["Torch.tanh.202.backward"]  # taken by the flush, whole
+    assert backward["input"][0] is not None and backward["output"][0] is not None
+    # 200 arrivals: four containers each (the arrival, its two lists, a gradient's place) before they were untracked
+    assert grown < 60, grown
+
+
 def test_the_python_hooks_write_into_a_fresh_list_where_the_op_sealed_one(native):
     from msprobe_runtime import backward
 
@@ -131,6 +168,79 @@ def test_a_device_tensors_entry_is_sealed_too(native, instrumented, tmp_path, mo
         debugger.stop()
     assert entry["output"][0][4][0] == DEVICE_ROW
     assert not gc.is_tracked(entry) and not gc.is_tracked(entry["input_args"]) and not gc.is_tracked(entry["output"])
+
+
+def test_the_python_paths_records_are_sealed_with_their_entry(native, instrumented, tmp_path, monkeypatch):
+    # the records an NPU's tensors get (the torch ops' statistics): a TensorRecord and its slots, filled at the flush
+    from msprobe_runtime import collector as collector_module
+    from msprobe_runtime.records import TensorRecord
+    from msprobe_runtime.statistics import StatBuffer
+
+    monkeypatch.setattr(collector_module, "StatBuffer", lambda counts: StatBuffer(counts, native=False))
+    x = torch.randn(8)
+    debugger = _collecting(tmp_path, instrumented)
+    try:
+        instrumented["calls"](x, 200)  # a longer step first: the staging rows of small tensors made, kept for the next
+        debugger.stop()
+        debugger.step()
+        debugger.start()
+        grown = _grown(instrumented["calls"], x, 5, 100)
+        entry = shims._collector.step.data["Torch.tanh.104.forward"]
+        record = entry["output"][0]
+    finally:
+        debugger.stop()
+    assert type(record) is TensorRecord
+    parts = (entry, entry["input_args"], entry["output"], record, record.slot, record.counts)
+    assert not any(gc.is_tracked(part) for part in parts)
+    debugger.wait()
+    numbers = record.to_json()  # the slot the flush filled after it was sealed
+    assert numbers["Max"] == torch.tanh(x).max().item() and numbers["Norm"] is not None
+    # 200 entries, 700 records: 2 700 containers before they were sealed (an entry, two lists, each record and its
+    # two slots)
+    assert grown < 100, grown
+
+
+def test_a_sealed_slot_is_in_no_cycle_its_steps_records_outlive(native, instrumented, tmp_path, monkeypatch):
+    # a sealed slot refers to its Batch, which the collector then sees as referred to from outside: a Batch that
+    # referred back to its slots (the rows' reading of a larger tensor's numbers) made a cycle never collected, and
+    # every step's records and numbers stayed
+    from msprobe_runtime import collector as collector_module
+    from msprobe_runtime.statistics import Batch, StatBuffer
+
+    monkeypatch.setattr(collector_module, "StatBuffer", lambda counts: StatBuffer(counts, native=False))
+    debugger = PrecisionDebugger(dump_path=str(tmp_path / "dump"), task="statistics", level="L1")
+    x, counts = torch.randn(6000), []  # past the staging size: reduced into the rows
+    for step in range(12):
+        instrumented["start"](debugger)
+        instrumented["calls"](x, 5)
+        debugger.stop()
+        debugger.step()
+        if step in (5, 11):  # as test_native_backward.py's count: the first steps' caches filled
+            debugger.wait()
+            gc.collect()
+            alive = gc.get_objects()  # other tests' objects too: what grows between the two counts is this one's
+            counts.append((sum(type(item) is Batch for item in alive), len(alive)))
+            del alive
+    (batches, before), (batches_after, after) = counts
+    assert batches_after == batches, counts  # a step's Batch left each step
+    assert after - before < 6, counts  # one object a step fails
+
+
+def test_a_gradient_the_op_hands_to_the_python_records_is_sealed_too(native, instrumented, tmp_path):
+    # complex: the op's hooks run, and hand the gradients to the Python records (as an NPU's gradients are handed)
+    from msprobe_runtime.records import TensorRecord
+
+    debugger = _collecting(tmp_path, instrumented)
+    try:
+        x = torch.randn(8, dtype=torch.complex64, requires_grad=True)
+        instrumented["chain"](x, 3).backward(torch.tensor(1 + 0j))
+        native_hooks = shims._collector.native_backward
+        backward = shims._collector.step.data["Torch.tanh.1.backward"]
+    finally:
+        debugger.stop()
+    assert native_hooks and type(backward["output"][0]) is TensorRecord and type(backward["input"][0]) is TensorRecord
+    parts = (backward, backward["input"], backward["output"], backward["output"][0], backward["input"][0])
+    assert not any(gc.is_tracked(part) for part in parts)
 
 
 def test_an_entry_that_holds_a_tracked_object_stays_tracked(native, instrumented, tmp_path):
