@@ -233,16 +233,33 @@ LATER = object()  # an item the native Recorder left for the caller to describe 
 
 
 _TENSOR = _PARAMETER = None  # torch.Tensor and torch.nn.Parameter, set by the first StatBuffer (no torch import here)
+_grad_enabled = _set_grad_enabled = None  # torch's grad mode, read and set (``_gradless``), set with them
+_forward_ad = None  # torch.autograd.forward_ad: whether a dual level is open (``StatBuffer.add``), set with them
+
+
+def _gradless(fn, *args):
+    """``fn(*args)`` with gradients off, so that a tensor that requires grad is read with no autograd node recorded
+    and no detached alias made; grad mode is as it was after, whatever ``fn`` raised."""
+    if not _grad_enabled():
+        return fn(*args)
+    _set_grad_enabled(False)
+    try:
+        return fn(*args)
+    finally:
+        _set_grad_enabled(True)
 
 
 class StatBuffer:
     """Pending slots of the current step, handed over as one device buffer per device at each flush."""
 
     def __init__(self, nan_inf_count=True, native=None, triton_cpu=False):
-        global _TENSOR, _PARAMETER
+        global _TENSOR, _PARAMETER, _grad_enabled, _set_grad_enabled, _forward_ad
         import torch
+        import torch.autograd.forward_ad
 
         _TENSOR, _PARAMETER = torch.Tensor, torch.nn.Parameter
+        _grad_enabled, _set_grad_enabled = torch.is_grad_enabled, torch._C._set_grad_enabled
+        _forward_ad = torch.autograd.forward_ad
         self.nan_inf_count = nan_inf_count
         # the Triton kernels of ``triton_stats`` for device tensors: None until the first one asks, False where
         # they do not serve; ``triton_cpu`` gives them CPU tensors too (tests, under TRITON_INTERPRET=1)
@@ -274,7 +291,7 @@ class StatBuffer:
         self._native_low = getattr(self._native, "stats_low", None)
         self._lock = threading.Lock()
         self._pending = []
-        self._stages = {}  # (device, dtype, numel) -> [_Stage], the last one filling
+        self._stages = {}  # (device, dtype, shape) -> [_Stage], the last one filling
         self._staged_bytes = 0
         self._rows = {}  # device -> [_Rows], the last one filling: the torch ops' reductions of larger tensors
         self._rows_off = False  # set when a reduction into rows failed: the stacked ops from then on
@@ -345,6 +362,28 @@ class StatBuffer:
 
         if kind == KIND_LOW:
             return self._add_low(t.detach(), float8_scaling(t))
+        if kind == KIND_FLOAT and not self._on_fused_device(t):
+            # the torch ops' common case (an NPU's tensors): a contiguous one read as it is, with gradients off, not
+            # by a detached alias (a dispatch the host pays for: on an NPU several µs); a small one copied into its
+            # stage without a flat view of it too (``_stage``): one op where the general path below made three. Not
+            # within a forward-AD dual level: gradients off leave forward AD on, and a dual tensor's copy would give
+            # the stage a tangent (a detached alias has none)
+            cls = type(t)
+            if (
+                (cls is _TENSOR or cls is _PARAMETER)
+                and t.is_contiguous()
+                and not t.is_inference()
+                and not torch.is_inference_mode_enabled()
+                and getattr(_forward_ad, "_current_level", -1) < 0
+            ):
+                if t.numel() <= _STAGE_MAX_NUMEL:
+                    done = self._stage(t)
+                elif not self._rows_off and not t.is_mps:
+                    done = _gradless(self._add_rows, t, 1)
+                else:
+                    done = None
+                if done is not None:
+                    return done
         t = t.detach()
         if type(t) is torch.Tensor and t.device.type in self._fused_devices:
             fused = self._fused_add(t, kind)
@@ -445,6 +484,12 @@ class StatBuffer:
                 self._rows_off = True
                 logging.getLogger("msprobe_runtime").debug("msprobe_runtime: no statistics rows (%s)", error)
                 return None
+
+    def _on_fused_device(self, t):
+        """Whether ``t`` lives where the Triton kernels may serve it (``_fused_add``): CUDA (and ROCm), the CPU for
+        tests; none once they failed."""
+        devices = self._fused_devices
+        return bool(devices) and (t.is_cuda or "cpu" in devices and t.is_cpu)
 
     def _fused_add(self, t, kind):
         """``add`` by the Triton kernels (``triton_stats``), or None where they do not serve this tensor, are
@@ -627,24 +672,27 @@ class StatBuffer:
         return slot
 
     def _stage(self, t):
-        """Copy a small tensor into its stage (a copy, since the user may change it in place before the
-        flush); None where the staging memory is used up."""
+        """Copy a small contiguous tensor into its stage (a copy, since the user may change it in place before the
+        flush); None where the staging memory is used up. A stage's rows have ``t``'s shape, so that the copy needs
+        no view of ``t``; and it is made with gradients off, so that ``t`` (a parameter, an activation that requires
+        grad) needs no detached alias: the row's memory gets ``t``'s values and no autograd node is recorded
+        (tests/runtime/test_torch_op_cost.py)."""
         import torch
 
-        numel = t.numel()
-        key = (t.device, t.dtype, numel)
+        shape = t.shape
+        key = (t.device, t.dtype, shape)
         with self._lock:
             stages = self._stages.setdefault(key, [])
             stage = stages[-1] if stages else None
             if stage is None or stage.rows == len(stage.views):
                 rows = _STAGE_FIRST_ROWS if stage is None else 2 * len(stage.views)
-                size = rows * numel * t.element_size()
+                size = rows * t.numel() * t.element_size()
                 if self._staged_bytes + size > _STAGE_MAX_BYTES:
                     return None
-                stage = _Stage(torch.empty((rows, numel), dtype=t.dtype, device=t.device))
+                stage = _Stage(torch.empty((rows, *shape), dtype=t.dtype, device=t.device))
                 self._staged_bytes += size
                 stages.append(stage)
-            stage.views[stage.rows].copy_(t.view(-1))
+            _gradless(stage.views[stage.rows].copy_, t)
             stage.rows += 1
             slot = Slot(None, 4)
             counts = Slot(None, 2) if self.nan_inf_count else None
@@ -662,7 +710,7 @@ class StatBuffer:
             for stage in stages:
                 if not stage.rows:
                     continue
-                m = stage.buffer[: stage.rows]
+                m = stage.buffer[: stage.rows].reshape(stage.rows, -1)  # a row per tensor (a view: rows are whole)
                 values = torch.stack((m.amax(1), m.amin(1), m.mean(1), torch.linalg.vector_norm(m, dim=1)), 1)
                 groups.append(Slot(values.reshape(-1), 4 * stage.rows, stage.slots))
                 if self.nan_inf_count:

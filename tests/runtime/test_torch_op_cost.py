@@ -92,3 +92,105 @@ def test_a_flush_of_many_tensors_gives_each_its_own_numbers():
             continue
         assert math.isclose(values[2], finite.mean().item(), rel_tol=4 * torch.finfo(t.dtype).eps, abs_tol=1e-3)
         assert math.isclose(values[3], finite.norm().item(), rel_tol=4 * torch.finfo(t.dtype).eps), index
+
+
+class AllOps(TorchDispatchMode):
+    """Every ATen op, views and detaches included: each is a dispatch the host pays for (on an NPU, several µs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("make", ["plain", "requires_grad", "parameter", "matrix"])
+def test_a_small_tensor_is_staged_by_one_copy_and_records_no_autograd_node(make):
+    """A small contiguous tensor (an NPU's bias, a norm's weight, an activation that requires grad) is copied into
+    its stage as it is: no detached alias and no flat view of it, only the copy (it was detach, view, copy_); the
+    stage's buffer stays out of autograd, and the numbers are the tensor's."""
+    g = torch.Generator().manual_seed(5)
+    base = torch.randn(8, 6, generator=g) if make == "matrix" else torch.randn(48, generator=g)
+    t = {
+        "plain": base,
+        "matrix": base,
+        "requires_grad": base.clone().requires_grad_(),
+        "parameter": torch.nn.Parameter(base.clone()),
+    }[make]
+    stats = StatBuffer(nan_inf_count=True, native=False)
+    stats.add(torch.randn(base.shape, generator=g), tensor_kind(t))  # the stage made here, not counted below
+    with AllOps() as mode:
+        slot, counts = stats.add(t, tensor_kind(t))
+    assert mode.names == ["copy_"]
+    assert torch.is_grad_enabled()  # set back
+    for stages in stats._stages.values():
+        for stage in stages:
+            assert not stage.buffer.requires_grad and stage.buffer.grad_fn is None
+    if t.requires_grad:
+        (t * 2).sum().backward()  # its graph is the user's alone: nothing of ours was recorded into it
+        assert torch.equal(t.grad, torch.full_like(base, 2.0))
+    stats.take()
+    exact = base.double()
+    values = slot_values(slot)
+    assert values[:2] == [exact.max().item(), exact.min().item()]
+    assert math.isclose(values[2], exact.mean().item(), rel_tol=1e-6)
+    assert math.isclose(values[3], exact.norm().item(), rel_tol=1e-6)
+    assert slot_values(counts) == [0.0, 0.0]
+
+
+def test_a_staged_copy_under_no_grad_and_a_failed_one_leave_grad_mode_as_it_was():
+    stats = StatBuffer(nan_inf_count=False, native=False)
+    t = torch.randn(16, requires_grad=True)
+    with torch.no_grad():
+        stats.add(t, tensor_kind(t))
+        assert not torch.is_grad_enabled()
+    stats.add(t, tensor_kind(t))
+    key = next(iter(stats._stages))
+    stage = stats._stages[key][-1]
+    stage.views = [torch.empty(0)] * len(stage.views)  # a row the copy cannot fill: the copy raises
+    with pytest.raises(RuntimeError):
+        stats.add(t, tensor_kind(t))
+    assert torch.is_grad_enabled()
+
+
+@pytest.mark.parametrize("make", ["requires_grad", "parameter"])
+def test_a_large_tensor_that_requires_grad_is_read_without_a_detached_alias(make):
+    """Past the staging size, a contiguous tensor that requires grad is reduced into its rows with gradients off: the
+    reductions and nothing else (it was a detach first), no autograd node of ours, the numbers its own."""
+    base = torch.randn(6000, generator=torch.Generator().manual_seed(9))
+    t = base.clone().requires_grad_() if make == "requires_grad" else torch.nn.Parameter(base.clone())
+    stats = StatBuffer(nan_inf_count=True, native=False)
+    stats.add(torch.randn(6000), tensor_kind(t))  # the rows' buffers made here, not counted below
+    with AllOps() as mode:
+        slot, counts = stats.add(t, tensor_kind(t))
+    assert "detach" not in mode.names and mode.names[0] == "aminmax", mode.names
+    assert torch.is_grad_enabled()
+    (t * 3).sum().backward()
+    assert torch.equal(t.grad, torch.full_like(base, 3.0))
+    stats.take()
+    exact = base.double()
+    values = slot_values(slot)
+    assert values[:2] == [exact.max().item(), exact.min().item()]
+    assert math.isclose(values[3], exact.norm().item(), rel_tol=1e-6)
+    assert slot_values(counts) == [0.0, 0.0]
+
+
+# torch's forward AD scripts its jvp decompositions on first use, and torch.jit.script warns that it is deprecated
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+def test_a_dual_tensor_is_staged_by_a_detached_alias_so_the_stage_has_no_tangent():
+    """Gradients off leave forward AD on: within a dual level a tensor is read as before (detached), so that
+    the stage's buffer gets no tangent of the user's."""
+    import torch.autograd.forward_ad as fwAD
+
+    stats = StatBuffer(nan_inf_count=False, native=False)
+    x = torch.randn(16)
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(x, torch.ones(16))
+        slot, _ = stats.add(dual, tensor_kind(dual))
+        for stages in stats._stages.values():
+            assert fwAD.unpack_dual(stages[-1].buffer).tangent is None
+        assert torch.equal(fwAD.unpack_dual(dual * 2).tangent, torch.full((16,), 2.0))
+    stats.take()
+    assert slot_values(slot)[:2] == [x.max().item(), x.min().item()]
