@@ -292,6 +292,8 @@ class StatBuffer:
         self._lock = threading.Lock()
         self._pending = []
         self._stages = {}  # (device, dtype, shape) -> [_Stage], the last one filling
+        # rows each device key's stages held at the last flush: its next step's first stage has as many (``_stage``)
+        self._stage_sizes = {}
         self._staged_bytes = 0
         self._rows = {}  # device -> [_Rows], the last one filling: the torch ops' reductions of larger tensors
         self._rows_off = False  # set when a reduction into rows failed: the stacked ops from then on
@@ -685,7 +687,10 @@ class StatBuffer:
             stages = self._stages.setdefault(key, [])
             stage = stages[-1] if stages else None
             if stage is None or stage.rows == len(stage.views):
-                rows = _STAGE_FIRST_ROWS if stage is None else 2 * len(stage.views)
+                if stage is None:  # a device's stages are made afresh each step: as many rows as the last one's
+                    rows = max(_STAGE_FIRST_ROWS, self._stage_sizes.get(key, 0))
+                else:
+                    rows = 2 * len(stage.views)
                 size = rows * t.numel() * t.element_size()
                 if self._staged_bytes + size > _STAGE_MAX_BYTES:
                     return None
@@ -701,11 +706,11 @@ class StatBuffer:
         return slot, counts
 
     def _reduce_stages(self, stages_by_key):
-        """Row-wise statistics of every stage, as group slots; returns them and the emptied buffers that
-        may serve the next step."""
+        """Row-wise statistics of every stage, as group slots; returns them, the emptied buffers that may serve
+        the next step, and the rows each device key's stages held (``_stage_sizes``)."""
         import torch
 
-        groups, kept = [], {}
+        groups, kept, sizes = [], {}, {}
         for key, stages in stages_by_key.items():
             for stage in stages:
                 if not stage.rows:
@@ -717,12 +722,23 @@ class StatBuffer:
                     counts = torch.stack((torch.isnan(m).sum(1), torch.isinf(m).sum(1)), 1)
                     groups.append(Slot(counts.reshape(-1), 2 * stage.rows, stage.counts))
             # CPU ops are done when they return: the largest buffer serves again. A device's reductions may
-            # still be queued, so its next step gets a fresh buffer, never one they read.
-            if key[0].type == "cpu" and stages:
+            # still be queued, so its next step gets a fresh buffer, never one they read: one buffer of the rows
+            # this step's took, where growing from the first size made a buffer, its row views and its reductions
+            # at each doubling (tests/runtime/test_torch_op_cost.py)
+            if not stages:
+                continue
+            if self._keeps_stage(key[0]):
                 keep = stages[-1]
                 keep.rows, keep.slots, keep.counts = 0, [], []
                 kept[key] = keep
-        return groups, kept
+            else:
+                sizes[key] = sum(stage.rows for stage in stages)
+        return groups, kept, sizes
+
+    @staticmethod
+    def _keeps_stage(device):
+        """Whether a stage's buffer on ``device`` serves the next step (its reductions done when they returned)."""
+        return device.type == "cpu"
 
     def closed_arenas(self):
         """The Triton arenas closed by ``take`` since the last call whose numbers the native lane's records name
@@ -741,7 +757,7 @@ class StatBuffer:
             pending, self._pending = self._pending, []
             stages, self._stages = self._stages, {}
             rows, self._rows = self._rows, {}
-        groups, kept = self._reduce_stages(stages)  # torch ops, outside the lock
+        groups, kept, sizes = self._reduce_stages(stages)  # torch ops, outside the lock
         pending.extend(groups)
         if self._recorder is not None and hasattr(self._recorder, "take_lane_error"):
             error = self._recorder.take_lane_error()
@@ -770,6 +786,7 @@ class StatBuffer:
                 _fused_failed(error)
             self._closed.extend(self._fused.take_closed())
         with self._lock:
+            self._stage_sizes = sizes
             for key, keep in kept.items():
                 self._stages.setdefault(key, [keep])
             self._staged_bytes = sum(

@@ -194,3 +194,32 @@ def test_a_dual_tensor_is_staged_by_a_detached_alias_so_the_stage_has_no_tangent
         assert torch.equal(fwAD.unpack_dual(dual * 2).tangent, torch.full((16,), 2.0))
     stats.take()
     assert slot_values(slot)[:2] == [x.max().item(), x.min().item()]
+
+
+def test_a_devices_stage_is_made_at_the_size_of_the_last_step(monkeypatch):
+    """A device's stage is made afresh each step (its reductions may still be queued): at the rows its key took
+    the step before, one buffer, one set of row views and one reduction, where growing from the first size made
+    three of each a step (32, 64, 128 rows for 100 tensors). The CPU's kept buffer is a device's here."""
+    monkeypatch.setattr(StatBuffer, "_keeps_stage", staticmethod(lambda device: False))
+    g = torch.Generator().manual_seed(11)
+    stats = StatBuffer(nan_inf_count=True, native=False)
+
+    def step(count):
+        tensors = [torch.randn(16, generator=g) for _ in range(count)]
+        with AllOps() as mode:
+            slots = [stats.add(t, tensor_kind(t)) for t in tensors]
+        (stages,) = stats._stages.values()
+        made = [len(stage.views) for stage in stages]
+        with AllOps() as flush:
+            stats.take()
+        for t, (slot, counts) in zip(tensors, slots):
+            assert slot_values(slot)[:2] == [t.max().item(), t.min().item()]
+            assert slot_values(counts) == [0.0, 0.0]
+        return made, mode.names.count("unbind"), flush.names.count("amax")
+
+    assert step(100) == ([32, 64, 128], 3, 3)
+    assert step(100) == ([100], 1, 1)
+    assert step(150) == ([100, 200], 2, 2)  # more than the last step's: it grows from there
+    assert step(150) == ([150], 1, 1)
+    assert step(10) == ([150], 1, 1)
+    assert step(10) == ([32], 1, 1)
