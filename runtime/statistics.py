@@ -489,9 +489,10 @@ class StatBuffer:
 
     def _on_fused_device(self, t):
         """Whether ``t`` lives where the Triton kernels may serve it (``_fused_add``): CUDA (and ROCm), the CPU for
-        tests; none once they failed."""
+        tests; none once they failed, or where they are not made (``MSPROBE_TRITON=0``, no Triton: ``_fused`` False;
+        None, not asked yet, may still make them)."""
         devices = self._fused_devices
-        return bool(devices) and (t.is_cuda or "cpu" in devices and t.is_cpu)
+        return self._fused is not False and bool(devices) and (t.is_cuda or "cpu" in devices and t.is_cpu)
 
     def _fused_add(self, t, kind):
         """``add`` by the Triton kernels (``triton_stats``), or None where they do not serve this tensor, are

@@ -223,3 +223,18 @@ def test_a_devices_stage_is_made_at_the_size_of_the_last_step(monkeypatch):
     assert step(150) == ([150], 1, 1)
     assert step(10) == ([150], 1, 1)
     assert step(10) == ([32], 1, 1)
+
+
+def test_where_triton_does_not_serve_a_device_tensor_is_staged_by_one_copy(monkeypatch):
+    """``MSPROBE_TRITON=0`` on a Triton device (here the CPU, taken as one: ``triton_cpu``): once the kernels are
+    known not to serve, the device's tensors take the torch ops' one-copy staging too."""
+    monkeypatch.setenv("MSPROBE_TRITON", "0")
+    stats = StatBuffer(nan_inf_count=False, native=False, triton_cpu=True)
+    t = torch.randn(32, requires_grad=True)
+    stats.add(t, tensor_kind(t))  # asks for the kernels: none
+    assert stats._fused is False
+    with AllOps() as mode:
+        slot, _ = stats.add(t, tensor_kind(t))
+    assert mode.names == ["copy_"]
+    stats.take()
+    assert slot_values(slot)[:2] == [t.max().item(), t.min().item()]
