@@ -723,9 +723,9 @@ class StatBuffer:
                     counts = torch.stack((torch.isnan(m).sum(1), torch.isinf(m).sum(1)), 1)
                     groups.append(Slot(counts.reshape(-1), 2 * stage.rows, stage.counts))
             # CPU ops are done when they return: the largest buffer serves again. A device's reductions may
-            # still be queued, so its next step gets a fresh buffer, never one they read: one buffer of the rows
-            # this step's took, where growing from the first size made a buffer, its row views and its reductions
-            # at each doubling (tests/runtime/test_torch_op_cost.py)
+            # still be queued, so its next step gets a fresh buffer, never one they read: one of as many rows as
+            # this step's stages of the key took, where growing from the first size made a buffer, its row views
+            # and its reductions at each doubling (tests/runtime/test_torch_op_cost.py)
             if not stages:
                 continue
             if self._keeps_stage(key[0]):
