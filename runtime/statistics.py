@@ -374,16 +374,10 @@ class StatBuffer:
             if (
                 (cls is _TENSOR or cls is _PARAMETER)
                 and t.is_contiguous()
-                and not t.is_inference()
-                and not torch.is_inference_mode_enabled()
+                and not torch.is_inference_mode_enabled()  # where neither serves: the stacked ops below
                 and getattr(_forward_ad, "_current_level", -1) < 0
             ):
-                if t.numel() <= _STAGE_MAX_NUMEL:
-                    done = self._stage(t)
-                elif not self._rows_off and not t.is_mps:
-                    done = _gradless(self._add_rows, t, 1)
-                else:
-                    done = None
+                done = self._stage_or_rows(t, 1)
                 if done is not None:
                     return done
         t = t.detach()
@@ -397,24 +391,10 @@ class StatBuffer:
             # ops in the same order: its statistics served again for the view are the bits it would get read
             # afresh (tests/runtime/test_statistics_reuse.py)
             t, repeat = dense_view(t)
-        # staging copies into a plain buffer: not for tensor subclasses (a DTensor cannot be copied into one)
-        # nor inference tensors (a buffer made in inference mode could not be written outside it)
-        if (
-            kind == KIND_FLOAT
-            and repeat == 1
-            and t.numel() <= _STAGE_MAX_NUMEL
-            and type(t) is torch.Tensor
-            and t.is_contiguous()
-            and not t.is_inference()
-            and not torch.is_inference_mode_enabled()
-        ):
-            staged = self._stage(t)
-            if staged is not None:
-                return staged
-        if kind == KIND_FLOAT and not self._rows_off and type(t) is torch.Tensor and t.device.type != "mps":
-            rows = self._add_rows(t, repeat)
-            if rows is not None:
-                return rows
+        if kind == KIND_FLOAT and type(t) is torch.Tensor:  # not a subclass: a DTensor cannot be copied into a stage
+            done = self._stage_or_rows(t, repeat)
+            if done is not None:
+                return done
         if kind == KIND_FLOAT:
             if t.dtype is torch.float32 and t.is_contiguous():
                 flat = t.reshape(-1)
@@ -486,6 +466,28 @@ class StatBuffer:
                 self._rows_off = True
                 logging.getLogger("msprobe_runtime").debug("msprobe_runtime: no statistics rows (%s)", error)
                 return None
+
+    def _stage_or_rows(self, t, repeat):
+        """The slots of a plain float tensor (``t``, or a dense view of one, read ``repeat`` times) in the torch ops'
+        buffers of the flush: its stage where it is small, contiguous, read once and not an inference tensor (a buffer
+        made in inference mode could not be written outside it), else its rows; None where neither serves (the
+        staging memory used up and the rows off, MPS, inference mode). Both read ``t`` with gradients off
+        (``_gradless``): it may require grad."""
+        import torch
+
+        if (
+            repeat == 1
+            and t.numel() <= _STAGE_MAX_NUMEL
+            and t.is_contiguous()
+            and not t.is_inference()
+            and not torch.is_inference_mode_enabled()
+        ):
+            staged = self._stage(t)
+            if staged is not None:
+                return staged
+        if self._rows_off or t.is_mps:
+            return None
+        return _gradless(self._add_rows, t, repeat)
 
     def _on_fused_device(self, t):
         """Whether ``t`` lives where the Triton kernels may serve it (``_fused_add``): CUDA (and ROCm), the CPU for
