@@ -477,9 +477,20 @@ def _hash_finish(
     _parts(out + t * 4, (tl.sum(s1, 0) % P1 + ones1) % P1, (tl.sum(s2, 0) % P2 + ones2) % P2)
 
 
-# straight to the compiled kernels past each specialisation's first launch (triton_launch)
-_HASH_FEW = KernelLaunch(globals(), "_hash_few", ("P1", "G1", "P2", "G2", "BLOCK", "LOG", "BITS"), num_warps=_WARPS)
-_HASH_FINISH = KernelLaunch(globals(), "_hash_finish", ("P1", "G1", "P2", "G2", "INV1", "INV2", "BITS", "RB"))
+# straight to the compiled kernels past each specialisation's first launch (triton_launch). Each launch says
+# enable_fp_fusion, although the hashes' arithmetic is integer: Triton 3.9 warns at a kernel's first launch where it is
+# not said (the default changes in 3.10), and that warning would be ours in a user's log
+# (tests/runtime/test_triton_launch.py)
+_HASH_FEW = KernelLaunch(
+    globals(),
+    "_hash_few",
+    ("P1", "G1", "P2", "G2", "BLOCK", "LOG", "BITS"),
+    num_warps=_WARPS,
+    enable_fp_fusion=False,
+)
+_HASH_FINISH = KernelLaunch(
+    globals(), "_hash_finish", ("P1", "G1", "P2", "G2", "INV1", "INV2", "BITS", "RB"), enable_fp_fusion=False
+)
 # no fused multiply-add, as the statistics' kernels (a square rounded before it is added, as torch does)
 _PARTIALS_HASH_FEW = KernelLaunch(
     globals(),

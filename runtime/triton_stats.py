@@ -649,7 +649,9 @@ def monitor_figures(t, codes, eps, dense_view):
     packed = 0
     for k, code in enumerate(codes):
         packed |= code << (3 * k)
-    _figures[(1,)](part, grid, n, repeat, int(scalar), out, K=len(codes), CODES=packed, RB=_FINISH_BLOCK)
+    _figures[(1,)](
+        part, grid, n, repeat, int(scalar), out, K=len(codes), CODES=packed, RB=_FINISH_BLOCK, enable_fp_fusion=False
+    )
     return out
 
 

@@ -459,3 +459,76 @@ def test_a_calls_outputs_left_for_the_next_launch_go_straight_too(native_lane):
     assert len(carried["launches"]) <= 0.7 * len(each["launches"])
     assert carried["native"] >= 0.6 * len(carried["launches"])
     assert set(carried["tensors for pointers"]) == {0}
+
+
+# every kernel of ours compiled through Triton's run (the fake driver "compiles" at each specialisation's first launch),
+# by the native lane's records, a backward, the flush, a checksum mode's fingerprints and the monitor's figures: the
+# ``enable_fp_fusion`` each compile was asked, by kernel, and the warnings the run gave
+OPTIONS_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys, tempfile, warnings
+    from fixtures.fake_triton_driver import install
+    install(keep=False)
+    import torch
+    from triton.runtime.jit import JITFunction
+    import msprobe_runtime
+    from msprobe_runtime import PrecisionDebugger, collector, statistics, triton_stats
+
+    asked = {}
+    pack = JITFunction._pack_args
+
+    def recorded(self, backend, kwargs, *rest):
+        asked.setdefault(self.__name__, set()).add(repr(kwargs.get("enable_fp_fusion", "not said")))
+        return pack(self, backend, kwargs, *rest)
+
+    JITFunction._pack_args = recorded
+    collector.StatBuffer = lambda counts: statistics.StatBuffer(counts, triton_cpu="lane")
+    code = {"__msprobe__": msprobe_runtime, "torch": torch}
+    exec(
+        '''
+    def body(xs):
+        for x in xs:
+            y = __msprobe__.call("Functional.relu", torch.relu, x)
+            z = __msprobe__.call("Torch.cat", torch.cat, [x, y, y, y, y])
+            __msprobe__.call("Torch.mul", torch.mul, z, z).sum().backward()
+
+    def start(debugger):
+        debugger.start()
+
+    def stop(debugger):
+        debugger.stop()
+        debugger.step()
+    ''',
+        code,
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config = os.path.join(tempfile.mkdtemp(), "config.json")
+        with open(config, "w") as handle:
+            json.dump({"statistics": {"summary_mode": "fingerprint"}}, handle)
+        debugger = PrecisionDebugger(config_path=config, dump_path=tempfile.mkdtemp(), task="statistics", level="L1")
+        code["start"](debugger)
+        xs = [torch.randn(n, dtype=dtype, requires_grad=True) for n in (16, 5000) for dtype in (torch.float32,
+                                                                                                torch.bfloat16)]
+        code["body"](xs)
+        code["stop"](debugger)
+        debugger.wait()
+        triton_stats.monitor_figures(torch.randn(100), (0, 1, 2, 3, 4, 5), 1e-8, statistics.dense_view)
+    json.dump({"asked": {name: sorted(values) for name, values in asked.items()},
+               "warnings": [str(w.message) for w in caught if "fusion" in str(w.message).lower()]}, sys.stdout)
+    """
+)
+
+
+def test_every_kernel_says_whether_it_fuses_multiply_add():
+    # Triton 3.9 warns at the first launch of a kernel not told (the default turns from fusion on to off in 3.10):
+    # the fingerprints' and the monitor's kernels were not, and a user of summary_mode fingerprint or the monitor got
+    # Triton's warning in the training log. None fuses: the statistics round a square before they add it, as torch does
+    from msprobe_runtime import triton_launch
+
+    if not triton_launch._DIRECT:
+        pytest.skip(f"a Triton this was not checked against ({triton_launch.triton.__version__})")
+    done = run(script=OPTIONS_SCRIPT)
+    assert {"_partials", "_partials_hash_few", "_hash_few", "_hash_finish", "_finish", "_figures"} <= set(done["asked"])
+    assert done["asked"] == {name: ["False"] for name in done["asked"]}
+    assert done["warnings"] == []
