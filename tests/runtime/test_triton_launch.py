@@ -107,17 +107,17 @@ SCRIPT = textwrap.dedent(
             for _ in range(2):
                 direct += check(few, ts._partials_few, 4, args, ("BLOCK",), (1024,), {"enable_fp_fusion": False})
     out["direct"]["_partials_few"] = direct
-    # the fingerprint's kernel: a Triton option (num_warps) besides the constexprs
+    # the fingerprint's kernel: Triton options (num_warps, enable_fp_fusion: its launches') besides the constexprs
     from msprobe_runtime import triton_fingerprint as tf
     hash_names = ("P1", "G1", "P2", "G2", "BLOCK", "LOG", "BITS")
-    hashed = triton_launch.KernelLaunch({"_hash_few": tf._hash_few}, "_hash_few", hash_names, num_warps=tf._WARPS)
+    hashed = triton_launch.KernelLaunch({"_hash_few": tf._hash_few}, "_hash_few", hash_names, **tf._HASH_FEW._options)
     direct = 0
     constants = (tf._P1, tf._G1, tf._P2, tf._G2, 4096, 12, tf._BITS)
     raw = base.view(torch.uint8)
     for xs in ((raw, raw, raw, raw), (raw[3:], raw, raw[16:], raw[1:])):  # aligned or not, each its own key
         args = (meta, meta, *xs, raw.numel(), 5, 17, 1, 1, 1, 1, 1, 4, 1, 1, 0, 0, 4, 5, 6, 0, 1, 2, 3)
         for _ in range(2):
-            direct += check(hashed, tf._hash_few, 7, args, hash_names, constants, {"num_warps": tf._WARPS})
+            direct += check(hashed, tf._hash_few, 7, args, hash_names, constants, tf._HASH_FEW._options)
     out["direct"]["_hash_few"] = direct
     # a call's statistics and hashes in one launch
     fused_names = ("BLOCK", "P1", "G1", "P2", "G2", "HBLOCK", "LOG", "BITS", "SPLIT")
