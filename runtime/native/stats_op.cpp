@@ -976,7 +976,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   }
 
   // summary_mode fingerprint: every record made here has a fingerprint besides its statistics, so the op makes
-  // only those the lane makes with ``lane_fingerprints`` set (a call's or a hook's contiguous float32, float16 or
+  // only those the lane makes with ``lane_fingerprints`` set (a call's or a hook's dense float32, float16 or
   // bfloat16 device tensor); every other tensor, and every one before the lane and its fingerprints are set, is
   // left to the Python path (nullptr). None is reused by place: a view may order its bytes otherwise.
   void checksums() { checksums_ = true; }
@@ -1762,12 +1762,12 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   // whose elements fill one block of memory, each once, from its data pointer: a contiguous one, or a transposed
   // or permuted one (a gradient through a transpose, attention's), read as that block in memory order, as the
   // Python path reads it (statistics.dense_view, then TritonStats._queued), so with the same bits. A fingerprint
-  // hashes bytes in the tensor's own order: ``contiguous`` (summary_mode fingerprint) takes contiguous ones only.
-  static bool lane_takes(const at::Tensor& t, bool contiguous = false) {
+  // hashes the bytes in the tensor's own order (``hash_prepare``: a transposed one's copied into that order first).
+  static bool lane_takes(const at::Tensor& t) {
     const at::ScalarType type = t.scalar_type();
     if (type != at::kFloat && type != at::kBFloat16 && type != at::kHalf) return false;
     if (t.is_neg() || t.numel() == 0) return false;
-    return t.is_contiguous() || (!contiguous && t.is_non_overlapping_and_dense());
+    return t.is_contiguous() || t.is_non_overlapping_and_dense();
   }
 
   // An arena's state as the lane reads it (triton_stats._Arena's ``rows``, ``capacity``, ``room``, ``slots``,
@@ -1916,8 +1916,12 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     int64_t bytes = 0, iters = 1, programs = 1;
   };
 
-  // ``t``'s bytes (a flat uint8 view: no copy), triton_fingerprint.plan of them, their slot, and an arena of their
-  // device with room for them (made by ``renew`` where the one filling is full).
+  // ``t``'s bytes in its own order, as the Python path hashes them (``t.contiguous()``): a flat uint8 view of a
+  // contiguous one (no copy), a copy of a transposed or permuted one (``reshape``, an ATen copy on its device, which
+  // the hash queue holds until its launch, as the Python path's copy); triton_fingerprint.plan of them, their slot,
+  // and an arena of their device with room for them (made by ``renew`` where the one filling is full). A copy is
+  // the bytes at the record, so an input read after its call keeps its fingerprint where the call changed it (its
+  // statistics null), as the Python path's copy does.
   HashRead hash_prepare(const at::Tensor& t, int64_t index, py::object& wrapped) {
     static PyObject* watch_name = PyUnicode_InternFromString("watch");
     HashRead hash;
@@ -2006,7 +2010,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   // version served again whatever its size (Collector._reuse's rule for a checksum), never a view by place.
   PyObject* checksum_record(const at::Tensor& t, LaneUse use) {
     if (!fingerprinting() || !lane_device(t) || !own_data(t)) return nullptr;
-    if (!((use == LANE_HOOK || lane_open()) && lane_takes(t, true))) return nullptr;
+    if (!((use == LANE_HOOK || lane_open()) && lane_takes(t))) return nullptr;
     py::object row;
     bool scalar = false;
     if (t.is_inference()) return read(t, &row, &scalar, true, use);  // no version counter: read each time

@@ -576,27 +576,33 @@ def test_with_fingerprints_the_lane_writes_the_python_paths_dump(tmp_path, monke
 
 
 def test_with_fingerprints_the_lane_takes_a_calls_tensors_and_leaves_the_rest(kernels):
-    """Which records the op makes with fingerprints: a call's contiguous float tensors, each with its bytes'
-    digits; the same tensor twice, read once; a view of one (its bytes in another order), a float64 or integer
+    """Which records the op makes with fingerprints: a call's float tensors that fill a block of memory, each with
+    the digits of its bytes in its own order (a transpose's or a permutation's copied into that order: not its
+    base's digits, whose memory it shares); the same tensor twice, read once; a strided slice, a float64 or integer
     tensor and any tensor outside a call are the Python path's (``LATER``), the CPU's too where the lane is off."""
     buffer, recorder, fused = fingerprint_lane_parts()
     g = torch.Generator().manual_seed(21)
     base = torch.randn(6, 5, generator=g).to(DEVICE)
+    cube = torch.randn(3, 4, 5, generator=g).to(DEVICE, torch.bfloat16)
     taken = [base, base.to(torch.bfloat16), torch.tensor(2.5, device=DEVICE, dtype=torch.float16)]
-    left = [base.t(), base.double(), base.long()]
+    taken += [base.t(), cube.permute(2, 0, 1)]
+    left = [base[:, ::2], base.double(), base.long()]
     made, todo = recorder.records(taken)
     assert todo == len(taken)  # outside a call
     fused.begin()
-    made, todo = recorder.records(taken + left + [base])
+    made, todo = recorder.records(taken + left + [taken[-1]])
     fused.end()
     assert todo == len(left) and all(record is LATER for record in made[len(taken) : -1])
-    assert made[-1][4] is made[0][4]  # the same tensor again: its row, read once
+    assert made[-1][4] is made[len(taken) - 1][4]  # the same tensor again: its row, read once
     assert recorder.lane_reads == len(taken)
     numbers = flushed(buffer)
+    digits = []
     for record, t in zip(made, taken):
         resolved = written(record, numbers)
         assert resolved["fingerprint"] == checksums.fingerprint_reference(_bytes(t))
         assert resolved["Max"] == t.max().item()
+        digits.append(resolved["fingerprint"])
+    assert digits[3] != digits[0]  # the transpose's bytes in its own order, not its base's
 
 
 @pytest.mark.parametrize("alone", [False, True], ids=["beside others", "the first of its arena"])
