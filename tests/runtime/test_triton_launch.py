@@ -520,6 +520,7 @@ OPTIONS_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a subprocess (the fake driver cannot share this process's interpreted Triton)
 def test_every_kernel_says_whether_it_fuses_multiply_add():
     # Triton 3.9 warns at the first launch of a kernel not told (the default turns from fusion on to off in 3.10):
     # the fingerprints' and the monitor's kernels were not, and a user of summary_mode fingerprint or the monitor got
