@@ -374,7 +374,6 @@ class StatBuffer:
             if (
                 (cls is _TENSOR or cls is _PARAMETER)
                 and t.is_contiguous()
-                and not torch.is_inference_mode_enabled()  # where neither serves: the stacked ops below
                 and getattr(_forward_ad, "_current_level", -1) < 0
             ):
                 done = self._stage_or_rows(t, 1)
@@ -447,11 +446,7 @@ class StatBuffer:
         (Sum / elements) and the rounding of Mean and Norm to the tensor's dtype are done for the whole flush on
         the host, by the writer thread (``_Rows.finish``): the numbers the stacked ops gave, within the
         rounding of the dtype (tests/runtime/test_native_stats.py compares them with the native op's). None
-        where the buffers cannot be used (inference mode: a buffer made in it could not be written outside)."""
-        import torch
-
-        if torch.is_inference_mode_enabled():
-            return None
+        where a backend lacks an op. Not in inference mode (``_stage_or_rows``, its caller, checks)."""
         with self._lock:  # launched under the lock, so that a flush never takes rows still being written
             arenas = self._rows.setdefault(t.device, [])
             arena = arenas[-1] if arenas else None
@@ -469,19 +464,15 @@ class StatBuffer:
 
     def _stage_or_rows(self, t, repeat):
         """The slots of a plain float tensor (``t``, or a dense view of one, read ``repeat`` times) in the torch ops'
-        buffers of the flush: its stage where it is small, contiguous, read once and not an inference tensor (a buffer
-        made in inference mode could not be written outside it), else its rows; None where neither serves (the
-        staging memory used up and the rows off, MPS, inference mode). Both read ``t`` with gradients off
-        (``_gradless``): it may require grad."""
+        buffers of the flush: its stage where it is small, contiguous, read once and not an inference tensor, else its
+        rows; None where neither serves (inference mode: a buffer made in it could not be written outside it; the
+        staging memory used up and the rows off, MPS): the stacked ops then. Both read ``t`` with gradients off
+        (``_gradless``): it may require grad. Inference mode is checked here once, for both."""
         import torch
 
-        if (
-            repeat == 1
-            and t.numel() <= _STAGE_MAX_NUMEL
-            and t.is_contiguous()
-            and not t.is_inference()
-            and not torch.is_inference_mode_enabled()
-        ):
+        if torch.is_inference_mode_enabled():
+            return None
+        if repeat == 1 and t.numel() <= _STAGE_MAX_NUMEL and t.is_contiguous() and not t.is_inference():
             staged = self._stage(t)
             if staged is not None:
                 return staged
