@@ -5,6 +5,12 @@
     python bench/gpu_llama.py                              # CUDA, the issue's sizes (hidden 2048, 8 layers, ...)
     python bench/gpu_llama.py --device cpu --size tiny     # the CPU mode (make bench): a few seconds a variant
     python bench/gpu_llama.py [--steps 4] [--rounds 2] [--msprobe-python PATH] [--json FILE]
+    python bench/gpu_llama.py --device cpu --size tiny --stats triton-dispatch   # the device path's host cost here
+
+``--stats triton-dispatch`` (CPU only): ours take the device path as ``bench/per_entry.py --stats triton-dispatch``
+does (CPU tensors taken as a GPU's by the native lane, Triton's kernels launched through the fake driver, which runs
+nothing, so the dumps' numbers are zeros), in bfloat16 as on the GPU: the host time a step of ours adds on a device,
+measured without one. Its "host ms" against plain's is the figure; the rest is the CPU's.
 
 Variants (a variant group is one subprocess, as in bench/llama_step.py, whose rewriting and interleaving this
 reuses; within a group the variants take turns every round):
@@ -139,14 +145,24 @@ def _count_ops(events):
 def worker(args):
     for key, value in ENV.items():
         os.environ.setdefault(key, value)
+    if args.stats == "triton-dispatch" and args.worker == "rewritten":  # before Triton's import, as per_entry's
+        os.environ.pop("TRITON_INTERPRET", None)
+        sys.path.insert(0, os.path.dirname(HERE))
+        from fixtures.fake_triton_driver import install
+
+        install(keep=False)
     import torch
     import transformers
 
     cuda = args.device == "cuda"
     if not cuda:
         torch.set_num_threads(1)
+    if args.stats == "triton-dispatch" and args.worker == "rewritten":
+        from per_entry import choose_stats  # bench/ is sys.path[0]
+
+        choose_stats(args.stats)
     size = SIZES[args.size]
-    dtype = torch.bfloat16 if cuda else torch.float32
+    dtype = torch.bfloat16 if cuda or args.stats == "triton-dispatch" else torch.float32
     config = transformers.LlamaConfig(
         vocab_size=size["vocab"],
         hidden_size=size["hidden"],
@@ -324,6 +340,7 @@ def run_worker(python, group, args, hook=False):
     command = [python] + (["-m", "msprobe_rewrite", "run", "--packages", "transformers", "--"] if hook else [])
     command += [os.path.abspath(__file__), "--worker", group, "--device", args.device, "--size", args.size]
     command += ["--steps", str(args.steps), "--rounds", str(args.rounds), "--warmup", str(args.warmup)]
+    command += ["--stats", args.stats]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
     lines = [line for line in done.stdout.splitlines() if line.startswith('{"rows"')]
     if done.returncode != 0 or not lines:
@@ -373,8 +390,16 @@ def main():
     parser.add_argument("--warmup", type=int, help="untimed steps per variant first (default 2; 1 on cpu)")
     parser.add_argument("--msprobe-python", help="interpreter with mindstudio-probe (default: this one, if it has it)")
     parser.add_argument("--json", help="write the figures here")
+    parser.add_argument(
+        "--stats",
+        choices=("default", "triton-dispatch"),
+        default="default",
+        help="triton-dispatch (with --device cpu): ours on the device path, its kernels launched through a fake driver",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.stats != "default" and args.device != "cpu":
+        parser.error("--stats triton-dispatch stands in for a device on the CPU (--device cpu)")
     cpu = args.device == "cpu"
     for key, on_gpu, on_cpu in (("size", "issue", "tiny"), ("steps", 4, 2), ("rounds", 2, 1), ("warmup", 2, 1)):
         if getattr(args, key) is None:

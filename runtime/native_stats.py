@@ -46,10 +46,11 @@ each value's type only and leaves anything else to the collector's Python. For t
 more it keeps ``Collector._reuse``'s table and rule itself (the last 4 read; the same tensor or the same block
 of memory, at the same version counter), so a tensor and its views are recorded without a Python step. In
 summary_mode fingerprint it makes only the records of its lane onto the Triton kernels (a call's or a hook's
-float32, float16 and bfloat16 device tensors that fill a block of memory: a transposed one's bytes are copied into
-its own order for the fingerprint), each with its fingerprint queued beside its statistics
-(``Recorder.checksums``, ``lane_fingerprints``), serves again only the same tensor at the same version (a view may
-order its bytes otherwise), and leaves every other record to the collector's Python.
+float32, float16 and bfloat16 device tensors that fill a block of memory, a transposed one's bytes copied into its
+own order for the fingerprint, and its slices of at most four dimensions, copied into that order first), each with
+its fingerprint queued beside its statistics (``Recorder.checksums``, ``lane_fingerprints``), serves again only the
+same tensor at the same version (a view may order its bytes otherwise), and leaves every other record to the
+collector's Python.
 
 The training monitor's figures (``monitor/metrics.py``) come from the same loop through ``monitor_figures``, which
 also counts |x| < eps in its lanes and gives msprobe's monitor ops in the order asked, as one float32 tensor.

@@ -45,9 +45,11 @@ checksum mode, a call's fingerprints (``triton_fingerprint.Fingerprints``, ``fin
 
 Where the native op builds, its ``Recorder`` makes the records of a call's float32, float16 and bfloat16 tensors
 whose elements fill one block of memory (contiguous, permuted, or broadcast once narrowed: read as ``dense_view``
-gives them) itself and queues them here, in the same arenas and queue (``attach``: one native call a record, where the
-Python path made five calls and three objects); their rows name their arena by its key, whose numbers the writing
-process is sent (``take_closed``, records.device_numbers).
+gives them), and of its slices of at most four dimensions (a copy of their values in their own order, the order in
+which the Python path's ``_partials`` reads them through their strides), itself and queues them here, in the same
+arenas and queue (``attach``: one native call a record, where the Python path made five calls and three objects);
+their rows name their arena by its key, whose numbers the writing process is sent (``take_closed``,
+records.device_numbers).
 """
 
 from __future__ import annotations
@@ -937,7 +939,8 @@ class TritonStats:
 
     def attach(self, recorder, mark, cpu=False):
         """Let the native op's ``recorder`` make the records of a call's float32, float16 and bfloat16 device
-        tensors whose elements lie in one block of memory (CPU ones too with ``cpu``: tests) and queue them here, as
+        tensors whose elements lie in one block of memory, or a copy of a slice's (CPU ones too with ``cpu``: tests),
+        and queue them here, as
         ``_queued`` does, in the same arenas (``_arenas``, read by the op; ``_lane_arena`` where one is full), each
         record's row ``(mark, arena's key, tensor)`` (json_files.native_json): one native call per record, where the
         Python path made five calls and three objects.

@@ -1770,6 +1770,30 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     return t.is_contiguous() || t.is_non_overlapping_and_dense();
   }
 
+  // Whether the lane takes ``t`` (one it does not take as it is: ``lane_takes``) by a copy of its values in their own
+  // order (``slice_copy``): a float32, float16 or bfloat16 one of at most four dimensions whose elements do not fill
+  // one block, none of them repeated: a slice (``x[..., :k]``, rotary embeddings' halves, and their gradients). The
+  // Python path reads such a tensor in that order through its strides (``TritonStats.add``: ``_partials`` of its
+  // layout), so with the same bits; one of more dimensions is the torch ops' there, and stays the Python path's.
+  // A broadcast is ``broadcast_once``'s, its values each once.
+  static bool slice_takes(const at::Tensor& t) {
+    const at::ScalarType type = t.scalar_type();
+    if (type != at::kFloat && type != at::kBFloat16 && type != at::kHalf) return false;
+    if (t.is_neg() || t.numel() == 0 || t.dim() > 4) return false;
+    for (int64_t d = 0; d < t.dim(); ++d) {
+      if (t.stride(d) == 0 && t.size(d) > 1) return false;
+    }
+    return true;
+  }
+
+  // ``t``'s values in their own order, copied on its device (the copy the native op makes of a CPU tensor's slice:
+  // ``dense_once``), with no autograd node: what the lane queues for ``t``. One copy a tensor read, where its record
+  // is not served again; it is the values at the record, so an input read after its call is read as it was then.
+  static at::Tensor slice_copy(const at::Tensor& t) {
+    at::NoGradGuard no_grad;
+    return t.detach().contiguous();
+  }
+
   // An arena's state as the lane reads it (triton_stats._Arena's ``rows``, ``capacity``, ``room``, ``slots``,
   // ``counts``): its attributes are slots, so reading them runs no Python code.
   struct ArenaState {
@@ -2010,10 +2034,14 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   // version served again whatever its size (Collector._reuse's rule for a checksum), never a view by place.
   PyObject* checksum_record(const at::Tensor& t, LaneUse use) {
     if (!fingerprinting() || !lane_device(t) || !own_data(t)) return nullptr;
-    if (!((use == LANE_HOOK || lane_open()) && lane_takes(t))) return nullptr;
+    if (!(use == LANE_HOOK || lane_open())) return nullptr;
+    const bool slice = !lane_takes(t);  // read by a copy in its own order, whose bytes the fingerprint hashes too
+    if (slice && !slice_takes(t)) return nullptr;
     py::object row;
     bool scalar = false;
-    if (t.is_inference()) return read(t, &row, &scalar, true, use);  // no version counter: read each time
+    if (t.is_inference()) {  // no version counter: read each time
+      return read(t, &row, &scalar, true, use, slice ? slice_copy(t) : at::Tensor());
+    }
     const int64_t version = t._version();
     Recent* same = nullptr;
     for (Recent& held : recent_) {
@@ -2023,7 +2051,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
         break;
       }
     }
-    PyObject* record = read(t, &row, &scalar, true, use);
+    PyObject* record = read(t, &row, &scalar, true, use, slice ? slice_copy(t) : at::Tensor());
     if (record == nullptr) return nullptr;
     Recent entry{t, version, false, nullptr, t.numel(), t.scalar_type(), row, scalar};
     if (same != nullptr) {
@@ -2040,6 +2068,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     bool lane = false, reuse_only = false;
     at::Tensor block;  // a broadcast's values, each once (``broadcast_once``), where the lane reads those
     int64_t repeat = 1;
+    bool slice = false;  // the lane reads a copy of ``t`` (``slice_copy``), made only where it is read
     if (lane_device(t)) {
       if (!own_data(t)) return nullptr;  // a subclass's, say: the Python path's
       const bool open = use == LANE_HOOK || lane_open();
@@ -2047,6 +2076,10 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
       if (open && !lane) {  // a broadcast (the gradient ``sum`` gives back): its block, if the lane takes that
         block = broadcast_once(t, &repeat);
         lane = repeat > 1 && lane_takes(block);
+        if (!lane && repeat == 1 && slice_takes(t)) {
+          block = at::Tensor();
+          lane = slice = true;
+        }
       }
       // one it does not take (outside a call, another layout): served again where its elements were read by the
       // lane (a transpose of an activation), else left to the Python path, which reads it (nullptr)
@@ -2059,7 +2092,10 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     if (n == 0) return new_record(t, empty_row(), false);
     py::object row;
     bool scalar = false;
-    if (n < below_ || t.is_inference()) return reuse_only ? nullptr : read(t, &row, &scalar, lane, use, block, repeat);
+    if (n < below_ || t.is_inference()) {
+      if (reuse_only) return nullptr;
+      return read(t, &row, &scalar, lane, use, slice ? slice_copy(t) : block, repeat);
+    }
     const int64_t version = t._version();
     Recent* same = nullptr;
     for (Recent& held : recent_) {
@@ -2093,7 +2129,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
       record = new_record(t, row.ptr(), scalar);
     } else {
       if (reuse_only) return nullptr;
-      record = read(t, &row, &scalar, lane, use, block, repeat);
+      record = read(t, &row, &scalar, lane, use, slice ? slice_copy(t) : block, repeat);
       if (record == nullptr) return nullptr;
       if (placed && t.is_leaf() && t.requires_grad()) {
         leaves_.insert_or_assign(

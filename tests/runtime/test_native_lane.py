@@ -1,6 +1,7 @@
 """The native Recorder's lane onto the Triton kernels (``TritonStats.attach``, native/stats_op.cpp's
 ``Recorder.lane``): the records of a call's float32, float16 and bfloat16 device tensors that lie in one block of
-memory (contiguous, permuted, a broadcast's narrowed block), and of its backward hooks' gradients, made by the op in
+memory (contiguous, permuted, a broadcast's narrowed block) or are slices of at most four dimensions (read by a copy
+in their own order), and of its backward hooks' gradients, made by the op in
 one native call each and queued for the kernels, write the dump that the Python path of the kernels writes, number
 for number; every other tensor is left to the Python path, as a CUDA tensor always was. Without a GPU the lane takes
 CPU tensors (``StatBuffer(triton_cpu="lane")``) and the kernels run under Triton's interpreter."""
@@ -84,7 +85,7 @@ class Block(torch.nn.Module):
 
     def forward(self, x):
         h = __msprobe__.call("Torch.tanh", torch.tanh, self.fc(x))
-        a, b = __msprobe__.call("Torch.split", torch.split, h, 4, -1)      # views: not contiguous, the Python path
+        a, b = __msprobe__.call("Torch.split", torch.split, h, 4, -1)      # slices: the lane's, by a copy
         wide = __msprobe__.call("Torch.sin", torch.sin, b.double())         # float64: the Python path
         mean = __msprobe__.call("Torch.mean", torch.mean, h)                # a 0-d output
         joined = __msprobe__.call("Torch.cat", torch.cat, [a * mean, wide.to(a.dtype)], -1)
@@ -165,9 +166,10 @@ def test_the_lane_writes_the_python_paths_dump(tmp_path, monkeypatch, level, dty
     assert all(reads > 0 for reads in lane_reads)
     assert by_python > 0 and by_lane_python < by_python / 3  # the lane queued the rest itself, in C++
     assert lane_run == python_run
-    # only float64 gradients (sin's) and the slices of one (cat's) are the Python path's: not one through a
-    # transpose (relu's), nor an empty one (concatenate's), nor a broadcast (sum's, and the last calls' before it)
-    assert set(left_to_python) == {"sin", "cat"}
+    # only float64 gradients (sin's) are the Python path's: not the slices of one (cat's, copied in their own
+    # order), nor one through a transpose (relu's), nor an empty one (concatenate's), nor a broadcast (sum's, and
+    # the last calls' before it)
+    assert set(left_to_python) == {"sin"}
     data = lane_run[1, "dump.json"]["data"]
     assert any(name.endswith("backward") for name in data)
     grads = data["Torch.relu.0.backward"]["input"][0], data["Torch.concatenate.0.backward"]["output"][0]
@@ -180,14 +182,17 @@ def test_the_lane_writes_the_python_paths_dump(tmp_path, monkeypatch, level, dty
 def test_the_lane_takes_float_tensors_in_one_block_within_a_call(kernels):
     """Which tensors the lane takes: within a call's records (``begin``) a float32, float16 or bfloat16 one whose
     elements fill one block of memory (contiguous, 0-d, or transposed or permuted: read in memory order, as the
-    Python path reads it), or would once each broadcast dimension is one (read once, counted for each copy); a
-    strided slice, a negative, a float64 or an integer one is left to the caller (``LATER``), and so is every device
-    tensor outside a call, as a CUDA tensor always was (the op reads CPU ones only). An empty one's record is made
-    at once, its statistics null, as the Python path writes it."""
+    Python path reads it), or would once each broadcast dimension is one (read once, counted for each copy), or a
+    slice of at most four dimensions (copied into its own order on its device: the order the Python path reads it
+    in through its strides); a slice of more, a broadcast whose once-each values do not fill a block, a negative, a
+    float64 or an integer one is left to the caller (``LATER``), and so is every device tensor outside a call, as a
+    CUDA tensor always was (the op reads CPU ones only). An empty one's record is made at once, its statistics
+    null, as the Python path writes it."""
     buffer, recorder, fused = lane_parts()
     g = torch.Generator().manual_seed(3)
     base = torch.randn(6, 5, generator=g).to(DEVICE)
     cube = torch.randn(3, 4, 5, generator=g).to(DEVICE, torch.bfloat16)
+    wide = torch.randn(2, 3, 4, 5, generator=g).to(DEVICE, torch.float16)
     taken = [
         base,
         base.to(torch.bfloat16),
@@ -196,9 +201,12 @@ def test_the_lane_takes_float_tensors_in_one_block_within_a_call(kernels):
         base.t(),
         cube.permute(2, 0, 1),
         base[:1].expand(4, 5),  # a row broadcast: the row read once, four times in its numbers
+        base[:, ::2],  # slices: copied
+        cube.permute(2, 0, 1)[..., :3],
+        wide[..., 1:],
     ]
     left = [
-        base[:, ::2],
+        wide[..., 1:].unsqueeze(0),  # a slice of five dimensions: the Python path's torch ops
         base[:, :1].expand(6, 4),  # a column broadcast: one block no more
         base._neg_view(),
         base.double(),
@@ -269,6 +277,24 @@ def test_a_tensor_twice_in_a_call_is_read_once(kernels):
     assert recorder.lane_reads == 1
     assert made[0][4] is made[1][4] is made[2][4]
     assert written(made[2], flushed(buffer))["Max"] == x.max().item()
+
+
+def test_a_slice_is_read_by_one_copy_with_no_autograd_node(kernels):
+    """A slice that requires grad (rotary embeddings' halves) recorded twice in a call: read once (by a copy of its
+    values); its autograd graph, its version and its gradient are as they were."""
+    buffer, recorder, fused = lane_parts(1)  # every tensor remembered (``below`` 1)
+    x = torch.randn(6, 8, device=DEVICE, requires_grad=True)
+    half = (x * 2)[:, :4]
+    node, version = half.grad_fn, half._version
+    fused.begin()
+    made, todo = recorder.records((half, half))
+    fused.end()
+    assert todo == 0 and recorder.lane_reads == 1 and made[0][4] is made[1][4]
+    assert half.grad_fn is node and half._version == version
+    half.sum().backward()
+    assert torch.equal(x.grad, torch.cat([torch.full((6, 4), 2.0), torch.zeros(6, 4)], 1).to(DEVICE))
+    resolved = written(made[0], flushed(buffer))
+    assert [resolved[k] for k in ("Max", "Min")] == [half.max().item(), half.min().item()]
 
 
 def test_an_arenas_numbers_are_read_once_for_all_its_records(monkeypatch, kernels):
@@ -578,15 +604,16 @@ def test_with_fingerprints_the_lane_writes_the_python_paths_dump(tmp_path, monke
 def test_with_fingerprints_the_lane_takes_a_calls_tensors_and_leaves_the_rest(kernels):
     """Which records the op makes with fingerprints: a call's float tensors that fill a block of memory, each with
     the digits of its bytes in its own order (a transpose's or a permutation's copied into that order: not its
-    base's digits, whose memory it shares); the same tensor twice, read once; a strided slice, a float64 or integer
-    tensor and any tensor outside a call are the Python path's (``LATER``), the CPU's too where the lane is off."""
+    base's digits, whose memory it shares), or a slice (copied into that order, its statistics read from the copy);
+    the same tensor twice, read once; a slice of more than four dimensions, a float64 or integer tensor and any
+    tensor outside a call are the Python path's (``LATER``), the CPU's too where the lane is off."""
     buffer, recorder, fused = fingerprint_lane_parts()
     g = torch.Generator().manual_seed(21)
     base = torch.randn(6, 5, generator=g).to(DEVICE)
     cube = torch.randn(3, 4, 5, generator=g).to(DEVICE, torch.bfloat16)
     taken = [base, base.to(torch.bfloat16), torch.tensor(2.5, device=DEVICE, dtype=torch.float16)]
-    taken += [base.t(), cube.permute(2, 0, 1)]
-    left = [base[:, ::2], base.double(), base.long()]
+    taken += [base[:, ::2], cube[:, 1:, :3], base.t(), cube.permute(2, 0, 1)]
+    left = [cube[:, 1:, :3][None, None], base.double(), base.long()]
     made, todo = recorder.records(taken)
     assert todo == len(taken)  # outside a call
     fused.begin()
@@ -602,7 +629,7 @@ def test_with_fingerprints_the_lane_takes_a_calls_tensors_and_leaves_the_rest(ke
         assert resolved["fingerprint"] == checksums.fingerprint_reference(_bytes(t))
         assert resolved["Max"] == t.max().item()
         digits.append(resolved["fingerprint"])
-    assert digits[3] != digits[0]  # the transpose's bytes in its own order, not its base's
+    assert digits[5] != digits[0]  # the transpose's bytes in its own order, not its base's
 
 
 @pytest.mark.parametrize("alone", [False, True], ids=["beside others", "the first of its arena"])
