@@ -5,6 +5,7 @@
     python bench/gpu_llama.py                              # CUDA, the sizes (hidden 2048, 8 layers, ...)
     python bench/gpu_llama.py --device cpu --size tiny     # the CPU mode (make bench): a few seconds a variant
     python bench/gpu_llama.py [--steps 4] [--rounds 2] [--msprobe-python PATH] [--json FILE]
+                              [--dtype {auto,bfloat16,float32}]   # auto: bf16 on CUDA, float32 on the CPU
     python bench/gpu_llama.py --device cpu --size tiny --stats triton-dispatch   # the device path's host cost here
 
 ``--stats triton-dispatch`` (CPU only): ours take the device path as ``bench/per_entry.py --stats triton-dispatch``
@@ -162,7 +163,9 @@ def worker(args):
 
         choose_stats(args.stats)
     size = SIZES[args.size]
-    dtype = torch.bfloat16 if cuda or args.stats == "triton-dispatch" else torch.float32
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}.get(args.dtype)
+    if dtype is None:  # bf16 as the issue's, on a device and where the CPU stands in for one
+        dtype = torch.bfloat16 if cuda or args.stats == "triton-dispatch" else torch.float32
     config = transformers.LlamaConfig(
         vocab_size=size["vocab"],
         hidden_size=size["hidden"],
@@ -340,7 +343,7 @@ def run_worker(python, group, args, hook=False):
     command = [python] + (["-m", "msprobe_rewrite", "run", "--packages", "transformers", "--"] if hook else [])
     command += [os.path.abspath(__file__), "--worker", group, "--device", args.device, "--size", args.size]
     command += ["--steps", str(args.steps), "--rounds", str(args.rounds), "--warmup", str(args.warmup)]
-    command += ["--stats", args.stats]
+    command += ["--stats", args.stats, "--dtype", args.dtype]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
     lines = [line for line in done.stdout.splitlines() if line.startswith('{"rows"')]
     if done.returncode != 0 or not lines:
@@ -395,6 +398,12 @@ def main():
         choices=("default", "triton-dispatch"),
         default="default",
         help="triton-dispatch (with --device cpu): ours on the device path, its kernels launched through a fake driver",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=("auto", "bfloat16", "float32"),
+        default="auto",
+        help="the model's (auto: bfloat16 on cuda and with --stats triton-dispatch, else float32)",
     )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -19,6 +19,8 @@ SMALL = [
     ("megatron_step.py", ["--steps", "3", "--rounds", "1"]),
     ("llama_step.py", ["--small"]),
     ("gpu_llama.py", ["--device", "cpu", "--size", "tiny"]),
+    # the same step on the device path (the native lane, Triton's kernels through a fake driver), in bf16
+    ("gpu_llama.py", ["--device", "cpu", "--size", "tiny", "--stats", "triton-dispatch"]),
     ("triton_launches.py", ["--hidden", "64", "--steps", "2"]),
     ("triton_launches.py", ["--hidden", "64", "--steps", "2", "--summary-mode", "fingerprint"]),
     ("checksums.py", ["--sizes", "1024,262144", "--steps", "3", "--rounds", "1"]),

@@ -49,3 +49,26 @@ def test_cpu_mode_measures_every_variant(tmp_path):
         assert row["per_tensor"] == (row["compute_ops"] - rows["plain"]["compute_ops"]) / row["tensors"]
     assert rows["ours mix"]["entries"] > rows["ours L1"]["entries"]
     assert "msprobe L1" in names and "msprobe mix" in names  # measured, or said why not
+
+
+def test_cpu_mode_stands_in_for_the_device_path(tmp_path):
+    """``--stats triton-dispatch``: ours on the device path (the native lane, Triton's kernels through the fake
+    driver) in bf16; every variant's gradients equal plain's, and ours record every entry and tensor the CPU path
+    records of the bf16 model."""
+    pytest.importorskip("triton")
+    figures = {}
+    for stats in ("default", "triton-dispatch"):
+        out = tmp_path / f"{stats}.json"
+        env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        command = [sys.executable, str(ROOT / "bench" / "gpu_llama.py"), "--device", "cpu", "--size", "tiny"]
+        command += ["--steps", "1", "--rounds", "1", "--warmup", "1", "--stats", stats, "--dtype", "bfloat16"]
+        command += ["--json", str(out)]
+        done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+        assert done.returncode == 0, done.stdout + done.stderr
+        figures[stats] = json.loads(out.read_text())["rows"]
+    rows = figures["triton-dispatch"]
+    for name in VARIANTS:
+        assert rows[name]["same_grads"] == "yes", name
+    for name in ("ours L1", "ours mix", "ours L1 fingerprint"):
+        assert rows[name]["entries"] == figures["default"][name]["entries"] > 0, name
+        assert rows[name]["tensors"] == figures["default"][name]["tensors"], name
