@@ -940,10 +940,9 @@ class TritonStats:
     def attach(self, recorder, mark, cpu=False):
         """Let the native op's ``recorder`` make the records of a call's float32, float16 and bfloat16 device
         tensors whose elements lie in one block of memory, or a copy of a slice's (CPU ones too with ``cpu``: tests),
-        and queue them here, as
-        ``_queued`` does, in the same arenas (``_arenas``, read by the op; ``_lane_arena`` where one is full), each
-        record's row ``(mark, arena's key, tensor)`` (json_files.native_json): one native call per record, where the
-        Python path made five calls and three objects.
+        and queue them here, as ``_queued`` does, in the same arenas (``_arenas``, read by the op; ``_lane_arena``
+        where one is full), each record's row ``(mark, arena's key, tensor)`` (json_files.native_json): one native
+        call per record, where the Python path made five calls and three objects.
         The gradients of its backward hooks too, launched as each hook ends (``_lane_launch``)."""
         # the op holds these callables; through a weak reference, so that it and this object make no cycle, which
         # the garbage collector could not break (a native object is not traversed): both are freed with the collector
