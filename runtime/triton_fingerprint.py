@@ -560,7 +560,9 @@ class _Arena:
         self.rows = 0  # rows taken (the native lane reads and writes it too: ``attach``)
         self.capacity = rows
         self.room = _ARENA_TENSORS  # tensors it holds at most
-        self.slots = []  # a Slot per tensor; None once forgotten (its rows never written, or moved)
+        # a Slot per tensor (the native lane's mark for its records); None once forgotten (its rows never written, or
+        # moved)
+        self.slots = []
         self.group = None  # the group slot of its parts, once closed (``Fingerprints._close``)
         # what a native Recorder's record names it by (its row's fourth): unique in the process
         self.key = arena_key()
@@ -601,7 +603,9 @@ class Fingerprints:
         self.lock = threading.Lock()  # the statistics' direct launch of both queues holds it too (TritonStats)
         self.namespace = globals()  # where ``_partials_hash_few`` is (TritonStats._enter)
         self._arenas = {}  # device index (``get_device``: -1 for the CPU) -> the _Arena filling (the lane reads it)
-        self._queue = []  # (bytes, n, iters, programs, first row, index, arena, version, watch, slot)
+        # (bytes, n, iters, programs, first row, index, arena, version, watch, slot): the slot None for the lane's
+        # items, whose records name their parts by the arena's key and their index (``attach``)
+        self._queue = []
         self._done = []  # group slots of arenas closed before the flush (full)
         self._loose = []  # slots of a failed launch, filled by the torch ops
         # the arenas that the native lane's records may name (``attach``), closed since the last ``take_closed``
@@ -669,9 +673,7 @@ class Fingerprints:
             with hashes.lock:
                 return hashes._arena_for(t, rows)
 
-        recorder.lane_fingerprints(
-            self._queue, self._arenas, renew, self._slot, _BLOCK, _ONE_PROGRAM, _MAX_PROGRAMS, _MAX_ITERS
-        )
+        recorder.lane_fingerprints(self._queue, self._arenas, renew, _BLOCK, _ONE_PROGRAM, _MAX_PROGRAMS, _MAX_ITERS)
         self._lane_seen = True
 
     def fail_queue(self, error):
@@ -731,6 +733,8 @@ class Fingerprints:
         """A queued tensor whose launch failed: its parts by the torch ops (null where they fail too)."""
         self._forget(item)
         slot = item[9]
+        if slot is None:  # the native lane's item: its record names the arena, whose parts for it are this slot's
+            slot = self._slot(None, 4)
         item[6].replaced[item[5]] = slot  # a native record names the arena: its parts are the slot's
         try:
             slot.pending = self._fallback(item[0])

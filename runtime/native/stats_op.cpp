@@ -984,17 +984,18 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   // The fingerprints' lane (triton_fingerprint.Fingerprints.attach): a record the lane makes has its tensor's bytes
   // queued in ``queue`` too, as ``Fingerprints.add`` queues them (``(bytes, n, iters, programs, first row, index,
   // arena, version, watch, slot)``), its rows taken in the arena ``arenas`` holds for its device index (``renew(t,
-  // rows)`` giving a fresh one where it is full), its slot ``slot(None, 4)``; the record's row is then ``(mark,
-  // statistics arena's key, tensor, fingerprints arena's key, tensor there)``. ``block``, ``one``, ``programs``,
-  // ``iters``: triton_fingerprint.plan's constants.
-  void lane_fingerprints(py::object queue, py::object arenas, py::object renew, py::object slot, int64_t block,
-                         int64_t one, int64_t programs, int64_t iters) {
+  // rows)`` giving a fresh one where it is full). Its slot is None and the arena holds the lane's mark in its place,
+  // as a statistics arena does for the lane's records: the record names its parts by the arena's key and its index
+  // there, and a slot is made only for a launch that fails (``Fingerprints._by_torch_ops``); the record's row is
+  // ``(mark, statistics arena's key, tensor, fingerprints arena's key, tensor there)``. ``block``, ``one``,
+  // ``programs``, ``iters``: triton_fingerprint.plan's constants.
+  void lane_fingerprints(py::object queue, py::object arenas, py::object renew, int64_t block, int64_t one,
+                         int64_t programs, int64_t iters) {
     queue_and_arenas(queue, arenas);
     if (block <= 0 || one <= 0 || programs <= 0 || iters <= 0) throw py::value_error("plan constants: positive");
     hash_queue_ = std::move(queue);
     hash_arenas_ = std::move(arenas);
     hash_renew_ = std::move(renew);
-    hash_slot_ = std::move(slot);
     hash_block_ = block;
     hash_one_ = one;
     hash_programs_ = programs;
@@ -1005,7 +1006,6 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     hash_queue_ = py::none();
     hash_arenas_ = py::none();
     hash_renew_ = py::none();
-    hash_slot_ = py::none();
   }
 
   bool fingerprinting() const { return checksums_ && !hash_queue_.is_none() && !lane_queue_.is_none(); }
@@ -1916,7 +1916,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     if (checksums_) {
       PyObject* hashes = hash_queue_.ptr();
       const bool queued = PyList_Append(hashes, hash_item.ptr()) == 0;
-      if (!queued || PyList_Append(hash.state.slots.ptr(), hash.slot.ptr()) != 0) {
+      if (!queued || PyList_Append(hash.state.slots.ptr(), lane_mark_.ptr()) != 0) {
         if (queued) PyList_SetSlice(hashes, PyList_GET_SIZE(hashes) - 1, PyList_GET_SIZE(hashes), nullptr);
         PyList_SetSlice(queue, PyList_GET_SIZE(queue) - 1, PyList_GET_SIZE(queue), nullptr);
         PyList_SetSlice(state.slots.ptr(), tensor, tensor + 1, nullptr);
@@ -1935,14 +1935,14 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   // A tensor's bytes on their way into the fingerprints' queue (``lane_fingerprints``), between ``hash_prepare``
   // and ``hash_queue_item``.
   struct HashRead {
-    py::object raw, slot, arena, key, watch;
+    py::object raw, arena, key, watch;
     ArenaState state;
     int64_t bytes = 0, iters = 1, programs = 1;
   };
 
   // ``t``'s bytes in its own order, as the Python path hashes them (``t.contiguous()``): a flat uint8 view of a
   // contiguous one (no copy), a copy of a transposed or permuted one (``reshape``, an ATen copy on its device, which
-  // the hash queue holds until its launch, as the Python path's copy); triton_fingerprint.plan of them, their slot,
+  // the hash queue holds until its launch, as the Python path's copy); triton_fingerprint.plan of them,
   // and an arena of their device with room for them (made by ``renew`` where the one filling is full). A copy is
   // the bytes at the record, so an input read after its call keeps its fingerprint where the call changed it (its
   // statistics null), as the Python path's copy does.
@@ -1960,7 +1960,6 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
       hash.iters = std::min(std::max<int64_t>(1, (blocks + hash_programs_ - 1) / hash_programs_), hash_iters_);
       hash.programs = (blocks + hash.iters - 1) / hash.iters;
     }
-    hash.slot = hash_slot_(py::none(), 4);
     hash.watch = py::reinterpret_steal<py::object>(PyObject_GetAttr(lane_calls_.ptr(), watch_name));
     if (!hash.watch) throw py::error_already_set();
     hash.key = long_of(index);
@@ -2001,7 +2000,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
       version = long_of(raw.is_inference() ? -1 : static_cast<int64_t>(raw._version()));
     }
     return py::make_tuple(hash.raw, hash.bytes, hash.iters, hash.programs, hash.state.rows,
-                          PyList_GET_SIZE(hash.state.slots.ptr()), hash.arena, version, hash.watch, hash.slot);
+                          PyList_GET_SIZE(hash.state.slots.ptr()), hash.arena, version, hash.watch, py::none());
   }
 
   // ``block`` (the lane's): what ``broadcast_once`` made of ``t``, each of its values ``repeat`` times in ``t``.
@@ -2183,7 +2182,6 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   // summary_mode fingerprint (``checksums``): records only by the lane, each with its fingerprint queued too
   bool checksums_ = false;
   py::object hash_queue_ = py::none(), hash_arenas_ = py::none(), hash_renew_ = py::none();
-  py::object hash_slot_ = py::none();
   int64_t hash_block_ = 1, hash_one_ = 1, hash_programs_ = 1, hash_iters_ = 1;
   py::object later_;
   std::vector<Recent> recent_;
