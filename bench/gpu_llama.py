@@ -146,22 +146,20 @@ def _count_ops(events):
 def worker(args):
     for key, value in ENV.items():
         os.environ.setdefault(key, value)
-    if args.stats == "triton-dispatch" and args.worker == "rewritten":  # before Triton's import, as per_entry's
+    if args.stats == "triton-dispatch" and args.worker == "rewritten":  # before Triton is imported, as per_entry
         os.environ.pop("TRITON_INTERPRET", None)
         sys.path.insert(0, os.path.dirname(HERE))
         from fixtures.fake_triton_driver import install
+        from per_entry import choose_stats  # bench/ is sys.path[0]
 
         install(keep=False)
+        choose_stats(args.stats)
     import torch
     import transformers
 
     cuda = args.device == "cuda"
     if not cuda:
         torch.set_num_threads(1)
-    if args.stats == "triton-dispatch" and args.worker == "rewritten":
-        from per_entry import choose_stats  # bench/ is sys.path[0]
-
-        choose_stats(args.stats)
     size = SIZES[args.size]
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}.get(args.dtype)
     if dtype is None:  # bf16 as the issue's, on a device and where the CPU stands in for one

@@ -2075,10 +2075,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
       if (open && !lane) {  // a broadcast (the gradient ``sum`` gives back): its block, if the lane takes that
         block = broadcast_once(t, &repeat);
         lane = repeat > 1 && lane_takes(block);
-        if (!lane && repeat == 1 && slice_takes(t)) {
-          block = at::Tensor();
-          lane = slice = true;
-        }
+        if (!lane && repeat == 1 && slice_takes(t)) lane = slice = true;
       }
       // one it does not take (outside a call, another layout): served again where its elements were read by the
       // lane (a transpose of an activation), else left to the Python path, which reads it (nullptr)
