@@ -33,12 +33,11 @@ import threading
 import zlib
 
 from .fingerprint_lanes import LANES, geometric_sum
-from .json_files import FINGERPRINT_KEY, fingerprint_hex  # the writing process makes a device record's too
+from .json_files import EMPTY_FINGERPRINT, FINGERPRINT_KEY, fingerprint_hex  # the writing process's too
 
 # bytes per row of the power table: a row sums at most 2**20 products below 2**8 * 2**31 (< 2**60)
 _ROW = 1 << 20
 _BLOCK = 16 * _ROW  # bytes widened to int64 at a time: 128 MiB of temporaries, whatever the tensor's size
-EMPTY_FINGERPRINT = "0" * 16
 
 _tables = {}  # device -> (row powers per lane, row multipliers per lane)
 _tables_lock = threading.Lock()

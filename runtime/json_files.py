@@ -151,6 +151,10 @@ _COUNTS = struct.Struct("=2d")
 # marshal carries and no row of numbers holds
 DEVICE_ROW = "msprobe:device-row"
 FINGERPRINT_KEY = "fingerprint"  # summary_mode fingerprint's field (checksums)
+EMPTY_FINGERPRINT = "0" * 16  # an empty tensor's: no bytes to hash
+# the row of an empty device tensor's record in summary_mode fingerprint, which the native op's lane makes at once:
+# no arena (null statistics, as the Python path's), its fingerprint given (``_device_json``)
+EMPTY_FINGERPRINT_ROW = (DEVICE_ROW, None, None, None, EMPTY_FINGERPRINT)
 _ARENA_KEYS = itertools.count(1)
 
 
@@ -169,7 +173,8 @@ def fingerprint_hex(parts):
 def _device_json(record, numbers):
     """A device record's dict: its numbers where ``numbers`` has them (a launch that failed, an arena never closed or
     read: null, as the Python path writes them); in summary_mode fingerprint (the row ``(DEVICE_ROW, key, tensor,
-    fingerprints' key, their tensor)``) its fingerprint's digits after them."""
+    fingerprints' key, their tensor)``) its fingerprint's digits after them, an empty tensor's given in its row
+    (``EMPTY_FINGERPRINT_ROW``)."""
     dtype, shape, requires_grad, scalar, row = record
     arena = numbers.get(row[1]) if numbers else None
     tensor = row[2]
@@ -181,7 +186,10 @@ def _device_json(record, numbers):
             values += _COUNTS.unpack_from(arena[1], 16 * tensor)
         out = _row_json(dtype, shape, requires_grad, scalar, values)
     if len(row) == 5:
-        out[FINGERPRINT_KEY] = _digits(numbers.get(row[3]) if numbers else None, row[4])
+        if row[3] is None:  # EMPTY_FINGERPRINT_ROW's
+            out[FINGERPRINT_KEY] = row[4]
+        else:
+            out[FINGERPRINT_KEY] = _digits(numbers.get(row[3]) if numbers else None, row[4])
     return out
 
 

@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 from .fingerprint_lanes import LANES
-from .json_files import arena_key
+from .json_files import EMPTY_FINGERPRINT_ROW, arena_key
 from .triton_launch import KernelLaunch
 from .triton_stats import FEW_INTS, few_arguments, few_partials, few_pick  # the statistics' ``_partials_few``
 
@@ -673,7 +673,9 @@ class Fingerprints:
             with hashes.lock:
                 return hashes._arena_for(t, rows)
 
-        recorder.lane_fingerprints(self._queue, self._arenas, renew, _BLOCK, _ONE_PROGRAM, _MAX_PROGRAMS, _MAX_ITERS)
+        recorder.lane_fingerprints(
+            self._queue, self._arenas, renew, EMPTY_FINGERPRINT_ROW, _BLOCK, _ONE_PROGRAM, _MAX_PROGRAMS, _MAX_ITERS
+        )
         self._lane_seen = True
 
     def fail_queue(self, error):

@@ -976,9 +976,10 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   }
 
   // summary_mode fingerprint: every record made here has a fingerprint besides its statistics, so the op makes
-  // only those the lane makes with ``lane_fingerprints`` set (a call's or a hook's dense float32, float16 or
-  // bfloat16 device tensor); every other tensor, and every one before the lane and its fingerprints are set, is
-  // left to the Python path (nullptr). None is reused by place: a view may order its bytes otherwise.
+  // only those the lane makes with ``lane_fingerprints`` set (a call's or a hook's float32, float16 or bfloat16
+  // device tensor, or an empty one of any dtype); every other tensor, and every one before the lane and its
+  // fingerprints are set, is left to the Python path (nullptr). None is reused by place: a view may order its bytes
+  // otherwise.
   void checksums() { checksums_ = true; }
 
   // The fingerprints' lane (triton_fingerprint.Fingerprints.attach): a record the lane makes has its tensor's bytes
@@ -987,12 +988,15 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   // rows)`` giving a fresh one where it is full). Its slot is None and the arena holds the lane's mark in its place,
   // as a statistics arena does for the lane's records: the record names its parts by the arena's key and its index
   // there, and a slot is made only for a launch that fails (``Fingerprints._by_torch_ops``); the record's row is
-  // ``(mark, statistics arena's key, tensor, fingerprints arena's key, tensor there)``. ``block``, ``one``,
+  // ``(mark, statistics arena's key, tensor, fingerprints arena's key, tensor there)``; an empty tensor's is
+  // ``empty`` (json_files.EMPTY_FINGERPRINT_ROW: no bytes to queue, its statistics null). ``block``, ``one``,
   // ``programs``, ``iters``: triton_fingerprint.plan's constants.
-  void lane_fingerprints(py::object queue, py::object arenas, py::object renew, int64_t block, int64_t one,
-                         int64_t programs, int64_t iters) {
+  void lane_fingerprints(py::object queue, py::object arenas, py::object renew, py::object empty, int64_t block,
+                         int64_t one, int64_t programs, int64_t iters) {
     queue_and_arenas(queue, arenas);
     if (block <= 0 || one <= 0 || programs <= 0 || iters <= 0) throw py::value_error("plan constants: positive");
+    if (!PyTuple_CheckExact(empty.ptr())) throw py::type_error("empty: a tuple");
+    hash_empty_row_ = std::move(empty);
     hash_queue_ = std::move(queue);
     hash_arenas_ = std::move(arenas);
     hash_renew_ = std::move(renew);
@@ -1850,7 +1854,8 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     // summary_mode fingerprint: the tensor's bytes too (Fingerprints.add), their slot made and arena found first,
     // since both may run Python code (another thread then); the arenas' states are read last, with none between
     HashRead hash;
-    if (checksums_) hash = hash_prepare(t, index, wrapped);
+    // a broadcast's bytes are those of all its elements (the Python path hashes ``t.contiguous()``), not its block's
+    if (checksums_) hash = hash_prepare(repeat > 1 ? shown : t, index, wrapped);
     auto known = lane_keys_.find(index);
     if (known == lane_keys_.end()) known = lane_keys_.emplace(index, py::make_tuple(index, 4, false)).first;
     py::object arena = py::reinterpret_borrow<py::object>(PyDict_GetItemWithError(lane_arenas_.ptr(), known->second.ptr()));
@@ -1941,15 +1946,16 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   };
 
   // ``t``'s bytes in its own order, as the Python path hashes them (``t.contiguous()``): a flat uint8 view of a
-  // contiguous one (no copy), a copy of a transposed or permuted one (``reshape``, an ATen copy on its device, which
-  // the hash queue holds until its launch, as the Python path's copy); triton_fingerprint.plan of them,
+  // contiguous one (no copy), a copy of a transposed or permuted one or of a broadcast's elements (``contiguous``, an
+  // ATen copy on its device, which the hash queue holds until its launch, as the Python path's copy; ``reshape``
+  // gave a broadcast of one value a stride-0 view); triton_fingerprint.plan of them,
   // and an arena of their device with room for them (made by ``renew`` where the one filling is full). A copy is
   // the bytes at the record, so an input read after its call keeps its fingerprint where the call changed it (its
   // statistics null), as the Python path's copy does.
   HashRead hash_prepare(const at::Tensor& t, int64_t index, py::object& wrapped) {
     static PyObject* watch_name = PyUnicode_InternFromString("watch");
     HashRead hash;
-    const at::Tensor raw = t.detach().reshape({-1}).view(at::kByte);
+    const at::Tensor raw = t.detach().contiguous().view({-1}).view(at::kByte);
     hash.raw = py::reinterpret_steal<py::object>(THPVariable_Wrap(raw));
     if (!hash.raw) throw py::error_already_set();
     hash.bytes = raw.numel();
@@ -2034,12 +2040,28 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   PyObject* checksum_record(const at::Tensor& t, LaneUse use) {
     if (!fingerprinting() || !lane_device(t) || !own_data(t)) return nullptr;
     if (!(use == LANE_HOOK || lane_open())) return nullptr;
-    const bool slice = !lane_takes(t);  // read by a copy in its own order, whose bytes the fingerprint hashes too
-    if (slice && !slice_takes(t)) return nullptr;
+    // no bytes: its record made at once, as the Python path's (null statistics, the empty fingerprint), so that a
+    // backward hook with an empty gradient (``cat``'s of an empty cache) is not all the Python path's
+    if (t.numel() == 0) return new_record(t, hash_empty_row_.ptr(), false);
+    // one not in one block: a broadcast (the gradient ``sum`` gives back) read as ``tensor_record`` reads it (its
+    // block, each value ``repeat`` times) and hashed whole (``lane_read``), or a slice read by a copy in its own
+    // order, whose bytes the fingerprint hashes too
+    at::Tensor block;
+    int64_t repeat = 1;
+    bool slice = false;  // the copy made only where it is read
+    if (!lane_takes(t)) {
+      block = broadcast_once(t, &repeat);
+      if (repeat == 1 || !lane_takes(block)) {
+        if (!slice_takes(t)) return nullptr;
+        block = at::Tensor();
+        repeat = 1;
+        slice = true;
+      }
+    }
     py::object row;
     bool scalar = false;
     if (t.is_inference()) {  // no version counter: read each time
-      return read(t, &row, &scalar, true, use, slice ? slice_copy(t) : at::Tensor());
+      return read(t, &row, &scalar, true, use, slice ? slice_copy(t) : block, repeat);
     }
     const int64_t version = t._version();
     Recent* same = nullptr;
@@ -2050,7 +2072,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
         break;
       }
     }
-    PyObject* record = read(t, &row, &scalar, true, use, slice ? slice_copy(t) : at::Tensor());
+    PyObject* record = read(t, &row, &scalar, true, use, slice ? slice_copy(t) : block, repeat);
     if (record == nullptr) return nullptr;
     Recent entry{t, version, false, nullptr, t.numel(), t.scalar_type(), row, scalar};
     if (same != nullptr) {
@@ -2179,6 +2201,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   // summary_mode fingerprint (``checksums``): records only by the lane, each with its fingerprint queued too
   bool checksums_ = false;
   py::object hash_queue_ = py::none(), hash_arenas_ = py::none(), hash_renew_ = py::none();
+  py::object hash_empty_row_ = py::none();
   int64_t hash_block_ = 1, hash_one_ = 1, hash_programs_ = 1, hash_iters_ = 1;
   py::object later_;
   std::vector<Recent> recent_;

@@ -136,15 +136,10 @@ def _run(tmp_path, name, level, dtype, make_buffer, monkeypatch, summary_mode=No
     return step_files(tmp_path / name, 2), reads
 
 
-@pytest.mark.parametrize("level", ["L1", "mix"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_the_lane_writes_the_python_paths_dump(tmp_path, monkeypatch, level, dtype, kernels):
-    """Forward and backward, at L1 and mix, in each dtype the lane takes: the same files, entry for entry and bit
-    for bit, as the Python path of the kernels; the lane made most of the records."""
-    queued = []
-    real = kernels.TritonStats._queued
-    monkeypatch.setattr(kernels.TritonStats, "_queued", lambda self, *args: queued.append(1) or real(self, *args))
-    left_to_python = []  # the APIs (or "module") whose backward hook left its gradients to the Python path
+def hooks_left_to_python(monkeypatch):
+    """A list that fills with the API (or "module") of each backward hook that leaves its gradients to the Python
+    path."""
+    left_to_python = []
 
     def api_fallback(owner, index, *args, real=collector_module._api_backward_fallback):
         left_to_python.append(owner().step.api_backward_hooks[index][0].split(".")[1])
@@ -156,6 +151,18 @@ def test_the_lane_writes_the_python_paths_dump(tmp_path, monkeypatch, level, dty
 
     monkeypatch.setattr(collector_module, "_api_backward_fallback", api_fallback)
     monkeypatch.setattr(collector_module, "_module_backward_fallback", module_fallback)
+    return left_to_python
+
+
+@pytest.mark.parametrize("level", ["L1", "mix"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_lane_writes_the_python_paths_dump(tmp_path, monkeypatch, level, dtype, kernels):
+    """Forward and backward, at L1 and mix, in each dtype the lane takes: the same files, entry for entry and bit
+    for bit, as the Python path of the kernels; the lane made most of the records."""
+    queued = []
+    real = kernels.TritonStats._queued
+    monkeypatch.setattr(kernels.TritonStats, "_queued", lambda self, *args: queued.append(1) or real(self, *args))
+    left_to_python = hooks_left_to_python(monkeypatch)
     runs, queued_by = {}, {}
     for name, make_buffer in (("python", python_buffer), ("lane", lane_buffer)):  # one line: the same stacks
         runs[name] = _run(tmp_path, name, level, dtype, make_buffer, monkeypatch)
@@ -581,10 +588,14 @@ def _bytes(t):
 @pytest.mark.parametrize(("level", "dtype"), [("L1", torch.bfloat16), ("mix", torch.float32)])
 def test_with_fingerprints_the_lane_writes_the_python_paths_dump(tmp_path, monkeypatch, level, dtype, kernels):
     """summary_mode fingerprint: the lane makes a call's records with their fingerprints (the tensor's bytes queued
-    beside its statistics), and the files are the Python path's, bit for bit, every fingerprint there."""
+    beside its statistics), and the files are the Python path's, bit for bit, every fingerprint there. A backward
+    hook leaves its gradients to the Python path only for a float64 one (sin's): not for an empty one (concatenate's,
+    as ``cat``'s of an empty cache in transformers)."""
     runs = {}
     for name, make_buffer in (("python", python_buffer), ("lane", lane_buffer)):  # one line: the same stacks
+        left_to_python = hooks_left_to_python(monkeypatch)
         runs[name] = _run(tmp_path, name, level, dtype, make_buffer, monkeypatch, "fingerprint")
+    assert set(left_to_python) == {"sin"}
     (python_run, python_reads), (lane_run, lane_reads) = runs["python"], runs["lane"]
     assert python_reads == [0, 0] and all(reads > 10 for reads in lane_reads)
     assert lane_run == python_run
@@ -604,32 +615,50 @@ def test_with_fingerprints_the_lane_writes_the_python_paths_dump(tmp_path, monke
 def test_with_fingerprints_the_lane_takes_a_calls_tensors_and_leaves_the_rest(kernels):
     """Which records the op makes with fingerprints: a call's float tensors that fill a block of memory, each with
     the digits of its bytes in its own order (a transpose's or a permutation's copied into that order: not its
-    base's digits, whose memory it shares), or a slice (copied into that order, its statistics read from the copy);
-    the same tensor twice, read once; a slice of more than four dimensions, a float64 or integer tensor and any
-    tensor outside a call are the Python path's (``LATER``), the CPU's too where the lane is off."""
+    base's digits, whose memory it shares), or a slice (copied into that order, its statistics read from the copy),
+    or a broadcast whose values are one block (all its elements' bytes hashed); the same tensor twice, read once; an
+    empty tensor of any dtype at once, with the Python path's record (null statistics, the empty fingerprint); a slice
+    of more than four dimensions, a column broadcast, a float64 or integer tensor and any tensor outside a call are
+    the Python path's (``LATER``), the CPU's too where the lane is off."""
     buffer, recorder, fused = fingerprint_lane_parts()
+    empties = [torch.empty(0, 3, device=DEVICE, dtype=dtype) for dtype in (torch.bfloat16, torch.int64)]
     g = torch.Generator().manual_seed(21)
     base = torch.randn(6, 5, generator=g).to(DEVICE)
     cube = torch.randn(3, 4, 5, generator=g).to(DEVICE, torch.bfloat16)
     taken = [base, base.to(torch.bfloat16), torch.tensor(2.5, device=DEVICE, dtype=torch.float16)]
-    taken += [base[:, ::2], cube[:, 1:, :3], base.t(), cube.permute(2, 0, 1)]
-    left = [cube[:, 1:, :3][None, None], base.double(), base.long()]
+    taken += [base[:, ::2], cube[:, 1:, :3], base[:1].expand(4, 6, 5), base.t(), cube.permute(2, 0, 1)]
+    left = [cube[:, 1:, :3][None, None], base[:, :1].expand(6, 5), base.double(), base.long()]
     made, todo = recorder.records(taken)
     assert todo == len(taken)  # outside a call
     fused.begin()
-    made, todo = recorder.records(taken + left + [taken[-1]])
+    made, todo = recorder.records(taken + left + [taken[-1]] + empties)
     fused.end()
+    made, made_empty = made[: -len(empties)], made[-len(empties) :]
     assert todo == len(left) and all(record is LATER for record in made[len(taken) : -1])
     assert made[-1][4] is made[len(taken) - 1][4]  # the same tensor again: its row, read once
-    assert recorder.lane_reads == len(taken)
+    assert recorder.lane_reads == len(taken)  # an empty one has nothing to read
     numbers = flushed(buffer)
+    for record, t in zip(made_empty, empties):
+        python_path = checksums.checksum_of(t, checksums.FINGERPRINT_KEY, True, buffer).value()
+        assert python_path == checksums.EMPTY_FINGERPRINT
+        assert written(record, numbers) == {
+            "type": "torch.Tensor",
+            "dtype": str(t.dtype),
+            "shape": [0, 3],
+            "requires_grad": False,
+            "Max": None,
+            "Min": None,
+            "Mean": None,
+            "Norm": None,
+            "fingerprint": python_path,
+        }
     digits = []
     for record, t in zip(made, taken):
         resolved = written(record, numbers)
         assert resolved["fingerprint"] == checksums.fingerprint_reference(_bytes(t))
         assert resolved["Max"] == t.max().item()
         digits.append(resolved["fingerprint"])
-    assert digits[5] != digits[0]  # the transpose's bytes in its own order, not its base's
+    assert digits[6] != digits[0]  # the transpose's bytes in its own order, not its base's
 
 
 @pytest.mark.parametrize("alone", [False, True], ids=["beside others", "the first of its arena"])
