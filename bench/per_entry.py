@@ -9,7 +9,8 @@ Scenarios: a shallow stack; ``--depth`` more Python frames under the call (a Meg
 about 40 deep); the same depth outside a module whose forward makes the calls (the stack outside a running
 module call is captured once: call_stacks.Anchors); an input that requires grad (the backward hook is
 attached); a cast (``Tensor.to`` float32 to float16: a call's tensors of two dtypes); a slice (every other of 32
-floats: an input whose elements do not fill a block, as rotary embeddings' halves); the backward entry
+floats: an input whose elements do not fill a block, as rotary embeddings' halves); int64 ids (16 of them, as token
+and position ids: an input and an output of ``relu``); the backward entry
 that such a call later records, timed over ``loss.backward()`` of a chain of calls, and the same with a transpose
 after each call (its gradients transposed: attention's are, through its reshapes); and the flush of the shallow
 stack's step (``debugger.stop(); debugger.step()``), per entry. Then the steady loop (``--steady`` seconds): the
@@ -287,6 +288,7 @@ def main():
     x = torch.randn(16, device=args.device)
     xg = torch.randn(16, device=args.device, requires_grad=True)
     sliced = torch.randn(32, device=args.device)[::2]
+    ids = torch.arange(16, device=args.device)  # int64, as token and position ids
     square = torch.randn(4, 4, device=args.device, requires_grad=True)
     sync = getattr(torch, torch.device(args.device).type, None)
     sync = sync.synchronize if args.device != "cpu" and hasattr(sync, "synchronize") else (lambda: None)
@@ -349,6 +351,7 @@ def main():
         "input requires grad": (lambda: calls(xg, n), lambda: calls(xg, n)),
         "a cast (two dtypes)": (lambda: casts(x, n), lambda: casts(x, n)),
         "a slice": (lambda: calls(sliced, n), lambda: calls(sliced, n)),
+        "int64 ids": (lambda: calls(ids, n), lambda: calls(ids, n)),
     }
     entry = {}
     flushes: list = []

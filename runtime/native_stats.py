@@ -58,7 +58,10 @@ also counts |x| < eps in its lanes and gives msprobe's monitor ops in the order 
 float32, float16 and bfloat16 go through the op; the ``Recorder`` also records bool and signed or 8-bit
 unsigned integer CPU tensors (Max and Min, or ``any`` and ``all``, in one pass of its own: their Mean and
 Norm are null); float64 and the other integer types keep the torch ops. CUDA and ROCm tensors go to the Triton
-kernels of ``triton_stats`` where Triton imports (``MSPROBE_TRITON``), NPU tensors keep the torch-op path.
+kernels of ``triton_stats`` where Triton imports (``MSPROBE_TRITON``), NPU tensors keep the torch-op path. Where the
+lane serves, a call's int64 device tensors of one dimension or more are its records too, outside summary_mode
+fingerprint: one ``aminmax`` each, their Max and Min exact in an ``integer_lane.IntegerArena``
+(``Recorder.lane_integers``).
 
 The ``Recorder`` also runs the collector's backward hooks where it serves (``Collector.native_backward``): an
 API's post-hooks on its outputs' ``grad_fn`` (``hook_api``), and a module call's tensor hooks and the post-hooks

@@ -11,7 +11,8 @@ a tuple until the writing process makes it into msprobe's record (``json_files.n
 native record (the Recorder's lane onto the Triton kernels) has the row ``(DEVICE_ROW, arena's key, tensor)``: plain
 data too, whose numbers the writing process is sent with the step's files (``device_numbers``); in summary_mode
 fingerprint ``(DEVICE_ROW, arena's key, tensor, fingerprints' arena's key, tensor there)``, its fingerprint's parts
-sent the same way.
+sent the same way; an int64 device tensor's ``(INTEGER_ROW, arena's key, index)``, its Max and Min in an
+``integer_lane.IntegerArena`` sent the same way.
 """
 
 from __future__ import annotations

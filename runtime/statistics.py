@@ -27,7 +27,8 @@ import weakref
 
 # the mark of a native record whose row is ``(mark, arena's key, tensor)``: a device tensor's numbers, in a Triton
 # arena (``TritonStats.attach``) until the flush; the writing process finds them by the key (json_files.native_json)
-from .json_files import DEVICE_ROW
+from .json_files import DEVICE_ROW, INTEGER_ROW
+from .integer_lane import IntegerLane
 
 # Kinds decide msprobe's null rules at write time.
 KIND_FLOAT = 0  # Max, Min, Mean, Norm
@@ -299,6 +300,7 @@ class StatBuffer:
         self._rows_off = False  # set when a reduction into rows failed: the stacked ops from then on
         # the Triton arenas that the native lane's records name, closed by the flushes since ``closed_arenas``
         self._closed = []
+        self._integers = None  # the lane's int64 records' arenas (integer_lane), once the lane is attached
 
     def native(self, t):
         """``(kind, row)`` of ``t`` computed by the native op in one pass, or None where it does not serve (no
@@ -521,6 +523,10 @@ class StatBuffer:
         try:
             fused.failed = self._lane_failed
             fused.attach(self._recorder, DEVICE_ROW, cpu=self._fused_cpu)
+            if hasattr(self._recorder, "lane_integers"):  # an older op's source has none
+                if self._integers is None:
+                    self._integers = IntegerLane(_exact_slot)
+                self._integers.attach(self._recorder, INTEGER_ROW)
         except Exception as error:
             import logging
 
@@ -779,6 +785,19 @@ class StatBuffer:
                 self._fused.detach()
                 _fused_failed(error)
             self._closed.extend(self._fused.take_closed())
+        if self._integers is not None:
+            slots, arenas, error = self._integers.close()
+            pending.extend(slots)  # into the int64 batch of their device, as the Python path's int64 slots
+            self._closed.extend(arenas)
+            if error is not None:  # that arena's records null; the lane goes on
+                import logging
+
+                logging.getLogger("msprobe_runtime").warning(
+                    "msprobe_runtime: the int64 Max and Min of the native lane's records could not be read this "
+                    "flush (%s: %s); those records are written null",
+                    type(error).__name__,
+                    str(error).strip()[:200],
+                )
         with self._lock:
             self._stage_sizes = sizes
             for key, keep in kept.items():
@@ -986,6 +1005,11 @@ def _fused_stats(nan_inf_count):
         logging.getLogger("msprobe_runtime").debug("msprobe_runtime: no Triton statistics (%s)", error)
         return None
     return triton_stats.TritonStats(nan_inf_count, Slot, dense_view)
+
+
+def _exact_slot(pending, width):
+    """A slot of int64 numbers read as they are (integer_lane's arenas)."""
+    return Slot(pending, width, exact=True)
 
 
 def _fused_failed(error, what="statistics kernels", which="statistics"):

@@ -1006,6 +1006,60 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     hash_iters_ = iters;
   }
 
+  // The lane's int64 records (integer_lane.IntegerLane.attach): a call's or a hook's int64 device tensor of at least
+  // one dimension, any layout, read by one ``aminmax`` whose two 0-d tensors (Max, then Min) are appended to the
+  // ``values`` of the arena ``arenas`` holds for its device index (``renew(index)`` making one where there is none),
+  // the record's row ``(mark, arena's key, index there)``. The Python path reads it by ``amax``, ``amin``, ``stack``;
+  // both are exact. Not in summary_mode fingerprint (its bytes are the Python path's to hash).
+  void lane_integers(py::object arenas, py::object renew, py::object mark) {
+    if (!PyDict_CheckExact(arenas.ptr())) throw py::type_error("arenas: a dict");
+    int_arenas_ = std::move(arenas);
+    int_renew_ = std::move(renew);
+    int_mark_ = std::move(mark);
+  }
+
+  // Whether the lane takes ``t`` (not one of ``lane_takes``) as an int64 record (``lane_integers``).
+  bool integers_take(const at::Tensor& t) const {
+    return !int_arenas_.is_none() && t.scalar_type() == at::kLong && t.dim() > 0;
+  }
+
+  // ``t``'s record by ``lane_integers``: its Max and Min appended to its device's arena, the row naming them.
+  PyObject* integer_read(const at::Tensor& t, py::object* row, bool* scalar) {
+    static PyObject* names[] = {PyUnicode_InternFromString("values"), PyUnicode_InternFromString("key")};
+    at::Tensor top, low;
+    {
+      at::NoGradGuard no_grad;
+      std::tie(low, top) = at::aminmax(t);
+    }
+    py::object top_object = py::reinterpret_steal<py::object>(THPVariable_Wrap(top));
+    py::object low_object = py::reinterpret_steal<py::object>(THPVariable_Wrap(low));
+    if (!top_object || !low_object) throw py::error_already_set();
+    const c10::Device device = t.device();
+    py::object index = long_of(device.is_cpu() ? -1 : device.index());
+    py::object arena = py::reinterpret_borrow<py::object>(PyDict_GetItemWithError(int_arenas_.ptr(), index.ptr()));
+    if (!arena && PyErr_Occurred()) throw py::error_already_set();
+    if (!arena) arena = int_renew_(index);
+    // from here no Python code runs until both are appended: a flush (another thread) takes an arena out of the
+    // dict and closes it, and an arena read here must not be closed before they are in
+    py::object values = py::reinterpret_steal<py::object>(PyObject_GetAttr(arena.ptr(), names[0]));
+    if (!values) throw py::error_already_set();
+    py::object key = py::reinterpret_steal<py::object>(PyObject_GetAttr(arena.ptr(), names[1]));
+    if (!key) throw py::error_already_set();
+    if (!PyList_CheckExact(values.ptr())) throw py::type_error("an integer arena's values: a list");
+    const Py_ssize_t at = PyList_GET_SIZE(values.ptr());
+    *row = py::make_tuple(int_mark_, key, at / 2);
+    if (PyList_Append(values.ptr(), top_object.ptr()) != 0) throw py::error_already_set();
+    if (PyList_Append(values.ptr(), low_object.ptr()) != 0) {
+      PyList_SetSlice(values.ptr(), at, at + 1, nullptr);
+      throw py::error_already_set();
+    }
+    ++int_reads_;
+    *scalar = false;
+    return new_record(t, row->ptr(), false);
+  }
+
+  int64_t integer_reads() const { return int_reads_; }
+
   void fingerprints_off() {  // the fingerprint kernels failed: the Python path's records (the torch ops) from here
     hash_queue_ = py::none();
     hash_arenas_ = py::none();
@@ -2011,9 +2065,10 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
 
   // ``block`` (the lane's): what ``broadcast_once`` made of ``t``, each of its values ``repeat`` times in ``t``.
   PyObject* read(const at::Tensor& t, py::object* row, bool* scalar, bool lane, LaneUse use,
-                 const at::Tensor& block = at::Tensor(), int64_t repeat = 1) {
+                 const at::Tensor& block = at::Tensor(), int64_t repeat = 1, bool integers = false) {
     if (lane) {
       try {
+        if (integers) return integer_read(t, row, scalar);
         return lane_read(block.defined() ? block : t, t, repeat, row, scalar, use);
       } catch (const std::exception& error) {  // the lane given up (its error kept for the runtime to say once):
         lane_error_ = error.what();            // this record and every later one are the Python path's
@@ -2090,11 +2145,14 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     at::Tensor block;  // a broadcast's values, each once (``broadcast_once``), where the lane reads those
     int64_t repeat = 1;
     bool slice = false;  // the lane reads a copy of ``t`` (``slice_copy``), made only where it is read
+    bool integers = false;  // an int64 one, read by ``integer_read``
     if (lane_device(t)) {
       if (!own_data(t)) return nullptr;  // a subclass's, say: the Python path's
       const bool open = use == LANE_HOOK || lane_open();
       lane = open && lane_takes(t);
-      if (open && !lane) {  // a broadcast (the gradient ``sum`` gives back): its block, if the lane takes that
+      if (open && !lane && integers_take(t)) {
+        lane = integers = true;
+      } else if (open && !lane) {  // a broadcast (the gradient ``sum`` gives back): its block, if the lane takes that
         block = broadcast_once(t, &repeat);
         lane = repeat > 1 && lane_takes(block);
         if (!lane && repeat == 1 && slice_takes(t)) lane = slice = true;
@@ -2112,7 +2170,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     bool scalar = false;
     if (n < below_ || t.is_inference()) {
       if (reuse_only) return nullptr;
-      return read(t, &row, &scalar, lane, use, slice ? slice_copy(t) : block, repeat);
+      return read(t, &row, &scalar, lane, use, slice ? slice_copy(t) : block, repeat, integers);
     }
     const int64_t version = t._version();
     Recent* same = nullptr;
@@ -2147,7 +2205,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
       record = new_record(t, row.ptr(), scalar);
     } else {
       if (reuse_only) return nullptr;
-      record = read(t, &row, &scalar, lane, use, slice ? slice_copy(t) : block, repeat);
+      record = read(t, &row, &scalar, lane, use, slice ? slice_copy(t) : block, repeat, integers);
       if (record == nullptr) return nullptr;
       if (placed && t.is_leaf() && t.requires_grad()) {
         leaves_.insert_or_assign(
@@ -2202,6 +2260,8 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   bool checksums_ = false;
   py::object hash_queue_ = py::none(), hash_arenas_ = py::none(), hash_renew_ = py::none();
   py::object hash_empty_row_ = py::none();
+  py::object int_arenas_ = py::none(), int_renew_ = py::none(), int_mark_ = py::none();  // ``lane_integers``
+  int64_t int_reads_ = 0;
   int64_t hash_block_ = 1, hash_one_ = 1, hash_programs_ = 1, hash_iters_ = 1;
   py::object later_;
   std::vector<Recent> recent_;
@@ -2456,6 +2516,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("checksums", &Recorder::checksums, "summary_mode fingerprint: records by the lane only, with fingerprints")
       .def("lane_fingerprints", &Recorder::lane_fingerprints, "The lane's records queue their fingerprints too")
       .def("fingerprints_off", &Recorder::fingerprints_off, "No more fingerprints by the lane")
+      .def("lane_integers", &Recorder::lane_integers, "The lane records int64 device tensors too, exactly")
+      .def_property_readonly("integer_reads", &Recorder::integer_reads, "int64 device tensors the lane recorded")
       .def_property_readonly("fingerprinting", &Recorder::fingerprinting, "Whether the lane makes fingerprints")
       .def_property_readonly("direct_launches", &Recorder::lane_direct_launches, "Launches made by launch_direct")
       .def_property_readonly("lane_open", &Recorder::lane_open, "Whether this thread is making a call's records")

@@ -8,6 +8,7 @@ CPU tensors (``StatBuffer(triton_cpu="lane")``) and the kernels run under Triton
 
 import glob
 import json
+import logging
 import os
 import sys
 
@@ -87,6 +88,8 @@ class Block(torch.nn.Module):
         h = __msprobe__.call("Torch.tanh", torch.tanh, self.fc(x))
         a, b = __msprobe__.call("Torch.split", torch.split, h, 4, -1)      # slices: the lane's, by a copy
         wide = __msprobe__.call("Torch.sin", torch.sin, b.double())         # float64: the Python path
+        picked = __msprobe__.call("Torch.argmax", torch.argmax, h, -1)      # int64: the lane's, by aminmax
+        __msprobe__.call("Torch.gather", torch.gather, h, -1, picked[:, None])
         mean = __msprobe__.call("Torch.mean", torch.mean, h)                # a 0-d output
         joined = __msprobe__.call("Torch.cat", torch.cat, [a * mean, wide.to(a.dtype)], -1)
         same = __msprobe__.call("Torch.add", torch.add, joined, joined)     # one tensor twice: read once
@@ -163,10 +166,20 @@ def test_the_lane_writes_the_python_paths_dump(tmp_path, monkeypatch, level, dty
     real = kernels.TritonStats._queued
     monkeypatch.setattr(kernels.TritonStats, "_queued", lambda self, *args: queued.append(1) or real(self, *args))
     left_to_python = hooks_left_to_python(monkeypatch)
-    runs, queued_by = {}, {}
+    added = []  # the dtypes of the tensors the Python path's statistics read
+    real_add = statistics.StatBuffer.add
+
+    def add(self, t, *args):
+        added.append(t.dtype)
+        return real_add(self, t, *args)
+
+    monkeypatch.setattr(statistics.StatBuffer, "add", add)
+    runs, queued_by, added_by = {}, {}, {}
     for name, make_buffer in (("python", python_buffer), ("lane", lane_buffer)):  # one line: the same stacks
         runs[name] = _run(tmp_path, name, level, dtype, make_buffer, monkeypatch)
         queued_by[name] = len(queued) - sum(queued_by.values())
+        added_by[name], added[:] = set(added), []
+    assert torch.int64 in added_by["python"] and torch.int64 not in added_by["lane"]  # argmax's and gather's
     (python_run, python_reads), (lane_run, lane_reads) = runs["python"], runs["lane"]
     by_python, by_lane_python = queued_by["python"], queued_by["lane"]
     assert python_reads == [0, 0]
@@ -217,7 +230,7 @@ def test_the_lane_takes_float_tensors_in_one_block_within_a_call(kernels):
         base[:, :1].expand(6, 4),  # a column broadcast: one block no more
         base._neg_view(),
         base.double(),
-        base.long(),
+        torch.tensor(7, device=DEVICE),  # a 0-d int64: the Python path's (an int64 of one dimension or more is not)
     ]
     empty = torch.empty(0, 3, device=DEVICE, dtype=torch.bfloat16)
     made, todo = recorder.records(taken)
@@ -239,6 +252,62 @@ def test_the_lane_takes_float_tensors_in_one_block_within_a_call(kernels):
         resolved = written(record, numbers)
         assert resolved["dtype"] == str(t.dtype) and resolved["shape"] == list(t.shape)
         assert [resolved[k] for k in ("Max", "Min", "Mean", "Norm", "NaN_count", "Inf_count")] == wanted
+
+
+def test_int64_device_tensors_are_the_lanes_exactly(kernels):
+    """An int64 device tensor of at least one dimension recorded in a call (token and position ids) is the lane's,
+    in any layout: read by one ``aminmax``, its Max and Min exact past 2**53 (an int64 batch, never through float64),
+    as the Python path writes them; a 0-d one stays the Python path's. Its record is plain data, named by its arena:
+    no Python object for the writer to walk the step for."""
+    buffer, recorder, fused = lane_parts()
+    big = torch.tensor([[2**62 + 1, -(2**62) - 3, 5], [7, 2**53 + 1, -1]], device=DEVICE)
+    taken = [big, big.t(), big[:, ::2], big[1:].expand(3, 3), torch.arange(16, device=DEVICE)]
+    made, todo = recorder.records(taken)
+    assert todo == len(taken)  # outside a call
+    fused.begin()
+    made, todo = recorder.records(taken + [torch.tensor(9, device=DEVICE)])
+    fused.end()
+    assert todo == 1 and made[-1] is LATER
+    assert recorder.integer_reads == len(taken)
+    assert all(record[4][0] == json_files.INTEGER_ROW for record in made[:-1])
+    numbers = flushed(buffer)
+    for record, t in zip(made, taken):
+        resolved = written(record, numbers)
+        assert resolved == python_record(t)
+        assert resolved["Max"] == t.max().item() and resolved["Min"] == t.min().item()
+    assert written(made[0], numbers)["Max"] == 2**62 + 1  # not 2**62, as through float64
+
+
+def test_int64_records_whose_stack_fails_are_null_and_the_lane_goes_on(kernels, caplog):
+    """The flush's stack of an integer arena fails: that flush's int64 records are written null, with a warning, and
+    the next step's are read again."""
+    buffer, recorder, fused = lane_parts()
+    ids = torch.arange(5, device=DEVICE)
+
+    def failing(pending, width):
+        raise RuntimeError("no stack here")
+
+    real, buffer._integers._make_slot = buffer._integers._make_slot, failing
+    fused.begin()
+    made, _ = recorder.records([ids])
+    fused.end()
+    with caplog.at_level(logging.WARNING, logger="msprobe_runtime"):
+        numbers = flushed(buffer)
+    assert written(made[0], numbers)["Max"] is None and "no stack here" in caplog.text
+    buffer._integers._make_slot = real
+    fused.begin()
+    made, _ = recorder.records([ids])
+    fused.end()
+    assert written(made[0], flushed(buffer))["Max"] == 4
+
+
+def python_record(t):
+    """The record of ``t`` the kernels' Python path writes."""
+    buffer = python_buffer()
+    kind = statistics.tensor_kind(t)
+    slot, counts = buffer.add(t, kind)
+    buffer.take()
+    return records.TensorRecord("torch.Tensor", str(t.dtype), tuple(t.shape), False, kind, slot, counts).to_json()
 
 
 def python_numbers(t):
