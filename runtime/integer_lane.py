@@ -3,9 +3,11 @@
 The Python path reads such a tensor by ``amax``, ``amin`` and ``stack`` into a slot of its own, and its record is a
 Python object, whose presence makes the writer walk the whole step to resolve it (``Writer._step_files``). The lane
 (``Recorder.lane_integers``) reads it by one ``aminmax`` and appends the two 0-d int64 tensors to the ``IntegerArena``
-filling for its device; the record's row ``(INTEGER_ROW, arena's key, index)`` is plain data. At the flush each arena's
-values are stacked into one slot, which the step's int64 batch of its device copies to the host as it is (exact: past
-2**53 too, not through float64), and ``packed`` is what the writing process reads (``json_files.native_json``).
+filling for its device; the record's row ``(INTEGER_ROW, arena's key, index)`` is plain data (in summary_mode
+fingerprint its bytes are queued for their fingerprint too, which the row then names as a float tensor's does). At
+the flush each arena's values are stacked into one slot, which the step's int64 batch of its device copies to the host
+as it is (exact: past 2**53 too, not through float64), and ``packed`` is what the writing process reads
+(``json_files.native_json``).
 """
 
 from __future__ import annotations

@@ -201,14 +201,19 @@ def _device_json(record, numbers):
 
 def _integer_json(record, numbers):
     """An int64 device record's dict, as the Python path writes one (``KIND_NO_MEAN``): its Max and Min from its
-    arena's numbers (each tensor's two ints in turn), Mean and Norm null; all null where the numbers never came."""
+    arena's numbers (each tensor's two ints in turn), Mean and Norm null; all null where the numbers never came. In
+    summary_mode fingerprint (the row ``(INTEGER_ROW, key, index, fingerprints' key, their tensor)``) its
+    fingerprint's digits after them, as ``_device_json``'s."""
     dtype, shape, requires_grad, scalar, row = record
     values = numbers.get(row[1]) if numbers else None
     at = 2 * row[2]
     top = low = None
     if values is not None and len(values) >= at + 2:
         top, low = values[at], values[at + 1]
-    return tensor_json("torch.Tensor", dtype, shape, requires_grad, top, low, None, None, None)
+    out = tensor_json("torch.Tensor", dtype, shape, requires_grad, top, low, None, None, None)
+    if len(row) == 5:
+        out[FINGERPRINT_KEY] = _digits(numbers.get(row[3]) if numbers else None, row[4])
+    return out
 
 
 def _digits(arena, tensor):

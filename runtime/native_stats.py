@@ -47,7 +47,8 @@ more it keeps ``Collector._reuse``'s table and rule itself (the last 4 read; the
 of memory, at the same version counter), so a tensor and its views are recorded without a Python step. In
 summary_mode fingerprint it makes only the records of its lane onto the Triton kernels (a call's or a hook's
 float32, float16 and bfloat16 device tensors that fill a block of memory, a transposed one's bytes copied into its
-own order for the fingerprint, and its slices of at most four dimensions, copied into that order first), each with
+own order for the fingerprint, its slices of at most four dimensions, copied into that order first, and its empty,
+broadcast and int64 tensors), each with
 its fingerprint queued beside its statistics (``Recorder.checksums``, ``lane_fingerprints``), serves again only the
 same tensor at the same version (a view may order its bytes otherwise), and leaves every other record to the
 collector's Python.
@@ -59,9 +60,9 @@ float32, float16 and bfloat16 go through the op; the ``Recorder`` also records b
 unsigned integer CPU tensors (Max and Min, or ``any`` and ``all``, in one pass of its own: their Mean and
 Norm are null); float64 and the other integer types keep the torch ops. CUDA and ROCm tensors go to the Triton
 kernels of ``triton_stats`` where Triton imports (``MSPROBE_TRITON``), NPU tensors keep the torch-op path. Where the
-lane serves, a call's int64 device tensors of one dimension or more are its records too, outside summary_mode
-fingerprint: one ``aminmax`` each, their Max and Min exact in an ``integer_lane.IntegerArena``
-(``Recorder.lane_integers``).
+lane serves, a call's int64 device tensors of one dimension or more are its records too (in summary_mode
+fingerprint with their bytes' fingerprints): one ``aminmax`` each, their Max and Min exact in an
+``integer_lane.IntegerArena`` (``Recorder.lane_integers``).
 
 The ``Recorder`` also runs the collector's backward hooks where it serves (``Collector.native_backward``): an
 API's post-hooks on its outputs' ``grad_fn`` (``hook_api``), and a module call's tensor hooks and the post-hooks

@@ -977,7 +977,8 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
 
   // summary_mode fingerprint: every record made here has a fingerprint besides its statistics, so the op makes
   // only those the lane makes with ``lane_fingerprints`` set (a call's or a hook's float32, float16 or bfloat16
-  // device tensor, or an empty one of any dtype); every other tensor, and every one before the lane and its
+  // device tensor, an int64 one with ``lane_integers``, an empty one of any dtype); every other tensor, and every
+  // one before the lane and its
   // fingerprints are set, is left to the Python path (nullptr). None is reused by place: a view may order its bytes
   // otherwise.
   void checksums() { checksums_ = true; }
@@ -1010,7 +1011,8 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   // one dimension, any layout, read by one ``aminmax`` whose two 0-d tensors (Max, then Min) are appended to the
   // ``values`` of the arena ``arenas`` holds for its device index (``renew(index)`` making one where there is none),
   // the record's row ``(mark, arena's key, index there)``. The Python path reads it by ``amax``, ``amin``, ``stack``;
-  // both are exact. Not in summary_mode fingerprint (its bytes are the Python path's to hash).
+  // both are exact. In summary_mode fingerprint its bytes are queued for their fingerprint too
+  // (``integer_checksum_read``).
   void lane_integers(py::object arenas, py::object renew, py::object mark) {
     if (!PyDict_CheckExact(arenas.ptr())) throw py::type_error("arenas: a dict");
     int_arenas_ = std::move(arenas);
@@ -1023,9 +1025,8 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     return !int_arenas_.is_none() && t.scalar_type() == at::kLong && t.dim() > 0;
   }
 
-  // ``t``'s record by ``lane_integers``: its Max and Min appended to its device's arena, the row naming them.
-  PyObject* integer_read(const at::Tensor& t, py::object* row, bool* scalar) {
-    static PyObject* names[] = {PyUnicode_InternFromString("values"), PyUnicode_InternFromString("key")};
+  // ``t``'s Max and Min (0-d int64 tensors, by one ``aminmax``) as Python objects.
+  static std::pair<py::object, py::object> extremes(const at::Tensor& t) {
     at::Tensor top, low;
     {
       at::NoGradGuard no_grad;
@@ -1034,25 +1035,81 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     py::object top_object = py::reinterpret_steal<py::object>(THPVariable_Wrap(top));
     py::object low_object = py::reinterpret_steal<py::object>(THPVariable_Wrap(low));
     if (!top_object || !low_object) throw py::error_already_set();
-    const c10::Device device = t.device();
-    py::object index = long_of(device.is_cpu() ? -1 : device.index());
-    py::object arena = py::reinterpret_borrow<py::object>(PyDict_GetItemWithError(int_arenas_.ptr(), index.ptr()));
+    return {top_object, low_object};
+  }
+
+  // The integer arena filling for device index ``index`` (``renew`` makes one where there is none: Python code).
+  py::object integer_arena(int64_t index) {
+    py::object key = long_of(index);
+    py::object arena = py::reinterpret_borrow<py::object>(PyDict_GetItemWithError(int_arenas_.ptr(), key.ptr()));
     if (!arena && PyErr_Occurred()) throw py::error_already_set();
-    if (!arena) arena = int_renew_(index);
-    // from here no Python code runs until both are appended: a flush (another thread) takes an arena out of the
-    // dict and closes it, and an arena read here must not be closed before they are in
+    if (!arena) arena = int_renew_(key);
+    return arena;
+  }
+
+  // ``arena``'s values list and key, read by attribute (its slots: no Python code runs).
+  static std::pair<py::object, py::object> integer_state(const py::object& arena) {
+    static PyObject* names[] = {PyUnicode_InternFromString("values"), PyUnicode_InternFromString("key")};
     py::object values = py::reinterpret_steal<py::object>(PyObject_GetAttr(arena.ptr(), names[0]));
     if (!values) throw py::error_already_set();
     py::object key = py::reinterpret_steal<py::object>(PyObject_GetAttr(arena.ptr(), names[1]));
     if (!key) throw py::error_already_set();
     if (!PyList_CheckExact(values.ptr())) throw py::type_error("an integer arena's values: a list");
+    return {values, key};
+  }
+
+  // Max, then Min, appended to an arena's ``values`` (both or neither).
+  static void integer_append(const py::object& values, const std::pair<py::object, py::object>& pair) {
     const Py_ssize_t at = PyList_GET_SIZE(values.ptr());
-    *row = py::make_tuple(int_mark_, key, at / 2);
-    if (PyList_Append(values.ptr(), top_object.ptr()) != 0) throw py::error_already_set();
-    if (PyList_Append(values.ptr(), low_object.ptr()) != 0) {
+    if (PyList_Append(values.ptr(), pair.first.ptr()) != 0) throw py::error_already_set();
+    if (PyList_Append(values.ptr(), pair.second.ptr()) != 0) {
       PyList_SetSlice(values.ptr(), at, at + 1, nullptr);
       throw py::error_already_set();
     }
+  }
+
+  // ``t``'s record by ``lane_integers``: its Max and Min appended to its device's arena, the row naming them.
+  PyObject* integer_read(const at::Tensor& t, py::object* row, bool* scalar) {
+    const auto pair = extremes(t);
+    const c10::Device device = t.device();
+    py::object arena = integer_arena(device.is_cpu() ? -1 : device.index());
+    // from here no Python code runs until both are appended: a flush (another thread) takes an arena out of the
+    // dict and closes it, and an arena read here must not be closed before they are in
+    const auto [values, key] = integer_state(arena);
+    *row = py::make_tuple(int_mark_, key, PyList_GET_SIZE(values.ptr()) / 2);
+    integer_append(values, pair);
+    ++int_reads_;
+    *scalar = false;
+    return new_record(t, row->ptr(), false);
+  }
+
+  // ``integer_read`` in summary_mode fingerprint: the bytes of ``t`` queued for its fingerprint too, as ``lane_read``
+  // queues a float tensor's (``hash_prepare``, then the arenas' states read last, with no Python code between), the
+  // row ``(mark, arena's key, index, fingerprints' arena's key, tensor there)``.
+  PyObject* integer_checksum_read(const at::Tensor& t, py::object* row, bool* scalar) {
+    const c10::Device device = t.device();
+    const int64_t index = device.is_cpu() ? -1 : device.index();
+    py::object wrapped = py::reinterpret_steal<py::object>(THPVariable_Wrap(t));
+    if (!wrapped) throw py::error_already_set();
+    HashRead hash = hash_prepare(t, index, wrapped);
+    const auto pair = extremes(t);
+    py::object arena = integer_arena(index);
+    hash_state(&hash);
+    const auto [values, key] = integer_state(arena);
+    py::object hash_item = hash_queue_item(hash);
+    py::object hash_rows = long_of(hash.state.rows + hash.programs);
+    py::object hash_key = py::reinterpret_steal<py::object>(PyObject_GetAttr(hash.arena.ptr(), name(5)));
+    if (!hash_key) throw py::error_already_set();
+    *row = py::make_tuple(int_mark_, key, PyList_GET_SIZE(values.ptr()) / 2, hash_key,
+                          PyList_GET_SIZE(hash.state.slots.ptr()));
+    PyObject* hashes = hash_queue_.ptr();
+    if (PyList_Append(hashes, hash_item.ptr()) != 0) throw py::error_already_set();
+    if (PyList_Append(hash.state.slots.ptr(), lane_mark_.ptr()) != 0) {
+      PyList_SetSlice(hashes, PyList_GET_SIZE(hashes) - 1, PyList_GET_SIZE(hashes), nullptr);
+      throw py::error_already_set();
+    }
+    if (PyObject_SetAttr(hash.arena.ptr(), name(2), hash_rows.ptr()) != 0) throw py::error_already_set();
+    integer_append(values, pair);
     ++int_reads_;
     *scalar = false;
     return new_record(t, row->ptr(), false);
@@ -2068,7 +2125,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
                  const at::Tensor& block = at::Tensor(), int64_t repeat = 1, bool integers = false) {
     if (lane) {
       try {
-        if (integers) return integer_read(t, row, scalar);
+        if (integers) return checksums_ ? integer_checksum_read(t, row, scalar) : integer_read(t, row, scalar);
         return lane_read(block.defined() ? block : t, t, repeat, row, scalar, use);
       } catch (const std::exception& error) {  // the lane given up (its error kept for the runtime to say once):
         lane_error_ = error.what();            // this record and every later one are the Python path's
@@ -2098,13 +2155,14 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     // no bytes: its record made at once, as the Python path's (null statistics, the empty fingerprint), so that a
     // backward hook with an empty gradient (``cat``'s of an empty cache) is not all the Python path's
     if (t.numel() == 0) return new_record(t, hash_empty_row_.ptr(), false);
+    const bool integers = integers_take(t);  // read by ``integer_checksum_read``
     // one not in one block: a broadcast (the gradient ``sum`` gives back) read as ``tensor_record`` reads it (its
     // block, each value ``repeat`` times) and hashed whole (``lane_read``), or a slice read by a copy in its own
     // order, whose bytes the fingerprint hashes too
     at::Tensor block;
     int64_t repeat = 1;
     bool slice = false;  // the copy made only where it is read
-    if (!lane_takes(t)) {
+    if (!integers && !lane_takes(t)) {
       block = broadcast_once(t, &repeat);
       if (repeat == 1 || !lane_takes(block)) {
         if (!slice_takes(t)) return nullptr;
@@ -2116,7 +2174,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     py::object row;
     bool scalar = false;
     if (t.is_inference()) {  // no version counter: read each time
-      return read(t, &row, &scalar, true, use, slice ? slice_copy(t) : block, repeat);
+      return read(t, &row, &scalar, true, use, slice ? slice_copy(t) : block, repeat, integers);
     }
     const int64_t version = t._version();
     Recent* same = nullptr;
@@ -2127,7 +2185,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
         break;
       }
     }
-    PyObject* record = read(t, &row, &scalar, true, use, slice ? slice_copy(t) : block, repeat);
+    PyObject* record = read(t, &row, &scalar, true, use, slice ? slice_copy(t) : block, repeat, integers);
     if (record == nullptr) return nullptr;
     Recent entry{t, version, false, nullptr, t.numel(), t.scalar_type(), row, scalar};
     if (same != nullptr) {

@@ -660,11 +660,19 @@ def test_with_fingerprints_the_lane_writes_the_python_paths_dump(tmp_path, monke
     beside its statistics), and the files are the Python path's, bit for bit, every fingerprint there. A backward
     hook leaves its gradients to the Python path only for a float64 one (sin's): not for an empty one (concatenate's,
     as ``cat``'s of an empty cache in transformers)."""
-    runs = {}
+    runs, hashed = {}, {}
+    real_fingerprint = statistics.StatBuffer.fused_fingerprint
+
+    def fused_fingerprint(self, t, by_torch_ops):  # the Python path's fingerprint of ``t``
+        hashed.setdefault(name, set()).add(t.dtype)
+        return real_fingerprint(self, t, by_torch_ops)
+
+    monkeypatch.setattr(statistics.StatBuffer, "fused_fingerprint", fused_fingerprint)
     for name, make_buffer in (("python", python_buffer), ("lane", lane_buffer)):  # one line: the same stacks
         left_to_python = hooks_left_to_python(monkeypatch)
         runs[name] = _run(tmp_path, name, level, dtype, make_buffer, monkeypatch, "fingerprint")
     assert set(left_to_python) == {"sin"}
+    assert torch.int64 in hashed["python"] and torch.int64 not in hashed["lane"]  # argmax's and gather's
     (python_run, python_reads), (lane_run, lane_reads) = runs["python"], runs["lane"]
     assert python_reads == [0, 0] and all(reads > 10 for reads in lane_reads)
     assert lane_run == python_run
@@ -686,9 +694,10 @@ def test_with_fingerprints_the_lane_takes_a_calls_tensors_and_leaves_the_rest(ke
     the digits of its bytes in its own order (a transpose's or a permutation's copied into that order: not its
     base's digits, whose memory it shares), or a slice (copied into that order, its statistics read from the copy),
     or a broadcast whose values are one block (all its elements' bytes hashed); the same tensor twice, read once; an
-    empty tensor of any dtype at once, with the Python path's record (null statistics, the empty fingerprint); a slice
-    of more than four dimensions, a column broadcast, a float64 or integer tensor and any tensor outside a call are
-    the Python path's (``LATER``), the CPU's too where the lane is off."""
+    empty tensor of any dtype at once, with the Python path's record (null statistics, the empty fingerprint); an
+    int64 one (its Max and Min exact, by ``aminmax``); a slice of more than four dimensions, a column broadcast, a
+    float64 or 0-d int64 tensor and any tensor outside a call are the Python path's (``LATER``), the CPU's too where
+    the lane is off."""
     buffer, recorder, fused = fingerprint_lane_parts()
     empties = [torch.empty(0, 3, device=DEVICE, dtype=dtype) for dtype in (torch.bfloat16, torch.int64)]
     g = torch.Generator().manual_seed(21)
@@ -696,12 +705,15 @@ def test_with_fingerprints_the_lane_takes_a_calls_tensors_and_leaves_the_rest(ke
     cube = torch.randn(3, 4, 5, generator=g).to(DEVICE, torch.bfloat16)
     taken = [base, base.to(torch.bfloat16), torch.tensor(2.5, device=DEVICE, dtype=torch.float16)]
     taken += [base[:, ::2], cube[:, 1:, :3], base[:1].expand(4, 6, 5), base.t(), cube.permute(2, 0, 1)]
-    left = [cube[:, 1:, :3][None, None], base[:, :1].expand(6, 5), base.double(), base.long()]
+    left = [cube[:, 1:, :3][None, None], base[:, :1].expand(6, 5), base.double(), torch.tensor(3, device=DEVICE)]
+    ids = torch.tensor([[2**62 + 1, -7], [5, 2**53 + 1]], device=DEVICE)
+    integers = [ids, ids.t()]
     made, todo = recorder.records(taken)
     assert todo == len(taken)  # outside a call
     fused.begin()
-    made, todo = recorder.records(taken + left + [taken[-1]] + empties)
+    made, todo = recorder.records(taken + left + [taken[-1]] + empties + integers)
     fused.end()
+    made, made_integers = made[: -len(integers)], made[-len(integers) :]
     made, made_empty = made[: -len(empties)], made[-len(empties) :]
     assert todo == len(left) and all(record is LATER for record in made[len(taken) : -1])
     assert made[-1][4] is made[len(taken) - 1][4]  # the same tensor again: its row, read once
@@ -728,6 +740,11 @@ def test_with_fingerprints_the_lane_takes_a_calls_tensors_and_leaves_the_rest(ke
         assert resolved["Max"] == t.max().item()
         digits.append(resolved["fingerprint"])
     assert digits[6] != digits[0]  # the transpose's bytes in its own order, not its base's
+    assert recorder.integer_reads == len(integers)
+    for record, t in zip(made_integers, integers):
+        resolved = written(record, numbers)
+        assert resolved["fingerprint"] == checksums.fingerprint_reference(_bytes(t))
+        assert (resolved["Max"], resolved["Min"], resolved["Mean"]) == (2**62 + 1, -7, None)
 
 
 @pytest.mark.parametrize("alone", [False, True], ids=["beside others", "the first of its arena"])
