@@ -978,9 +978,8 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   // summary_mode fingerprint: every record made here has a fingerprint besides its statistics, so the op makes
   // only those the lane makes with ``lane_fingerprints`` set (a call's or a hook's float32, float16 or bfloat16
   // device tensor, an int64 one with ``lane_integers``, an empty one of any dtype); every other tensor, and every
-  // one before the lane and its
-  // fingerprints are set, is left to the Python path (nullptr). None is reused by place: a view may order its bytes
-  // otherwise.
+  // one before the lane and its fingerprints are set, is left to the Python path (nullptr). None is reused by place:
+  // a view may order its bytes otherwise.
   void checksums() { checksums_ = true; }
 
   // The fingerprints' lane (triton_fingerprint.Fingerprints.attach): a record the lane makes has its tensor's bytes
