@@ -192,10 +192,7 @@ def _device_json(record, numbers):
             values += _COUNTS.unpack_from(arena[1], 16 * tensor)
         out = _row_json(dtype, shape, requires_grad, scalar, values)
     if len(row) == 5:
-        if row[3] is None:  # EMPTY_FINGERPRINT_ROW's
-            out[FINGERPRINT_KEY] = row[4]
-        else:
-            out[FINGERPRINT_KEY] = _digits(numbers.get(row[3]) if numbers else None, row[4])
+        out[FINGERPRINT_KEY] = _row_fingerprint(row, numbers)
     return out
 
 
@@ -212,8 +209,16 @@ def _integer_json(record, numbers):
         top, low = values[at], values[at + 1]
     out = tensor_json("torch.Tensor", dtype, shape, requires_grad, top, low, None, None, None)
     if len(row) == 5:
-        out[FINGERPRINT_KEY] = _digits(numbers.get(row[3]) if numbers else None, row[4])
+        out[FINGERPRINT_KEY] = _row_fingerprint(row, numbers)
     return out
+
+
+def _row_fingerprint(row, numbers):
+    """The fingerprint a device record's row of five names: by the fingerprints' arena's key and the tensor's index
+    there, or given in it (``EMPTY_FINGERPRINT_ROW``, whose key is None)."""
+    if row[3] is None:
+        return row[4]
+    return _digits(numbers.get(row[3]) if numbers else None, row[4])
 
 
 def _digits(arena, tensor):

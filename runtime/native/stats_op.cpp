@@ -1095,19 +1095,9 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     py::object arena = integer_arena(index);
     hash_state(&hash);
     const auto [values, key] = integer_state(arena);
-    py::object hash_item = hash_queue_item(hash);
-    py::object hash_rows = long_of(hash.state.rows + hash.programs);
-    py::object hash_key = py::reinterpret_steal<py::object>(PyObject_GetAttr(hash.arena.ptr(), name(5)));
-    if (!hash_key) throw py::error_already_set();
-    *row = py::make_tuple(int_mark_, key, PyList_GET_SIZE(values.ptr()) / 2, hash_key,
-                          PyList_GET_SIZE(hash.state.slots.ptr()));
-    PyObject* hashes = hash_queue_.ptr();
-    if (PyList_Append(hashes, hash_item.ptr()) != 0) throw py::error_already_set();
-    if (PyList_Append(hash.state.slots.ptr(), lane_mark_.ptr()) != 0) {
-      PyList_SetSlice(hashes, PyList_GET_SIZE(hashes) - 1, PyList_GET_SIZE(hashes), nullptr);
-      throw py::error_already_set();
-    }
-    if (PyObject_SetAttr(hash.arena.ptr(), name(2), hash_rows.ptr()) != 0) throw py::error_already_set();
+    const HashPlace place = hash_place(hash);
+    *row = py::make_tuple(int_mark_, key, PyList_GET_SIZE(values.ptr()) / 2, place.key, place.tensor);
+    if (!hash_commit(hash, place)) throw py::error_already_set();
     integer_append(values, pair);
     ++int_reads_;
     *scalar = false;
@@ -2001,17 +1991,13 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     PyTuple_SET_ITEM(item, 10, Py_None);
     py::object rows = py::reinterpret_steal<py::object>(PyLong_FromLongLong(row0 + grid));
     if (!rows) throw py::error_already_set();
-    py::object hash_item, hash_rows;
+    HashPlace place;
     // the row names the arena by its key (an int): plain data, which the writing process is sent as it is
     py::object key = py::reinterpret_steal<py::object>(PyObject_GetAttr(arena.ptr(), name(5)));
     if (!key) throw py::error_already_set();
     if (checksums_) {
-      hash_item = hash_queue_item(hash);
-      hash_rows = long_of(hash.state.rows + hash.programs);
-      // the fingerprint by its place too: the fingerprints' arena's key and the tensor's index there
-      py::object hash_key = py::reinterpret_steal<py::object>(PyObject_GetAttr(hash.arena.ptr(), name(5)));
-      if (!hash_key) throw py::error_already_set();
-      *row = py::make_tuple(lane_mark_, key, tensor, hash_key, PyList_GET_SIZE(hash.state.slots.ptr()));
+      place = hash_place(hash);  // the fingerprint by its place too
+      *row = py::make_tuple(lane_mark_, key, tensor, place.key, place.tensor);
     } else {
       *row = py::make_tuple(lane_mark_, key, tensor);
     }
@@ -2028,17 +2014,11 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
       PyList_SetSlice(state.slots.ptr(), tensor, tensor + 1, nullptr);
       throw py::error_already_set();
     }
-    if (checksums_) {
-      PyObject* hashes = hash_queue_.ptr();
-      const bool queued = PyList_Append(hashes, hash_item.ptr()) == 0;
-      if (!queued || PyList_Append(hash.state.slots.ptr(), lane_mark_.ptr()) != 0) {
-        if (queued) PyList_SetSlice(hashes, PyList_GET_SIZE(hashes) - 1, PyList_GET_SIZE(hashes), nullptr);
-        PyList_SetSlice(queue, PyList_GET_SIZE(queue) - 1, PyList_GET_SIZE(queue), nullptr);
-        PyList_SetSlice(state.slots.ptr(), tensor, tensor + 1, nullptr);
-        PyList_SetSlice(state.counts.ptr(), tensor, tensor + 1, nullptr);
-        throw py::error_already_set();
-      }
-      if (PyObject_SetAttr(hash.arena.ptr(), name(2), hash_rows.ptr()) != 0) throw py::error_already_set();
+    if (checksums_ && !hash_commit(hash, place)) {
+      PyList_SetSlice(queue, PyList_GET_SIZE(queue) - 1, PyList_GET_SIZE(queue), nullptr);
+      PyList_SetSlice(state.slots.ptr(), tensor, tensor + 1, nullptr);
+      PyList_SetSlice(state.counts.ptr(), tensor, tensor + 1, nullptr);
+      throw py::error_already_set();
     }
     if (PyObject_SetAttr(arena.ptr(), name(2), rows.ptr()) != 0) throw py::error_already_set();
     ++lane_reads_;
@@ -2054,6 +2034,36 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     ArenaState state;
     int64_t bytes = 0, iters = 1, programs = 1;
   };
+
+  // What a record's fingerprint takes (``hash_place``): ``hash``'s queue item, its arena's rows once it is in,
+  // and the record's place there (the fingerprints' arena's key and the tensor's index), made before anything changes.
+  struct HashPlace {
+    py::object item, rows, key;
+    Py_ssize_t tensor = 0;
+  };
+
+  HashPlace hash_place(const HashRead& hash) {
+    HashPlace place;
+    place.item = hash_queue_item(hash);
+    place.rows = long_of(hash.state.rows + hash.programs);
+    place.key = py::reinterpret_steal<py::object>(PyObject_GetAttr(hash.arena.ptr(), name(5)));
+    if (!place.key) throw py::error_already_set();
+    place.tensor = PyList_GET_SIZE(hash.state.slots.ptr());
+    return place;
+  }
+
+  // ``place``'s item queued and its arena's slot taken, both or neither (false, the Python error set: the caller
+  // undoes its own appends), then the arena's rows moved on.
+  bool hash_commit(const HashRead& hash, const HashPlace& place) {
+    PyObject* hashes = hash_queue_.ptr();
+    if (PyList_Append(hashes, place.item.ptr()) != 0) return false;
+    if (PyList_Append(hash.state.slots.ptr(), lane_mark_.ptr()) != 0) {
+      PyList_SetSlice(hashes, PyList_GET_SIZE(hashes) - 1, PyList_GET_SIZE(hashes), nullptr);
+      return false;
+    }
+    if (PyObject_SetAttr(hash.arena.ptr(), name(2), place.rows.ptr()) != 0) throw py::error_already_set();
+    return true;
+  }
 
   // ``t``'s bytes in its own order, as the Python path hashes them (``t.contiguous()``): a flat uint8 view of a
   // contiguous one (no copy), a copy of a transposed or permuted one or of a broadcast's elements (``contiguous``, an
