@@ -10,7 +10,8 @@ about 40 deep); the same depth outside a module whose forward makes the calls (t
 module call is captured once: call_stacks.Anchors); an input that requires grad (the backward hook is
 attached); a cast (``Tensor.to`` float32 to float16: a call's tensors of two dtypes); a slice (every other of 32
 floats: an input whose elements do not fill a block, as rotary embeddings' halves); int64 ids (16 of them, as token
-and position ids: an input and an output of ``relu``); the backward entry
+and position ids: an input and an output of ``relu``); a bool mask (16, as an attention mask: ``logical_not``'s input
+and output); the backward entry
 that such a call later records, timed over ``loss.backward()`` of a chain of calls, and the same with a transpose
 after each call (its gradients transposed: attention's are, through its reshapes); and the flush of the shallow
 stack's step (``debugger.stop(); debugger.step()``), per entry. Then the steady loop (``--steady`` seconds): the
@@ -68,6 +69,12 @@ def calls(x, n):
     relu = torch.relu
     for _ in range(n):
         __msprobe__.call("Functional.relu", relu, x)
+
+
+def negations(mask, n):
+    negate = torch.logical_not
+    for _ in range(n):
+        __msprobe__.call("Torch.logical_not", negate, mask)
 
 
 def casts(x, n):
@@ -282,13 +289,14 @@ def main():
     exec(compile(SOURCE, "<instrumented>", "exec"), code)
     calls, nested, chain, start, finish = (code[name] for name in ("calls", "nested", "chain", "start", "finish"))
     turned_chain = code["turned_chain"]
-    in_module, layer, casts = code["in_module"], code["Layer"](), code["casts"]
+    in_module, layer, casts, negations = code["in_module"], code["Layer"](), code["casts"], code["negations"]
     dump = tempfile.mkdtemp(prefix="per-entry-")
     n = args.calls
     x = torch.randn(16, device=args.device)
     xg = torch.randn(16, device=args.device, requires_grad=True)
     sliced = torch.randn(32, device=args.device)[::2]
     ids = torch.arange(16, device=args.device)  # int64, as token and position ids
+    mask = ids % 3 == 0  # bool, as an attention mask
     square = torch.randn(4, 4, device=args.device, requires_grad=True)
     sync = getattr(torch, torch.device(args.device).type, None)
     sync = sync.synchronize if args.device != "cpu" and hasattr(sync, "synchronize") else (lambda: None)
@@ -352,6 +360,7 @@ def main():
         "a cast (two dtypes)": (lambda: casts(x, n), lambda: casts(x, n)),
         "a slice": (lambda: calls(sliced, n), lambda: calls(sliced, n)),
         "int64 ids": (lambda: calls(ids, n), lambda: calls(ids, n)),
+        "a bool mask": (lambda: negations(mask, n), lambda: negations(mask, n)),
     }
     entry = {}
     flushes: list = []

@@ -23,6 +23,7 @@ SMALL = [
     ("gpu_llama.py", ["--device", "cpu", "--size", "tiny", "--stats", "triton-dispatch"]),
     ("triton_launches.py", ["--hidden", "64", "--steps", "2"]),
     ("triton_launches.py", ["--hidden", "64", "--steps", "2", "--summary-mode", "fingerprint"]),
+    ("python_path_records.py", ["--models", "llama"]),
     ("checksums.py", ["--sizes", "1024,262144", "--steps", "3", "--rounds", "1"]),
     ("statistics_pass.py", []),
     ("statistics_share.py", ["--steps", "5"]),

@@ -1,13 +1,16 @@
-"""Max and Min of the int64 device tensors that the native op's lane records (token and position ids), kept exact.
+"""Max and Min of the integer and bool device tensors that the native op's lane records (token and position ids,
+attention masks, a router's counts), kept exact.
 
-The Python path reads such a tensor by ``amax``, ``amin`` and ``stack`` into a slot of its own, and its record is a
-Python object, whose presence makes the writer walk the whole step to resolve it (``Writer._step_files``). The lane
-(``Recorder.lane_integers``) reads it by one ``aminmax`` and appends the two 0-d int64 tensors to the ``IntegerArena``
-filling for its device; the record's row ``(INTEGER_ROW, arena's key, index)`` is plain data (in summary_mode
-fingerprint its bytes are queued for their fingerprint too, which the row then names as a float tensor's does). At
-the flush each arena's values are stacked into one slot, which the step's int64 batch of its device copies to the host
-as it is (exact: past 2**53 too, not through float64), and ``packed`` is what the writing process reads
-(``json_files.native_json``).
+The Python path reads such a tensor by ``amax``, ``amin`` (a bool's by ``any``, ``all``; a 0-d one's value by a copy)
+and ``stack`` into a slot of its own, and its record is a Python object, whose presence makes the writer walk the
+whole step to resolve it (``Writer._step_files``). The lane (``Recorder.lane_integers``) reads it by one ``aminmax``
+and appends the two 0-d tensors of its dtype to the ``IntegerArena`` filling for its device and dtype (an arena's
+values are stacked: one dtype each); the record's row ``(INTEGER_ROW, arena's key, index)`` is plain data (in
+summary_mode fingerprint its bytes are queued for their fingerprint too, which the row then names as a float tensor's
+does). At the flush each arena's values are stacked into one slot, which the step's int64 batch of its device copies
+to the host (exact: past 2**53 too, not through float64), and ``packed`` is what the writing process reads
+(``json_files.native_json``, which writes a bool's as bools and a 0-d integer's value as all four, as the Python
+path does).
 """
 
 from __future__ import annotations
@@ -18,14 +21,15 @@ from .json_files import arena_key
 
 
 class IntegerArena:
-    """The Max and Min of the int64 tensors of one device recorded by the lane since the last flush."""
+    """The Max and Min of the integer (or bool) tensors of one device and dtype recorded by the lane since the last
+    flush."""
 
     # slots only: the native op reads ``values`` and ``key`` by attribute, which then runs no Python code
     __slots__ = ("key", "values", "slot")
 
     def __init__(self):
         self.key = arena_key()
-        self.values = []  # each tensor's Max, then its Min: 0-d int64 tensors, appended by the native op
+        self.values = []  # each tensor's Max, then its Min: 0-d tensors of its dtype, appended by the native op
         self.slot = None  # statistics.Slot of them all, once closed (``IntegerLane.close``)
 
     def packed(self):
@@ -37,22 +41,22 @@ class IntegerArena:
 
 
 class IntegerLane:
-    """The arenas of the lane's int64 records, one filling per device; ``make_slot(pending, width)`` makes an exact
-    slot (``statistics.Slot``: passed in, as this module imports nothing of it)."""
+    """The arenas of the lane's integer records, one filling per device and dtype; ``make_slot(pending, width)``
+    makes an exact slot (``statistics.Slot``: passed in, as this module imports nothing of it)."""
 
     def __init__(self, make_slot):
         self._make_slot = make_slot
-        self._arenas = {}  # device index (-1: the CPU) -> the IntegerArena filling: the native op reads and fills it
+        self._arenas = {}  # the op's key of a device and dtype -> the IntegerArena filling: the op reads and fills it
 
     def attach(self, recorder, mark):
-        """Let ``recorder``'s lane record int64 device tensors here, its rows beginning with ``mark``."""
+        """Let ``recorder``'s lane record integer and bool device tensors here, its rows beginning with ``mark``."""
         ref = weakref.ref(self)  # the op holds the callable: no cycle through a native object
 
-        def renew(index):
+        def renew(key):  # the op's key of a device and dtype
             lane = ref()
             if lane is None:
                 raise RuntimeError("the integer lane's state is gone")
-            arena = lane._arenas[index] = IntegerArena()
+            arena = lane._arenas[key] = IntegerArena()
             return arena
 
         recorder.lane_integers(self._arenas, renew, mark)
@@ -66,7 +70,7 @@ class IntegerLane:
 
         # popped by the keys seen, never cleared: an arena the native op makes meanwhile (``renew``, on another
         # thread) stays for the next flush; one taken out is out of the op's reach, so nothing is appended to it
-        arenas = [self._arenas.pop(index) for index in list(self._arenas)]
+        arenas = [self._arenas.pop(key) for key in list(self._arenas)]
         slots, error = [], None
         for arena in arenas:
             values, arena.values = arena.values, []

@@ -127,8 +127,8 @@ def native_json(record, numbers=None):
     is Max, Min, Mean, Norm (a 0-d tensor's: its value first), then the NaN and Inf counts if any; for a float
     tensor it is those numbers packed as native doubles (``bytes``), for an integer or bool one a tuple; for a
     device tensor's ``(DEVICE_ROW, arena's key, tensor)``, its place in ``numbers`` (``records.device_numbers``),
-    and in summary_mode fingerprint its fingerprint's place there after it (``_device_json``); for an int64 device
-    tensor's ``(INTEGER_ROW, arena's key, index)`` (``_integer_json``)."""
+    and in summary_mode fingerprint its fingerprint's place there after it (``_device_json``); for an integer or
+    bool device tensor's ``(INTEGER_ROW, arena's key, index)`` (``_integer_json``)."""
     dtype, shape, requires_grad, scalar, row = record
     if type(row) is bytes:
         row = _DOUBLES.unpack(row) if len(row) == _DOUBLES.size else _DOUBLES_COUNTED.unpack(row)
@@ -153,8 +153,8 @@ _COUNTS = struct.Struct("=2d")
 # The mark that begins a device record's row (statistics.StatBuffer gives it to the native op's lane): a str, which
 # marshal carries and no row of numbers holds
 DEVICE_ROW = "msprobe:device-row"
-# the mark of an int64 device tensor's row, ``(INTEGER_ROW, arena's key, index)``: its Max and Min in the numbers of
-# an integer_lane.IntegerArena
+# the mark of an integer or bool device tensor's row, ``(INTEGER_ROW, arena's key, index)``: its Max and Min in the
+# numbers of an integer_lane.IntegerArena
 INTEGER_ROW = "msprobe:device-integers"
 FINGERPRINT_KEY = "fingerprint"  # summary_mode fingerprint's field (checksums)
 EMPTY_FINGERPRINT = "0" * 16  # an empty tensor's: no bytes to hash
@@ -197,17 +197,22 @@ def _device_json(record, numbers):
 
 
 def _integer_json(record, numbers):
-    """An int64 device record's dict, as the Python path writes one (``KIND_NO_MEAN``): its Max and Min from its
-    arena's numbers (each tensor's two ints in turn), Mean and Norm null; all null where the numbers never came. In
-    summary_mode fingerprint (the row ``(INTEGER_ROW, key, index, fingerprints' key, their tensor)``) its
-    fingerprint's digits after them, as ``_device_json``'s."""
+    """An integer or bool device record's dict, as the Python path writes one: its Max and Min from its arena's
+    numbers (each tensor's two ints in turn), Mean and Norm null (``KIND_NO_MEAN``); a bool's as bools (``any`` and
+    ``all``: ``KIND_BOOL``, 0-d too); a 0-d integer's value as all four (``KIND_SCALAR``); all null where the
+    numbers never came. In summary_mode fingerprint (the row ``(INTEGER_ROW, key, index, fingerprints' key, their
+    tensor)``) its fingerprint's digits after them, as ``_device_json``'s."""
     dtype, shape, requires_grad, scalar, row = record
     values = numbers.get(row[1]) if numbers else None
     at = 2 * row[2]
-    top = low = None
+    top = low = mean = norm = None
     if values is not None and len(values) >= at + 2:
         top, low = values[at], values[at + 1]
-    out = tensor_json("torch.Tensor", dtype, shape, requires_grad, top, low, None, None, None)
+        if dtype == "torch.bool":
+            top, low = bool(top), bool(low)
+        elif not shape:
+            mean = norm = top
+    out = tensor_json("torch.Tensor", dtype, shape, requires_grad, top, low, mean, norm, None)
     if len(row) == 5:
         out[FINGERPRINT_KEY] = _row_fingerprint(row, numbers)
     return out

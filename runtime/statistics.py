@@ -300,7 +300,7 @@ class StatBuffer:
         self._rows_off = False  # set when a reduction into rows failed: the stacked ops from then on
         # the Triton arenas that the native lane's records name, closed by the flushes since ``closed_arenas``
         self._closed = []
-        self._integers = None  # the lane's int64 records' arenas (integer_lane), once the lane is attached
+        self._integers = None  # the lane's integer records' arenas (integer_lane), once the lane is attached
 
     def native(self, t):
         """``(kind, row)`` of ``t`` computed by the native op in one pass, or None where it does not serve (no
@@ -793,7 +793,7 @@ class StatBuffer:
                 import logging
 
                 logging.getLogger("msprobe_runtime").warning(
-                    "msprobe_runtime: the int64 Max and Min of the native lane's records could not be read this "
+                    "msprobe_runtime: the integer Max and Min of the native lane's records could not be read this "
                     "flush (%s: %s); those records are written null",
                     type(error).__name__,
                     str(error).strip()[:200],

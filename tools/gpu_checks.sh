@@ -4,7 +4,7 @@
 # repository root there:
 #
 #     GPU_CHECKS=kernels,per_entry,launches bash tools/gpu_checks.sh    # one call: at most 420 s
-#     GPU_CHECKS=llama bash tools/gpu_checks.sh                         # a second: under 5 minutes
+#     GPU_CHECKS=llama,records bash tools/gpu_checks.sh                 # a second: under 6 minutes
 #
 # (all four in one call could pass a command's 10 minutes: each check is cut at its own limit below.)
 #
@@ -18,11 +18,12 @@
 #              with every launch through Triton's run (MSPROBE_TRITON_DIRECT=0), and in summary_mode fingerprint
 #   launches   launches per recorded entry on a bf16 Llama, counted on the device (statistics, then fingerprint)
 #   llama      the issue's table: plain, DIY mode, ours L1/mix/fingerprint, msprobe where it imports
+#   records    the records a step leaves to the runtime's Python path on CUDA (tiny Llama, BERT, Qwen3-MoE)
 set -uo pipefail
 out=${OUT:-gpu-checks}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
-checks=${GPU_CHECKS:-kernels,per_entry,launches,llama}
+checks=${GPU_CHECKS:-kernels,per_entry,launches,llama,records}
 
 if compgen -G ".whl/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -61,3 +62,4 @@ run launches 80 bash -c "python3 bench/triton_launches.py --device cuda --steps 
     --json $out/launches_fingerprint.json \
     && MSPROBE_CARRY_OUTPUTS=1 python3 bench/triton_launches.py --device cuda --steps 2"
 run llama 290 python3 bench/gpu_llama.py --json "$out/gpu_llama.json"
+run records 60 python3 bench/python_path_records.py --device cuda --json "$out/python_path_records.json"

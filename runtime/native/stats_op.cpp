@@ -977,9 +977,9 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
 
   // summary_mode fingerprint: every record made here has a fingerprint besides its statistics, so the op makes
   // only those the lane makes with ``lane_fingerprints`` set (a call's or a hook's float32, float16 or bfloat16
-  // device tensor, an int64 one with ``lane_integers``, an empty one of any dtype); every other tensor, and every
-  // one before the lane and its fingerprints are set, is left to the Python path (nullptr). None is reused by place:
-  // a view may order its bytes otherwise.
+  // device tensor, an integer or bool one with ``lane_integers``, an empty one of any dtype); every other tensor,
+  // and every one before the lane and its fingerprints are set, is left to the Python path (nullptr). None is
+  // reused by place: a view may order its bytes otherwise.
   void checksums() { checksums_ = true; }
 
   // The fingerprints' lane (triton_fingerprint.Fingerprints.attach): a record the lane makes has its tensor's bytes
@@ -1006,12 +1006,14 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     hash_iters_ = iters;
   }
 
-  // The lane's int64 records (integer_lane.IntegerLane.attach): a call's or a hook's int64 device tensor of at least
-  // one dimension, any layout, read by one ``aminmax`` whose two 0-d tensors (Max, then Min) are appended to the
-  // ``values`` of the arena ``arenas`` holds for its device index (``renew(index)`` making one where there is none),
-  // the record's row ``(mark, arena's key, index there)``. The Python path reads it by ``amax``, ``amin``, ``stack``;
-  // both are exact. In summary_mode fingerprint its bytes are queued for their fingerprint too
-  // (``integer_checksum_read``).
+  // The lane's integer records (integer_lane.IntegerLane.attach): a call's or a hook's device tensor of bool or of a
+  // signed or 8-bit unsigned integer type (``integral_record``'s, the CPU's: token and position ids, attention masks,
+  // a router's counts), of any layout and dimension, 0-d too, read by one ``aminmax`` whose two 0-d tensors (Max,
+  // then Min: for bool ``any`` and ``all``) are appended to the ``values`` of the arena ``arenas`` holds for its
+  // device index and dtype (``integer_key``; ``renew(key)`` making one where there is none), the record's row
+  // ``(mark, arena's key, index there)``. The Python path reads it by ``amax``, ``amin`` (``any``, ``all``; a 0-d
+  // one's value by a copy) and ``stack``; both are exact. In summary_mode fingerprint its bytes are queued for their
+  // fingerprint too (``integer_checksum_read``).
   void lane_integers(py::object arenas, py::object renew, py::object mark) {
     if (!PyDict_CheckExact(arenas.ptr())) throw py::type_error("arenas: a dict");
     int_arenas_ = std::move(arenas);
@@ -1019,12 +1021,23 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     int_mark_ = std::move(mark);
   }
 
-  // Whether the lane takes ``t`` (not one of ``lane_takes``) as an int64 record (``lane_integers``).
+  // Whether the lane takes ``t`` (not one of ``lane_takes``) as an integer record (``lane_integers``); an empty one
+  // is made before this is asked.
   bool integers_take(const at::Tensor& t) const {
-    return !int_arenas_.is_none() && t.scalar_type() == at::kLong && t.dim() > 0;
+    if (int_arenas_.is_none()) return false;
+    const at::ScalarType type = t.scalar_type();
+    return type == at::kLong || type == at::kInt || type == at::kBool || type == at::kShort || type == at::kChar ||
+           type == at::kByte;
   }
 
-  // ``t``'s Max and Min (0-d int64 tensors, by one ``aminmax``) as Python objects.
+  // The key of the integer arena of ``t``'s device and dtype: an arena's values are stacked, so share a dtype.
+  static int64_t integer_key(const at::Tensor& t) {
+    const c10::Device device = t.device();
+    const int64_t index = device.is_cpu() ? -1 : device.index();
+    return (index + 1) * 64 + static_cast<int64_t>(t.scalar_type());
+  }
+
+  // ``t``'s Max and Min (0-d tensors of its dtype, by one ``aminmax``) as Python objects.
   static std::pair<py::object, py::object> extremes(const at::Tensor& t) {
     at::Tensor top, low;
     {
@@ -1037,12 +1050,12 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     return {top_object, low_object};
   }
 
-  // The integer arena filling for device index ``index`` (``renew`` makes one where there is none: Python code).
-  py::object integer_arena(int64_t index) {
-    py::object key = long_of(index);
-    py::object arena = py::reinterpret_borrow<py::object>(PyDict_GetItemWithError(int_arenas_.ptr(), key.ptr()));
+  // The integer arena filling for ``integer_key``'s ``key`` (``renew`` makes one where there is none: Python code).
+  py::object integer_arena(int64_t key) {
+    py::object name = long_of(key);
+    py::object arena = py::reinterpret_borrow<py::object>(PyDict_GetItemWithError(int_arenas_.ptr(), name.ptr()));
     if (!arena && PyErr_Occurred()) throw py::error_already_set();
-    if (!arena) arena = int_renew_(key);
+    if (!arena) arena = int_renew_(name);
     return arena;
   }
 
@@ -1070,8 +1083,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   // ``t``'s record by ``lane_integers``: its Max and Min appended to its device's arena, the row naming them.
   PyObject* integer_read(const at::Tensor& t, py::object* row, bool* scalar) {
     const auto pair = extremes(t);
-    const c10::Device device = t.device();
-    py::object arena = integer_arena(device.is_cpu() ? -1 : device.index());
+    py::object arena = integer_arena(integer_key(t));
     // from here no Python code runs until both are appended: a flush (another thread) takes an arena out of the
     // dict and closes it, and an arena read here must not be closed before they are in
     const auto [values, key] = integer_state(arena);
@@ -1092,7 +1104,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     if (!wrapped) throw py::error_already_set();
     HashRead hash = hash_prepare(t, index, wrapped);
     const auto pair = extremes(t);
-    py::object arena = integer_arena(index);
+    py::object arena = integer_arena(integer_key(t));
     hash_state(&hash);
     const auto [values, key] = integer_state(arena);
     const HashPlace place = hash_place(hash);
@@ -2212,7 +2224,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     at::Tensor block;  // a broadcast's values, each once (``broadcast_once``), where the lane reads those
     int64_t repeat = 1;
     bool slice = false;  // the lane reads a copy of ``t`` (``slice_copy``), made only where it is read
-    bool integers = false;  // an int64 one, read by ``integer_read``
+    bool integers = false;  // an integer or bool one, read by ``integer_read``
     if (lane_device(t)) {
       if (!own_data(t)) return nullptr;  // a subclass's, say: the Python path's
       const bool open = use == LANE_HOOK || lane_open();
@@ -2583,8 +2595,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("checksums", &Recorder::checksums, "summary_mode fingerprint: records by the lane only, with fingerprints")
       .def("lane_fingerprints", &Recorder::lane_fingerprints, "The lane's records queue their fingerprints too")
       .def("fingerprints_off", &Recorder::fingerprints_off, "No more fingerprints by the lane")
-      .def("lane_integers", &Recorder::lane_integers, "The lane records int64 device tensors too, exactly")
-      .def_property_readonly("integer_reads", &Recorder::integer_reads, "int64 device tensors the lane recorded")
+      .def("lane_integers", &Recorder::lane_integers, "The lane records integer and bool device tensors too, exactly")
+      .def_property_readonly("integer_reads", &Recorder::integer_reads, "integer device tensors the lane recorded")
       .def_property_readonly("fingerprinting", &Recorder::fingerprinting, "Whether the lane makes fingerprints")
       .def_property_readonly("direct_launches", &Recorder::lane_direct_launches, "Launches made by launch_direct")
       .def_property_readonly("lane_open", &Recorder::lane_open, "Whether this thread is making a call's records")

@@ -1,10 +1,10 @@
 """A transformers Llama in bfloat16 recorded through the Triton kernels (the path of a CUDA tensor; here under
 Triton's interpreter on CPU tensors) writes what the torch-op path writes: the same entries, every statistic of
-every tensor present where the torch ops have one, Max and Min equal, Mean and Norm to the rounding of bfloat16
-and of float32 sums; its inputs read after their call where the call leaves them alone (runtime/call_effects.py)
-are those of the call (no null, no "changed an input" warning); and the losses equal the plain run's. The
-records made by the native op's lane onto the kernels (``TritonStats.attach``, the path of a CUDA tensor where the op
-builds) are those of the Python path, bit for bit.
+every tensor present where the torch ops have one (its attention mask's too: padding), Max and Min equal, Mean and
+Norm to the rounding of bfloat16 and of float32 sums; its inputs read after their call where the call leaves them
+alone (runtime/call_effects.py) are those of the call (no null, no "changed an input" warning); and the losses equal
+the plain run's. The records made by the native op's lane onto the kernels (``TritonStats.attach``, the path of a
+CUDA tensor where the op builds) are those of the Python path, bit for bit.
 
 What it would catch: a batched launch whose table sends a program to the wrong tensor or row (wrong numbers), an
 input of a real model's call read after it and found changed (null statistics, the warning), records lost on the
@@ -51,6 +51,8 @@ config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_s
 model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
 ids = torch.randint(3, 128, (2, 32))
+mask = torch.ones(2, 32, dtype=torch.long)
+mask[1, :5] = 0  # padding: transformers builds bool masks (the lane's integer records), not SDPA's causal flag
 debugger = None
 if path != "plain":
     config = None
@@ -63,7 +65,7 @@ losses = []
 for step in range(int(sys.argv[4])):
     if debugger is not None:
         debugger.start(model)
-    loss = model(input_ids=ids, labels=ids).loss
+    loss = model(input_ids=ids, labels=ids, attention_mask=mask).loss
     loss.backward()
     optimizer.step()
     optimizer.zero_grad()

@@ -90,6 +90,10 @@ class Block(torch.nn.Module):
         wide = __msprobe__.call("Torch.sin", torch.sin, b.double())         # float64: the Python path
         picked = __msprobe__.call("Torch.argmax", torch.argmax, h, -1)      # int64: the lane's, by aminmax
         __msprobe__.call("Torch.gather", torch.gather, h, -1, picked[:, None])
+        mask = __msprobe__.call("Torch.gt", torch.gt, h, 0)                 # bool: the lane's too, 0-d ones too
+        __msprobe__.call("Torch.any", torch.any, mask)
+        __msprobe__.call("Torch.sum", torch.sum, picked)                    # a 0-d int64
+        __msprobe__.call("Torch.remainder", torch.remainder, picked.int(), 3)  # int32
         mean = __msprobe__.call("Torch.mean", torch.mean, h)                # a 0-d output
         joined = __msprobe__.call("Torch.cat", torch.cat, [a * mean, wide.to(a.dtype)], -1)
         same = __msprobe__.call("Torch.add", torch.add, joined, joined)     # one tensor twice: read once
@@ -179,7 +183,8 @@ def test_the_lane_writes_the_python_paths_dump(tmp_path, monkeypatch, level, dty
         runs[name] = _run(tmp_path, name, level, dtype, make_buffer, monkeypatch)
         queued_by[name] = len(queued) - sum(queued_by.values())
         added_by[name], added[:] = set(added), []
-    assert torch.int64 in added_by["python"] and torch.int64 not in added_by["lane"]  # argmax's and gather's
+    integers = {torch.int64, torch.int32, torch.bool}  # argmax's, sum's, remainder's, gt's and any's
+    assert integers <= added_by["python"] and not integers & added_by["lane"]
     (python_run, python_reads), (lane_run, lane_reads) = runs["python"], runs["lane"]
     by_python, by_lane_python = queued_by["python"], queued_by["lane"]
     assert python_reads == [0, 0]
@@ -196,6 +201,10 @@ def test_the_lane_writes_the_python_paths_dump(tmp_path, monkeypatch, level, dty
     assert grads[0]["Max"] is not None and grads[1]["shape"] == [0, 8] and grads[1]["Max"] is None
     record = data["Torch.mean.0.forward"]["output"][0]
     assert record["shape"] == [] and record["Max"] == record["Min"] == record["Mean"] is not None
+    record = data["Torch.sum.0.forward"]["output"][0]
+    assert record["shape"] == [] and type(record["Max"]) is int and record["Max"] == record["Norm"]
+    record = data["Torch.any.0.forward"]["output"][0]
+    assert record["Max"] is record["Min"] is True and record["Mean"] is None
     assert all(v is not None for k, v in data["Torch.tanh.0.forward"]["output"][0].items() if k != "requires_grad")
 
 
@@ -205,7 +214,7 @@ def test_the_lane_takes_float_tensors_in_one_block_within_a_call(kernels):
     Python path reads it), or would once each broadcast dimension is one (read once, counted for each copy), or a
     slice of at most four dimensions (copied into its own order on its device: the order the Python path reads it
     in through its strides); a slice of more, a broadcast whose once-each values do not fill a block, a negative, a
-    float64 or an integer one is left to the caller (``LATER``), and so is every device tensor outside a call, as a
+    float64 one is left to the caller (``LATER``), and so is every device tensor outside a call, as a
     CUDA tensor always was (the op reads CPU ones only). An empty one's record is made at once, its statistics
     null, as the Python path writes it."""
     buffer, recorder, fused = lane_parts()
@@ -230,7 +239,6 @@ def test_the_lane_takes_float_tensors_in_one_block_within_a_call(kernels):
         base[:, :1].expand(6, 4),  # a column broadcast: one block no more
         base._neg_view(),
         base.double(),
-        torch.tensor(7, device=DEVICE),  # a 0-d int64: the Python path's (an int64 of one dimension or more is not)
     ]
     empty = torch.empty(0, 3, device=DEVICE, dtype=torch.bfloat16)
     made, todo = recorder.records(taken)
@@ -254,28 +262,39 @@ def test_the_lane_takes_float_tensors_in_one_block_within_a_call(kernels):
         assert [resolved[k] for k in ("Max", "Min", "Mean", "Norm", "NaN_count", "Inf_count")] == wanted
 
 
-def test_int64_device_tensors_are_the_lanes_exactly(kernels):
-    """An int64 device tensor of at least one dimension recorded in a call (token and position ids) is the lane's,
-    in any layout: read by one ``aminmax``, its Max and Min exact past 2**53 (an int64 batch, never through float64),
-    as the Python path writes them; a 0-d one stays the Python path's. Its record is plain data, named by its arena:
-    no Python object for the writer to walk the step for."""
+def test_integer_and_bool_device_tensors_are_the_lanes_exactly(kernels):
+    """An integer or bool device tensor recorded in a call (token and position ids, attention masks, a router's
+    counts) is the lane's, in any layout and of any dimension: read by one ``aminmax`` into the arena of its device
+    and dtype, its Max and Min exact past 2**53 (an int64 batch, never through float64), a bool's ``any`` and ``all``
+    as bools, a 0-d integer's value as all four: as the Python path writes them. Its record is plain data, named by
+    its arena: no Python object for the writer to walk the step for. A uint16 one (no ``aminmax``) is left."""
     buffer, recorder, fused = lane_parts()
     big = torch.tensor([[2**62 + 1, -(2**62) - 3, 5], [7, 2**53 + 1, -1]], device=DEVICE)
+    mask = torch.tensor([[True, False, True], [False, False, False]], device=DEVICE)
     taken = [big, big.t(), big[:, ::2], big[1:].expand(3, 3), torch.arange(16, device=DEVICE)]
+    taken += [mask, mask.t(), mask[1], mask[0, 0], torch.tensor(False, device=DEVICE)]
+    taken += [torch.tensor(-9, device=DEVICE), torch.tensor(2**62 + 1, device=DEVICE)]
+    taken += [torch.tensor([3, -200, 7], device=DEVICE, dtype=dtype) for dtype in (torch.int32, torch.int16)]
+    taken += [torch.tensor([[3, -100], [7, 1]], device=DEVICE, dtype=torch.int8).t()]
+    taken += [torch.tensor([3, 255, 0], device=DEVICE, dtype=torch.uint8), torch.tensor(5, device=DEVICE).int()]
+    left = [torch.tensor([3, 9], device=DEVICE, dtype=torch.uint16)]
     made, todo = recorder.records(taken)
     assert todo == len(taken)  # outside a call
     fused.begin()
-    made, todo = recorder.records(taken + [torch.tensor(9, device=DEVICE)])
+    made, todo = recorder.records(taken + left)
     fused.end()
-    assert todo == 1 and made[-1] is LATER
+    assert todo == len(left) and made[-1] is LATER
     assert recorder.integer_reads == len(taken)
     assert all(record[4][0] == json_files.INTEGER_ROW for record in made[:-1])
+    assert len(buffer._integers._arenas) == 6  # int64, bool, int32, int16, int8, uint8: one arena each
     numbers = flushed(buffer)
     for record, t in zip(made, taken):
         resolved = written(record, numbers)
         assert resolved == python_record(t)
         assert resolved["Max"] == t.max().item() and resolved["Min"] == t.min().item()
+        assert type(resolved["Max"]) is (bool if t.dtype is torch.bool else int)
     assert written(made[0], numbers)["Max"] == 2**62 + 1  # not 2**62, as through float64
+    assert written(made[11], numbers)["Norm"] == 2**62 + 1  # a 0-d one's value as all four, exact
 
 
 def test_int64_records_whose_stack_fails_are_null_and_the_lane_goes_on(kernels, caplog):
@@ -672,7 +691,8 @@ def test_with_fingerprints_the_lane_writes_the_python_paths_dump(tmp_path, monke
         left_to_python = hooks_left_to_python(monkeypatch)
         runs[name] = _run(tmp_path, name, level, dtype, make_buffer, monkeypatch, "fingerprint")
     assert set(left_to_python) == {"sin"}
-    assert torch.int64 in hashed["python"] and torch.int64 not in hashed["lane"]  # argmax's and gather's
+    integers = {torch.int64, torch.int32, torch.bool}  # argmax's, sum's, remainder's, gt's and any's
+    assert integers <= hashed["python"] and not integers & hashed["lane"]
     (python_run, python_reads), (lane_run, lane_reads) = runs["python"], runs["lane"]
     assert python_reads == [0, 0] and all(reads > 10 for reads in lane_reads)
     assert lane_run == python_run
@@ -695,9 +715,9 @@ def test_with_fingerprints_the_lane_takes_a_calls_tensors_and_leaves_the_rest(ke
     base's digits, whose memory it shares), or a slice (copied into that order, its statistics read from the copy),
     or a broadcast whose values are one block (all its elements' bytes hashed); the same tensor twice, read once; an
     empty tensor of any dtype at once, with the Python path's record (null statistics, the empty fingerprint); an
-    int64 one (its Max and Min exact, by ``aminmax``); a slice of more than four dimensions, a column broadcast, a
-    float64 or 0-d int64 tensor and any tensor outside a call are the Python path's (``LATER``), the CPU's too where
-    the lane is off."""
+    integer or bool one, 0-d too (its Max and Min exact, by ``aminmax``); a slice of more than four dimensions, a
+    column broadcast, a float64 tensor and any tensor outside a call are the Python path's (``LATER``), the CPU's too
+    where the lane is off."""
     buffer, recorder, fused = fingerprint_lane_parts()
     empties = [torch.empty(0, 3, device=DEVICE, dtype=dtype) for dtype in (torch.bfloat16, torch.int64)]
     g = torch.Generator().manual_seed(21)
@@ -705,9 +725,9 @@ def test_with_fingerprints_the_lane_takes_a_calls_tensors_and_leaves_the_rest(ke
     cube = torch.randn(3, 4, 5, generator=g).to(DEVICE, torch.bfloat16)
     taken = [base, base.to(torch.bfloat16), torch.tensor(2.5, device=DEVICE, dtype=torch.float16)]
     taken += [base[:, ::2], cube[:, 1:, :3], base[:1].expand(4, 6, 5), base.t(), cube.permute(2, 0, 1)]
-    left = [cube[:, 1:, :3][None, None], base[:, :1].expand(6, 5), base.double(), torch.tensor(3, device=DEVICE)]
+    left = [cube[:, 1:, :3][None, None], base[:, :1].expand(6, 5), base.double()]
     ids = torch.tensor([[2**62 + 1, -7], [5, 2**53 + 1]], device=DEVICE)
-    integers = [ids, ids.t()]
+    integers = [ids, ids.t(), torch.tensor(3, device=DEVICE), ids > 0, (ids > 0).any(), (ids % 1000).int().t()]
     made, todo = recorder.records(taken)
     assert todo == len(taken)  # outside a call
     fused.begin()
@@ -744,7 +764,9 @@ def test_with_fingerprints_the_lane_takes_a_calls_tensors_and_leaves_the_rest(ke
     for record, t in zip(made_integers, integers):
         resolved = written(record, numbers)
         assert resolved["fingerprint"] == checksums.fingerprint_reference(_bytes(t))
-        assert (resolved["Max"], resolved["Min"], resolved["Mean"]) == (2**62 + 1, -7, None)
+        assert (resolved["Max"], resolved["Min"]) == (t.max().item(), t.min().item())
+        assert resolved["Mean"] == (t.item() if t.dim() == 0 and t.dtype is not torch.bool else None)
+    assert written(made_integers[0], numbers)["Max"] == 2**62 + 1
 
 
 @pytest.mark.parametrize("alone", [False, True], ids=["beside others", "the first of its arena"])
