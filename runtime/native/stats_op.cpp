@@ -1080,7 +1080,8 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     }
   }
 
-  // ``t``'s record by ``lane_integers``: its Max and Min appended to its device's arena, the row naming them.
+  // ``t``'s record by ``lane_integers``: its Max and Min appended to the arena of its device and dtype, the row
+  // naming them.
   PyObject* integer_read(const at::Tensor& t, py::object* row, bool* scalar) {
     const auto pair = extremes(t);
     py::object arena = integer_arena(integer_key(t));
@@ -2596,7 +2597,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("lane_fingerprints", &Recorder::lane_fingerprints, "The lane's records queue their fingerprints too")
       .def("fingerprints_off", &Recorder::fingerprints_off, "No more fingerprints by the lane")
       .def("lane_integers", &Recorder::lane_integers, "The lane records integer and bool device tensors too, exactly")
-      .def_property_readonly("integer_reads", &Recorder::integer_reads, "integer device tensors the lane recorded")
+      .def_property_readonly("integer_reads", &Recorder::integer_reads, "integer and bool tensors the lane recorded")
       .def_property_readonly("fingerprinting", &Recorder::fingerprinting, "Whether the lane makes fingerprints")
       .def_property_readonly("direct_launches", &Recorder::lane_direct_launches, "Launches made by launch_direct")
       .def_property_readonly("lane_open", &Recorder::lane_open, "Whether this thread is making a call's records")
