@@ -1030,11 +1030,15 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
            type == at::kByte;
   }
 
+  // ``t``'s device index as the arenas' dicts key it (``get_device``: -1 for the CPU).
+  static int64_t device_index(const at::Tensor& t) {
+    const c10::Device device = t.device();
+    return device.is_cpu() ? -1 : device.index();
+  }
+
   // The key of the integer arena of ``t``'s device and dtype: an arena's values are stacked, so share a dtype.
   static int64_t integer_key(const at::Tensor& t) {
-    const c10::Device device = t.device();
-    const int64_t index = device.is_cpu() ? -1 : device.index();
-    return (index + 1) * 64 + static_cast<int64_t>(t.scalar_type());
+    return (device_index(t) + 1) * 64 + static_cast<int64_t>(t.scalar_type());
   }
 
   // ``t``'s Max and Min (0-d tensors of its dtype, by one ``aminmax``) as Python objects.
@@ -1099,8 +1103,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   // queues a float tensor's (``hash_prepare``, then the arenas' states read last, with no Python code between), the
   // row ``(mark, arena's key, index, fingerprints' arena's key, tensor there)``.
   PyObject* integer_checksum_read(const at::Tensor& t, py::object* row, bool* scalar) {
-    const c10::Device device = t.device();
-    const int64_t index = device.is_cpu() ? -1 : device.index();
+    const int64_t index = device_index(t);
     py::object wrapped = py::reinterpret_steal<py::object>(THPVariable_Wrap(t));
     if (!wrapped) throw py::error_already_set();
     HashRead hash = hash_prepare(t, index, wrapped);
@@ -1960,8 +1963,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
       iters = (n + block_ * max_rows_ - 1) / (block_ * max_rows_);
       grid = (n + block_ * iters - 1) / (block_ * iters);
     }
-    const c10::Device device = t.device();
-    const int64_t index = device.is_cpu() ? -1 : device.index();
+    const int64_t index = device_index(t);
     py::object wrapped = py::reinterpret_steal<py::object>(THPVariable_Wrap(t));
     if (!wrapped) throw py::error_already_set();
     // summary_mode fingerprint: the tensor's bytes too (Fingerprints.add), their slot made and arena found first,
