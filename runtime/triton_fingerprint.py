@@ -18,7 +18,8 @@ are one ``_partials_few`` launch too (one to four contiguous tensors of one dtyp
 the hashes'. So a call's records take one launch, where each tensor took one or two of its own besides its
 statistics' (tests/runtime/test_triton_fingerprint.py). Where the native op builds, its Recorder's lane makes those
 records itself, each tensor's bytes queued here beside its statistics (``Fingerprints.attach``), and launches a call's
-queues straight to the compiled ``_partials_hash_few`` (tests/runtime/test_native_lane.py, test_triton_launch.py).
+queues straight to the compiled ``_partials_hash_few``, or, a call of integer tensors only (no statistics' launch),
+its hashes to the compiled ``_hash_few`` (tests/runtime/test_native_lane.py, test_triton_launch.py).
 
 ``_hash_few``: program ``i`` of a tensor hashes its chunk of ``iters`` blocks of ``BLOCK`` bytes relative to the
 chunk's start: lane ``j`` of a block accumulates ``b * G``, ``G = g**(block offset) mod p`` a scalar updated once
@@ -526,8 +527,8 @@ def _arguments(items):
 
 
 def _launch(items):
-    """``_hash_few`` of one to ``_FEW`` queue items of one arena."""
-    _HASH_FEW(*_arguments(items))
+    """``_hash_few`` of one to ``_FEW`` queue items of one arena; what its KernelLaunch returned."""
+    return _HASH_FEW(*_arguments(items))
 
 
 def _launch_fused(stats, items):
@@ -633,11 +634,18 @@ class Fingerprints:
                 self._launch_queue()
         return slot
 
+    @property
+    def queued(self):
+        """Whether tensors wait in the queue (read without the lock: a hint)."""
+        return bool(self._queue)
+
     def launch(self):
-        """Launch what is queued (a call's records are made)."""
+        """Launch what is queued (a call's records are made): each launch's queue items and what its KernelLaunch
+        returned (for the native op's direct launches: ``TritonStats._enter_hashes``)."""
         if self._queue:
             with self.lock:
-                self._launch_queue()
+                return self._launch_queue()
+        return ()
 
     def launch_with(self, stats):
         """Launch what is queued together with the statistics' queue items ``stats`` (one to four of one arena and
@@ -702,18 +710,20 @@ class Fingerprints:
 
     def _launch_queue(self):
         """The queue launched (the lock held): per arena, ``_FEW`` tensors a launch; a failed launch's tensors get
-        the torch ops' parts."""
+        the torch ops' parts. Returns ``(items, what the KernelLaunch returned)`` of each launch made."""
         groups: dict = {}
         for item in self._take():
             groups.setdefault(id(item[6]), []).append(item)
         pending = [items[k : k + _FEW] for items in groups.values() for k in range(0, len(items), _FEW)]
+        launched = []
         while pending:
             try:
-                _launch(pending[0])
+                launched.append((pending[0], _launch(pending[0])))
             except Exception as error:
                 self._failed(error, pending)
-                return
+                break
             pending.pop(0)
+        return launched
 
     def _failed(self, error, pending):
         """A launch of the queue items ``pending`` (lists of them) failed: kept in ``error``; their parts by the

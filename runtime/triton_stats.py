@@ -1056,9 +1056,12 @@ class TritonStats:
                 if self._queue:
                     with self._lock:
                         self._launch_queue(hashes)  # with the call's fingerprints, in one launch where they fit
+                elif hashes is not None and self._fast and hashes.queued:
+                    with self._lock:  # a call of integer tensors only: its fingerprints alone, straight from the op
+                        self._launch_hashes(hashes)
             finally:
                 if hashes is not None:  # those not launched with the statistics (never raises: a failed launch's
-                    hashes.launch()  # fingerprints are the torch ops')
+                    self._enter_hashes(hashes.launch())  # fingerprints are the torch ops')
 
     def _carried(self, name):
         """Whether the queue, the outputs of call ``name`` now, waits for the next call's launch: one to
@@ -1157,6 +1160,28 @@ class TritonStats:
                     self._enter(items, fused[1], fused[0])
             pending.pop(0)
 
+    def _launch_hashes(self, hashes):
+        """The fingerprints' queue launched alone by the native op (``Recorder.launch_direct``: one ``_hash_few`` of
+        one to ``_FEW`` tensors of one arena), the lock held: a call whose statistics' queue is empty. Where the op
+        does not serve it, nothing is done (``end`` launches it by ``hashes.launch``); a failed launch's tensors get
+        the torch ops' parts, and it raises, as a direct launch with the statistics does."""
+        try:
+            with hashes.lock:
+                self._recorder.launch_direct(hashes=True)
+        except Exception as error:
+            hashes.fail_queue(error)
+            raise
+
+    def _enter_hashes(self, launched):
+        """Enter for the native op's ``launch_direct`` the compiled ``_hash_few`` of each launch that
+        ``Fingerprints.launch`` made (``launched``: its queue items and what the KernelLaunch returned), so that the
+        op launches the next such queue itself (``_launch_hashes``)."""
+        if self._recorder is None or not self._direct:
+            return
+        for items, kept in launched:
+            if kept is not None and len(items) <= _FEW:
+                self._enter([], kept, items)
+
     def _enter(self, items, kept, hashed=None):
         """Enter for the native op's ``launch_direct`` (``attach``) the compiled kernel that ``_launch`` launched
         ``items`` to (``kept``, from its KernelLaunch), under the key by which the op looks up a queue like it (its
@@ -1176,6 +1201,8 @@ class TritonStats:
             return
         if key[0] == 5:
             namespace, name = self.fingerprints.namespace, "_partials_hash_few"
+        elif key[0] == 6:
+            namespace, name = self.fingerprints.namespace, "_hash_few"
         else:
             namespace, name = globals(), "_partials" if key[0] == 1 else "_partials_few"
         self._fast[key] = (

@@ -1214,12 +1214,13 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
 
   // ``queue_key`` of the queue items ``items`` (a list), for the Python path's entry of the kernel it launched them to.
   // With ``hashes`` (a list of one to four fingerprints' queue items of one arena): the key of their launch with
-  // the statistics' (kind 5: triton_fingerprint._partials_hash_few).
+  // the statistics' (kind 5: triton_fingerprint._partials_hash_few), or, ``items`` empty, of their launch alone
+  // (kind 6: triton_fingerprint._hash_few).
   py::object direct_key(py::list items, py::object hashes) {
     PyObject* given[4];
     PyObject* hashed[4];
     const Py_ssize_t count = PyList_GET_SIZE(items.ptr());
-    if (count < 1 || count > 4) return py::none();
+    if (count < (hashes.is_none() ? 1 : 0) || count > 4) return py::none();
     for (Py_ssize_t k = 0; k < count; ++k) given[k] = PyList_GET_ITEM(items.ptr(), k);
     py::object part, meta, active, device;
     if (hashes.is_none()) return queue_key(given, count, part, meta, active, device);
@@ -1227,19 +1228,35 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     const Py_ssize_t hcount = PyList_GET_SIZE(hashes.ptr());
     if (hcount < 1 || hcount > 4) return py::none();
     for (Py_ssize_t k = 0; k < hcount; ++k) hashed[k] = PyList_GET_ITEM(hashes.ptr(), k);
-    py::object key = queue_key(given, count, part, meta, active, device, true);
     py::object hpart, hmeta;
+    if (count == 0) return hashes_key(hashed, hcount, hpart, hmeta, active, device);
+    py::object key = queue_key(given, count, part, meta, active, device, true);
     if (key.is_none()) return key;
     return fused_key(key, hashed, hcount, hpart, hmeta);
+  }
+
+  // The key of a launch of the fingerprints' items ``hashed`` alone (one to four of one arena, as ``fused_key``
+  // takes them): ``(6, device, 0, mask)``, the mask's bits as a fused launch's hashes' (from 6); None where they are
+  // no such launch. Sets ``hpart``, ``hmeta``, ``active`` and ``device`` as ``queue_key`` and ``fused_key`` do.
+  py::object hashes_key(PyObject** hashed, Py_ssize_t hcount, py::object& hpart, py::object& hmeta,
+                        py::object& active, py::object& device) {
+    static PyObject* names[] = {PyUnicode_InternFromString("active"),
+                                PyUnicode_InternFromString("get_current_device")};
+    if (direct_driver_.is_none() || hcount < 1 || hcount > 4) return py::none();
+    active = py::reinterpret_steal<py::object>(PyObject_GetAttr(direct_driver_.ptr(), names[0]));
+    if (!active) throw py::error_already_set();
+    device = py::reinterpret_steal<py::object>(PyObject_CallMethodNoArgs(active.ptr(), names[1]));
+    if (!device) throw py::error_already_set();
+    return fused_key(py::make_tuple(6, device, 0, 0), hashed, hcount, hpart, hmeta, 6);
   }
 
   // The key of a launch of the statistics' queue (``key``, its kind 4) with the fingerprints' items ``hashed`` (one
   // to four of one arena: bytes, each unchanged since it was queued where it keeps its version, its ints within
   // int32): ``(5, device, code, mask)``, the mask's bits from 6 the hashes' part, meta and tensors' alignments; None
   // where they are no such launch. Sets ``hpart`` and ``hmeta`` (their arena's), and fills ``hashed`` past
-  // ``hcount`` with nullptr.
+  // ``hcount`` with nullptr. ``kind`` 6: the hashes' launch alone (``hashes_key``).
   static py::object fused_key(const py::object& key, PyObject** hashed, Py_ssize_t hcount, py::object& hpart,
-                              py::object& hmeta) {
+                              py::object& hmeta, int kind = 5) {
     static PyObject* names[] = {PyUnicode_InternFromString("part"), PyUnicode_InternFromString("meta")};
     PyObject* arena = nullptr;
     for (Py_ssize_t k = 0; k < hcount; ++k) {
@@ -1268,8 +1285,8 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
       PyObject* item = hashed[k] != nullptr ? hashed[k] : hashed[0];
       if (aligned(PyTuple_GET_ITEM(item, 0))) mask |= 1L << (8 + k);
     }
-    return py::make_tuple(5, py::handle(PyTuple_GET_ITEM(key.ptr(), 1)), py::handle(PyTuple_GET_ITEM(key.ptr(), 2)),
-                          mask);
+    return py::make_tuple(kind, py::handle(PyTuple_GET_ITEM(key.ptr(), 1)),
+                          py::handle(PyTuple_GET_ITEM(key.ptr(), 2)), mask);
   }
 
   // One launch straight to a compiled kernel entered in ``fast``: the entry (which holds the kernel's run) and the
@@ -1280,19 +1297,22 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   };
 
   // The launch of queue items ``items`` (one to four of one arena and dtype) and, with ``hcount`` of them, the
-  // fingerprints' ``hashed`` in the same launch: false where ``fast`` holds no kernel for it, or where Triton's
-  // run must serve it (the kernel's pre-run hooks, Triton's options changed, another kernel under its name).
+  // fingerprints' ``hashed`` in the same launch; ``count`` 0: the fingerprints' alone (``_hash_few``). False where
+  // ``fast`` holds no kernel for it, or where Triton's run must serve it (the kernel's pre-run hooks, Triton's
+  // options changed, another kernel under its name).
   bool prepare_direct(PyObject** items, Py_ssize_t count, PyObject** hashed, Py_ssize_t hcount, DirectLaunch& out) {
     static PyObject* names[] = {PyUnicode_InternFromString("get_current_stream"),
                                 PyUnicode_InternFromString("pre_run_hooks")};
     py::object part, meta, active, device, hpart, hmeta;
-    py::object key = queue_key(items, count, part, meta, active, device, hcount > 0);
-    if (key.is_none()) return false;
-    if (hcount > 0) {
-      key = fused_key(key, hashed, hcount, hpart, hmeta);
-      if (key.is_none()) return false;
+    py::object key;
+    if (count == 0) {
+      key = hashes_key(hashed, hcount, hpart, hmeta, active, device);
+    } else {
+      key = queue_key(items, count, part, meta, active, device, hcount > 0);
+      if (!key.is_none() && hcount > 0) key = fused_key(key, hashed, hcount, hpart, hmeta);
     }
-    const int kind = hcount > 0 ? 5 : count == 1 ? 1 : 4;
+    if (key.is_none()) return false;
+    const int kind = count == 0 ? 6 : hcount > 0 ? 5 : count == 1 ? 1 : 4;
     PyObject* entry = PyDict_GetItemWithError(direct_fast_.ptr(), key.ptr());
     if (entry == nullptr) {
       if (PyErr_Occurred()) throw py::error_already_set();
@@ -1331,7 +1351,29 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     py::object zero = py::reinterpret_steal<py::object>(PyLong_FromLong(0));
     py::object one = py::reinterpret_steal<py::object>(PyLong_FromLong(1));
     if (!zero || !one) throw py::error_already_set();
-    if (kind == 1) {
+    // the hashes' arguments (triton_fingerprint._arguments): hpart, hmeta, hx0..3, hn0..3, hiters0..3, hrows0..3,
+    // hrow0..3, hindex0..3, an unused place the first tensor's bytes again with no programs; their programs
+    auto push_hashes = [&]() {
+      long long hprograms = 0;
+      args.push_back(hpart.ptr());
+      args.push_back(hmeta.ptr());
+      for (int field = 0; field <= 5; ++field) {
+        for (int k = 0; k < 4; ++k) {
+          PyObject* item = hashed[k];
+          if (item != nullptr) {
+            args.push_back(PyTuple_GET_ITEM(item, field));
+          } else {
+            args.push_back(field == 0 ? PyTuple_GET_ITEM(hashed[0], 0) : field <= 2 ? one.ptr() : zero.ptr());
+          }
+        }
+      }
+      for (Py_ssize_t k = 0; k < hcount; ++k) hprograms += PyLong_AsLongLong(PyTuple_GET_ITEM(hashed[k], 3));
+      return hprograms;
+    };
+    if (kind == 6) {  // _hash_few(hpart, hmeta, ...): the hashes alone
+      grid = py::reinterpret_steal<py::object>(PyLong_FromLongLong(push_hashes()));
+      if (!grid) throw py::error_already_set();
+    } else if (kind == 1) {
       PyObject* item = items[0];
       grid = py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(item, 3));
       // _partials(x, n, iters, part, meta, tensor, row0, rows, repeat, code, d1, d2, d3, s0, s1, s2, s3)
@@ -1359,26 +1401,12 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
       }
       for (int k = 0; k < count; ++k) programs += PyLong_AsLongLong(PyTuple_GET_ITEM(items[k], 3));
       args.push_back(PyTuple_GET_ITEM(items[0], 7));
-      if (kind == 5) {
-        // then the hashes' (triton_fingerprint._arguments): hpart, hmeta, hx0..3, hn0..3, hiters0..3, hrows0..3,
-        // hrow0..3, hindex0..3, an unused place the first tensor's bytes again with no programs; then ``stats``,
-        // the statistics' programs, which come first in the grid
-        args.push_back(hpart.ptr());
-        args.push_back(hmeta.ptr());
-        for (int field = 0; field <= 5; ++field) {
-          for (int k = 0; k < 4; ++k) {
-            PyObject* item = hashed[k];
-            if (item != nullptr) {
-              args.push_back(PyTuple_GET_ITEM(item, field));
-            } else {
-              args.push_back(field == 0 ? PyTuple_GET_ITEM(hashed[0], 0) : field <= 2 ? one.ptr() : zero.ptr());
-            }
-          }
-        }
+      if (kind == 5) {  // then the hashes'; then ``stats``, the statistics' programs, which come first in the grid
+        const long long hprograms = push_hashes();
         stats_programs = py::reinterpret_steal<py::object>(PyLong_FromLongLong(programs));
         if (!stats_programs) throw py::error_already_set();
         args.push_back(stats_programs.ptr());
-        for (Py_ssize_t k = 0; k < hcount; ++k) programs += PyLong_AsLongLong(PyTuple_GET_ITEM(hashed[k], 3));
+        programs += hprograms;
       }
       grid = py::reinterpret_steal<py::object>(PyLong_FromLongLong(programs));
       if (!grid) throw py::error_already_set();
@@ -1436,17 +1464,19 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   //
   // ``hashes`` (a call's end, the fingerprints' lock held too): where the fingerprints' queue (``lane_fingerprints``)
   // holds one to four tensors of one arena, they go in the first group's launch, ``_partials_hash_few`` (kind 5),
-  // or none does (false: the Python path's ``Fingerprints.launch_with``); both queues emptied then.
+  // or none does (false: the Python path's ``Fingerprints.launch_with``); both queues emptied then. With the
+  // statistics' queue empty (a call of integer tensors only, whose records are the integer arenas'), they are one
+  // ``_hash_few`` launch of their own (kind 6), as the Python path's ``Fingerprints.launch`` would make it.
   bool launch_direct(bool hashes) {
     static PyObject* names[] = {PyUnicode_InternFromString("launch_enter_hook"),
                                 PyUnicode_InternFromString("launch_exit_hook"), PyUnicode_InternFromString("calls")};
     PyObject* queue = lane_queue_.ptr();
     if (direct_fast_.is_none() || !PyList_CheckExact(queue)) return false;
     const Py_ssize_t count = PyList_GET_SIZE(queue);
-    if (count == 0) return true;
     if (count > MAX_DIRECT) return false;
     PyObject* hqueue = hash_queue_.ptr();
     const Py_ssize_t hcount = hashes && PyList_CheckExact(hqueue) ? PyList_GET_SIZE(hqueue) : 0;
+    if (count == 0 && hcount == 0) return true;
     if (hcount > 4) return false;
     PyObject* hashed[4] = {};
     for (Py_ssize_t k = 0; k < hcount; ++k) hashed[k] = PyList_GET_ITEM(hqueue, k);
@@ -1461,6 +1491,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
       }
       if (!PyList_CheckExact(calls.ptr()) || PyList_GET_SIZE(calls.ptr()) != 0) return false;
     }
+    if (count == 0) return launch_hashes(hqueue, hashed, hcount);
     // the queue's groups: the items of one arena and dtype code, in the order of each group's first item; with a
     // waiting call's tensors (triton_stats.TritonStats._carried), a group of more than four in launches of four, one
     // after another, as the Python path's (``_launch_queue``)
@@ -1539,6 +1570,25 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
       }
       ++lane_direct_;
     }
+    return true;
+  }
+
+  // ``launch_direct``'s launch of the fingerprints' queue ``hqueue`` alone: its ``hcount`` items ``hashed`` (one to
+  // four) in one ``_hash_few``. False where that is no launch the op makes (nothing done); a failed launch raises,
+  // the items put back at the front of the queue for the caller (Fingerprints.fail_queue).
+  bool launch_hashes(PyObject* hqueue, PyObject** hashed, Py_ssize_t hcount) {
+    DirectLaunch launch;
+    if (!prepare_direct(nullptr, 0, hashed, hcount, launch)) return false;
+    py::object taken = py::reinterpret_steal<py::object>(PyList_GetSlice(hqueue, 0, hcount));
+    if (!taken || PyList_SetSlice(hqueue, 0, hcount, nullptr) != 0) throw py::error_already_set();
+    py::object done = py::reinterpret_steal<py::object>(
+        PyObject_Call(PyTuple_GET_ITEM(launch.entry.ptr(), 0), launch.call.ptr(), nullptr));
+    if (!done) {
+      py::error_already_set error;
+      if (PyList_SetSlice(hqueue, 0, 0, taken.ptr()) != 0) PyErr_Clear();
+      throw error;
+    }
+    ++lane_direct_;
     return true;
   }
 

@@ -235,6 +235,12 @@ LANE_SCRIPT = textwrap.dedent(
             __msprobe__.call("Tensor.to", torch.Tensor.to, x, torch.float16)
             __msprobe__.call("Torch.add", torch.add, x, x.to(torch.float16))
 
+    def integers(xs):  # calls of integer tensors only: no statistics' launch (the integer arenas' records)
+        for x in xs:
+            ids = (x.detach() * 10).to(torch.int64)
+            __msprobe__.call("Torch.remainder", torch.remainder, ids, 7)
+            __msprobe__.call("Torch.logical_not", torch.logical_not, ids > 0)
+
     def start(debugger):
         debugger.start()
     ''',
@@ -250,7 +256,7 @@ LANE_SCRIPT = textwrap.dedent(
     xs = [torch.randn(n, dtype=dtype) for n in (16, 17, 1024, 5000) for dtype in (torch.float32, torch.bfloat16)]
     xs += [torch.nn.Parameter(torch.randn(33)), torch.randn(4096)[1:1025]]  # a Parameter, an unaligned view
     body = "grads" if os.environ.get("GRADS") else "casts" if os.environ.get("CASTS") else "body"
-    body = "chain" if os.environ.get("CHAIN") else body
+    body = "chain" if os.environ.get("CHAIN") else "integers" if os.environ.get("INTEGERS") else body
     if body == "grads":
         xs = [x.detach().requires_grad_() for x in xs]
     hook_launches = []  # the lane's launches of a backward hook's gradients by Python (the op's own: none)
@@ -397,6 +403,27 @@ def test_the_native_lanes_launches_with_fingerprints_are_tritons_own(native_lane
     assert len(direct["launches"]) == len(statistics_only["launches"])
     # each of them ``_partials_hash_few``'s: the statistics' 31 arguments, the hashes' 26, their programs, 9 constexprs
     assert {len(args) for _, _, args in direct["launches"]} == {31 + 26 + 1 + 9}
+
+
+def test_the_native_lane_launches_the_hashes_of_an_integer_call_alone(native_lane):
+    # summary_mode fingerprint, calls of integer tensors only: no statistics to launch the hashes with, so the op
+    # launches them in one ``_hash_few`` of their own, as the Python path's ``Fingerprints.launch`` would (before, each
+    # such call's hashes went through that Python launch)
+    env = {"INTEGERS": "1", "SUMMARY_MODE": "fingerprint"}
+    direct = run(env, script=LANE_SCRIPT)
+    through_triton = run({**env, "MSPROBE_TRITON_DIRECT": "0"}, script=LANE_SCRIPT)
+    assert direct["launches"] == through_triton["launches"]
+    assert direct["warnings"] == through_triton["warnings"] == []
+    # every launch ``_hash_few``'s: its 26 arguments and 7 constexprs; a call's input and output in one
+    assert {len(args) for _, _, args in direct["launches"]} == {26 + 7}
+    assert len(direct["launches"]) == 3 * 2 * 10  # three rounds of two calls on ten tensors
+    # past each alignment's first launch (Triton's run, which makes the kernel), straight from the op
+    assert direct["native"] >= 0.8 * len(direct["launches"])
+    assert set(direct["tensors for pointers"]) == {0}
+    # such a launch that fails: said once, the kernels given up (the torch ops' digits for its tensors and after)
+    failed = run({**env, "FAIL_AT": "3"}, script=LANE_SCRIPT)
+    assert failed["direct"] == failed["native"] == 2  # the two before it, both the op's; none after it
+    assert len(failed["warnings"]) == 1 and "a launch that failed" in failed["warnings"][0]
 
 
 def test_the_native_lane_launches_a_call_of_two_dtypes_directly(native_lane):
