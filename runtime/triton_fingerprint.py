@@ -682,7 +682,15 @@ class Fingerprints:
                 return hashes._arena_for(t, rows)
 
         recorder.lane_fingerprints(
-            self._queue, self._arenas, renew, EMPTY_FINGERPRINT_ROW, _BLOCK, _ONE_PROGRAM, _MAX_PROGRAMS, _MAX_ITERS
+            self._queue,
+            self._arenas,
+            renew,
+            EMPTY_FINGERPRINT_ROW,
+            _BLOCK,
+            _ONE_PROGRAM,
+            _MAX_PROGRAMS,
+            _MAX_ITERS,
+            self.lock,  # with the statistics' lock, the op launches a backward hook's queues itself
         )
         self._lane_seen = True
 

@@ -990,9 +990,10 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   // there, and a slot is made only for a launch that fails (``Fingerprints._by_torch_ops``); the record's row is
   // ``(mark, statistics arena's key, tensor, fingerprints arena's key, tensor there)``; an empty tensor's is
   // ``empty`` (json_files.EMPTY_FINGERPRINT_ROW: no bytes to queue, its statistics null). ``block``, ``one``,
-  // ``programs``, ``iters``: triton_fingerprint.plan's constants.
+  // ``programs``, ``iters``: triton_fingerprint.plan's constants. ``lock`` (the fingerprints' lock,
+  // Fingerprints.lock): with the kernels' one, a backward hook's queues are launched here (``launch_held``).
   void lane_fingerprints(py::object queue, py::object arenas, py::object renew, py::object empty, int64_t block,
-                         int64_t one, int64_t programs, int64_t iters) {
+                         int64_t one, int64_t programs, int64_t iters, py::object lock) {
     queue_and_arenas(queue, arenas);
     if (block <= 0 || one <= 0 || programs <= 0 || iters <= 0) throw py::value_error("plan constants: positive");
     if (!PyTuple_CheckExact(empty.ptr())) throw py::type_error("empty: a tuple");
@@ -1004,6 +1005,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     hash_one_ = one;
     hash_programs_ = programs;
     hash_iters_ = iters;
+    hash_lock_ = std::move(lock);
   }
 
   // The lane's integer records (integer_lane.IntegerLane.attach): a call's or a hook's device tensor of bool or of a
@@ -1126,6 +1128,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
     hash_queue_ = py::none();
     hash_arenas_ = py::none();
     hash_renew_ = py::none();
+    hash_lock_ = py::none();
   }
 
   bool fingerprinting() const { return checksums_ && !hash_queue_.is_none() && !lane_queue_.is_none(); }
@@ -1858,26 +1861,44 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   }
 
   // A hook's queue launched straight (``launch_direct``) under the kernels' lock, taken without waiting: true where
-  // it was. False (nothing launched) where no lock was given, another thread holds it, a fingerprint is queued (the
-  // Python path launches the hashes with the statistics), or ``launch_direct`` cannot serve it; and where the launch
-  // failed, its tensors back in the queue: the lane's ``launch`` then tries it again and leaves them null if it fails
-  // there too. Python frames of the launch each hook saved (bench/per_entry.py, "its backward entry").
+  // it was. With fingerprints queued (summary_mode fingerprint), their lock too, taken after the kernels' as the
+  // Python path takes them, and the hashes go with the statistics (``launch_direct(true)``). False (nothing
+  // launched) where no lock was given, another thread holds one, or ``launch_direct`` cannot serve it; and where the
+  // launch failed, its tensors back in the queues: the lane's ``launch`` then tries it again and leaves them null
+  // if it fails there too. Python frames of the launch each hook saved (bench/per_entry.py, "its backward entry").
   bool launch_held() {
-    static PyObject* names[] = {PyUnicode_InternFromString("acquire"), PyUnicode_InternFromString("release")};
     if (direct_lock_.is_none() || direct_fast_.is_none()) return false;
-    if (PyList_CheckExact(hash_queue_.ptr()) && PyList_GET_SIZE(hash_queue_.ptr()) > 0) return false;
-    py::object got = py::reinterpret_steal<py::object>(PyObject_CallMethodOneArg(direct_lock_.ptr(), names[0], Py_False));
-    if (!got) throw py::error_already_set();
-    if (got.ptr() != Py_True) return false;
+    const bool hashes = PyList_CheckExact(hash_queue_.ptr()) && PyList_GET_SIZE(hash_queue_.ptr()) > 0;
+    if (hashes && hash_lock_.is_none()) return false;
+    if (!try_acquire(direct_lock_)) return false;
     bool launched = false;
-    try {
-      launched = launch_direct(false);
+    try {  // the kernels' lock released whatever happens here
+      if (!hashes || try_acquire(hash_lock_)) {
+        try {
+          launched = launch_direct(hashes);
+        } catch (const std::exception&) {
+          PyErr_Clear();
+        }
+        if (hashes) release(hash_lock_);
+      }
     } catch (const std::exception&) {
       PyErr_Clear();
     }
-    py::object released = py::reinterpret_steal<py::object>(PyObject_CallMethodNoArgs(direct_lock_.ptr(), names[1]));
-    if (!released) throw py::error_already_set();
+    release(direct_lock_);
     return launched;
+  }
+
+  static bool try_acquire(const py::object& lock) {  // ``lock.acquire(False)``
+    static PyObject* name = PyUnicode_InternFromString("acquire");
+    py::object got = py::reinterpret_steal<py::object>(PyObject_CallMethodOneArg(lock.ptr(), name, Py_False));
+    if (!got) throw py::error_already_set();
+    return got.ptr() == Py_True;
+  }
+
+  static void release(const py::object& lock) {
+    static PyObject* name = PyUnicode_InternFromString("release");
+    py::object released = py::reinterpret_steal<py::object>(PyObject_CallMethodNoArgs(lock.ptr(), name));
+    if (!released) throw py::error_already_set();
   }
 
   void fallback(int64_t index, const std::vector<std::pair<int64_t, int64_t>>& positions,
@@ -2391,6 +2412,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   // summary_mode fingerprint (``checksums``): records only by the lane, each with its fingerprint queued too
   bool checksums_ = false;
   py::object hash_queue_ = py::none(), hash_arenas_ = py::none(), hash_renew_ = py::none();
+  py::object hash_lock_ = py::none();  // the fingerprints' lock (``lane_fingerprints``)
   py::object hash_empty_row_ = py::none();
   py::object int_arenas_ = py::none(), int_renew_ = py::none(), int_mark_ = py::none();  // ``lane_integers``
   int64_t int_reads_ = 0;

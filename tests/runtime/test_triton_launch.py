@@ -264,6 +264,10 @@ LANE_SCRIPT = textwrap.dedent(
     triton_stats.TritonStats._lane_launch = lambda self: (hook_launches.append(1), launch(self))
     for _ in range(3):
         code[body](xs)
+        if os.environ.get("STEPS"):  # a step a round (a checksum mode's native hooks serve from the second)
+            debugger.stop()
+            debugger.step()
+            code["start"](debugger)
     recorder = shims._collector.stats._recorder
     def names(args):
         # each address by its first appearance in the launch (which places share a tensor): across launches an address
@@ -448,11 +452,17 @@ def test_the_native_lane_launches_a_call_of_two_dtypes_directly(native_lane):
     assert direct["native"] >= 0.6 * len(direct["launches"])
 
 
-def test_the_native_lane_launches_a_backward_hooks_gradients_itself(native_lane):
+@pytest.mark.parametrize("summary_mode", ["statistics", "fingerprint"])
+def test_the_native_lane_launches_a_backward_hooks_gradients_itself(native_lane, summary_mode):
     # a hook's gradients launched by the op as the hook ends (``launch_held``), not by a call back into Python; the
-    # same launches as through Triton's run
-    direct = run({"GRADS": "1"}, script=LANE_SCRIPT)
-    through_triton = run({"GRADS": "1", "MSPROBE_TRITON_DIRECT": "0"}, script=LANE_SCRIPT)
+    # same launches as through Triton's run. With fingerprints (a step a round: the native hooks serve a checksum mode
+    # from its second step), their hashes in the same launch, the op taking both locks (before, each such hook's
+    # queues were launched by Python: as many as through Triton's run)
+    env = {"GRADS": "1"}
+    if summary_mode == "fingerprint":
+        env.update(SUMMARY_MODE="fingerprint", STEPS="1")
+    direct = run(env, script=LANE_SCRIPT)
+    through_triton = run({**env, "MSPROBE_TRITON_DIRECT": "0"}, script=LANE_SCRIPT)
     assert direct["launches"] == through_triton["launches"]
     assert direct["warnings"] == through_triton["warnings"] == []
     # the same backward three times: through Triton's run every hook's by Python; direct, at most the first round's
