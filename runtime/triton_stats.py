@@ -1061,7 +1061,9 @@ class TritonStats:
                         self._launch_hashes(hashes)
             finally:
                 if hashes is not None:  # those not launched with the statistics (never raises: a failed launch's
-                    self._enter_hashes(hashes.launch())  # fingerprints are the torch ops')
+                    launched = hashes.launch()  # fingerprints are the torch ops')
+                    if launched:
+                        self._enter_hashes(launched)
 
     def _carried(self, name):
         """Whether the queue, the outputs of call ``name`` now, waits for the next call's launch: one to

@@ -1166,9 +1166,7 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   // ``active`` (Triton's driver) and ``device``, and fills ``items`` past ``count`` with nullptr.
   py::object queue_key(PyObject** items, Py_ssize_t count, py::object& part, py::object& meta, py::object& active,
                        py::object& device, bool few = false) {
-    static PyObject* names[] = {PyUnicode_InternFromString("part"), PyUnicode_InternFromString("meta"),
-                                PyUnicode_InternFromString("active"),
-                                PyUnicode_InternFromString("get_current_device")};
+    static PyObject* names[] = {PyUnicode_InternFromString("part"), PyUnicode_InternFromString("meta")};
     if (direct_driver_.is_none() || count < 1 || count > 4) return py::none();
     PyObject* arena = nullptr;
     long code = -1;
@@ -1208,11 +1206,18 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
       PyObject* item = items[k] != nullptr ? items[k] : items[0];
       if (aligned(PyTuple_GET_ITEM(item, 0))) mask |= 4L << k;
     }
-    active = py::reinterpret_steal<py::object>(PyObject_GetAttr(direct_driver_.ptr(), names[2]));
-    if (!active) throw py::error_already_set();
-    device = py::reinterpret_steal<py::object>(PyObject_CallMethodNoArgs(active.ptr(), names[3]));
-    if (!device) throw py::error_already_set();
+    current_device(active, device);
     return py::make_tuple(kind, device, code, mask);
+  }
+
+  // Triton's active driver (``active``) and its current device (``device``), as a launch's key names it.
+  void current_device(py::object& active, py::object& device) const {
+    static PyObject* names[] = {PyUnicode_InternFromString("active"),
+                                PyUnicode_InternFromString("get_current_device")};
+    active = py::reinterpret_steal<py::object>(PyObject_GetAttr(direct_driver_.ptr(), names[0]));
+    if (!active) throw py::error_already_set();
+    device = py::reinterpret_steal<py::object>(PyObject_CallMethodNoArgs(active.ptr(), names[1]));
+    if (!device) throw py::error_already_set();
   }
 
   // ``queue_key`` of the queue items ``items`` (a list), for the Python path's entry of the kernel it launched them to.
@@ -1243,13 +1248,8 @@ class Recorder : public std::enable_shared_from_this<Recorder> {
   // no such launch. Sets ``hpart``, ``hmeta``, ``active`` and ``device`` as ``queue_key`` and ``fused_key`` do.
   py::object hashes_key(PyObject** hashed, Py_ssize_t hcount, py::object& hpart, py::object& hmeta,
                         py::object& active, py::object& device) {
-    static PyObject* names[] = {PyUnicode_InternFromString("active"),
-                                PyUnicode_InternFromString("get_current_device")};
     if (direct_driver_.is_none() || hcount < 1 || hcount > 4) return py::none();
-    active = py::reinterpret_steal<py::object>(PyObject_GetAttr(direct_driver_.ptr(), names[0]));
-    if (!active) throw py::error_already_set();
-    device = py::reinterpret_steal<py::object>(PyObject_CallMethodNoArgs(active.ptr(), names[1]));
-    if (!device) throw py::error_already_set();
+    current_device(active, device);
     return fused_key(py::make_tuple(6, device, 0, 0), hashed, hcount, hpart, hmeta, 6);
   }
 
